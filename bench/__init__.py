@@ -1,0 +1,14 @@
+"""cuflash benchmarks; `python -m bench.run_all --out DIR` runs everything on a GPU machine."""
+
+
+def sweep_specs():
+    """Kernel variants that benchmarks compile beyond the package's own configurations."""
+    specs = []
+    for mod in ("bench_fwd", "bench_bwd", "bench_v1", "bench_micro"):
+        try:
+            m = __import__(f"bench.{mod}", fromlist=["sweep_specs"])
+        except ImportError:
+            continue
+        if hasattr(m, "sweep_specs"):
+            specs += m.sweep_specs()
+    return specs

@@ -1,0 +1,160 @@
+"""Forward benchmarks: the FlashAttention-2 grid (cuflash V2 vs SDPA FLASH / CUDNN / EFFICIENT and the
+naive baseline), the grid-order comparison, the forward tile sweep, peak memory vs seqlen, and per-call
+latency on a small shape."""
+from __future__ import annotations
+
+import gc
+
+from cuflash._configs import FWD_TILES, FwdTile, fwd_spec
+
+from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms
+
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+TOKENS, HIDDEN = 16384, 2048
+
+SWEEP_TILES = {
+    64: [FwdTile(128, 64, 4), FwdTile(64, 64, 4), FwdTile(128, 128, 8), FwdTile(128, 64, 8), FwdTile(64, 128, 4),
+         FwdTile(128, 32, 4)],
+    128: [FwdTile(128, 64, 8), FwdTile(64, 64, 4), FwdTile(128, 32, 8), FwdTile(128, 128, 8), FwdTile(64, 32, 4),
+          FwdTile(128, 64, 4)],
+}
+
+
+def sweep_specs():
+    return [fwd_spec(dt, d, c, False, t) for d, ts in SWEEP_TILES.items() for t in ts for c in (False, True)
+            for dt in ("float16",)]
+
+
+def _inputs(b, s, h, d, dtype):
+    import torch
+
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))  # cuflash layout
+    return q, k, v
+
+
+def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, naive=True):
+    import cuflash
+
+    recs = []
+    for dtype in dtypes:
+        for d in headdims:
+            h = HIDDEN // d
+            for s in seqlens:
+                b = TOKENS // s
+                q, k, v = _inputs(b, s, h, d, dtype)
+                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # SDPA's [b, h, s, d]
+                for causal in (False, True):
+                    ms = time_ms(lambda: cuflash.flash_attn_func(q, k, v, causal=causal))
+                    recs.append(record("cuflash", "v2", "fwd", dtype, b, h, s, s, d, causal, ms))
+                    for prov in SDPA_PROVIDERS:
+                        fn = sdpa(prov)
+                        try:
+                            ms = time_ms(lambda: fn(qt, kt, vt, causal))
+                        except RuntimeError as e:  # backend refuses this case
+                            ms = None
+                            print(f"sdpa {prov} failed: {e}")
+                        recs.append(record(prov, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms))
+                    if naive:
+                        try:
+                            ms = time_ms(lambda: cuflash.naive_attention(q, k, v, causal=causal), rep=5)
+                        except Exception as e:  # noqa: BLE001 - out of memory at long seqlen
+                            ms = None
+                            print(f"naive failed at s={s}: {type(e).__name__}")
+                        recs.append(record("naive", "naive", "fwd", dtype, b, h, s, s, d, causal, ms))
+                    print(_line(recs[-5:] if naive else recs[-4:]))
+                del q, k, v, qt, kt, vt
+                gc.collect()
+    return recs
+
+
+def _line(rs):
+    r0 = rs[0]
+    parts = [f"{r['provider']}={r['tflops']:.0f}" if r["tflops"] else f"{r['provider']}=n/a" for r in rs]
+    return f"{r0['mode']} {r0['dtype']} d={r0['headdim']} s={r0['seqlen_q']} causal={r0['causal']}: " + " ".join(parts)
+
+
+def grid_order(seqlens=(2048, 8192, 16384)):
+    import cuflash
+
+    recs = []
+    for d in (64, 128):
+        h = HIDDEN // d
+        for s in seqlens:
+            b = TOKENS // s
+            q, k, v = _inputs(b, s, h, d, "float16")
+            for causal in (False, True):
+                for order in ("qtile", "bh"):
+                    ms = time_ms(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, grid_order=order))
+                    recs.append(record("cuflash", f"v2-grid-{order}", "fwd", "float16", b, h, s, s, d, causal, ms,
+                                       grid_order=order))
+                print(_line(recs[-2:]))
+    return recs
+
+
+def tile_sweep(seqlens=(2048, 8192)):
+    from cuflash import flash
+    from cuflash._validate import check_qkv
+
+    recs = []
+    for d, tiles in SWEEP_TILES.items():
+        h = HIDDEN // d
+        for s in seqlens:
+            b = TOKENS // s
+            q, k, v = _inputs(b, s, h, d, "float16")
+            qa, ka, va = check_qkv(q, k, v)
+            for causal in (False, True):
+                for t in tiles:
+                    ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
+                    recs.append(record("cuflash", f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w", "fwd", "float16",
+                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps],
+                                       configured=(t == FWD_TILES[d])))
+                print(_line(recs[-len(tiles):]))
+    return recs
+
+
+def peak_memory(seqlens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), h=16, d=128):
+    import torch
+
+    import cuflash
+
+    recs = []
+    for s in seqlens:
+        q, k, v = _inputs(1, s, h, d, "float16")
+        for prov, fn in (("cuflash", lambda: cuflash.flash_attn_func(q, k, v)),
+                         ("naive", lambda: cuflash.naive_attention(q, k, v)),
+                         ("flash", lambda: sdpa("flash")(*(x.transpose(1, 2) for x in (q, k, v))))):
+            torch.cuda.synchronize()
+            gc.collect()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                del out
+            except torch.OutOfMemoryError:
+                peak = None
+            recs.append(record(prov, "memory", "memory", "float16", 1, h, s, s, d, False, None, peak_bytes=peak))
+        print(f"memory s={s}: " + " ".join(f"{r['provider']}={(r['peak_bytes'] or 0) / 2**20:.0f}MiB" for r in recs[-3:]))
+        del q, k, v
+    return recs
+
+
+def small_latency():
+    """Per-call time of a loop of calls from Python: batch 1, 8 heads, 128 tokens, head dim 64."""
+    import cuflash
+
+    q, k, v = _inputs(1, 128, 8, 64, "float16")
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    recs = []
+    for causal in (False, True):
+        us = host_us_per_call(lambda: cuflash.flash_attn_func(q, k, v, causal=causal))
+        recs.append(record("cuflash", "v2", "latency", "float16", 1, 8, 128, 128, 64, causal, us / 1e3, us_per_call=us))
+        for prov in SDPA_PROVIDERS:
+            fn = sdpa(prov)
+            us = host_us_per_call(lambda: fn(qt, kt, vt, causal))
+            recs.append(record(prov, "sdpa", "latency", "float16", 1, 8, 128, 128, 64, causal, us / 1e3, us_per_call=us))
+        print("latency causal=%s: " % causal + " ".join(f"{r['provider']}={r['us_per_call']:.1f}us" for r in recs[-4:]))
+    return recs

@@ -1,0 +1,138 @@
+"""Markdown tables and plots from results.json (regenerate: python -m bench.report bench/results)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+MMA_SYNC_PEAK = 647.0  # TFLOP/s, measured mma.sync m16n8k16 peak on the H200 (shared/ANCHORS.md)
+
+
+def _fmt(x, nd=0):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def grid_table(records, mode, algo_of_cuflash=("v2",), title=""):
+    """TFLOP/s per (dtype, hdim, causal, provider) x seqlen, then cuflash's ratios to flash and cudnn."""
+    rs = [r for r in records if r.get("section") == mode and r.get("mode") == mode]
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    keyed = defaultdict(dict)
+    for r in rs:
+        name = r["provider"] if r["provider"] != "cuflash" else f"cuflash-{r['algo']}"
+        keyed[(r["dtype"], r["headdim"], r["causal"], name)][r["seqlen_q"]] = r.get("tflops")
+    lines = [f"### {title or mode} TFLOP/s", "", "| dtype | hdim | causal | provider | " +
+             " | ".join(str(s) for s in seqlens) + " |", "|" + "---|" * (4 + len(seqlens))]
+    groups = sorted({k[:3] for k in keyed})
+    for g in groups:
+        provs = sorted(p for (*gg, p) in keyed if tuple(gg) == g)
+        for p in provs:
+            row = keyed[g + (p,)]
+            lines.append(f"| {g[0]} | {g[1]} | {g[2]} | {p} | " + " | ".join(_fmt(row.get(s)) for s in seqlens) + " |")
+        cu = [p for p in provs if p.startswith("cuflash")]
+        for c in cu:
+            for base in ("flash", "cudnn"):
+                if base in provs:
+                    a, b = keyed[g + (c,)], keyed[g + (base,)]
+                    lines.append(f"| {g[0]} | {g[1]} | {g[2]} | **{c} / {base}** | " + " | ".join(
+                        _fmt(a[s] / b[s], 2) if a.get(s) and b.get(s) else "-" for s in seqlens) + " |")
+            if mode == "fwd":
+                a = keyed[g + (c,)]
+                lines.append(f"| {g[0]} | {g[1]} | {g[2]} | {c} / mma.sync peak | " + " | ".join(
+                    _fmt(a[s] / MMA_SYNC_PEAK, 2) if a.get(s) else "-" for s in seqlens) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def simple_table(records, section, cols, title):
+    rs = [r for r in records if r.get("section") == section and r.get("provider") != "error"]
+    if not rs:
+        return ""
+    lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rs:
+        vals = []
+        for c in cols:
+            v = r.get(c)
+            vals.append(_fmt(v, 3 if isinstance(v, float) and abs(v) < 10 else 1) if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def errors(records):
+    errs = [r for r in records if r.get("provider") == "error"]
+    return "".join(f"\n### section {r['section']} FAILED\n```\n{r['error']}\n```\n" for r in errs)
+
+
+def markdown(head, records) -> str:
+    parts = [f"# cuflash results\n\n{head.get('gpu')} ({head.get('sms')} SMs), clocks {head.get('clocks')}, driver "
+             f"{head.get('driver')}, torch {head.get('torch')} (CUDA {head.get('torch_cuda')}), cupy {head.get('cupy')}, "
+             f"NVRTC {head.get('nvrtc')}, {head.get('date')}.\n"]
+    parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
+    parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
+    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid"))
+    parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
+                              "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
+    parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],
+                              "Grid order: Q tile in grid x vs (batch, head) in grid x"))
+    parts.append(simple_table(records, "tile_sweep", ["headdim", "seqlen_q", "causal", "algo", "configured", "ms",
+                                                      "tflops"], "Forward tile sweep (fp16)"))
+    parts.append(simple_table(records, "memory", ["provider", "seqlen_q", "peak_bytes"],
+                              "Peak device memory of one forward (batch 1, 16 heads, hdim 128), bytes"))
+    for sec, cols, title in EXTRA_TABLES:
+        parts.append(simple_table(records, sec, cols, title))
+    parts.append(errors(records))
+    return "\n".join(p for p in parts if p)
+
+
+EXTRA_TABLES = [
+    ("bwd_partition", ["headdim", "seqlen_q", "causal", "algo", "ms", "tflops"], "Backward warp partition"),
+    ("dq_memory", ["dq_strategy", "batch", "heads", "seqlen_q", "headdim", "extra_bytes"], "dQ strategies: extra memory"),
+    ("decode", ["provider", "algo", "batch", "heads", "heads_k", "seqlen_k", "num_splits", "us", "kv_bytes", "floor_us",
+                "bw_fraction"], "Decoding (q_len 1, 32 heads, hdim 128, fp16)"),
+    ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),
+    ("v1_ladder", ["algo", "mode", "dtype", "headdim", "seqlen_q", "causal", "ms", "tflops", "err_rel", "err_max",
+                   "dram_bytes"], "From V1 to V2"),
+]
+
+
+def plots(records, out_dir):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for mode in ("fwd", "bwd"):
+        rs = [r for r in records if r.get("mode") == mode and r.get("section") == mode and r.get("tflops")]
+        if not rs:
+            continue
+        groups = sorted({(r["dtype"], r["headdim"], r["causal"]) for r in rs})
+        fig, axes = plt.subplots(2, (len(groups) + 1) // 2, figsize=(4 * ((len(groups) + 1) // 2), 7), squeeze=False)
+        for ax, g in zip(axes.flat, groups):
+            sub = [r for r in rs if (r["dtype"], r["headdim"], r["causal"]) == g]
+            for p in sorted({r["provider"] + ("-" + r["algo"] if r["provider"] == "cuflash" else "") for r in sub}):
+                pts = sorted((r["seqlen_q"], r["tflops"]) for r in sub
+                             if r["provider"] + ("-" + r["algo"] if r["provider"] == "cuflash" else "") == p)
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{mode} {g[0]} d={g[1]} causal={g[2]}", fontsize=9)
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"{mode}_tflops.png"), dpi=80)
+        plt.close(fig)
+
+
+def write_all(head, records, out_dir):
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(head, records))
+    plots(records, out_dir)
+
+
+if __name__ == "__main__":
+    d = sys.argv[1]
+    data = json.load(open(os.path.join(d, "results.json")))
+    write_all(data["header"], data["records"], d)

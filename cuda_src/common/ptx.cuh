@@ -1,0 +1,130 @@
+// cuda_src/common/ptx.cuh -- the device primitives every cuflash kernel is built from.
+//
+// Each wrapper is one PTX instruction; the comment names its PTX ISA section and, for the matrix
+// instructions, the fragment layout as (lane, reg) -> (row, col). Notation used throughout:
+//   lane = threadIdx.x % 32,  g = lane / 4 (the "group", 0..7),  t = lane % 4 (thread in group, 0..3).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef INFINITY  // NVRTC has no <math.h>
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+namespace cuflash {
+
+// NVRTC ships no <stdint.h>; these are the only fixed-width types the kernels use.
+using int64_t = long long;
+using uint32_t = unsigned int;
+
+constexpr float LN2 = 0.6931471805599453f;    // ln(2)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------------- cp.async
+// PTX ISA 9.7.9.25.3.1 cp.async: 16-byte global -> shared copy that bypasses registers (.cg: L2 only).
+// src_size = 0 reads nothing and zero-fills the 16 destination bytes: out-of-range rows of a tile become
+// zeros, which the kernels rely on (a zero V row times a zero probability stays 0, never NaN).
+__device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src_gmem, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src_gmem), "r"(src_size));
+}
+// 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---------------------------------------------------------------------------------------------- ldmatrix
+// PTX ISA 9.7.14.5.15 ldmatrix.m8n8.x4.b16: four 8x8 b16 matrices. Lanes 8j..8j+7 give the shared
+// addresses of the 8 rows (16 bytes each) of matrix j. Result: r[j] of lane holds matrix j's
+// (row g, cols 2t, 2t+1). With .trans, r[j] holds (rows 2t, 2t+1 ; col g) of matrix j instead.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// -------------------------------------------------------------------------------------------- mma.sync
+// PTX ISA 9.7.14.5.14 mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32:  D = A B + D.
+//   A 16x16 (row-major), 4 x b32 regs:  a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8 (col-major),  2 x b32 regs:  b0 (k 2t..2t+1, n g)  b1 (k 2t+8..2t+9, n g)
+//   C/D 16x8 fp32,       4 regs:        d0,d1 (g, 2t..2t+1)   d2,d3 (g+8, 2t..2t+1)
+// Note the C layout equals the A layout of one n8 half: the S accumulator of two adjacent n8 tiles,
+// converted to 16-bit pairs, IS the A operand of the next product (P V) -- no shared-memory round trip.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                     uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                            uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ------------------------------------------------------------------------------------------ conversion
+// Two fp32 -> one b32 register holding a pair of 16-bit values (low half = first), round to nearest.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t x);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
+  return __half22float2(*reinterpret_cast<__half2*>(&x));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
+}
+
+// ------------------------------------------------------------------------------------------- exp2
+// PTX ISA 9.7.4.x ex2.approx.ftz.f32: one MUFU.EX2 (2^x, max rel. error 2^-22, ex2(-inf) = +0).
+// The softmax in every kernel is written in base 2 with the scale folded on the host
+// (scale_log2 = softmax_scale * log2(e)), so exp(scale * s - m) costs one FFMA + one MUFU.EX2.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Max / sum across the 4 lanes of a quad (the lanes that hold one accumulator row): 2 SHFL.BFLY each.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace cuflash

@@ -1,0 +1,373 @@
+// cuda_src/flash_fwd.cu -- FlashAttention-2 forward, and its split-KV form (Flash-Decoding) + combine.
+//
+// One thread block per (Q tile of BLOCK_M rows, head, batch[, KV split]); the KV loop runs inside it.
+// Warps split the Q rows (the V2 partition): warp w owns rows [w*WARP_M, (w+1)*WARP_M) of the tile, so the
+// softmax statistics of a row live in one quad of one warp and no cross-warp reduction is ever needed.
+//
+//   Q tile      -> smem (cp.async) -> registers (ldmatrix), once
+//   for each KV tile j (double-buffered with cp.async; tile j-1 is in flight while j is computed):
+//     S   = Q K_j^T                       [WARP_M, BLOCK_N] fp32 accumulators (mma.sync m16n8k16)
+//     m'  = max(m, rowmax(S))             raw-score max per row (quad shuffles)
+//     P   = exp2(S * scale_log2 - m' * scale_log2)      one FFMA + one MUFU.EX2 per score
+//     l   = l * alpha + rowsum(P),  acc_o = acc_o * alpha,  alpha = exp2((m - m') * scale_log2)
+//     acc_o += P V_j                      P converted in registers into the A operand (no smem trip)
+//   O = acc_o / l  (written once, through smem, 16-byte stores);  LSE = (m * scale_log2 + log2 l) * ln 2
+//
+// Template parameters (chosen in cuflash/_configs.py, the single source of truth):
+//   T          __half or __nv_bfloat16
+//   D          head dim (multiple of 16)
+//   BLOCK_M    Q rows per block = NWARPS * WARP_M, WARP_M = 16 * MF
+//   BLOCK_N    keys per KV tile (multiple of 16)
+//   NWARPS     warps per block
+//   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
+//   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
+//   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
+#include "common/ptx.cuh"
+#include "common/tile.cuh"
+#include "common/params.cuh"
+
+namespace cuflash {
+
+// Block coordinates from the grid, in either grid order (see FwdParams::grid_order).
+struct FwdBlock {
+  int m_block, head, batch, split;
+};
+__device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num_m_blocks) {
+  FwdBlock c;
+  if (p.grid_order == 0) {  // x: Q tile (heaviest causal tiles first), y: head, z: batch * splits
+    c.m_block = num_m_blocks - 1 - (int)blockIdx.x;
+    c.head = blockIdx.y;
+    c.batch = blockIdx.z / p.num_splits;
+    c.split = blockIdx.z % p.num_splits;
+  } else {  // x: (batch, head), y: Q tile, z: split
+    c.m_block = num_m_blocks - 1 - (int)blockIdx.y;
+    c.head = blockIdx.x % p.nheads;
+    c.batch = blockIdx.x / p.nheads;
+    c.split = blockIdx.z;
+  }
+  return c;
+}
+
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES>
+__global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int NT = NWARPS * 32;
+  constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
+  constexpr int MF = WARP_M / 16;           // m16 fragments per warp
+  constexpr int NF = BLOCK_N / 8;           // n8 fragments of S per row band
+  constexpr int DF = D / 8;                 // n8 fragments of O per row band
+  constexpr int KD = D / 16;                // k16 steps of Q K^T
+  constexpr int KN = BLOCK_N / 16;          // k16 steps of P V
+  constexpr int LDS = PaddedRow<D>::LDS;
+  static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
+  static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
+  static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
+                "host smem size must match: Q tile + 2 stages of K and V tiles");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_M][LDS]
+  T* k_smem = q_smem + BLOCK_M * LDS;          // [2][BLOCK_N][LDS]
+  T* v_smem = k_smem + 2 * BLOCK_N * LDS;      // [2][BLOCK_N][LDS]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int seqlen_q = (int)p.seqlen_q;
+  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  const FwdBlock blk = fwd_block_coords(p, num_m_blocks);
+  const int m0 = blk.m_block * BLOCK_M;
+  const int seqlen_k = p.seqlens_k ? p.seqlens_k[blk.batch] : (int)p.seqlen_k;
+  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+
+  const T* q_ptr = reinterpret_cast<const T*>(p.q) + blk.batch * p.q_batch_stride + blk.head * p.q_head_stride;
+  const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + blk.batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + blk.batch * p.v_batch_stride + kv_head * p.v_head_stride;
+
+  // KV tiles this block visits: [n_begin, n_end). Causal: tiles entirely above the diagonal of the last
+  // row of this Q tile are never loaded.
+  int n_end = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+  if (CAUSAL) n_end = min(n_end, (m0 + BLOCK_M + diag + BLOCK_N - 1) / BLOCK_N);
+  int n_begin = 0;
+  if (SPLIT) {
+    n_begin = blk.split * (int)p.blocks_per_split;
+    n_end = min(n_end, n_begin + (int)p.blocks_per_split);
+  }
+
+  // Per-thread state: rows (g, g + 8) of each of the warp's MF m16 fragments.
+  float acc_o[MF][DF][4];
+  float row_max[MF][2], row_sum[MF][2];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int df = 0; df < DF; ++df)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mf][df][e] = 0.f;
+    row_max[mf][0] = row_max[mf][1] = -INFINITY;
+    row_sum[mf][0] = row_sum[mf][1] = 0.f;
+  }
+  const float scale_log2 = (float)p.scale_log2;
+  constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
+  // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
+  auto q_frag_addr = [&](int mf, int kd) {
+    const int r = warp * WARP_M + mf * 16 + (lane % 16), c = kd * 16 + (lane / 16) * 8;
+    return smem_addr(q_smem + r * LDS + c);
+  };
+
+  if (n_begin < n_end) {
+    // Prologue: Q tile (group 0), last KV tile (group 1). The loop walks KV tiles from the last to the
+    // first so that the only tiles needing a mask (the ragged end and the diagonal) come first.
+    load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+    cp_async_commit();
+    load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
+    load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
+    cp_async_commit();
+
+    cp_async_wait<1>();  // Q has landed (the KV tile may still be in flight)
+    __syncthreads();     // ... for every thread's share of it
+    // Q fragments (a0..a3 of each (m16, k16) block) stay in registers for the whole KV loop when they
+    // fit in 32 registers (head dim <= 128 with one m16 per warp); otherwise they are re-read from smem.
+    uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
+    if constexpr (Q_IN_REGS) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[mf][kd], q_frag_addr(mf, kd));
+    }
+
+    // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads.
+    const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
+    for (int n = n_end - 1, stage = 0; n >= n_begin; --n, stage ^= 1) {
+      // Prefetch tile n-1 into the other stage; the trailing barrier of the previous iteration
+      // guarantees nobody still reads it.
+      if (n - 1 >= n_begin) {
+        const int r0 = (n - 1) * BLOCK_N;
+        load_tile_async<BLOCK_N, D, NT>(k_smem + (stage ^ 1) * BLOCK_N * LDS, k_ptr, p.k_row_stride, r0, seqlen_k, tid);
+        load_tile_async<BLOCK_N, D, NT>(v_smem + (stage ^ 1) * BLOCK_N * LDS, v_ptr, p.v_row_stride, r0, seqlen_k, tid);
+      }
+      cp_async_commit();   // (possibly empty group: keeps the wait count below uniform)
+      cp_async_wait<1>();  // tile n has landed for this thread ...
+      __syncthreads();     // ... and for all threads
+      const T* k_tile = k_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
+      const T* v_tile = v_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
+      if (!warp_has_rows) {
+        __syncthreads();  // matches the trailing barrier of the warps that compute
+        continue;
+      }
+
+      // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
+      // one x4 gives b0, b1 of two adjacent n8 fragments.
+      float s[MF][NF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
+#pragma unroll
+      for (int kd = 0; kd < KD; ++kd) {
+        uint32_t qa[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          if constexpr (Q_IN_REGS) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
+          } else {
+            ldmatrix_x4(qa[mf], q_frag_addr(mf, kd));
+          }
+        }
+#pragma unroll
+        for (int nf = 0; nf < NF; nf += 2) {
+          uint32_t b[4];
+          const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4(b, smem_addr(k_tile + r * LDS + c));
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
+            mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
+          }
+        }
+      }
+
+      // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
+      const int col0 = n * BLOCK_N;
+      const bool need_mask = col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag);
+      if (need_mask) {
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + warp * WARP_M + mf * 16 + g + (e / 2) * 8;
+              const int col = col0 + nf * 8 + 2 * t + (e % 2);
+              if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
+            }
+      }
+
+      // Online softmax (base 2). A row with no visible key so far has row_max = -inf: its max is taken
+      // as 0 in the exponent so that exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = row_max[mf][h];
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
+          mx = quad_max(mx);
+          const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+          if (mx != row_max[mf][h]) {  // re-scale only rows whose max moved
+            const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled);
+            row_sum[mf][h] *= alpha;
+#pragma unroll
+            for (int df = 0; df < DF; ++df) {
+              acc_o[mf][df][2 * h] *= alpha;
+              acc_o[mf][df][2 * h + 1] *= alpha;
+            }
+            row_max[mf][h] = mx;
+          }
+          float sum = 0.f;
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled));  // FFMA + MUFU.EX2
+              sum += s[mf][nf][e];
+            }
+          row_sum[mf][h] += sum;  // thread-partial: the quad reduction happens once, at the end
+        }
+
+      // acc_o += P V. A operand of k16 step kn = S fragments 2kn, 2kn+1 packed to 16-bit pairs.
+      // B operand (V, [keys, d] row-major, needed col-major) comes from ldmatrix.trans.
+#pragma unroll
+      for (int kn = 0; kn < KN; ++kn) {
+        uint32_t a[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          a[mf][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
+          a[mf][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
+          a[mf][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
+          a[mf][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
+        }
+#pragma unroll
+        for (int df = 0; df < DF; df += 2) {
+          uint32_t b[4];
+          const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
+          ldmatrix_x4_trans(b, smem_addr(v_tile + r * LDS + c));
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_m16n8k16<T>(acc_o[mf][df], a[mf], b[0], b[1]);
+            mma_m16n8k16<T>(acc_o[mf][df + 1], a[mf], b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with this stage before the next iteration refills it
+    }
+  }
+
+  // Epilogue. l is reduced across the quad once; O = acc_o / l (0 for rows that saw no key).
+  const int64_t bh = (int64_t)blk.batch * p.nheads + blk.head;
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = quad_sum(row_sum[mf][h]);
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const float m_scaled = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h] * scale_log2;
+      const float lse = l > 0.f ? (m_scaled + __log2f(l)) * LN2 : -INFINITY;
+#pragma unroll
+      for (int df = 0; df < DF; ++df) {
+        acc_o[mf][df][2 * h] *= inv_l;
+        acc_o[mf][df][2 * h + 1] *= inv_l;
+      }
+      const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
+      if (t == 0 && row < seqlen_q) {
+        if (SPLIT)
+          p.lse_accum[((int64_t)blk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse;
+        else if (p.lse)
+          p.lse[bh * seqlen_q + row] = lse;
+      }
+    }
+
+  if (SPLIT) {  // fp32 partial output [split, b, h, sq, d], float2 stores
+    float* o_acc = p.o_accum + (((int64_t)blk.split * p.batch * p.nheads + bh) * seqlen_q) * D;
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
+        if (row < seqlen_q)
+#pragma unroll
+          for (int df = 0; df < DF; ++df)
+            *reinterpret_cast<float2*>(o_acc + (int64_t)row * D + df * 8 + 2 * t) =
+                make_float2(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
+      }
+    return;
+  }
+
+  // O -> the warp's own rows of the Q tile in smem (only this warp ever read them) -> 16-byte stores.
+  T* o_tile = q_smem + warp * WARP_M * LDS;  // [WARP_M][LDS]
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int df = 0; df < DF; ++df)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
+            pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
+  __syncwarp();
+  T* o_ptr = reinterpret_cast<T*>(p.o) + blk.batch * p.o_batch_stride + blk.head * p.o_head_stride;
+  constexpr int CHUNKS = WARP_M * D / 8;
+#pragma unroll
+  for (int c = lane; c < CHUNKS; c += 32) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const int row = m0 + warp * WARP_M + r;
+    if (row < seqlen_q)
+      *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
+          *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
+  }
+}
+
+// Flash-Decoding combine: out = sum_s exp(lse_s - lse) * o_s,  lse = log sum_s exp(lse_s).
+// One warp per (batch, head, query row), blockDim.x / 32 rows per block; lanes split the head dim. Splits that saw no key have
+// lse_s = -inf and weight 0; if every split is empty the row is zeros with lse = -inf (no NaN).
+template <typename T, int D>
+__global__ void flash_combine_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(D % 32 == 0, "lanes split the head dim evenly");
+  const int64_t rows = p.batch * p.nheads * p.seqlen_q;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t split_stride = rows;  // partial-LSE elements per split
+  const int num_splits = (int)p.num_splits;
+
+  float lse_max = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + row]);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, o));
+  const float base = lse_max == -INFINITY ? 0.f : lse_max;
+  float sum = 0.f;
+  for (int s = lane; s < num_splits; s += 32) sum += __expf(p.lse_accum[s * split_stride + row] - base);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float lse = sum > 0.f ? base + __logf(sum) : -INFINITY;
+
+  constexpr int PER_LANE = D / 32;
+  float acc[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float lse_s = p.lse_accum[s * split_stride + row];
+    if (lse_s == -INFINITY) continue;  // empty split (uniform across the warp)
+    const float w = __expf(lse_s - lse);
+    const float* o_s = p.o_accum + (s * split_stride + row) * D;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) acc[i] += w * o_s[lane + 32 * i];
+  }
+  const int64_t i = row % p.seqlen_q, bh = row / p.seqlen_q;
+  const int64_t h = bh % p.nheads, b = bh / p.nheads;
+  T* o = reinterpret_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+#pragma unroll
+  for (int k = 0; k < PER_LANE; ++k) o[lane + 32 * k] = static_cast<T>(acc[k]);
+  if (p.lse && lane == 0) p.lse[row] = lse;
+}
+
+}  // namespace cuflash

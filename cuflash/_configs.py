@@ -1,0 +1,89 @@
+"""The one place that chooses kernel configurations: template arguments, threads, shared memory.
+
+The kernels static_assert their invariants (tile divisibility, the shared-memory size computed here), so
+a wrong entry fails to compile -- in CI, which compiles every configuration listed by `all_specs()` for
+sm_80 and sm_90 and rejects spills.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._launch import KernelSpec
+
+HEADDIMS = (32, 64, 96, 128, 256)
+DTYPES = ("float16", "bfloat16")
+CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+ELEM_BYTES = 2
+SMEM_ROW_PAD = 8  # elements of padding per shared-memory row (cuda_src/common/tile.cuh: PaddedRow)
+
+
+@dataclass(frozen=True)
+class FwdTile:
+    block_m: int  # Q rows per thread block
+    block_n: int  # keys per KV tile
+    nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
+
+
+# Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
+FWD_TILES = {
+    32: FwdTile(128, 64, 4),
+    64: FwdTile(128, 64, 4),
+    96: FwdTile(128, 64, 8),
+    128: FwdTile(128, 64, 8),
+    256: FwdTile(64, 32, 4),
+}
+
+# Split-KV (decoding) tiles: 4 warps share the loads of each K/V tile; a warp whose 16 query rows are
+# all past seqlen_q (decoding has 1..16 rows per KV head) skips the math.
+DECODE_TILES = {
+    32: FwdTile(64, 128, 4),
+    64: FwdTile(64, 128, 4),
+    96: FwdTile(64, 64, 4),
+    128: FwdTile(64, 64, 4),
+    256: FwdTile(64, 32, 4),
+}
+
+
+def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
+    """Q tile + 2 stages x (K tile + V tile), rows padded (cuda_src/flash_fwd.cu static_asserts it)."""
+    return (tile.block_m + 4 * tile.block_n) * (headdim + SMEM_ROW_PAD) * ELEM_BYTES
+
+
+def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None) -> KernelSpec:
+    if tile is None:
+        tile = (DECODE_TILES if split else FWD_TILES)[headdim]
+    smem = fwd_smem_bytes(headdim, tile)
+    name = (
+        f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
+        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}>"
+    )
+    return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
+
+
+COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
+
+
+def combine_spec(dtype: str, headdim: int) -> KernelSpec:
+    return KernelSpec("flash_fwd.cu", f"cuflash::flash_combine_kernel<{CTYPE[dtype]}, {headdim}>",
+                      32 * COMBINE_ROWS_PER_BLOCK, 0)
+
+
+SOFTMAX_THREADS = 256
+
+
+def softmax_spec(dtype: str) -> KernelSpec:
+    """The unfused baseline's row softmax (cuda_src/softmax.cu)."""
+    return KernelSpec("softmax.cu", f"cuflash::softmax_rows_kernel<{CTYPE[dtype]}>", SOFTMAX_THREADS, 0)
+
+
+def all_specs():
+    """Every kernel configuration the package can launch (CI compiles each for sm_80 and sm_90)."""
+    specs = []
+    for dt in DTYPES:
+        for d in HEADDIMS:
+            for causal in (False, True):
+                specs.append(fwd_spec(dt, d, causal, split=False))
+                specs.append(fwd_spec(dt, d, causal, split=True))
+            specs.append(combine_spec(dt, d))
+        specs.append(softmax_spec(dt))
+    return specs

@@ -1,0 +1,118 @@
+"""Zero-copy views of torch tensors, CuPy arrays and DLPack producers; outputs of the same kind.
+
+Fast path: torch tensors and CuPy arrays are read directly (data pointer, shape, strides in elements,
+device, and the caller's current stream as a raw handle) -- no wrapper objects per call. Any other
+producer of `__dlpack__` goes through `cupy.from_dlpack` (zero-copy) and gets CuPy arrays back.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+
+TORCH, CUPY = 0, 1
+# Tests set POISON = True: every output cuflash allocates starts as NaN (float) or -1 (int), so an
+# element a kernel forgets to write cannot pass as a plausible value.
+POISON = False
+KIND_NAME = {TORCH: "torch", CUPY: "cupy"}
+
+
+class Arr:
+    """A device array seen by cuflash: kind, object, pointer, shape, strides (elements), dtype, device."""
+
+    __slots__ = ("kind", "obj", "ptr", "shape", "strides", "dtype", "device")
+
+    def __init__(self, kind, obj, ptr, shape, strides, dtype, device):
+        self.kind, self.obj, self.ptr, self.shape = kind, obj, ptr, shape
+        self.strides, self.dtype, self.device = strides, dtype, device
+
+
+def _torch_dtypes(torch):
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32"}
+
+
+_TORCH_DT = None
+
+
+def wrap(x, name: str) -> Arr:
+    """View `x` without copying. TypeError (naming `name`) for anything that is not a CUDA array."""
+    global _TORCH_DT
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_cuda:
+            raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
+        if _TORCH_DT is None:
+            _TORCH_DT = _torch_dtypes(torch)
+        dt = _TORCH_DT.get(x.dtype) or str(x.dtype).replace("torch.", "")
+        return Arr(TORCH, x, x.data_ptr(), tuple(x.shape), x.stride(), dt, x.get_device())
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        isz = x.itemsize
+        return Arr(CUPY, x, x.data.ptr, x.shape, tuple(s // isz for s in x.strides), x.dtype.name, x.device.id)
+    if type(x).__module__ == "numpy" or hasattr(x, "__array_interface__"):
+        raise TypeError(f"{name} must be a CUDA array (torch CUDA tensor or CuPy array); got a host "
+                        f"{type(x).__module__}.{type(x).__name__}")
+    if hasattr(x, "__dlpack__"):
+        import cupy
+
+        dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+        if dev is not None and int(dev[0]) not in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            raise TypeError(f"{name} must be a CUDA array; got a DLPack producer on device type {dev[0]}")
+        return wrap(cupy.from_dlpack(x), name)
+    raise TypeError(f"{name} must be a CUDA array (torch CUDA tensor, CuPy array or DLPack producer); "
+                    f"got {type(x).__name__}")
+
+
+def empty(like: Arr, shape, dtype: str):
+    """Uninitialised array of `like`'s kind and device (NaN-filled when POISON is set)."""
+    if like.kind == TORCH:
+        import torch
+
+        x = torch.empty(shape, dtype=getattr(torch, dtype), device=like.obj.device)
+    else:
+        import cupy
+
+        dt = like.obj.dtype if dtype == like.dtype else dtype
+        with device_guard(like.device):
+            x = cupy.empty(shape, dtype=dt)
+    if POISON:
+        x.fill(float("nan") if "float" in dtype else -1) if like.kind == CUPY else x.fill_(
+            float("nan") if "float" in dtype else -1)
+    return x
+
+
+def zeros(like: Arr, shape, dtype: str):
+    if like.kind == TORCH:
+        import torch
+
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.obj.device)
+    import cupy
+
+    dt = like.obj.dtype if dtype == like.dtype else dtype
+    with device_guard(like.device):
+        return cupy.zeros(shape, dtype=dt)
+
+
+def data_ptr(x) -> int:
+    """Device pointer of an array that cuflash allocated (torch or CuPy)."""
+    p = getattr(x, "data_ptr", None)
+    return p() if p is not None else x.data.ptr
+
+
+def current_stream(a: Arr) -> int:
+    """The caller's current stream on a's device, as a raw handle: torch's for torch, CuPy's for CuPy."""
+    if a.kind == TORCH:
+        return sys.modules["torch"]._C._cuda_getCurrentRawStream(a.device)
+    import cupy
+
+    return cupy.cuda.get_current_stream(a.device).ptr
+
+
+def device_guard(device: int):
+    """Make `device` current for a launch (a no-op in the common single-device case)."""
+    from cupy.cuda import runtime
+
+    if runtime.getDevice() == device:
+        return nullcontext()
+    import cupy
+
+    return cupy.cuda.Device(device)

@@ -1,0 +1,102 @@
+"""Launch fast path: one cuLaunchKernel per op, parameters packed with one struct.pack_into.
+
+Host time per call is part of attention's performance at small shapes (a CuPy RawKernel call costs
+~10 us, torch.cuda.current_stream() 7 us). So kernels take a single by-value parameter block whose fields
+are all 8 bytes wide; the host packs it into a reused per-thread buffer and calls the driver directly.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from dataclasses import dataclass
+
+# Field order of cuflash::FwdParams (cuda_src/common/params.cuh): P = pointer, q = int64, d = double.
+FWD_PARAMS = (
+    ("q", "P"), ("k", "P"), ("v", "P"), ("o", "P"), ("lse", "P"), ("o_accum", "P"), ("lse_accum", "P"),
+    ("seqlens_k", "P"),
+    ("q_batch_stride", "q"), ("q_row_stride", "q"), ("q_head_stride", "q"),
+    ("k_batch_stride", "q"), ("k_row_stride", "q"), ("k_head_stride", "q"),
+    ("v_batch_stride", "q"), ("v_row_stride", "q"), ("v_head_stride", "q"),
+    ("o_batch_stride", "q"), ("o_row_stride", "q"), ("o_head_stride", "q"),
+    ("batch", "q"), ("nheads", "q"), ("heads_per_kv", "q"), ("seqlen_q", "q"), ("seqlen_k", "q"),
+    ("num_splits", "q"), ("blocks_per_split", "q"), ("grid_order", "q"),
+    ("scale_log2", "d"),
+)
+
+
+def struct_format(fields) -> str:
+    return "=" + "".join("Q" if kind == "P" else kind for _, kind in fields)
+
+
+FWD_FORMAT = struct_format(FWD_PARAMS)
+
+_MAX_PARAM_BYTES = 1024
+_tls = threading.local()
+
+
+def _scratch():
+    """Per-thread parameter buffer and the void* array the driver reads kernel parameters through.
+
+    argv[i] points at byte 8*i of the buffer. A kernel whose only parameter is a struct (FwdParams) reads
+    it whole from argv[0]; a kernel with plain parameters reads parameter i from its 8-byte slot i (pack
+    4-byte values as "i4x" / "f4x"). The driver copies the parameters during the launch call, so the
+    buffer is free again as soon as launchKernel returns.
+    """
+    s = getattr(_tls, "s", None)
+    if s is None:
+        buf = ctypes.create_string_buffer(_MAX_PARAM_BYTES)
+        base = ctypes.addressof(buf)
+        argv = (ctypes.c_void_p * (_MAX_PARAM_BYTES // 8))(*(base + 8 * i for i in range(_MAX_PARAM_BYTES // 8)))
+        s = _tls.s = (buf, ctypes.addressof(argv), argv)
+    return s
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything needed to compile and launch one kernel instantiation (built in _configs.py)."""
+
+    filename: str
+    name: str  # template name expression, e.g. cuflash::flash_fwd_kernel<__half, 128, ...>
+    threads: int
+    smem: int  # dynamic shared memory bytes
+
+
+class Launcher:
+    """A compiled kernel bound to one device: launch(grid, stream_ptr, fmt, *values)."""
+
+    __slots__ = ("ptr", "threads", "smem", "spec", "raw")
+
+    def __init__(self, spec: KernelSpec, device_id: int):
+        from . import _loader
+
+        raw = _loader.get_function(spec.filename, spec.name, device_id)
+        if spec.smem > 48 * 1024:  # opt in to more than 48 KB of dynamic shared memory
+            raw.max_dynamic_shared_size_bytes = spec.smem
+        self.raw = raw
+        self.ptr = raw.kernel.ptr
+        self.threads = spec.threads
+        self.smem = spec.smem
+        self.spec = spec
+
+    def launch(self, grid, stream: int, fmt: str, *values):
+        from cupy.cuda import driver
+
+        buf, argv_addr, _ = _scratch()
+        struct.pack_into(fmt, buf, 0, *values)
+        driver.launchKernel(self.ptr, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem, stream, argv_addr, 0)
+
+
+_launchers: dict = {}
+_launchers_lock = threading.Lock()
+
+
+def get_launcher(spec: KernelSpec, device_id: int) -> Launcher:
+    key = (spec, device_id)
+    lau = _launchers.get(key)
+    if lau is None:
+        with _launchers_lock:
+            lau = _launchers.get(key)
+            if lau is None:
+                lau = _launchers[key] = Launcher(spec, device_id)
+    return lau

@@ -1,0 +1,180 @@
+"""Run-time kernel loader: cuda_src/*.cu -> CuPy RawModule (NVRTC) -> a launchable kernel.
+
+* Sources are read from ``cuda_src/`` and every local ``#include "..."`` is inlined, so the text handed to
+  NVRTC is self-contained. CuPy's disk cache keys on that text (plus options and arch), so a change to any
+  header changes the key; a hash of the whole ``cuda_src/`` tree is also defined (``CUFLASH_SRC_HASH``)
+  as the issue asks: editing *any* file under cuda_src/ recompiles.
+* One module per (source file, template instantiation, device). Modules are memoized in this process and
+  CuPy's disk cache makes a second process compile nothing. ``precompile`` fills that cache in parallel.
+* ``compile_offline`` compiles the exact same text with NVRTC for an explicit ``sm_XX`` and no GPU, with
+  ``-Xptxas=-v`` so that CI can read registers, spills and local memory from the program log.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+# Options shared by run-time and offline compilation (CuPy adds -ftz=true and its own -I at run time; we
+# add -ftz=true offline too so the offline cubin is the one the GPU runs).
+NVRTC_OPTIONS = ("-std=c++17",)
+
+MIN_CC = 80
+
+
+def source_dir() -> Path:
+    """cuda_src/ of an installed wheel (cuflash/cuda_src) or of a checkout (<repo>/cuda_src)."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "cuda_src", here.parent / "cuda_src"):
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError("cuflash: cannot find the cuda_src/ directory next to the package")
+
+
+@functools.lru_cache(maxsize=None)
+def tree_hash() -> str:
+    """sha256 over every file under cuda_src/ (path and bytes): part of every kernel's cache key."""
+    h = hashlib.sha256()
+    root = source_dir()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.suffix in (".cu", ".cuh", ".h"):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _inline(path: Path, seen: set) -> str:
+    out = []
+    for line in path.read_text().splitlines():
+        m = _INCLUDE_RE.match(line)
+        if m:
+            inc = (path.parent / m.group(1)).resolve()
+            if not inc.is_file():
+                inc = (source_dir() / m.group(1)).resolve()
+            if inc not in seen:  # every local header is include-once
+                seen.add(inc)
+                out.append(f"// ---- begin {m.group(1)}")
+                out.append(_inline(inc, seen))
+                out.append(f"// ---- end {m.group(1)}")
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=None)
+def assemble(filename: str) -> str:
+    """Self-contained source for cuda_src/<filename>: local includes inlined, tree hash defined."""
+    path = source_dir() / filename
+    body = _inline(path, {path.resolve()})
+    return f"#define CUFLASH_SRC_HASH 0x{tree_hash()}ull\n{body}\n"
+
+
+# --------------------------------------------------------------------------------------------- run time
+_lock = threading.Lock()
+_modules: dict = {}
+
+
+def device_cc(device_id: int) -> int:
+    import cupy
+
+    cc = int(cupy.cuda.Device(device_id).compute_capability)
+    if cc < MIN_CC:
+        raise RuntimeError(
+            f"cuflash needs compute capability >= {MIN_CC // 10}.{MIN_CC % 10} (sm_80, mma.sync bf16, cp.async); "
+            f"device {device_id} is sm_{cc}"
+        )
+    return cc
+
+
+def get_function(filename: str, name_expression: str, device_id: int):
+    """The cupy.RawKernel for one template instantiation, compiled for `device_id`'s arch (memoized)."""
+    key = (filename, name_expression, device_id)
+    fn = _modules.get(key)
+    if fn is not None:
+        return fn
+    import cupy
+
+    with _lock:
+        fn = _modules.get(key)
+        if fn is None:
+            device_cc(device_id)
+            with cupy.cuda.Device(device_id):
+                mod = cupy.RawModule(
+                    code=assemble(filename), options=NVRTC_OPTIONS, name_expressions=(name_expression,)
+                )
+                try:
+                    fn = mod.get_function(name_expression)
+                    fn.kernel  # force compile + load now, so errors carry the NVRTC log here
+                except cupy.cuda.compiler.CompileException as e:
+                    raise RuntimeError(f"cuflash: NVRTC failed on {filename} [{name_expression}]:\n{e}") from e
+            _modules[key] = fn
+    return fn
+
+
+# ------------------------------------------------------------------------------------- offline (no GPU)
+def _include_dirs() -> list:
+    dirs = []
+    try:
+        import nvidia  # namespace package from nvidia-cuda-runtime
+
+        for base in nvidia.__path__:
+            for sub in ("cu13/include", "cuda_runtime/include", "cu12/include"):
+                d = os.path.join(base, sub)
+                if os.path.isfile(os.path.join(d, "cuda_fp16.h")):
+                    dirs.append(d)
+    except ImportError:
+        pass
+    for d in (os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
+        if d and os.path.isfile(os.path.join(d, "include", "cuda_fp16.h")):
+            dirs.append(os.path.join(d, "include"))
+    return dirs
+
+
+_PTXAS_RE = re.compile(
+    r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\d+)'.*?"
+    r"(?P<stack>\d+) bytes stack frame, (?P<spill_st>\d+) bytes spill stores, (?P<spill_ld>\d+) bytes spill loads.*?"
+    r"Used (?P<regs>\d+) registers",
+    re.S,
+)
+
+
+def compile_offline(filename: str, name_expressions, arch: int, extra_options=()) -> dict:
+    """Compile like the run-time path, for sm_<arch>, without a GPU; parse ptxas' resource report.
+
+    Returns {"cubin": bytes, "log": str, "kernels": {name_expression: {"regs", "stack", "spill_st",
+    "spill_ld", "lowered"}}}. Raises RuntimeError with the NVRTC log on a compile error.
+    """
+    from cupy.cuda import nvrtc
+
+    src = assemble(filename)
+    prog = nvrtc.createProgram(src, filename, [], [])
+    try:
+        for ne in name_expressions:
+            nvrtc.addNameExpression(prog, ne)
+        opts = list(NVRTC_OPTIONS) + ["-ftz=true", f"-arch=sm_{arch}", "-Xptxas=-v"] + list(extra_options)
+        opts += [f"-I{d}" for d in _include_dirs()]
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC failed on {filename}:\n{nvrtc.getProgramLog(prog)}") from e
+        log = nvrtc.getProgramLog(prog)
+        lowered = {ne: nvrtc.getLoweredName(prog, ne) for ne in name_expressions}
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    by_mangled = {}
+    for chunk in re.split(r"(?=ptxas info\s*: Compiling entry function)", log):
+        m = _PTXAS_RE.search(chunk)
+        if m:
+            by_mangled[m.group("name")] = {k: int(m.group(k)) for k in ("regs", "stack", "spill_st", "spill_ld")}
+    kernels = {}
+    for ne, low in lowered.items():
+        info = dict(by_mangled.get(low, {}))
+        info["lowered"] = low
+        kernels[ne] = info
+    return {"cubin": cubin, "log": log, "kernels": kernels}

@@ -1,0 +1,90 @@
+"""Input validation: every check runs before anything is launched, and every error names the argument."""
+from __future__ import annotations
+
+from ._configs import HEADDIMS
+from ._interop import KIND_NAME, Arr, wrap
+
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+
+
+def check_layout(a: Arr, name: str) -> None:
+    """Last dim contiguous; other strides 16-byte multiples and the data 16-byte aligned (cp.async.16)."""
+    for size, stride in zip(a.shape, a.strides):
+        if size > 1 and stride < 0:
+            raise ValueError(f"{name} has a negative stride {a.strides}; pass a copy")
+    if a.shape[-1] > 1 and a.strides[-1] != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride 1); got strides {a.strides}")
+    bad = [s for size, s in zip(a.shape[:-1], a.strides[:-1]) if size > 1 and s % 8]
+    if bad or a.ptr % 16:
+        raise ValueError(
+            f"{name} must have strides that are multiples of 8 elements and 16-byte aligned data (16-byte "
+            f"loads); got strides {a.strides} and address {a.ptr:#x}; call .contiguous() first"
+        )
+
+
+def check_same(ref: Arr, ref_name: str, a: Arr, name: str) -> None:
+    if a.kind != ref.kind:
+        raise TypeError(f"{name} is a {KIND_NAME[a.kind]} array but {ref_name} is a {KIND_NAME[ref.kind]} "
+                        f"array; pass all inputs of one kind")
+    if a.device != ref.device:
+        raise ValueError(f"{name} is on cuda:{a.device} but {ref_name} is on cuda:{ref.device}")
+
+
+def check_dtype(a: Arr, name: str, ref: Arr | None = None, ref_name: str = "q") -> None:
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float16 or bfloat16; got {a.dtype}")
+    if ref is not None and a.dtype != ref.dtype:
+        raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}); got {a.dtype}")
+
+
+def check_rank(a: Arr, name: str, rank: int, what: str) -> None:
+    if len(a.shape) != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {what}; got shape {a.shape}")
+
+
+def check_qkv(q, k, v, names=("q", "k", "v")):
+    """Validate flash-attn layout q [b, sq, h, d], k/v [b, sk, hk, d]; return their Arr views."""
+    qn, kn, vn = names
+    qa, ka, va = wrap(q, qn), wrap(k, kn), wrap(v, vn)
+    check_qkv_views(qa, ka, va, names)
+    return qa, ka, va
+
+
+def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
+    """The checks of check_qkv on already wrapped views (testable on a CPU with hand-made views)."""
+    qn, kn, vn = names
+    for a, n in ((qa, qn), (ka, kn), (va, vn)):
+        check_rank(a, n, 4, "(batch, seqlen, nheads, headdim)")
+    check_same(qa, qn, ka, kn)
+    check_same(qa, qn, va, vn)
+    check_dtype(qa, qn)
+    check_dtype(ka, kn, qa, qn)
+    check_dtype(va, vn, qa, qn)
+    b, sq, h, d = qa.shape
+    if ka.shape[0] != b:
+        raise ValueError(f"{kn} has batch {ka.shape[0]} but {qn} has batch {b}")
+    if va.shape != ka.shape:
+        raise ValueError(f"{vn} must have the shape of {kn} {ka.shape}; got {va.shape}")
+    if ka.shape[3] != d:
+        raise ValueError(f"{kn} has head dim {ka.shape[3]} but {qn} has head dim {d}")
+    if d not in HEADDIMS:
+        raise ValueError(f"head dim {d} of {qn} is not supported; supported head dims: {HEADDIMS}")
+    hk = ka.shape[2]
+    if hk < 1 or h % hk:
+        raise ValueError(f"the number of heads of {qn} ({h}) must be a multiple of that of {kn} ({hk})")
+    if sq < 1:
+        raise ValueError(f"{qn} must have seqlen >= 1; got shape {qa.shape}")
+    for a, n in ((qa, qn), (ka, kn), (va, vn)):
+        check_layout(a, n)
+
+
+def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None) -> None:
+    """flash-attn arguments cuflash does not implement: refuse them rather than ignore them."""
+    if dropout_p:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented in cuflash")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"window_size={tuple(window_size)}: local attention is not implemented")
+    if softcap:
+        raise NotImplementedError(f"softcap={softcap}: soft-capping is not implemented")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi is not implemented")

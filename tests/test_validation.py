@@ -1,0 +1,85 @@
+"""Bad input -> TypeError / ValueError naming the argument, before anything is launched (CPU: views are
+made by hand, so the real validation code runs without a GPU)."""
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash._interop import CUPY, TORCH, Arr
+from cuflash._validate import check_qkv_views, check_unsupported
+
+
+def view(shape, dtype="float16", kind=CUPY, device=0, strides=None, ptr=0x10000):
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.insert(0, acc)
+            acc *= s
+    return Arr(kind, None, ptr, tuple(shape), tuple(strides), dtype, device)
+
+
+def qkv(**over):
+    q = over.pop("q", view((2, 33, 8, 64)))
+    k = over.pop("k", view((2, 40, 2, 64)))
+    v = over.pop("v", view((2, 40, 2, 64)))
+    return q, k, v
+
+
+def test_valid_inputs_pass():
+    check_qkv_views(*qkv())
+
+
+@pytest.mark.parametrize(
+    "over, exc, words",
+    [
+        (dict(q=view((2, 33, 8, 64), dtype="float32")), TypeError, ["q", "float16 or bfloat16", "float32"]),
+        (dict(k=view((2, 40, 2, 64), dtype="bfloat16")), TypeError, ["k", "dtype of q"]),
+        (dict(v=view((2, 40, 2, 64), kind=TORCH)), TypeError, ["v", "torch", "cupy"]),
+        (dict(k=view((2, 40, 2, 64), device=1)), ValueError, ["k", "cuda:1", "cuda:0"]),
+        (dict(q=view((33, 8, 64))), ValueError, ["q", "4 dimensions"]),
+        (dict(k=view((3, 40, 2, 64))), ValueError, ["k", "batch"]),
+        (dict(v=view((2, 41, 2, 64))), ValueError, ["v", "shape of k"]),
+        (dict(k=view((2, 40, 2, 128)), v=view((2, 40, 2, 128))), ValueError, ["k", "head dim"]),
+        (dict(q=view((2, 33, 8, 80)), k=view((2, 40, 2, 80)), v=view((2, 40, 2, 80))), ValueError,
+         ["head dim 80", "supported"]),
+        (dict(k=view((2, 40, 3, 64)), v=view((2, 40, 3, 64))), ValueError, ["heads", "multiple"]),
+        (dict(q=view((2, 33, 8, 64), strides=(33 * 8 * 128, 8 * 128, 128, 2))), ValueError,
+         ["q", "last dimension", "stride 1"]),
+        (dict(k=view((2, 40, 2, 64), strides=(40 * 2 * 68, 2 * 68, 68, 1))), ValueError, ["k", "multiples of 8"]),
+        (dict(v=view((2, 40, 2, 64), ptr=0x10002)), ValueError, ["v", "16-byte"]),
+        (dict(q=view((2, 0, 8, 64))), ValueError, ["q", "seqlen"]),
+    ],
+)
+def test_bad_inputs(over, exc, words):
+    with pytest.raises(exc) as ei:
+        check_qkv_views(*qkv(**over))
+    for w in words:
+        assert w in str(ei.value), (w, str(ei.value))
+
+
+def test_host_arrays_rejected():
+    x = np.zeros((1, 4, 1, 64), np.float16)
+    with pytest.raises(TypeError, match="q must be a CUDA array"):
+        cuflash.flash_attn_func(x, x, x)
+
+
+def test_non_array_rejected():
+    with pytest.raises(TypeError, match="q must be a CUDA array"):
+        cuflash.flash_attn_func([1.0], [1.0], [1.0])
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(dropout_p=0.1), "dropout_p"), (dict(window_size=(4, 0)), "window_size"),
+    (dict(softcap=30.0), "softcap"), (dict(alibi_slopes=[0.1]), "alibi_slopes"),
+])
+def test_unimplemented_arguments_refused(kw, word):
+    with pytest.raises(NotImplementedError, match=word):
+        check_unsupported(**kw)
+    with pytest.raises(NotImplementedError, match=word):
+        cuflash.flash_attn_func(None, None, None, **kw)
+
+
+def test_bad_keyword_extras():
+    with pytest.raises(ValueError, match="grid_order"):
+        cuflash.flash_attn_func(None, None, None, grid_order="zigzag")
+    with pytest.raises(ValueError, match="algorithm"):
+        cuflash.flash_attn_func(None, None, None, algorithm="v3")

@@ -113,16 +113,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   };
 
   if (n_begin < n_end) {
-    // Prologue: Q tile (group 0), last KV tile (group 1). The loop walks KV tiles from the last to the
-    // first so that the only tiles needing a mask (the ragged end and the diagonal) come first.
+    // Prologue: Q tile and the last KV tile in one cp.async group. The loop walks KV tiles from the last
+    // to the first so that the only tiles needing a mask (the ragged end and the diagonal) come first.
     load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-    cp_async_commit();
     load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
     load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
     cp_async_commit();
-
-    cp_async_wait<1>();  // Q has landed (the KV tile may still be in flight)
-    __syncthreads();     // ... for every thread's share of it
+    cp_async_wait<0>();
+    __syncthreads();  // Q and the first KV tile are visible to every thread
     // Q fragments (a0..a3 of each (m16, k16) block) stay in registers for the whole KV loop when they
     // fit in 32 registers (head dim <= 128 with one m16 per warp); otherwise they are re-read from smem.
     uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
@@ -135,27 +133,27 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 
     // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads.
     const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
+    // Pipeline: one barrier per KV tile. At the top of iteration n, tile n (issued one iteration ago)
+    // has landed; the barrier makes it visible AND proves every warp is done with the other stage, which
+    // is then refilled with tile n-1 while this iteration computes on tile n.
     for (int n = n_end - 1, stage = 0; n >= n_begin; --n, stage ^= 1) {
-      // Prefetch tile n-1 into the other stage; the trailing barrier of the previous iteration
-      // guarantees nobody still reads it.
+      if (n != n_end - 1) {
+        cp_async_wait<0>();  // tile n has landed for this thread ...
+        __syncthreads();     // ... for all threads, and nobody reads stage^1 any more
+      }
       if (n - 1 >= n_begin) {
         const int r0 = (n - 1) * BLOCK_N;
         load_tile_async<BLOCK_N, D, NT>(k_smem + (stage ^ 1) * BLOCK_N * LDS, k_ptr, p.k_row_stride, r0, seqlen_k, tid);
         load_tile_async<BLOCK_N, D, NT>(v_smem + (stage ^ 1) * BLOCK_N * LDS, v_ptr, p.v_row_stride, r0, seqlen_k, tid);
+        cp_async_commit();
       }
-      cp_async_commit();   // (possibly empty group: keeps the wait count below uniform)
-      cp_async_wait<1>();  // tile n has landed for this thread ...
-      __syncthreads();     // ... and for all threads
       const T* k_tile = k_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
       const T* v_tile = v_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
-      if (!warp_has_rows) {
-        __syncthreads();  // matches the trailing barrier of the warps that compute
-        continue;
-      }
+      if (!warp_has_rows) continue;
 
       // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
       // one x4 gives b0, b1 of two adjacent n8 fragments.
-      float s[MF][NF][4];
+      float s[MF][NF][4], row_max_new[MF][2];
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -205,6 +203,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 
       // Online softmax (base 2). A row with no visible key so far has row_max = -inf: its max is taken
       // as 0 in the exponent so that exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+      float m_scaled[MF][2];
+      bool max_moved = false;
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -213,23 +213,37 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
           mx = quad_max(mx);
-          const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-          if (mx != row_max[mf][h]) {  // re-scale only rows whose max moved
-            const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled);
+          m_scaled[mf][h] = mx == -INFINITY ? 0.f : mx * scale_log2;
+          max_moved |= mx != row_max[mf][h];
+          row_max_new[mf][h] = mx;
+        }
+      // Re-scale O and l only when some row of the warp has a new max (warp-uniform branch; after the
+      // first tiles the max rarely moves). alpha = 1 exactly for rows whose max did not move.
+      if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled[mf][h]);
             row_sum[mf][h] *= alpha;
 #pragma unroll
             for (int df = 0; df < DF; ++df) {
               acc_o[mf][df][2 * h] *= alpha;
               acc_o[mf][df][2 * h + 1] *= alpha;
             }
-            row_max[mf][h] = mx;
+            row_max[mf][h] = row_max_new[mf][h];
           }
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           float sum = 0.f;
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled));  // FFMA + MUFU.EX2
+              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
               sum += s[mf][nf][e];
             }
           row_sum[mf][h] += sum;  // thread-partial: the quad reduction happens once, at the end
@@ -259,11 +273,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
           }
         }
       }
-      __syncthreads();  // every warp is done with this stage before the next iteration refills it
     }
   }
 
   // Epilogue. l is reduced across the quad once; O = acc_o / l (0 for rows that saw no key).
+  const float LN2 = 0.6931471805599453f;
   const int64_t bh = (int64_t)blk.batch * p.nheads + blk.head;
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)

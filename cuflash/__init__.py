@@ -5,9 +5,10 @@ torch CUDA tensors or CuPy arrays (zero-copy); outputs are of the same kind. Not
 torch at import time, so `import cuflash` works on a machine without a GPU (references, compilation).
 """
 from . import reference
+from .backward import flash_attn_backward
 from .flash import flash_attn_func
 from .naive import naive_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "naive_attention", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_backward", "naive_attention", "reference", "__version__"]

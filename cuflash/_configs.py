@@ -76,6 +76,51 @@ def softmax_spec(dtype: str) -> KernelSpec:
     return KernelSpec("softmax.cu", f"cuflash::softmax_rows_kernel<{CTYPE[dtype]}>", SOFTMAX_THREADS, 0)
 
 
+@dataclass(frozen=True)
+class BwdTile:
+    block_m: int  # Q rows per inner iteration
+    block_n: int  # KV rows per thread block = 16 * nwarps / dsplit
+    nwarps: int
+    dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
+
+
+BWD_TILES = {
+    32: BwdTile(64, 128, 8, 1),
+    64: BwdTile(64, 128, 8, 1),
+    96: BwdTile(64, 128, 8, 1),
+    128: BwdTile(32, 128, 8, 1),  # 64-row Q tiles spill at head dim 128 (dK, dV: 128 fp32 registers)
+    256: BwdTile(32, 64, 8, 2),
+}
+BWD_ROW_PAD = 128  # fp32 row buffers (lse_log2, D, dQ accumulator) are padded to this many rows
+BWD_PRE_ROWS_PER_BLOCK = 4
+BWD_CONVERT_THREADS = 256
+
+
+def bwd_smem_bytes(headdim: int, tile: BwdTile) -> int:
+    """K, V tiles + 2 stages x (Q, dO) tiles + dS^T tile + 2 stages x (lse, D) rows (flash_bwd.cu)."""
+    lds = headdim + SMEM_ROW_PAD
+    return ((2 * tile.block_n + 4 * tile.block_m) * lds + tile.block_n * (tile.block_m + SMEM_ROW_PAD)) * ELEM_BYTES \
+        + 4 * tile.block_m * 4
+
+
+def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None) -> KernelSpec:
+    tile = tile or BWD_TILES[headdim]
+    smem = bwd_smem_bytes(headdim, tile)
+    name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
+            f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}>")
+    return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
+
+
+def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
+    return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_preprocess_kernel<{CTYPE[dtype]}, {headdim}>",
+                      32 * BWD_PRE_ROWS_PER_BLOCK, 0)
+
+
+def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int) -> KernelSpec:
+    return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_convert_dq_kernel<{CTYPE[dtype]}, {headdim}, {block_n}, "
+                      f"{'true' if causal else 'false'}>", BWD_CONVERT_THREADS, 0)
+
+
 def all_specs():
     """Every kernel configuration the package can launch (CI compiles each for sm_80 and sm_90)."""
     specs = []
@@ -85,5 +130,9 @@ def all_specs():
                 specs.append(fwd_spec(dt, d, causal, split=False))
                 specs.append(fwd_spec(dt, d, causal, split=True))
             specs.append(combine_spec(dt, d))
+            specs.append(bwd_preprocess_spec(dt, d))
+            for causal in (False, True):
+                specs.append(bwd_spec(dt, d, causal))
+                specs.append(bwd_convert_spec(dt, d, causal, BWD_TILES[d].block_n))
         specs.append(softmax_spec(dt))
     return specs

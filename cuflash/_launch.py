@@ -25,11 +25,23 @@ FWD_PARAMS = (
 )
 
 
+# Field order of cuflash::BwdParams (cuda_src/common/params.cuh).
+BWD_PARAMS = (
+    ("q", "P"), ("k", "P"), ("v", "P"), ("o", "P"), ("dout", "P"), ("lse", "P"), ("lse_log2", "P"), ("delta", "P"),
+    ("dq_accum", "P"), ("dq", "P"), ("dk", "P"), ("dv", "P"),
+    *((f"{t}_{s}_stride", "q") for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv") for s in ("batch", "row", "head")),
+    ("batch", "q"), ("nheads", "q"), ("heads_per_kv", "q"), ("seqlen_q", "q"), ("seqlen_k", "q"), ("seqlen_q_pad", "q"),
+    ("dq_strategy", "q"), ("num_dq_splits", "q"),
+    ("scale_log2", "d"), ("softmax_scale", "d"),
+)
+
+
 def struct_format(fields) -> str:
     return "=" + "".join("Q" if kind == "P" else kind for _, kind in fields)
 
 
 FWD_FORMAT = struct_format(FWD_PARAMS)
+BWD_FORMAT = struct_format(BWD_PARAMS)
 
 _MAX_PARAM_BYTES = 1024
 _tls = threading.local()

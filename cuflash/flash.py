@@ -80,8 +80,10 @@ def _is_torch_grad(q, k, v) -> bool:
     import sys
 
     torch = sys.modules.get("torch")
-    return (torch is not None and isinstance(q, torch.Tensor) and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    xs = (q, k, v)
+    return all(isinstance(x, torch.Tensor) for x in xs) and any(x.requires_grad for x in xs)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -27,3 +27,37 @@ struct FwdParams {
 };
 
 }  // namespace cuflash
+
+namespace cuflash {
+
+// Parameter block of the backward kernels (preprocess, main, dq convert). Same 8-byte-field rule as
+// FwdParams; cuflash/_launch.py: BWD_PARAMS lists the fields in this order.
+struct BwdParams {
+  const void* q;        // [b, sq, h, d]
+  const void* k;        // [b, sk, hk, d]
+  const void* v;        // [b, sk, hk, d]
+  const void* o;        // [b, sq, h, d]  forward output
+  const void* dout;     // [b, sq, h, d]  dL/dO
+  const float* lse;     // [b, h, sq]     forward LSE (natural log)
+  float* lse_log2;      // [b, h, sq_pad] LSE * log2(e); +inf for rows that saw no key and padding rows
+  float* delta;         // [b, h, sq_pad] D = rowsum(dO * O); 0 on padding rows
+  float* dq_accum;      // fp32 [splits, b, h, sq_pad, d] (splits = KV tiles for "seqpar", else 1)
+  void* dq;             // [b, sq, h, d]
+  void* dk;             // [b, sk, hk, d]
+  void* dv;             // [b, sk, hk, d]
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k, seqlen_q_pad;
+  int64_t dq_strategy;  // 0 atomic (fp32 atomics), 1 seqpar (buffer per KV tile + reduce), 2 loop (no atomics)
+  int64_t num_dq_splits;
+  double scale_log2;    // softmax_scale * log2(e)
+  double softmax_scale;
+};
+
+}  // namespace cuflash

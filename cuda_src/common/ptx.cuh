@@ -17,7 +17,6 @@ namespace cuflash {
 using int64_t = long long;
 using uint32_t = unsigned int;
 
-constexpr float LN2 = 0.6931471805599453f;    // ln(2)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -1,0 +1,49 @@
+"""torch autograd for flash_attn_func: saves q, k, v, out and LSE (never S or P)."""
+from __future__ import annotations
+
+import torch
+
+from . import flash
+from .backward import backward
+from ._interop import wrap
+from ._validate import check_layout, check_qkv
+
+
+def _grad_view(x, like, name):
+    """autograd may hand in a gradient with any strides (expanded, transposed): make it kernel-friendly."""
+    try:
+        a = wrap(x, name)
+        check_layout(a, name)
+        return a
+    except ValueError:
+        return wrap(x.contiguous(), name)
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy):
+        qa, ka, va = check_qkv(q, k, v)
+        out, lse = flash._forward_dispatch(algorithm)(qa, ka, va, softmax_scale, causal, grid_order)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        softmax_scale, causal, deterministic, algorithm, dq_strategy = ctx.cfg
+        qa, ka, va = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+        da = _grad_view(dout, q, "dout")
+        oa, la = wrap(out, "out"), wrap(lse, "softmax_lse")
+        if algorithm == "v1":
+            from .v1 import backward as v1_backward
+
+            dq, dk, dv = v1_backward(da, qa, ka, va, oa, la, softmax_scale, causal)
+        else:
+            dq, dk, dv = backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy):
+    return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy)

@@ -1,0 +1,146 @@
+"""GPU: the FlashAttention-2 backward (dq, dk, dv) against the float64 reference with the error rule of
+conftest.py: every dQ strategy, dtype and head dim, causal and not, ragged and unequal lengths, GQA/MQA,
+torch autograd and the CuPy API; determinism of the deterministic strategies."""
+import warnings
+
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash import backward as bwd_mod
+from cuflash import reference
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+def grads_lowp(q, k, v, dout, scale, causal):
+    """torch's own attention backward in the inputs' dtype (the yardstick)."""
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    torch_attention_lowp(qq, kk, vv, scale, causal).backward(dout)
+    return qq.grad, kk.grad, vv.grad
+
+
+def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False):
+    import torch
+
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=True)
+    scale = d ** -0.5
+    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=dq_strategy, deterministic=deterministic)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), scale, causal)
+    lowp = grads_lowp(q, k, v, dout, scale, causal)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), lowp, ref):
+        assert ours.shape == lp.shape and ours.dtype == lp.dtype
+        assert_close_to_ref(f"{name} ({dq_strategy})", ours, lp, r)
+    return q, k, v, dout
+
+
+SHAPES = [(1, 1), (17, 300), (300, 17), (257, 257), (1000, 700)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", SHAPES)
+def test_backward_matches_reference(dtype, d, causal, sq, sk):
+    check_grads(2, sq, sk, 2, 2, d, dtype, causal)
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,h,hk,d", [(300, 17, 2, 2, 64), (333, 555, 4, 1, 128), (640, 384, 6, 2, 64),
+                                          (129, 129, 2, 2, 256)])
+def test_dq_strategies(dq_strategy, causal, sq, sk, h, hk, d):
+    check_grads(2, sq, sk, h, hk, d, "float16", causal, dq_strategy)
+
+
+@pytest.mark.parametrize("dq_strategy", ["seqpar", "loop"])
+def test_deterministic_bitwise(dq_strategy):
+    import torch
+
+    q, k, v = torch_inputs((2, 700, 4, 128), (2, 900, 2, 128), "bfloat16", requires_grad=True)
+    dout = torch.randn(2, 700, 4, 128, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        q.grad = k.grad = v.grad = None
+        cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True, dq_strategy=dq_strategy).backward(dout)
+        grads.append([x.grad.clone() for x in (q, k, v)])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_deterministic_default_picks_a_deterministic_strategy():
+    import torch
+
+    q, k, v = torch_inputs((1, 300, 2, 64), (1, 300, 2, 64), "float16", requires_grad=True)
+    dout = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.float16)
+    g = []
+    for _ in range(2):
+        q.grad = None
+        cuflash.flash_attn_func(q, k, v, deterministic=True).backward(dout)
+        g.append(q.grad.clone())
+    assert torch.equal(g[0], g[1])
+    with pytest.raises(ValueError, match="not deterministic"):
+        cuflash.flash_attn_func(q, k, v, deterministic=True, dq_strategy="atomic").backward(dout)
+
+
+def test_seqpar_falls_back_when_buffers_do_not_fit(monkeypatch):
+    monkeypatch.setattr(bwd_mod, "SEQPAR_MAX_FREE_FRACTION", 0.0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        check_grads(1, 200, 300, 2, 2, 64, "float16", True, "seqpar")
+    assert any("using 'loop'" in str(x.message) for x in w)
+
+
+def test_seqpar_extra_memory_formula():
+    # 16k tokens: 128 KV tiles x 1 x 16 heads x 16384 rows x 128 x 4 bytes = 4 GiB
+    assert bwd_mod.seqpar_extra_bytes(1, 16, 16384, 16384, 128) == 128 * 16 * 16384 * 128 * 4
+
+
+def test_cupy_backward_api():
+    import cupy
+    import torch
+
+    b, sq, sk, h, hk, d = 2, 211, 333, 4, 2, 64
+    q = cupy.random.standard_normal((b, sq, h, d)).astype(cupy.float16)
+    k = cupy.random.standard_normal((b, sk, hk, d)).astype(cupy.float16)
+    v = cupy.random.standard_normal((b, sk, hk, d)).astype(cupy.float16)
+    dout = cupy.random.standard_normal((b, sq, h, d)).astype(cupy.float16)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    dq, dk, dv = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="seqpar")
+    assert all(isinstance(x, cupy.ndarray) for x in (dq, dk, dv))
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), d ** -0.5, True)
+    tq, tk, tv, tdo = (torch.from_dlpack(x) for x in (q, k, v, dout))
+    lowp = grads_lowp(tq, tk, tv, tdo, d ** -0.5, True)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (dq, dk, dv), lowp, ref):
+        assert_close_to_ref(name, ours, lp, r)
+
+
+def test_backward_validation():
+    import torch
+
+    q, k, v = torch_inputs((1, 16, 2, 64), (1, 16, 2, 64), "float16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
+    with pytest.raises(ValueError, match="dout must have the shape of q"):
+        cuflash.flash_attn_backward(out[:, :8], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="softmax_lse must be float32"):
+        cuflash.flash_attn_backward(out, q, k, v, out, lse[:, :1])
+    with pytest.raises(ValueError, match="dq_strategy must be one of"):
+        cuflash.flash_attn_backward(out, q, k, v, out, lse, dq_strategy="magic")
+
+
+def test_grad_of_noncontiguous_dout():
+    """autograd hands the backward whatever gradient the graph makes (here: transposed, from a permute)."""
+    import torch
+
+    q, k, v = torch_inputs((2, 100, 2, 64), (2, 120, 2, 64), "float16", requires_grad=True)
+    out = cuflash.flash_attn_func(q, k, v)
+    w = torch.randn(2, 2, 64, 100, device="cuda", dtype=torch.float16)
+    (out.permute(0, 2, 3, 1) * w).sum().backward()
+    dout = w.permute(0, 3, 1, 2)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), 0.125, False)
+    lowp = grads_lowp(q, k, v, dout.contiguous(), 0.125, False)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), lowp, ref):
+        assert_close_to_ref(name, ours, lp, r)

@@ -22,11 +22,19 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
+//   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
+//              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
 
 namespace cuflash {
+
+enum ExpVariant {
+  EXP_FFMA_EX2 = 0,     // ex2.approx(fma(s, scale_log2, -m_scaled)): one FFMA + one MUFU.EX2
+  EXP_PRECISE = 1,      // expf(fma(s, scale, -m)): the accurate libdevice exp (FMUL, range reduction, ...)
+  EXP_SEPARATE_MUL = 2  // ex2.approx(s * scale_log2 - m_scaled) kept as FMUL + FADD (no FFMA folding)
+};
 
 // Block coordinates from the grid, in either grid order (see FwdParams::grid_order).
 struct FwdBlock {
@@ -48,7 +56,8 @@ __device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num
   return c;
 }
 
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES>
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
+          int EXP_VARIANT = EXP_FFMA_EX2>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -74,7 +83,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const FwdBlock blk = fwd_block_coords(p, num_m_blocks);
   const int m0 = blk.m_block * BLOCK_M;
-  const int seqlen_k = p.seqlens_k ? p.seqlens_k[blk.batch] : (int)p.seqlen_k;
+  const int seqlen_k =
+      p.seqlens_k ? min(p.seqlens_k[blk.batch] + (int)p.seqlen_k_new, (int)p.seqlen_k) : (int)p.seqlen_k;
   const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
 
   const T* q_ptr = reinterpret_cast<const T*>(p.q) + blk.batch * p.q_batch_stride + blk.head * p.q_head_stride;
@@ -87,9 +97,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   int n_end = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
   if (CAUSAL) n_end = min(n_end, (m0 + BLOCK_M + diag + BLOCK_N - 1) / BLOCK_N);
   int n_begin = 0;
-  if (SPLIT) {
-    n_begin = blk.split * (int)p.blocks_per_split;
-    n_end = min(n_end, n_begin + (int)p.blocks_per_split);
+  if (SPLIT) {  // this row's own KV tiles, cut into num_splits contiguous ranges (empty past the end)
+    const int blocks_per_split = ((seqlen_k + BLOCK_N - 1) / BLOCK_N + (int)p.num_splits - 1) / (int)p.num_splits;
+    n_begin = blk.split * blocks_per_split;
+    n_end = min(n_end, n_begin + blocks_per_split);
   }
 
   // Per-thread state: rows (g, g + 8) of each of the warp's MF m16 fragments.
@@ -105,6 +116,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     row_sum[mf][0] = row_sum[mf][1] = 0.f;
   }
   const float scale_log2 = (float)p.scale_log2;
+  constexpr float LN2_F = 0.6931471805599453f;
+  const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
   constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
   auto q_frag_addr = [&](int mf, int kd) {
@@ -243,7 +256,12 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
           for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
+              if constexpr (EXP_VARIANT == EXP_PRECISE)
+                s[mf][nf][e] = expf(fmaf(s[mf][nf][e], scale_nat, -m_scaled[mf][h] * LN2_F));
+              else if constexpr (EXP_VARIANT == EXP_SEPARATE_MUL)
+                s[mf][nf][e] = exp2_approx(__fadd_rn(__fmul_rn(s[mf][nf][e], scale_log2), -m_scaled[mf][h]));
+              else
+                s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
               sum += s[mf][nf][e];
             }
           row_sum[mf][h] += sum;  // thread-partial: the quad reduction happens once, at the end
@@ -382,6 +400,37 @@ __global__ void flash_combine_kernel(const __grid_constant__ FwdParams p) {
 #pragma unroll
   for (int k = 0; k < PER_LANE; ++k) o[lane + 32 * k] = static_cast<T>(acc[k]);
   if (p.lse && lane == 0) p.lse[row] = lse;
+}
+
+}  // namespace cuflash
+
+namespace cuflash {
+
+// KV-cache append, before attending: k_cache[b, seqlens[b] + i] = k_new[b, i] and the same for v, one
+// 16-byte chunk per thread. Rows that would land past the cache's capacity are dropped (the attention
+// kernel clamps the key count to the capacity too). Strides in elements; last dims contiguous.
+template <typename T, int D>
+__global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, const T* v_new, const int* seqlens,
+                                      int64_t kc_bs, int64_t kc_rs, int64_t kc_hs, int64_t vc_bs, int64_t vc_rs,
+                                      int64_t vc_hs, int64_t kn_bs, int64_t kn_rs, int64_t kn_hs, int64_t vn_bs,
+                                      int64_t vn_rs, int64_t vn_hs, int64_t batch, int64_t seqlen_new, int64_t nheads_k,
+                                      int64_t seqlen_cache) {
+  constexpr int CHUNKS = D / 8;
+  const int64_t per_tensor = batch * seqlen_new * nheads_k * CHUNKS;
+  int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= 2 * per_tensor) return;
+  const bool is_v = idx >= per_tensor;
+  idx -= is_v ? per_tensor : 0;
+  const int c = (int)(idx % CHUNKS) * 8;
+  int64_t r = idx / CHUNKS;
+  const int64_t h = r % nheads_k;
+  r /= nheads_k;
+  const int64_t i = r % seqlen_new, b = r / seqlen_new;
+  const int64_t dst_row = seqlens[b] + i;
+  if (dst_row >= seqlen_cache) return;
+  const T* src = is_v ? v_new + b * vn_bs + i * vn_rs + h * vn_hs : k_new + b * kn_bs + i * kn_rs + h * kn_hs;
+  T* dst = is_v ? v_cache + b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + b * kc_bs + dst_row * kc_rs + h * kc_hs;
+  *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 
 }  // namespace cuflash

@@ -6,9 +6,10 @@ torch at import time, so `import cuflash` works on a machine without a GPU (refe
 """
 from . import reference
 from .backward import flash_attn_backward
+from .decode import flash_attn_with_kvcache
 from .flash import flash_attn_func
 from .naive import naive_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_backward", "naive_attention", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "reference", "__version__"]

@@ -68,6 +68,14 @@ def combine_spec(dtype: str, headdim: int) -> KernelSpec:
                       32 * COMBINE_ROWS_PER_BLOCK, 0)
 
 
+APPEND_THREADS = 256
+
+
+def append_spec(dtype: str, headdim: int) -> KernelSpec:
+    """KV-cache append (cuda_src/flash_fwd.cu: kvcache_append_kernel)."""
+    return KernelSpec("flash_fwd.cu", f"cuflash::kvcache_append_kernel<{CTYPE[dtype]}, {headdim}>", APPEND_THREADS, 0)
+
+
 SOFTMAX_THREADS = 256
 
 
@@ -130,6 +138,7 @@ def all_specs():
                 specs.append(fwd_spec(dt, d, causal, split=False))
                 specs.append(fwd_spec(dt, d, causal, split=True))
             specs.append(combine_spec(dt, d))
+            specs.append(append_spec(dt, d))
             specs.append(bwd_preprocess_spec(dt, d))
             for causal in (False, True):
                 specs.append(bwd_spec(dt, d, causal))

@@ -20,7 +20,7 @@ FWD_PARAMS = (
     ("v_batch_stride", "q"), ("v_row_stride", "q"), ("v_head_stride", "q"),
     ("o_batch_stride", "q"), ("o_row_stride", "q"), ("o_head_stride", "q"),
     ("batch", "q"), ("nheads", "q"), ("heads_per_kv", "q"), ("seqlen_q", "q"), ("seqlen_k", "q"),
-    ("num_splits", "q"), ("blocks_per_split", "q"), ("grid_order", "q"),
+    ("num_splits", "q"), ("seqlen_k_new", "q"), ("grid_order", "q"),
     ("scale_log2", "d"),
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from . import _interop
-from ._configs import FWD_TILES, combine_spec, fwd_spec
+from ._configs import DECODE_TILES, FWD_TILES, combine_spec, fwd_spec
 from ._launch import FWD_FORMAT, get_launcher
 from ._validate import check_qkv, check_unsupported
 
@@ -33,12 +33,13 @@ def fold_gqa_rows(qa, hk: int):
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="qtile", tile=None, out=None, lse=None,
-            seqlens_k_ptr=0):
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None):
     """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
 
     out [b, sq, h, d] (same dtype as q), lse [b, h, sq] float32 natural log. `tile` overrides the
-    configured tile (benchmark sweeps); `seqlens_k_ptr` is an optional int32 [b] device array of valid
-    keys per batch element.
+    configured tile (benchmark sweeps). KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
+    keys per batch element (plus `seqlen_k_new` appended by this call). num_splits > 1 runs the split-KV
+    kernel into fp32 partials (`scratch` = (o_accum, lse_accum), allocated here when None) and combines.
     """
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
@@ -57,17 +58,34 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="qtile", tile=None, ou
         rows, kheads, q_row, q_head = sq, h, qa.strides[1], qa.strides[2]
         o_row, o_head = osq, osh
         heads_per_kv = h // hk
-    spec = fwd_spec(qa.dtype, d, causal, split=False, tile=tile)
+    split = num_splits > 1
+    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile)
     lau = get_launcher(spec, qa.device)
-    block_m = (tile or FWD_TILES[d]).block_m
-    order, grid = _grid(GRID_ORDERS[grid_order], -(-rows // block_m), kheads, b, 1)
+    block_m = (tile or (DECODE_TILES if split else FWD_TILES)[d]).block_m
+    order, grid = _grid(GRID_ORDERS[grid_order], -(-rows // block_m), kheads, b, num_splits)
+    o_accum = lse_accum = 0
+    if split:
+        if scratch is None:
+            scratch = (_interop.empty(qa, (num_splits, b, kheads, rows, d), "float32"),
+                       _interop.empty(qa, (num_splits, b, kheads, rows), "float32"))
+        o_accum, lse_accum = (_interop.data_ptr(x) for x in scratch)
+    stream = _interop.current_stream(qa)
     with _interop.device_guard(qa.device):
         lau.launch(
-            grid, _interop.current_stream(qa), FWD_FORMAT,
-            qa.ptr, ka.ptr, va.ptr, _interop.data_ptr(out), _interop.data_ptr(lse), 0, 0, seqlens_k_ptr,
+            grid, stream, FWD_FORMAT,
+            qa.ptr, ka.ptr, va.ptr, _interop.data_ptr(out), _interop.data_ptr(lse), o_accum, lse_accum, seqlens_k_ptr,
             qa.strides[0], q_row, q_head, *ka.strides[:3], *va.strides[:3], osb, o_row, o_head,
-            b, kheads, heads_per_kv, rows, sk, 1, 0, order, softmax_scale * LOG2E,
+            b, kheads, heads_per_kv, rows, sk, num_splits, seqlen_k_new, order, softmax_scale * LOG2E,
         )
+        if split:
+            comb = get_launcher(combine_spec(qa.dtype, d), qa.device)
+            nrows = b * kheads * rows
+            comb.launch(
+                (-(-nrows // (comb.threads // 32)), 1, 1), stream, FWD_FORMAT,
+                0, 0, 0, _interop.data_ptr(out), _interop.data_ptr(lse), o_accum, lse_accum, 0,
+                0, 0, 0, 0, 0, 0, 0, 0, 0, osb, o_row, o_head,
+                b, kheads, 1, rows, sk, num_splits, 0, 0, 0.0,
+            )
     return out, lse
 
 
@@ -122,19 +140,3 @@ def _forward_dispatch(algorithm):
 
         return lambda qa, ka, va, scale, causal, grid_order: v1_forward(qa, ka, va, scale, causal)
     return forward
-
-
-def combine(lse_like, o_accum, lse_accum, out, lse, nsplits, dims, o_strides, dtype, headdim, device, stream):
-    """Launch the split-KV combine: out/lse from fp32 partials [splits, b, h, rows, (d)]."""
-    b, kheads, rows = dims
-    spec = combine_spec(dtype, headdim)
-    lau = get_launcher(spec, device)
-    nrows = b * kheads * rows
-    per_block = spec.threads // 32
-    lau.launch(
-        (-(-nrows // per_block), 1, 1), stream, FWD_FORMAT,
-        0, 0, 0, _interop.data_ptr(out), _interop.data_ptr(lse) if lse is not None else 0,
-        _interop.data_ptr(o_accum), _interop.data_ptr(lse_accum), 0,
-        0, 0, 0, 0, 0, 0, 0, 0, 0, *o_strides,
-        b, kheads, 1, rows, 0, nsplits, 0, 0, 0.0,
-    )

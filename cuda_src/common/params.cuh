@@ -15,13 +15,15 @@ struct FwdParams {
   float* lse;             // [b, h, sq] fp32, natural log (may be null: not written)
   float* o_accum;         // split-KV only: [splits, b, h, sq, d] fp32 partial outputs
   float* lse_accum;       // split-KV only: [splits, b, h, sq] fp32 partial LSE
-  const int* seqlens_k;   // optional [b] int32: valid keys per batch element (KV cache); null = seqlen_k
+  const int* seqlens_k;   // optional [b] int32: valid keys per batch element before this call's append
+                          // (KV cache); keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k); null: seqlen_k
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k;
-  int64_t num_splits, blocks_per_split;  // split-KV: KV blocks of BLOCK_N keys each split covers
+  int64_t num_splits;                    // split-KV: the KV tiles of each row are cut into this many ranges
+  int64_t seqlen_k_new;                  // keys appended to the cache by this call (see seqlens_k)
   int64_t grid_order;                    // 0: Q tile in grid x (same-head blocks together); 1: (b, h) in x
   double scale_log2;                     // softmax_scale * log2(e), computed on the host
 };

@@ -1,0 +1,87 @@
+"""Backward benchmarks: the FlashAttention-2 grid for each dQ strategy next to SDPA FLASH / CUDNN /
+EFFICIENT backward (the backward timed alone, graph retained; FLOPs x2.5), and the extra memory of
+the dQ strategies."""
+from __future__ import annotations
+
+import gc
+
+from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
+from .harness import SDPA_PROVIDERS, record, sdpa, time_ms
+
+
+def _grad_fn(out, inputs, dout):
+    import torch
+
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop")):
+    import torch
+
+    import cuflash
+
+    recs = []
+    for dtype in dtypes:
+        dt = getattr(torch, dtype)
+        for d in headdims:
+            h = HIDDEN // d
+            for s in seqlens:
+                b = TOKENS // s
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+                dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+                doutt = dout.transpose(1, 2).contiguous()
+                for causal in (False, True):
+                    for strat in strategies:
+                        if strat == "loop" and dtype != "float16":
+                            continue
+                        out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
+                        ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
+                        recs.append(record("cuflash", f"v2-{strat}", "bwd", dtype, b, h, s, s, d, causal, ms,
+                                           dq_strategy=strat))
+                        del out
+                    for prov in SDPA_PROVIDERS:
+                        try:
+                            out = sdpa(prov)(qt, kt, vt, causal)
+                            ms = time_ms(_grad_fn(out, (qt, kt, vt), doutt), rep=10)
+                            del out
+                        except RuntimeError as e:
+                            ms = None
+                            print(f"sdpa {prov} bwd failed: {e}")
+                        recs.append(record(prov, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms))
+                    print(_line(recs[-(len(strategies) + 3):]))
+                del q, k, v, qt, kt, vt, dout, doutt
+                gc.collect()
+                torch.cuda.empty_cache()
+    return recs
+
+
+def dq_memory(seqlens=(2048, 16384), d=128):
+    """Extra device memory of each dQ strategy: formula, and peak measured over one backward."""
+    import torch
+
+    import cuflash
+    from cuflash.backward import seqpar_extra_bytes
+
+    recs = []
+    h = HIDDEN // d
+    for s in seqlens:
+        b = TOKENS // s
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+        dout = torch.randn_like(q)
+        for strat in ("atomic", "seqpar", "loop"):
+            out = cuflash.flash_attn_func(q, k, v, dq_strategy=strat)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            grads_bytes = sum(g.numel() * g.element_size() for g in grads)
+            del grads, out
+            formula = seqpar_extra_bytes(b, h, s, s, d) if strat == "seqpar" else b * h * (-(-s // 128) * 128) * d * 4
+            recs.append(record("cuflash", f"v2-{strat}", "memory", "float16", b, h, s, s, d, False, None,
+                               dq_strategy=strat, extra_bytes=peak - grads_bytes, formula_bytes=formula))
+        print("dq memory s=%d: " % s + " ".join(f"{r['dq_strategy']}={r['extra_bytes'] / 2**20:.0f}MiB" for r in recs[-3:]))
+        del q, k, v, dout
+    return recs

@@ -1,0 +1,75 @@
+"""Decoding benchmarks: q_len 1, 32 query heads, head dim 128, fp16, batch 1..64, cache 1k..128k, with
+32, 8 and 1 KV heads. Time, K/V bytes read, the bandwidth floor (bytes / copy bandwidth measured in this
+run), cuflash split-KV (heuristic splits) and unsplit, and SDPA FLASH / CUDNN / EFFICIENT (GQA expanded
+to full heads for them, outside the timing)."""
+from __future__ import annotations
+
+import gc
+
+from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, record, sdpa, time_ms
+
+MAX_KV_BYTES = 24 * 2 ** 30
+
+
+def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128):
+    import torch
+
+    import cuflash
+    from cuflash.decode import DECODE_TILES, num_splits_heuristic, sm_count
+
+    bw = measure_ceilings()[0]["tb_per_s"] * 1e12
+    recs = []
+    for hk in kv_heads:
+        for b in batches:
+            for s in cache_lens:
+                kv_bytes = 2 * b * s * hk * d * 2
+                if kv_bytes > MAX_KV_BYTES:
+                    continue
+                kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+                vc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+                q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+                seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+                floor_us = kv_bytes / bw * 1e6
+                rows = h // hk if h > hk else 1
+                auto = num_splits_heuristic(b * (hk if h > hk else h) * 1, sm_count(0), -(-s // DECODE_TILES[d].block_n))
+                common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
+                for name, ns in (("split", 0), ("unsplit", 1)):
+                    ms = time_ms(lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns))
+                    recs.append(record("cuflash", f"decode-{name}", "decode", "float16", b, h, 1, s, d, False, ms,
+                                       us=ms * 1e3, num_splits=auto if ns == 0 else 1, bw_fraction=floor_us / (ms * 1e3),
+                                       **common))
+                qt = q.transpose(1, 2)
+                kt = kc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else kc.transpose(1, 2)
+                vt = vc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else vc.transpose(1, 2)
+                kt, vt = kt.contiguous(), vt.contiguous()
+                for prov in SDPA_PROVIDERS:
+                    fn = sdpa(prov)
+                    try:
+                        ms = time_ms(lambda: fn(qt, kt, vt))
+                    except RuntimeError as e:
+                        ms = None
+                        print(f"sdpa {prov} decode failed: {e}")
+                    recs.append(record(prov, "sdpa", "decode", "float16", b, h, 1, s, d, False, ms,
+                                       us=ms * 1e3 if ms else None, num_splits=None,
+                                       bw_fraction=floor_us / (ms * 1e3) if ms else None, **common))
+                r = recs[-5:]
+                print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us: " + " ".join(
+                    f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}={x['us'] or 0:.0f}" for x in r))
+                del kc, vc, q, kt, vt
+                gc.collect()
+                torch.cuda.empty_cache()
+    # host overhead of a small step, a loop of calls from Python
+    kc = torch.randn(1, 4096, 8, d, device="cuda", dtype=torch.float16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(1, 1, 8, d, device="cuda", dtype=torch.float16)
+    seqlens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
+    us = host_us_per_call(lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens))
+    recs.append(record("cuflash", "decode-split", "decode_latency", "float16", 1, 8, 1, 4096, d, False, us / 1e3,
+                       us=us, heads_k=8))
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    fn = sdpa("flash")
+    us = host_us_per_call(lambda: fn(qt, kt, vt))
+    recs.append(record("flash", "sdpa", "decode_latency", "float16", 1, 8, 1, 4096, d, False, us / 1e3, us=us,
+                       heads_k=8))
+    print(f"decode per-call latency (1, 8 heads, 4k): cuflash={recs[-2]['us']:.1f}us flash={recs[-1]['us']:.1f}us")
+    return recs

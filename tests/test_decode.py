@@ -1,0 +1,168 @@
+"""GPU: Flash-Decoding (flash_attn_with_kvcache) against the float64 reference: every split count from
+1 to past the number of KV tiles, ragged cache_seqlens (0 included), GQA/MQA, append-then-attend, causal
+with seqlen_q > 1, torch and CuPy, and CUDA-graph capture + replay after cache_seqlens changed."""
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash import reference
+from cuflash.decode import num_splits_heuristic
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp
+
+pytestmark = pytest.mark.gpu
+
+
+def make_cache(b, s_cache, hk, d, dtype):
+    import torch
+
+    dt = getattr(torch, dtype)
+    return (torch.randn(b, s_cache, hk, d, device="cuda").to(dt), torch.randn(b, s_cache, hk, d, device="cuda").to(dt))
+
+
+def check(out, lse, q, kc, vc, seqlens, causal):
+    """Reference per batch element on its own valid keys; torch low-precision on the same slices."""
+    import torch
+
+    qn, kn, vn = to_np(q), to_np(kc), to_np(vc)
+    b, sq, h, d = q.shape
+    ref_o = np.zeros(qn.shape)
+    ref_lse = np.zeros((b, h, sq))
+    lowp = torch.zeros_like(q)
+    for i in range(b):
+        n = int(seqlens[i])
+        ro, rl = reference.attention_forward(qn[i:i + 1], kn[i:i + 1, :n], vn[i:i + 1, :n], None, causal)
+        ref_o[i], ref_lse[i] = ro[0], rl[0]
+        if n:
+            lowp[i:i + 1] = torch_attention_lowp(q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], d ** -0.5, causal)
+    assert_close_to_ref("decode out", out, lowp, ref_o)
+    got = to_np(lse)
+    assert np.array_equal(np.isneginf(got), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.allclose(got[fin], ref_lse[fin], atol=2e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 40, 128])
+@pytest.mark.parametrize("h,hk", [(8, 8), (8, 2), (8, 1)])
+def test_every_split_count(num_splits, h, hk):
+    import torch
+
+    b, s_cache, d = 3, 1000, 128  # 16 KV tiles of 64: split counts up to 8x past the tile count
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([1000, 0, 517], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
+                                               return_softmax_lse=True)
+    check(out, lse, q, kc, vc, seqlens.tolist(), False)
+    assert (to_np(out)[1] == 0).all()  # empty cache -> zeros, LSE -inf (checked above), no NaN
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+def test_head_dims_and_auto_splits(dtype, d):
+    import torch
+
+    b, s_cache, h, hk = 2, 3001, 8, 2
+    kc, vc = make_cache(b, s_cache, hk, d, dtype)
+    seqlens = torch.tensor([3001, 1234], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda").to(getattr(torch, dtype))
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True)
+    check(out, lse, q, kc, vc, seqlens.tolist(), False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_splits", [0, 1, 5])
+def test_append_then_attend_speculative(causal, num_splits):
+    """k, v of 4 new tokens appended at cache_seqlens, then 4 queries attend (causal: bottom-right)."""
+    import torch
+
+    b, s_cache, h, hk, d, s_new = 3, 700, 8, 2, 64, 4
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([10, 0, 600], dtype=torch.int32, device="cuda")
+    kn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    vn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    q = torch.randn(b, s_new, h, d, device="cuda", dtype=torch.float16)
+    expect_k, expect_v = kc.clone(), vc.clone()
+    for i, n in enumerate(seqlens.tolist()):
+        expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
+                                               num_splits=num_splits, return_softmax_lse=True)
+    assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
+    check(out, lse, q, kc, vc, [n + s_new for n in seqlens.tolist()], causal)
+
+
+def test_cupy_decode():
+    import cupy
+
+    b, s_cache, h, hk, d = 2, 900, 4, 1, 128
+    q = cupy.random.standard_normal((b, 1, h, d)).astype(cupy.float16)
+    kc = cupy.random.standard_normal((b, s_cache, hk, d)).astype(cupy.float16)
+    vc = cupy.random.standard_normal((b, s_cache, hk, d)).astype(cupy.float16)
+    seqlens = cupy.array([900, 77], dtype=cupy.int32)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=4,
+                                               return_softmax_lse=True)
+    assert isinstance(out, cupy.ndarray)
+    import torch
+
+    check(out, lse, torch.from_dlpack(q), torch.from_dlpack(kc), torch.from_dlpack(vc), [900, 77], False)
+
+
+def test_int_cache_seqlens_and_full_cache():
+    import torch
+
+    kc, vc = make_cache(2, 333, 2, 64, "bfloat16")
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=200, return_softmax_lse=True)
+    check(out, lse, q, kc, vc, [200, 200], False)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=True)
+    check(out, lse, q, kc, vc, [333, 333], False)
+
+
+def test_cuda_graph_capture_and_replay_after_seqlens_change():
+    import torch
+
+    b, s_cache, h, hk, d = 4, 4096, 32, 8, 128
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([4096, 100, 2000, 1], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    kn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
+    vn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # warm-up (compilation) outside the capture
+        cuflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone())
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens)
+    for new in ([10, 4000, 0, 3000], [4095, 1, 2048, 17]):
+        seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(torch.randn_like(q)); kn.copy_(torch.randn_like(kn)); vn.copy_(torch.randn_like(vn))
+        g.replay()
+        torch.cuda.synchronize()
+        for i, n in enumerate(new):
+            assert torch.equal(kc[i, n], kn[i, 0]) and torch.equal(vc[i, n], vn[i, 0])
+        lse_dummy = torch.zeros(b, h, 1)
+        qn, kcn, vcn = to_np(q), to_np(kc), to_np(vc)
+        for i, n in enumerate(new):
+            ro, _ = reference.attention_forward(qn[i:i + 1], kcn[i:i + 1, :n + 1], vcn[i:i + 1, :n + 1], None, False)
+            lp = torch_attention_lowp(q[i:i + 1], kc[i:i + 1, :n + 1], vc[i:i + 1, :n + 1], d ** -0.5, False)
+            assert_close_to_ref("replay", out[i:i + 1], lp, ro)
+        del lse_dummy
+
+
+def test_decode_validation():
+    import torch
+
+    kc, vc = make_cache(2, 64, 2, 64, "float16")
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1, 2], device="cuda"))
+    with pytest.raises(ValueError, match="cache_seqlens must be a contiguous int32 array of shape"):
+        cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1, 2, 3], device="cuda",
+                                                                              dtype=torch.int32))
+    with pytest.raises(ValueError, match="needs cache_seqlens"):
+        cuflash.flash_attn_with_kvcache(q, kc, vc, kc[:, :1], vc[:, :1])
+    with pytest.raises(ValueError, match="k must have shape"):
+        cuflash.flash_attn_with_kvcache(q, kc, vc, kc[:, :1, :1], vc[:, :1, :1],
+                                        cache_seqlens=torch.zeros(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="num_splits"):
+        cuflash.flash_attn_with_kvcache(q, kc, vc, num_splits=-1)

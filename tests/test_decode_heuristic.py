@@ -1,0 +1,18 @@
+"""CPU: the split-count heuristic fills the GPU in whole waves and never splits a full GPU."""
+from cuflash.decode import num_splits_heuristic
+
+
+def test_no_split_when_grid_fills_gpu():
+    assert num_splits_heuristic(blocks=132, num_sms=132, kv_tiles=1000) == 1
+    assert num_splits_heuristic(blocks=110, num_sms=132, kv_tiles=1000) == 1
+
+
+def test_split_fills_waves():
+    n = num_splits_heuristic(blocks=8, num_sms=132, kv_tiles=2048)
+    assert n > 1 and (n * 8) / (-(-(n * 8) // 132) * 132) >= 0.85 * max(
+        (k * 8) / (-(-(k * 8) // 132) * 132) for k in range(1, 129))
+
+
+def test_never_more_splits_than_tiles():
+    assert num_splits_heuristic(blocks=1, num_sms=132, kv_tiles=3) <= 3
+    assert num_splits_heuristic(blocks=1, num_sms=132, kv_tiles=1) == 1

@@ -15,7 +15,7 @@ def _fmt(x, nd=0):
 
 def grid_table(records, mode, algo_of_cuflash=("v2",), title=""):
     """TFLOP/s per (dtype, hdim, causal, provider) x seqlen, then cuflash's ratios to flash and cudnn."""
-    rs = [r for r in records if r.get("section") == mode and r.get("mode") == mode]
+    rs = [r for r in records if r.get("section") in (mode, mode + "_quick") and r.get("mode") == mode]
     if not rs:
         return ""
     seqlens = sorted({r["seqlen_q"] for r in rs})

@@ -27,16 +27,20 @@ def _sections():
         "grid_order": bench_fwd.grid_order,
         "tile_sweep": bench_fwd.tile_sweep,
         "memory": bench_fwd.peak_memory,
+        "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),
     }
     for mod, names in (("bench_bwd", ("bwd", "bwd_partition", "dq_memory")), ("bench_decode", ("decode",)),
                        ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",))):
         try:
             m = __import__(f"bench.{mod}", fromlist=["x"])
-        except ImportError:
+        except Exception:  # noqa: BLE001 - a broken optional section must not stop the run
+            traceback.print_exc()
             continue
         for n in names:
             if hasattr(m, n):
                 secs[n] = getattr(m, n)
+    if "bwd" in secs:
+        secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16",), seqlens=(1024, 4096, 16384))
     return secs
 
 

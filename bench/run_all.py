@@ -33,6 +33,8 @@ def _sections():
                        ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",))):
         try:
             m = __import__(f"bench.{mod}", fromlist=["x"])
+        except ModuleNotFoundError:
+            continue
         except Exception:  # noqa: BLE001 - a broken optional section must not stop the run
             traceback.print_exc()
             continue

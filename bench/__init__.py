@@ -4,7 +4,7 @@
 def sweep_specs():
     """Kernel variants that benchmarks compile beyond the package's own configurations."""
     specs = []
-    for mod in ("bench_fwd", "bench_bwd", "bench_v1", "bench_micro"):
+    for mod in ("bench_fwd", "bench_bwd", "bench_decode", "bench_v1", "bench_micro"):
         try:
             m = __import__(f"bench.{mod}", fromlist=["sweep_specs"])
         except Exception:  # noqa: BLE001 - a broken optional module must not stop precompilation

@@ -73,3 +73,53 @@ def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072)
                        heads_k=8))
     print(f"decode per-call latency (1, 8 heads, 4k): cuflash={recs[-2]['us']:.1f}us flash={recs[-1]['us']:.1f}us")
     return recs
+
+
+
+
+
+def _sweep_tiles():
+    from cuflash._configs import FwdTile
+
+    return [FwdTile(64, 64, 4), FwdTile(128, 128, 8), FwdTile(64, 32, 4)]
+
+
+def sweep_specs():
+    from cuflash._configs import fwd_spec
+
+    return [fwd_spec("float16", 128, False, True, t) for t in _sweep_tiles()]
+
+
+def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 131072), (8, 1, 32768),
+                        (1, 32, 131072)), h=32, d=128):
+    """Split-KV tile and split-count sweep on representative decoding cases (head dim 128, fp16)."""
+    import torch
+
+    from cuflash import flash
+    from cuflash._validate import check_qkv
+    from cuflash.decode import num_splits_heuristic, sm_count
+
+    bw = measure_ceilings()[0]["tb_per_s"] * 1e12
+    recs = []
+    for hk, b, s in cases:
+        kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        qa, ka, va = check_qkv(q, kc, vc)
+        kv_bytes = 2 * b * s * hk * d * 2
+        floor_us = kv_bytes / bw * 1e6
+        for t in _sweep_tiles():
+            base = num_splits_heuristic(b * (hk if h > hk else h), sm_count(0), -(-s // t.block_n))
+            for mult in (1, 2, 4):
+                ns = min(128, base * mult)
+                ms = time_ms(lambda: flash.forward(qa, ka, va, None, False, tile=t, seqlens_k_ptr=seqlens.data_ptr(),
+                                                   num_splits=ns))
+                recs.append(record("cuflash", f"decode-tile-{t.block_m}x{t.block_n}x{t.nwarps}w", "decode", "float16",
+                                   b, h, 1, s, d, False, ms, us=ms * 1e3, num_splits=ns, heads_k=hk, kv_bytes=kv_bytes,
+                                   floor_us=floor_us, bw_fraction=floor_us / (ms * 1e3)))
+        print(f"decode sweep hk={hk} b={b} s={s} floor={floor_us:.0f}: " + " ".join(
+            f"{r['algo'][12:]}/{r['num_splits']}={r['us']:.0f}" for r in recs[-9:]))
+        del kc, vc, q
+        torch.cuda.empty_cache()
+    return recs

@@ -88,6 +88,8 @@ def markdown(head, records) -> str:
 EXTRA_TABLES = [
     ("bwd_partition", ["headdim", "seqlen_q", "causal", "algo", "ms", "tflops"], "Backward warp partition"),
     ("dq_memory", ["dq_strategy", "batch", "heads", "seqlen_q", "headdim", "extra_bytes"], "dQ strategies: extra memory"),
+    ("decode_sweep", ["algo", "heads_k", "batch", "seqlen_k", "num_splits", "us", "floor_us", "bw_fraction"],
+     "Decoding tile / split sweep (hdim 128, fp16)"),
     ("decode", ["provider", "algo", "batch", "heads", "heads_k", "seqlen_k", "num_splits", "us", "kv_bytes", "floor_us",
                 "bw_fraction"], "Decoding (q_len 1, 32 heads, hdim 128, fp16)"),
     ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),

@@ -118,7 +118,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const float scale_log2 = (float)p.scale_log2;
   constexpr float LN2_F = 0.6931471805599453f;
   const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
-  constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
+  // Q fragments live in registers when they take <= 32 of them and the S tile is at most 64 keys wide
+  // (wider S tiles, used for decoding, need those registers for the S accumulators).
+  constexpr bool Q_IN_REGS = MF * KD * 4 <= 32 && NF <= 8;
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
   auto q_frag_addr = [&](int mf, int kd) {
     const int r = warp * WARP_M + mf * 16 + (lane % 16), c = kd * 16 + (lane / 16) * 8;
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();  // Q and the first KV tile are visible to every thread
-    // Q fragments (a0..a3 of each (m16, k16) block) stay in registers for the whole KV loop when they
-    // fit in 32 registers (head dim <= 128 with one m16 per warp); otherwise they are re-read from smem.
+    // Q fragments (a0..a3 of each (m16, k16) block) stay in registers for the whole KV loop when
+    // Q_IN_REGS; otherwise they are re-read from smem at every k16 step.
     uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
     if constexpr (Q_IN_REGS) {
 #pragma unroll

@@ -38,7 +38,7 @@ FWD_TILES = {
 DECODE_TILES = {
     32: FwdTile(64, 128, 4),
     64: FwdTile(64, 128, 4),
-    96: FwdTile(64, 64, 4),
+    96: FwdTile(64, 128, 4),
     128: FwdTile(64, 64, 4),
     256: FwdTile(64, 32, 4),
 }

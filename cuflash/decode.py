@@ -30,6 +30,7 @@ def sm_count(device: int) -> int:
     return runtime.getDeviceProperties(device)["multiProcessorCount"]
 
 
+@functools.lru_cache(maxsize=4096)
 def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: int = MAX_SPLITS) -> int:
     """Split count that fills the GPU in whole waves (flash-attn's rule).
 

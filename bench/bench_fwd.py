@@ -16,7 +16,7 @@ SWEEP_TILES = {
     64: [FwdTile(128, 64, 4), FwdTile(64, 64, 4), FwdTile(128, 128, 8), FwdTile(128, 64, 8), FwdTile(64, 128, 4),
          FwdTile(128, 32, 4)],
     128: [FwdTile(128, 64, 8), FwdTile(64, 64, 4), FwdTile(128, 32, 8), FwdTile(128, 128, 8), FwdTile(64, 32, 4),
-          FwdTile(128, 64, 4)],
+          FwdTile(128, 32, 4)],
 }
 
 

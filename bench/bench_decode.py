@@ -15,7 +15,8 @@ def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072)
     import torch
 
     import cuflash
-    from cuflash.decode import DECODE_TILES, num_splits_heuristic, sm_count
+    from cuflash._configs import DECODE_TILES, fwd_smem_bytes
+    from cuflash.decode import decode_slots, num_splits_heuristic
 
     bw = measure_ceilings()[0]["tb_per_s"] * 1e12
     recs = []
@@ -31,7 +32,8 @@ def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072)
                 seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
                 floor_us = kv_bytes / bw * 1e6
                 rows = h // hk if h > hk else 1
-                auto = num_splits_heuristic(b * (hk if h > hk else h) * 1, sm_count(0), -(-s // DECODE_TILES[d].block_n))
+                auto = num_splits_heuristic(b * (hk if h > hk else h), decode_slots(0, fwd_smem_bytes(d, DECODE_TILES[d])),
+                                            -(-s // DECODE_TILES[d].block_n))
                 common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
                 for name, ns in (("split", 0), ("unsplit", 1)):
                     ms = time_ms(lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns))
@@ -97,7 +99,8 @@ def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 
 
     from cuflash import flash
     from cuflash._validate import check_qkv
-    from cuflash.decode import num_splits_heuristic, sm_count
+    from cuflash._configs import fwd_smem_bytes
+    from cuflash.decode import decode_slots, num_splits_heuristic
 
     bw = measure_ceilings()[0]["tb_per_s"] * 1e12
     recs = []
@@ -110,7 +113,8 @@ def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 
         kv_bytes = 2 * b * s * hk * d * 2
         floor_us = kv_bytes / bw * 1e6
         for t in _sweep_tiles():
-            base = num_splits_heuristic(b * (hk if h > hk else h), sm_count(0), -(-s // t.block_n))
+            base = num_splits_heuristic(b * (hk if h > hk else h) * -(-(h // hk if h > hk else 1) // t.block_m),
+                                        decode_slots(0, fwd_smem_bytes(d, t)), -(-s // t.block_n))
             for mult in (1, 2, 4):
                 ns = min(128, base * mult)
                 ms = time_ms(lambda: flash.forward(qa, ka, va, None, False, tile=t, seqlens_k_ptr=seqlens.data_ptr(),

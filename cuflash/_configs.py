@@ -29,7 +29,7 @@ FWD_TILES = {
     32: FwdTile(128, 64, 4),
     64: FwdTile(128, 64, 4),
     96: FwdTile(128, 64, 8),
-    128: FwdTile(128, 64, 8),
+    128: FwdTile(128, 32, 4),  # two 16-row fragments per warp: each K/V ldmatrix feeds 4 mma
     256: FwdTile(64, 32, 4),
 }
 

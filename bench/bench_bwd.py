@@ -33,7 +33,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                 doutt = dout.transpose(1, 2).contiguous()
                 for causal in (False, True):
                     for strat in strategies:
-                        if strat == "loop" and (dtype != "float16" or s > 4096):
+                        if strat != "atomic" and dtype != "float16":
+                            continue  # the strategies are compared in fp16; bf16 runs the default one
+                        if strat == "loop" and s > 2048:
                             continue  # one block per (batch, head): seconds per call at long seqlen
                         out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
                         ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)

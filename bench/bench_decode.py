@@ -11,7 +11,7 @@ from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, record,
 MAX_KV_BYTES = 24 * 2 ** 30
 
 
-def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128):
+def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128):
     import torch
 
     import cuflash
@@ -41,13 +41,17 @@ def decode(batches=(1, 8, 32, 64), cache_lens=(1024, 4096, 16384, 32768, 131072)
                                        us=ms * 1e3, num_splits=auto if ns == 0 else 1, bw_fraction=floor_us / (ms * 1e3),
                                        **common))
                 qt = q.transpose(1, 2)
-                kt = kc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else kc.transpose(1, 2)
-                vt = vc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else vc.transpose(1, 2)
-                kt, vt = kt.contiguous(), vt.contiguous()
+                expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
+                if expand:
+                    kt = kc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else kc.transpose(1, 2)
+                    vt = vc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else vc.transpose(1, 2)
+                    kt, vt = kt.contiguous(), vt.contiguous()
+                else:
+                    kt = vt = None
                 for prov in SDPA_PROVIDERS:
                     fn = sdpa(prov)
                     try:
-                        ms = time_ms(lambda: fn(qt, kt, vt))
+                        ms = time_ms(lambda: fn(qt, kt, vt)) if expand else None
                     except RuntimeError as e:
                         ms = None
                         print(f"sdpa {prov} decode failed: {e}")

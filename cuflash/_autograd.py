@@ -23,15 +23,21 @@ class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy):
         qa, ka, va = check_qkv(q, k, v)
-        out, lse = flash._forward_dispatch(algorithm)(qa, ka, va, softmax_scale, causal, grid_order)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
+            from .v1 import forward as v1_forward
+
+            out, lse, m, l = v1_forward(qa, ka, va, softmax_scale, causal)
+            ctx.save_for_backward(q, k, v, out, lse, m, l)
+        else:
+            out, lse = flash.forward(qa, ka, va, softmax_scale, causal, grid_order)
+            ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *ml = ctx.saved_tensors
         softmax_scale, causal, deterministic, algorithm, dq_strategy = ctx.cfg
         qa, ka, va = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
         da = _grad_view(dout, q, "dout")
@@ -39,7 +45,7 @@ class FlashAttnFunction(torch.autograd.Function):
         if algorithm == "v1":
             from .v1 import backward as v1_backward
 
-            dq, dk, dv = v1_backward(da, qa, ka, va, oa, la, softmax_scale, causal)
+            dq, dk, dv = v1_backward(da, qa, ka, va, oa, wrap(ml[0], "m"), wrap(ml[1], "l"), softmax_scale, causal)
         else:
             dq, dk, dv = backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic)
         return dq, dk, dv, None, None, None, None, None, None

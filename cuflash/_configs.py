@@ -144,4 +144,7 @@ def all_specs():
                 specs.append(bwd_spec(dt, d, causal))
                 specs.append(bwd_convert_spec(dt, d, causal, BWD_TILES[d].block_n))
         specs.append(softmax_spec(dt))
+    from . import v1  # FlashAttention-1 kernels (their tiles live in cuflash/v1.py)
+
+    specs += [s for s in v1.specs() if s not in specs]
     return specs

@@ -118,7 +118,7 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, cau
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
     da, qa, ka, va, oa, la = check_backward_inputs(dout, q, k, v, out, softmax_lse)
     if algorithm == "v1":
-        from .v1 import backward as v1_backward
+        from .v1 import backward_from_lse
 
-        return v1_backward(da, qa, ka, va, oa, la, softmax_scale, causal)
+        return backward_from_lse(da, qa, ka, va, oa, la, softmax_scale, causal)
     return backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic)

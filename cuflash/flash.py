@@ -138,5 +138,5 @@ def _forward_dispatch(algorithm):
     if algorithm == "v1":
         from .v1 import forward as v1_forward
 
-        return lambda qa, ka, va, scale, causal, grid_order: v1_forward(qa, ka, va, scale, causal)
+        return lambda qa, ka, va, scale, causal, grid_order: v1_forward(qa, ka, va, scale, causal)[:2]
     return forward

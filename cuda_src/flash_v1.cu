@@ -39,6 +39,7 @@
 // The backward splits the KV rows across warps in either case (warp w owns 16 KV rows of dK_j, dV_j).
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
+#include "common/warp_gemm.cuh"
 
 namespace cuflash {
 
@@ -122,21 +123,6 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[MF][NF][4], const T* a_til
   }
 }
 
-// fp32 C fragments of a [16, 16 KS] block -> 16-bit A fragments of the same block (C layout == A layout:
-// n8 fragments 2k and 2k+1 form k16 step k).
-template <typename T, int KS>
-__device__ __forceinline__ void frags_to_a(const float (&c)[2 * KS][4], uint32_t (&a)[KS][4]) {
-#pragma unroll
-  for (int k = 0; k < KS; ++k) {
-    a[k][0] = pack2<T>(c[2 * k][0], c[2 * k][1]);
-    a[k][1] = pack2<T>(c[2 * k][2], c[2 * k][3]);
-    a[k][2] = pack2<T>(c[2 * k + 1][0], c[2 * k + 1][1]);
-    a[k][3] = pack2<T>(c[2 * k + 1][2], c[2 * k + 1][3]);
-  }
-}
-
-// acc[16 MF, D] += P[16 MF, 16 KN] V[16 KN, D]: P from its fp32 C fragments (converted in registers into
-// the A operand), V = rows [0, 16 KN) of a row-major [keys][LDS] smem tile read with ldmatrix.trans.
 template <typename T, int MF, int KN, int DF, int LDS>
 __device__ __forceinline__ void gemm_pv(float (&acc)[MF][DF][4], const float (&p)[MF][2 * KN][4], const T* v_tile,
                                         int lane) {
@@ -162,23 +148,6 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[MF][DF][4], const float (&p
       }
     }
   }
-}
-
-// acc[16, 8 NF] += A[16, 16 KS] (registers) B[16 KS, 8 NF], B = rows [0, 16 KS) x columns [col0, +8 NF) of a
-// row-major [rows][lds] smem tile, read with ldmatrix.trans (dV += P^T dO and dK += dS^T Q).
-template <typename T, int KS, int NF>
-__device__ __forceinline__ void gemm_a_regs_b_trans(float (&acc)[NF][4], const uint32_t (&a)[KS][4], const T* b_tile,
-                                                    int lds, int col0, int lane) {
-#pragma unroll
-  for (int k = 0; k < KS; ++k)
-#pragma unroll
-    for (int f = 0; f < NF; f += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(b_tile + (k * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * lds + col0 + f * 8 +
-                                     (lane / 16) * 8));
-      mma_m16n8k16<T>(acc[f], a[k], b[0], b[1]);
-      mma_m16n8k16<T>(acc[f + 1], a[k], b[2], b[3]);
-    }
 }
 
 // load_tile_async (tile.cuh) with register-lean address math, for the backward kernel that runs at the
@@ -743,9 +712,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
           acc[0][nf][e] = exp2_approx(fmaf(acc[0][nf][e], scale_log2, -(e % 2 ? m2.y : m2.x))) * (e % 2 ? il.y : il.x);
       }
       uint32_t pa[KQ][4];
-      v1::frags_to_a<T, KQ>(acc[0], pa);
+      frags_to_a<T, KQ>(acc[0], pa);
       // (3) dV_j += P^T dO_i  (line 16): B = dO [Q rows, D] via ldmatrix.trans.
-      v1::gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv, pa, do_tile, LDS, 0, lane);
+      gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv, pa, do_tile, LDS, 0, lane);
       // (4) dP^T = V_w dO_i^T  [16, BLOCK_M]  (line 17), like (1).
       v1::gemm_abt<T, 1, NFQ, KD, LDS>(acc, v_smem + warp * 16 * LDS, do_tile, lane);
       // (5) dS^T = P^T * (dP^T - D_i)  (line 20; P from its 16-bit copy: the same values dV used).
@@ -759,7 +728,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
         acc[0][nf][3] = p23.y * (acc[0][nf][3] - dl.y);
       }
       uint32_t dsa[KQ][4];
-      v1::frags_to_a<T, KQ>(acc[0], dsa);
+      frags_to_a<T, KQ>(acc[0], dsa);
       // dS^T -> smem for dQ: rows (g, g + 8) of this warp's band, columns kq * 16 + 2t (+8).
 #pragma unroll
       for (int kq = 0; kq < KQ; ++kq) {
@@ -771,7 +740,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
         ds8[4] = dsa[kq][3];
       }
       // (6) dK_j += dS^T Q_i  (line 22; softmax_scale applied once at the end): B = Q via ldmatrix.trans.
-      v1::gemm_a_regs_b_trans<T, KQ, DFO>(acc_dk, dsa, q_tile, LDS, 0, lane);
+      gemm_a_regs_b_trans<T, KQ, DFO>(acc_dk, dsa, q_tile, LDS, 0, lane);
       __syncthreads();  // dS^T of every warp is in smem
 
       // (7) dQ_i += dS K_j  (line 21): the dQ_i tile loaded with Q_i plus this product, written back to HBM

@@ -128,10 +128,41 @@ def plots(records, out_dir):
         plt.close(fig)
 
 
+def micro_plots(records, out_dir):
+    """Throughput sweeps of the microbenchmarks: work per clock per SM vs warps per SM, one line per ILP."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in records if r.get("section") == "micro" and r.get("metric") == "throughput" and r.get("sweep")]
+    if not rs:
+        return
+    cols = 4
+    rows = -(-len(rs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, rs):
+        for ilp in sorted({p["ilp"] for p in r["sweep"]}):
+            pts = sorted((p["warps_per_sm"], p["per_clk_sm"]) for p in r["sweep"] if p["ilp"] == ilp)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"ILP {ilp}")
+        if r.get("reference_value"):
+            ax.axhline(r["reference_value"], color="gray", ls="--", lw=1, label="reference")
+        ax.set_title(f"{r['name']} {r['variant']}"[:48], fontsize=8)
+        ax.set_xlabel("warps per SM", fontsize=8)
+        ax.set_ylabel(r["unit"], fontsize=8)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(rs):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "micro_throughput.png"), dpi=70)
+    plt.close(fig)
+
+
 def write_all(head, records, out_dir):
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(head, records))
     plots(records, out_dir)
+    micro_plots(records, out_dir)
 
 
 if __name__ == "__main__":

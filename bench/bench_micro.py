@@ -864,7 +864,7 @@ def micro() -> list:
 
 
 def readme_numbers(records) -> dict:
-    """{placeholder: formatted value} for the numbers table of README_micro.md."""
+    """{placeholder: formatted value} for the numbers table of the README's microbenchmark section."""
     def get(name, variant_prefix, metric):
         for r in records:
             if r.get("name") == name and str(r.get("variant", "")).startswith(variant_prefix) and \

@@ -1,4 +1,4 @@
-"""From V1 to V2: the ladder of kernels between FlashAttention-1 and FlashAttention-2 (README_v1.md).
+"""From V1 to V2: the ladder of kernels between FlashAttention-1 and FlashAttention-2 (README.md, "From V1 to V2").
 
 On the FlashAttention-2 grid (batch x seqlen = 16k tokens, hidden 2048, head dims 64 and 128, fp16), the
 forward and the backward of each rung, timed with the harness, next to its numerical error against float64

@@ -3,23 +3,58 @@
 //   preprocess:  D = rowsum(dO * O)  and  lse_log2 = LSE * log2(e)   (fp32, rows padded to sq_pad)
 //   main:        one thread block per (KV tile, KV head, batch); K_j, V_j stay in shared memory while
 //                the block loops over the query heads that share this KV head (GQA) and their Q tiles:
-//       S^T  = K_j Q_i^T                              [BLOCK_N, BLOCK_M]
-//       P^T  = exp2(S^T * scale_log2 - lse_log2_i)    from the saved LSE: no m, no l
+//       S    = Q_i K_j^T                              [BLOCK_M, BLOCK_N]
+//       P    = exp2(S * scale_log2 - lse_log2_i)      from the saved LSE: no m, no l
 //       dV_j += P^T dO_i
-//       dP^T = V_j dO_i^T
-//       dS^T = P^T * (dP^T - D_i)
+//       dP   = dO_i V_j^T
+//       dS   = P * (dP - D_i)
 //       dK_j += dS^T Q_i
-//       dQ_i += dS K_j   (dS^T goes through shared memory; see the dQ strategies below)
+//       dQ_i += dS K_j   (see the dQ strategies below)
 //   convert:     dQ = softmax_scale * (sum of the fp32 dQ partials), in the output dtype.
 //
-// Warp partition ("split the KV rows"): warp w owns KV rows [16 (w / DSPLIT), +16) of the tile and
-// DOUT = D / DSPLIT columns of dK_j, dV_j, which it accumulates in registers over the whole loop: the
-// four products above that produce or consume [KV, *] blocks need no cross-warp reduction. Only dQ
-// (a contraction over the KV rows spread across warps) exchanges dS^T through shared memory, after
-// which warps re-partition by Q rows x D columns. DSPLIT = 2 (head dim 256) makes two warps share KV
-// rows and split D, duplicating S^T and dP^T, so the dK/dV accumulators fit in registers.
+// Two warp partitions (template argument PARTITION; cuflash/_configs.py: BWD_TILES / BWD_TILES_Q):
 //
-// dQ strategies (BwdParams::dq_strategy):
+// PART_KV ("split the KV rows", the default): warp w owns KV rows [16 (w / DSPLIT), +16) of the tile and
+//   DOUT = D / DSPLIT columns of dK_j, dV_j, which it accumulates in registers over the whole loop. It
+//   computes the transposed products S^T, P^T, dP^T, dS^T [16 KV rows, BLOCK_M] itself, so dV += P^T dO and
+//   dK += dS^T Q (contractions over the Q rows, all of which the warp holds) need no cross-warp reduction.
+//   Only dQ (a contraction over the KV rows spread across warps) exchanges dS^T through shared memory,
+//   after which warps re-partition by 16 Q rows x DQ_COLS columns. DSPLIT = 2 (head dim 256) makes two
+//   warps share KV rows and split D, duplicating S^T and dP^T, so the dK/dV accumulators fit in registers.
+//
+// PART_Q ("split the Q rows", the forward's partition): warp w owns Q rows [16 w, +16) of the Q tile
+//   (BLOCK_M = 16 NWARPS) and all BLOCK_N keys. It computes S, P, dP, dS [16 Q rows, BLOCK_N], and
+//   dQ_i += dS K_j is warp-local (the warp holds every KV row of its dQ rows): dQ leaves straight from the
+//   registers, no exchange. dV += P^T dO and dK += dS^T Q contract over the Q rows, which are spread across
+//   warps; each warp writes its P and dS rows (16-bit) to shared memory, and after a barrier the warps
+//   re-partition by KV rows x D columns (RBW bands of 16 KV rows x D / CB columns each) and accumulate
+//   dK_j, dV_j in registers over the whole loop, reading P^T and dS^T with ldmatrix.trans. (The other
+//   design, per-warp partial dK/dV [BLOCK_N, D] reduced through shared memory, needs 2 BLOCK_N D fp32
+//   registers per warp: 512 per thread at BLOCK_N = 64, D = 128. Not an option.)
+//   A warp whose 16 rows all lie past seqlen_q or above the causal diagonal of this KV tile skips its
+//   products and writes zeros for its P and dS rows.
+//
+// Cross-warp synchronisation and shared-memory exchange, per Q tile (Bm = BLOCK_M, Bn = BLOCK_N):
+//   barriers:  both partitions 2 (+ 1 per KV tile, at its end): one that publishes the cp.async Q/dO tile
+//              (and proves every warp is done with the other stage and the exchange buffers), one that
+//              publishes the exchanged 16-bit values (KV: dS^T before dQ; Q: P and dS before dK/dV).
+//   exchanged: KV: dS^T, Bn x Bm x 2 B written, read by DQ_COL_BANDS = 16 NWARPS / Bm warps per 16-row Q
+//                  band: DQ_COL_BANDS x Bn x Bm x 2 B read.
+//              Q:  P and dS, 2 x Bm x Bn x 2 B written, read by CB = 16 NWARPS / Bn warps per 16-row KV band:
+//                  2 x CB x Bn x Bm x 2 B read. Twice the values, and both products that consume them (dV,
+//                  dK) take A and B from shared memory (KV: only dQ does).
+//   With the configured tiles (cuflash/_configs.py), written + read per Q tile, and per (Q row, KV row) pair:
+//     KV  d32/64/96 64x128, 8 warps: 16 + 32 KB (2 + 4 B);  d128 32x128, 8 warps: 8 + 32 KB (2 + 8 B);
+//         d256 32x64, 8 warps (DSPLIT 2): 4 + 16 KB (2 + 8 B)
+//     Q   d32 128x128, 8 warps: 64 + 64 KB (4 + 4 B);  d64/96 64x64, 4 warps: 16 + 16 KB (4 + 4 B);
+//         d128 64x32, 4 warps: 8 + 16 KB (4 + 8 B);  d256 64x16, 4 warps: 4 + 16 KB (4 + 16 B)
+//   Shared memory per block: KV 60416 / 93184 / 125952 / 115200 / 140800 B, Q 133120 / 74752 / 99328 / 98304 /
+//   159232 B (d32 / 64 / 96 / 128 / 256).
+//   Registers decide the tiles: the Q partition's dK/dV accumulators are 2 Bn D / (32 NWARPS) fp32 per thread
+//   for the whole loop and its S/dP tiles 16 x Bn per warp, so Bn is 16-64 (KV partition: 64-128) except at
+//   d32; with fewer KV rows per block, dQ atomics (seqpar: buffers) and Q/dO re-reads grow as 1 / Bn.
+//
+// dQ strategies (BwdParams::dq_strategy), both partitions:
 //   0 atomic: every block adds its dQ_i contribution into one fp32 buffer with atomics.
 //   1 seqpar: block of KV tile j writes its contribution to its own fp32 buffer j (plain stores);
 //             the convert kernel sums the buffers (deterministic; memory x number of KV tiles).
@@ -33,6 +68,7 @@
 namespace cuflash {
 
 enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2 };
+enum BwdPartition { PART_KV = 0, PART_Q = 1 };
 
 // One warp per row of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32
 // dQ accumulator row. Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that
@@ -106,40 +142,198 @@ __device__ __forceinline__ void atomic_add_f2(float* addr, float x, float y) {
 #endif
 }
 
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES>
+// ------------------------------------------------------------------------------------------------------
+// Warp-level pieces of the main kernel (both partitions). Fragment layouts: common/ptx.cuh.
+
+// acc[16, 8 NF] += X Y^T, X = rows [0, 16) of x_rows, Y = rows [0, 8 NF) of y_tile: both row-major 16-bit
+// smem tiles [*, 16 KD] with row stride lds, read with plain ldmatrix (S = Q K^T, dP = dO V^T and their
+// transposes S^T = K Q^T, dP^T = V dO^T).
+template <typename T, int KD, int NF>
+__device__ __forceinline__ void gemm_rows_rows_t(float (&acc)[NF][4], const T* x_rows, const T* y_tile, int lds,
+                                                 int lane) {
+#pragma unroll
+  for (int kd = 0; kd < KD; ++kd) {
+    uint32_t a[4];
+    ldmatrix_x4(a, smem_addr(x_rows + (lane % 16) * lds + kd * 16 + (lane / 16) * 8));
+#pragma unroll
+    for (int nf = 0; nf < NF; nf += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, smem_addr(y_tile + (nf * 8 + (lane % 8) + (lane / 16) * 8) * lds + kd * 16 +
+                               ((lane / 8) % 2) * 8));
+      mma_m16n8k16<T>(acc[nf], a, b[0], b[1]);
+      mma_m16n8k16<T>(acc[nf + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[16, 8 NF] += A B with both operands stored k-major in smem: A^T = rows [0, 16 KS) x columns
+// [a_col0, +16) of a_t (row stride lda), B = rows [0, 16 KS) x columns [b_col0, +8 NF) of b_tile (row stride
+// ldb); ldmatrix.trans for both (KV partition: dQ = dS K from dS^T; Q partition: dV = P^T dO, dK = dS^T Q
+// from P, dS).
+template <typename T, int KS, int NF>
+__device__ __forceinline__ void gemm_smem_at_b(float (&acc)[NF][4], const T* a_t, int lda, int a_col0, const T* b_tile,
+                                               int ldb, int b_col0, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, smem_addr(a_t + (ks * 16 + (lane % 8) + (lane / 16) * 8) * lda + a_col0 +
+                                   ((lane / 8) % 2) * 8));
+#pragma unroll
+    for (int nf = 0; nf < NF; nf += 2) {
+      uint32_t b[4];
+      const int br = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+      const int bc = b_col0 + nf * 8 + (lane / 16) * 8;
+      ldmatrix_x4_trans(b, smem_addr(b_tile + br * ldb + bc));
+      mma_m16n8k16<T>(acc[nf], a, b[0], b[1]);
+      mma_m16n8k16<T>(acc[nf + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// A fragments of a warp's 16-bit [16, 16 KS] block -> rows [row0, +16) x columns [0, 16 KS) of a row-major
+// smem tile (row stride lds): the layout gemm_smem_at_b reads back transposed.
+template <int KS, typename T>
+__device__ __forceinline__ void store_a_frags(T* tile, int lds, int row0, const uint32_t (&a)[KS][4], int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    uint32_t* r0 = reinterpret_cast<uint32_t*>(tile + (row0 + g) * lds + k * 16 + 2 * t);
+    uint32_t* r8 = reinterpret_cast<uint32_t*>(tile + (row0 + g + 8) * lds + k * 16 + 2 * t);
+    r0[0] = a[k][0];
+    r8[0] = a[k][1];
+    r0[4] = a[k][2];  // +8 columns = +4 words
+    r8[4] = a[k][3];
+  }
+}
+
+// Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles, lse_log2 and D rows
+// (fp32 rows are padded to sq_pad: no guard).
+template <typename T, int D, int BLOCK_M, int NT>
+__device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
+                                            int batch, int hq, int m0, int seqlen_q, int tid) {
+  const T* q_head = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + hq * p.q_head_stride;
+  const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
+  load_tile_async<BLOCK_M, D, NT>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid);
+  load_tile_async<BLOCK_M, D, NT>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid);
+  const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
+  if (tid < BLOCK_M / 4)
+    cp_async_16(smem_addr(lse_dst + tid * 4), p.lse_log2 + row0 + tid * 4, true);
+  else if (tid < BLOCK_M / 2)
+    cp_async_16(smem_addr(delta_dst + (tid - BLOCK_M / 4) * 4), p.delta + row0 + (tid - BLOCK_M / 4) * 4, true);
+}
+
+// The fp32 dQ accumulator row `row` of (query head hq) for the buffer this KV tile writes (seqpar: its own).
+template <int D>
+__device__ __forceinline__ float* dq_accum_row(const BwdParams& p, int n_block, int batch, int hq, int row) {
+  const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
+  return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row) * D;
+}
+
+// A warp's fp32 dQ fragments [16, 8 NF] into the accumulator; `a0` = the element of fragment row g, column 2t
+// of the first fragment (padded rows: always in bounds).
+template <int D, int NF>
+__device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, const float (&acc)[NF][4]) {
+#pragma unroll
+  for (int df = 0; df < NF; ++df)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* a = a0 + h * 8 * D + df * 8;
+      const float x = acc[df][2 * h], y = acc[df][2 * h + 1];
+      if (p.dq_strategy == DQ_ATOMIC) {
+        atomic_add_f2(a, x, y);
+      } else if (p.dq_strategy == DQ_SEQPAR) {
+        *reinterpret_cast<float2*>(a) = make_float2(x, y);
+      } else {  // DQ_LOOP: this thread is the only writer of these two floats
+        float2 old = *reinterpret_cast<float2*>(a);
+        *reinterpret_cast<float2*>(a) = make_float2(old.x + x, old.y + y);
+      }
+    }
+}
+
+// dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
+// are not written).
+template <typename T, int NF>
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv_head, int j0, int c0, int seqlen_k,
+                                           const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
+  const float scale = (float)p.softmax_scale;
+  const int g = lane / 4, t = lane % 4;
+  T* dk_ptr = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
+  T* dv_ptr = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + g + h * 8;
+    if (j < seqlen_k)
+#pragma unroll
+      for (int df = 0; df < NF; ++df) {
+        const int c = c0 + df * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
+            pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =
+            pack2<T>(dv[df][2 * h], dv[df][2 * h + 1]);
+      }
+  }
+}
+
+// Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM>
+struct BwdSmem {
+  static constexpr int LDS = PaddedRow<D>::LDS;
+  static constexpr int TILES = (2 * BLOCK_N + 4 * BLOCK_M) * LDS * ELEM;  // K, V, 2 x (Q, dO)
+  static constexpr int EXCHANGE = PARTITION == PART_Q ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
+                                                      : BLOCK_N * PaddedRow<BLOCK_M>::LDS * ELEM;    // dS^T
+  static constexpr int BYTES = TILES + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);  // + 2 x (lse, D) rows
+};
+
+// ------------------------------------------------------------------------------------------------------
+// Main kernel. Grid: (KV tiles, or 1 for "loop"; KV heads; batch). PARTITION: PART_KV or PART_Q (see top).
+//   KV: BLOCK_N * DSPLIT == 16 * NWARPS.   Q: BLOCK_M == 16 * NWARPS, DSPLIT == 1.
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
+          int PARTITION>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
+  constexpr bool QPART = PARTITION == PART_Q;
   constexpr int NT = NWARPS * 32;
   constexpr int LDS = PaddedRow<D>::LDS;
-  constexpr int LDS_DS = PaddedRow<BLOCK_M>::LDS;
-  constexpr int DOUT = D / DSPLIT;  // dK/dV columns a warp owns
-  constexpr int NFQ = BLOCK_M / 8;  // n8 fragments of S^T along the Q rows
   constexpr int KD = D / 16;        // k16 steps of the products that contract over D
   constexpr int KQ = BLOCK_M / 16;  // k16 steps of the products that contract over Q rows
-  constexpr int DFO = DOUT / 8;     // n8 fragments of a warp's dK/dV
-  constexpr int DQ_ROW_BANDS = BLOCK_M / 16;             // dQ phase: warps tile [BLOCK_M, D] as
-  constexpr int DQ_COL_BANDS = NWARPS / DQ_ROW_BANDS;    //   row bands of 16 x column bands
+  constexpr int KN = BLOCK_N / 16;  // k16 steps of the products that contract over KV rows
+  // dK/dV ownership (both partitions): warp w accumulates RBW bands of 16 KV rows, bands
+  // (w / CB) * RBW + r, x DCOLS = D / CB columns starting at (w % CB) * DCOLS.
+  constexpr int CB = QPART ? (16 * NWARPS >= BLOCK_N ? 16 * NWARPS / BLOCK_N : 1) : DSPLIT;
+  constexpr int RBW = QPART ? (BLOCK_N > 16 * NWARPS ? BLOCK_N / (16 * NWARPS) : 1) : 1;
+  constexpr int DCOLS = D / CB;
+  constexpr int DFO = DCOLS / 8;  // n8 fragments of a warp's dK/dV row band
+  static_assert(PARTITION == PART_KV || PARTITION == PART_Q, "partition");
+  static_assert(QPART ? (BLOCK_M == 16 * NWARPS && DSPLIT == 1) : (BLOCK_N * DSPLIT == 16 * NWARPS),
+                "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
+  static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
+                "every (KV row band, column band) of dK/dV is owned by exactly one warp");
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>::BYTES,
+                "host smem size must match the layout below");
+  // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
+  constexpr int DQ_ROW_BANDS = BLOCK_M / 16;
+  constexpr int DQ_COL_BANDS = QPART ? 1 : NWARPS / DQ_ROW_BANDS;
   constexpr int DQ_COLS = D / DQ_COL_BANDS;
   constexpr int DQF = DQ_COLS / 8;
-  constexpr int KN = BLOCK_N / 16;  // k16 steps of dQ = dS K (contract over KV rows)
-  static_assert(BLOCK_N * DSPLIT == 16 * NWARPS, "each warp (pair, with DSPLIT = 2) owns 16 KV rows");
-  static_assert(NWARPS % DQ_ROW_BANDS == 0 && DQ_COLS % 16 == 0 && DOUT % 16 == 0 && NFQ % 2 == 0, "tiles");
-  static_assert(SMEM_BYTES == (2 * BLOCK_N + 4 * BLOCK_M) * LDS * (int)sizeof(T) +
-                                  BLOCK_N * LDS_DS * (int)sizeof(T) + 4 * BLOCK_M * (int)sizeof(float),
-                "host smem size must match the layout below");
+  static_assert(QPART || (NWARPS % DQ_ROW_BANDS == 0 && DQ_COLS % 16 == 0), "KV partition: dQ phase tiles");
+  // Q partition only: dQ = dS K is computed (and written out) DQ_CHUNK columns at a time.
+  constexpr int DQ_CHUNK = D < 32 ? D : 32;
+  static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_N][LDS]
   T* v_smem = k_smem + BLOCK_N * LDS;          // [BLOCK_N][LDS]
   T* q_smem = v_smem + BLOCK_N * LDS;          // [2][BLOCK_M][LDS]
   T* do_smem = q_smem + 2 * BLOCK_M * LDS;     // [2][BLOCK_M][LDS]
-  T* ds_smem = do_smem + 2 * BLOCK_M * LDS;    // [BLOCK_N][LDS_DS]  dS^T of the current Q tile
-  float* lse_smem = reinterpret_cast<float*>(ds_smem + BLOCK_N * LDS_DS);  // [2][BLOCK_M]
-  float* delta_smem = lse_smem + 2 * BLOCK_M;                             // [2][BLOCK_M]
+  T* xc_smem = do_smem + 2 * BLOCK_M * LDS;    // exchange: KV: dS^T [BLOCK_N][LDS_DS]; Q: P, dS [BLOCK_M][LDS_PS]
+  constexpr int LDS_DS = PaddedRow<BLOCK_M>::LDS;
+  constexpr int LDS_PS = PaddedRow<BLOCK_N>::LDS;
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>;
+  float* lse_smem = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xc_smem) + Smem::EXCHANGE);  // [2][Bm]
+  float* delta_smem = lse_smem + 2 * BLOCK_M;                                                             // [2][Bm]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int wk = warp / DSPLIT, wd = warp % DSPLIT;  // KV band, D part of this warp
-  const int dq_rb = warp % DQ_ROW_BANDS, dq_cb = warp / DQ_ROW_BANDS;
+  const int band0 = (warp / CB) * RBW, cband = warp % CB;  // dK/dV: first KV row band, column band
   const int batch = blockIdx.z, kv_head = blockIdx.y;
   const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
   const int diag = seqlen_k - seqlen_q;
@@ -158,39 +352,29 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     const int num_m = max(0, num_m_blocks - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
 
-    float acc_dk[DFO][4], acc_dv[DFO][4];
+    float acc_dk[RBW][DFO][4], acc_dv[RBW][DFO][4];
 #pragma unroll
-    for (int f = 0; f < DFO; ++f)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dk[f][e] = acc_dv[f][e] = 0.f;
-
-    // Loads of iteration `it` into `stage`: Q_i, dO_i tiles, lse_log2_i and D_i (padded rows: no guard).
-    auto issue_loads = [&](int it, int stage) {
-      const int hq = kv_head * group + it / num_m;
-      const int m0 = (m_begin + it % num_m) * BLOCK_M;
-      const T* q_head = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + hq * p.q_head_stride;
-      const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
-      load_tile_async<BLOCK_M, D, NT>(q_smem + stage * BLOCK_M * LDS, q_head, p.q_row_stride, m0, seqlen_q, tid);
-      load_tile_async<BLOCK_M, D, NT>(do_smem + stage * BLOCK_M * LDS, do_head, p.do_row_stride, m0, seqlen_q, tid);
-      const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
-      if (tid < BLOCK_M / 4)
-        cp_async_16(smem_addr(lse_smem + stage * BLOCK_M + tid * 4), p.lse_log2 + row0 + tid * 4, true);
-      else if (tid < BLOCK_M / 2)
-        cp_async_16(smem_addr(delta_smem + stage * BLOCK_M + (tid - BLOCK_M / 4) * 4),
-                    p.delta + row0 + (tid - BLOCK_M / 4) * 4, true);
-    };
+    for (int r = 0; r < RBW; ++r) {
+      zero_frags(acc_dk[r]);
+      zero_frags(acc_dv[r]);
+    }
 
     if (total > 0) {
       load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid);
       load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid);
-      issue_loads(0, 0);
+      load_q_tile<T, D, BLOCK_M, NT>(p, q_smem, do_smem, lse_smem, delta_smem, batch, kv_head * group,
+                                     m_begin * BLOCK_M, seqlen_q, tid);
       cp_async_commit();
     }
     for (int it = 0, stage = 0; it < total; ++it, stage ^= 1) {
       cp_async_wait<0>();  // iteration it's tiles (and K, V) have landed for this thread ...
-      __syncthreads();     // ... for all threads; and every warp is done with stage^1 and ds_smem
+      __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       if (it + 1 < total) {
-        issue_loads(it + 1, stage ^ 1);
+        const int nst = stage ^ 1;
+        load_q_tile<T, D, BLOCK_M, NT>(p, q_smem + nst * BLOCK_M * LDS, do_smem + nst * BLOCK_M * LDS,
+                                       lse_smem + nst * BLOCK_M, delta_smem + nst * BLOCK_M, batch,
+                                       kv_head * group + (it + 1) / num_m, (m_begin + (it + 1) % num_m) * BLOCK_M,
+                                       seqlen_q, tid);
         cp_async_commit();
       }
       const int hq = kv_head * group + it / num_m;
@@ -200,144 +384,157 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       const float* lse_tile = lse_smem + stage * BLOCK_M;
       const float* delta_tile = delta_smem + stage * BLOCK_M;
 
-      // (1) S^T = K_w Q^T [16, BLOCK_M]: A = this warp's 16 K rows, B = Q^T = rows of Q (plain ldmatrix).
-      float acc[NFQ][4];
-      zero_frags(acc);
+      if constexpr (!QPART) {
+        // ---------------------------------------------------------------- KV partition: 16 KV rows / warp
+        constexpr int NFQ = BLOCK_M / 8;  // n8 fragments of S^T along the Q rows
+        const int wk = band0, wd = cband;
+        T* ds_smem = xc_smem;  // [BLOCK_N][LDS_DS]  dS^T of the current Q tile
+        // (1) S^T = K_w Q^T [16, BLOCK_M]: A = this warp's 16 K rows, B = Q^T = rows of Q (plain ldmatrix).
+        float acc[NFQ][4];
+        zero_frags(acc);
+        gemm_rows_rows_t<T, KD, NFQ>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
+        // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
+        // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
+        const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
+        uint32_t pa[KQ][4];
 #pragma unroll
-      for (int kd = 0; kd < KD; ++kd) {
-        uint32_t a[4];
-        ldmatrix_x4(a, smem_addr(k_smem + (wk * 16 + (lane % 16)) * LDS + kd * 16 + (lane / 16) * 8));
+        for (int nf = 0; nf < NFQ; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_tile + nf * 8 + 2 * t);
 #pragma unroll
-        for (int nf = 0; nf < NFQ; nf += 2) {
-          uint32_t b[4];
-          ldmatrix_x4(b, smem_addr(q_tile + (nf * 8 + (lane % 8) + (lane / 16) * 8) * LDS + kd * 16 + ((lane / 8) % 2) * 8));
-          mma_m16n8k16<T>(acc[nf], a, b[0], b[1]);
-          mma_m16n8k16<T>(acc[nf + 1], a, b[2], b[3]);
-        }
-      }
-      // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
-      // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
-      const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
-      uint32_t pa[KQ][4];
-#pragma unroll
-      for (int nf = 0; nf < NFQ; ++nf) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_tile + nf * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = acc[nf][e];
-          if (need_mask) {
-            const int j = n0 + wk * 16 + g + (e / 2) * 8;
-            const int i = m0 + nf * 8 + 2 * t + (e % 2);
-            if (j >= seqlen_k || (CAUSAL && j > i + diag)) x = -INFINITY;
-          }
-          acc[nf][e] = exp2_approx(fmaf(x, scale_log2, -(e % 2 ? lse.y : lse.x)));  // FFMA + MUFU.EX2
-        }
-      }
-      frags_to_a<T>(acc, pa);
-      // (3) dV += P^T dO: B = dO [Q rows, D] via ldmatrix.trans; this warp's DOUT columns.
-      gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv, pa, do_tile, LDS, wd * DOUT, lane);
-      // (4) dP^T = V_w dO^T [16, BLOCK_M], like (1).
-      zero_frags(acc);
-#pragma unroll
-      for (int kd = 0; kd < KD; ++kd) {
-        uint32_t a[4];
-        ldmatrix_x4(a, smem_addr(v_smem + (wk * 16 + (lane % 16)) * LDS + kd * 16 + (lane / 16) * 8));
-#pragma unroll
-        for (int nf = 0; nf < NFQ; nf += 2) {
-          uint32_t b[4];
-          ldmatrix_x4(b, smem_addr(do_tile + (nf * 8 + (lane % 8) + (lane / 16) * 8) * LDS + kd * 16 + ((lane / 8) % 2) * 8));
-          mma_m16n8k16<T>(acc[nf], a, b[0], b[1]);
-          mma_m16n8k16<T>(acc[nf + 1], a, b[2], b[3]);
-        }
-      }
-      // (5) dS^T = P^T * (dP^T - D[q]) (P from its 16-bit copy: the same values dV used).
-#pragma unroll
-      for (int nf = 0; nf < NFQ; ++nf) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nf * 8 + 2 * t);
-        const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
-        acc[nf][0] = p01.x * (acc[nf][0] - dl.x);
-        acc[nf][1] = p01.y * (acc[nf][1] - dl.y);
-        acc[nf][2] = p23.x * (acc[nf][2] - dl.x);
-        acc[nf][3] = p23.y * (acc[nf][3] - dl.y);
-      }
-      uint32_t dsa[KQ][4];
-      frags_to_a<T>(acc, dsa);
-      if (wd == 0) {  // dS^T -> smem for dQ (both warps of a DSPLIT pair hold the same values)
-#pragma unroll
-        for (int kq = 0; kq < KQ; ++kq) {
-          uint32_t* ds0 = reinterpret_cast<uint32_t*>(ds_smem + (wk * 16 + g) * LDS_DS + kq * 16 + 2 * t);
-          uint32_t* ds8 = reinterpret_cast<uint32_t*>(ds_smem + (wk * 16 + g + 8) * LDS_DS + kq * 16 + 2 * t);
-          ds0[0] = dsa[kq][0];
-          ds8[0] = dsa[kq][1];
-          ds0[4] = dsa[kq][2];  // +8 columns = +4 words
-          ds8[4] = dsa[kq][3];
-        }
-      }
-      // (6) dK += dS^T Q: B = Q [Q rows, D] via ldmatrix.trans.
-      gemm_a_regs_b_trans<T, KQ, DFO>(acc_dk, dsa, q_tile, LDS, wd * DOUT, lane);
-      __syncthreads();  // dS^T of every warp is in smem
-
-      // dQ_i [BLOCK_M, D] += dS K: warps re-partition as 16-row bands x DQ_COLS columns.
-      // A = dS (rows = Q) from dS^T in smem via ldmatrix.trans; B = K [KV, D] via ldmatrix.trans.
-      float acc_dq[DQF][4];
-#pragma unroll
-      for (int f = 0; f < DQF; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dq[f][e] = 0.f;
-#pragma unroll
-      for (int kn = 0; kn < KN; ++kn) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, smem_addr(ds_smem + (kn * 16 + (lane % 8) + (lane / 16) * 8) * LDS_DS + dq_rb * 16 +
-                                       ((lane / 8) % 2) * 8));
-#pragma unroll
-        for (int df = 0; df < DQF; df += 2) {
-          uint32_t b[4];
-          const int br = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-          const int bc = dq_cb * DQ_COLS + df * 8 + (lane / 16) * 8;
-          ldmatrix_x4_trans(b, smem_addr(k_smem + br * LDS + bc));
-          mma_m16n8k16<T>(acc_dq[df], a, b[0], b[1]);
-          mma_m16n8k16<T>(acc_dq[df + 1], a, b[2], b[3]);
-        }
-      }
-      const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
-      float* dq_rows = p.dq_accum +
-                       (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_rb * 16 + g) * D +
-                       dq_cb * DQ_COLS + 2 * t;  // padded rows: always in bounds
-#pragma unroll
-      for (int df = 0; df < DQF; ++df)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float* a = dq_rows + h * 8 * D + df * 8;
-          const float x = acc_dq[df][2 * h], y = acc_dq[df][2 * h + 1];
-          if (p.dq_strategy == DQ_ATOMIC) {
-            atomic_add_f2(a, x, y);
-          } else if (p.dq_strategy == DQ_SEQPAR) {
-            *reinterpret_cast<float2*>(a) = make_float2(x, y);
-          } else {  // DQ_LOOP: this thread is the only writer of these two floats
-            float2 old = *reinterpret_cast<float2*>(a);
-            *reinterpret_cast<float2*>(a) = make_float2(old.x + x, old.y + y);
+          for (int e = 0; e < 4; ++e) {
+            float x = acc[nf][e];
+            if (need_mask) {
+              const int j = n0 + wk * 16 + g + (e / 2) * 8;
+              const int i = m0 + nf * 8 + 2 * t + (e % 2);
+              if (j >= seqlen_k || (CAUSAL && j > i + diag)) x = -INFINITY;
+            }
+            acc[nf][e] = exp2_approx(fmaf(x, scale_log2, -(e % 2 ? lse.y : lse.x)));  // FFMA + MUFU.EX2
           }
         }
+        frags_to_a<T>(acc, pa);
+        // (3) dV += P^T dO: B = dO [Q rows, D] via ldmatrix.trans; this warp's DOUT columns.
+        gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv[0], pa, do_tile, LDS, wd * DCOLS, lane);
+        // (4) dP^T = V_w dO^T [16, BLOCK_M], like (1).
+        zero_frags(acc);
+        gemm_rows_rows_t<T, KD, NFQ>(acc, v_smem + wk * 16 * LDS, do_tile, LDS, lane);
+        // (5) dS^T = P^T * (dP^T - D[q]) (P from its 16-bit copy: the same values dV used).
+#pragma unroll
+        for (int nf = 0; nf < NFQ; ++nf) {
+          const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nf * 8 + 2 * t);
+          const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
+          acc[nf][0] = p01.x * (acc[nf][0] - dl.x);
+          acc[nf][1] = p01.y * (acc[nf][1] - dl.y);
+          acc[nf][2] = p23.x * (acc[nf][2] - dl.x);
+          acc[nf][3] = p23.y * (acc[nf][3] - dl.y);
+        }
+        uint32_t dsa[KQ][4];
+        frags_to_a<T>(acc, dsa);
+        if (wd == 0) store_a_frags(ds_smem, LDS_DS, wk * 16, dsa, lane);  // both warps of a DSPLIT pair hold it
+        // (6) dK += dS^T Q: B = Q [Q rows, D] via ldmatrix.trans.
+        gemm_a_regs_b_trans<T, KQ, DFO>(acc_dk[0], dsa, q_tile, LDS, wd * DCOLS, lane);
+        __syncthreads();  // barrier 2 of 2: dS^T of every warp is in smem
+
+        // dQ_i [BLOCK_M, D] += dS K: warps re-partition as 16-row bands x DQ_COLS columns.
+        // A = dS (rows = Q) from dS^T in smem via ldmatrix.trans; B = K [KV, D] via ldmatrix.trans.
+        const int dq_rb = warp % DQ_ROW_BANDS, dq_cb = warp / DQ_ROW_BANDS;
+        float acc_dq[DQF][4];
+        zero_frags(acc_dq);
+        gemm_smem_at_b<T, KN, DQF>(acc_dq, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, lane);
+        const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
+        dq_accumulate<D>(p,
+                         p.dq_accum +
+                             (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_rb * 16 + g) * D +
+                             dq_cb * DQ_COLS + 2 * t,  // padded rows: always in bounds
+                         acc_dq);
+      } else {
+        // ----------------------------------------------------------------- Q partition: 16 Q rows / warp
+        constexpr int NFK = BLOCK_N / 8;  // n8 fragments of S along the KV rows
+        T* p_smem = xc_smem;                         // [BLOCK_M][LDS_PS]  P of the current Q tile
+        T* ds_smem = xc_smem + BLOCK_M * LDS_PS;     // [BLOCK_M][LDS_PS]  dS
+        const int r0 = warp * 16;                    // this warp's rows in the Q tile
+        // Warp-uniform: do any of the warp's rows lie before seqlen_q and see a key of this KV tile?
+        const bool active = m0 + r0 < seqlen_q && !(CAUSAL && m0 + r0 + 15 + diag < n0);
+        if (active) {
+          // (1) S = Q_w K^T [16, BLOCK_N]: A = this warp's 16 Q rows, B = K^T = rows of K (plain ldmatrix).
+          float acc[NFK][4];
+          zero_frags(acc);
+          gemm_rows_rows_t<T, KD, NFK>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
+          // (2) P = exp2(S * scale_log2 - lse_log2[row]); rows g and g + 8 of the warp's band.
+          const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + r0 + diag);
+          const float lse_g = lse_tile[r0 + g], lse_g8 = lse_tile[r0 + g + 8];
+#pragma unroll
+          for (int nf = 0; nf < NFK; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float x = acc[nf][e];
+              if (need_mask) {
+                const int j = n0 + nf * 8 + 2 * t + (e % 2);
+                const int i = m0 + r0 + g + (e / 2) * 8;
+                if (j >= seqlen_k || (CAUSAL && j > i + diag)) x = -INFINITY;
+              }
+              acc[nf][e] = exp2_approx(fmaf(x, scale_log2, -(e / 2 ? lse_g8 : lse_g)));
+            }
+          {
+            uint32_t pa[KN][4];
+            frags_to_a<T>(acc, pa);
+            store_a_frags(p_smem, LDS_PS, r0, pa, lane);
+          }
+          // (3) dP = dO_w V^T [16, BLOCK_N], like (1).
+          zero_frags(acc);
+          gemm_rows_rows_t<T, KD, NFK>(acc, do_tile + r0 * LDS, v_smem, LDS, lane);
+          // (4) dS = P * (dP - D[row]), P from its 16-bit copy (the same values dV uses), read back from the
+          // words this thread stored (cheaper in registers than keeping P across (3)).
+          const float dl_g = delta_tile[r0 + g], dl_g8 = delta_tile[r0 + g + 8];
+          const uint32_t* p_g = reinterpret_cast<const uint32_t*>(p_smem + (r0 + g) * LDS_PS + 2 * t);
+          const uint32_t* p_g8 = reinterpret_cast<const uint32_t*>(p_smem + (r0 + g + 8) * LDS_PS + 2 * t);
+#pragma unroll
+          for (int nf = 0; nf < NFK; ++nf) {
+            const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);  // +8 columns = +4 words
+            acc[nf][0] = p01.x * (acc[nf][0] - dl_g);
+            acc[nf][1] = p01.y * (acc[nf][1] - dl_g);
+            acc[nf][2] = p23.x * (acc[nf][2] - dl_g8);
+            acc[nf][3] = p23.y * (acc[nf][3] - dl_g8);
+          }
+          uint32_t dsa[KN][4];
+          frags_to_a<T>(acc, dsa);
+          store_a_frags(ds_smem, LDS_PS, r0, dsa, lane);
+          // (5) dQ_w += dS K_j: warp-local (A = dS in registers, B = K [KV, D] via ldmatrix.trans), written
+          // out DQ_CHUNK columns at a time straight from the accumulator fragments.
+          float* dq_row = dq_accum_row<D>(p, n_block, batch, hq, m0 + r0 + g) + 2 * t;
+#pragma unroll
+          for (int c0 = 0; c0 < D; c0 += DQ_CHUNK) {
+            float acc_dq[DQ_CHUNK / 8][4];
+            zero_frags(acc_dq);
+            gemm_a_regs_b_trans<T, KN, DQ_CHUNK / 8>(acc_dq, dsa, k_smem, LDS, c0, lane);
+            dq_accumulate<D>(p, dq_row + c0, acc_dq);
+          }
+        } else {  // P = dS = 0 for all 16 rows: write the zeros the dK/dV phase reads
+          constexpr int CHUNKS = 16 * BLOCK_N / 8;  // 16-byte chunks per 16-row band
+#pragma unroll
+          for (int c = lane; c < CHUNKS; c += 32) {
+            const int off = (r0 + c / (BLOCK_N / 8)) * LDS_PS + (c % (BLOCK_N / 8)) * 8;
+            *reinterpret_cast<uint4*>(p_smem + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(ds_smem + off) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+        __syncthreads();  // barrier 2 of 2: P and dS of every warp are in smem
+
+        // (6) dV_j += P^T dO_i and (7) dK_j += dS^T Q_i: warps re-partition by KV rows x D columns.
+        // A = P^T / dS^T [16 KV rows, BLOCK_M] from P / dS via ldmatrix.trans; B = dO / Q via ldmatrix.trans.
+#pragma unroll
+        for (int r = 0; r < RBW; ++r) {
+          const int kv_row0 = (band0 + r) * 16;
+          gemm_smem_at_b<T, KQ, DFO>(acc_dv[r], p_smem, LDS_PS, kv_row0, do_tile, LDS, cband * DCOLS, lane);
+          gemm_smem_at_b<T, KQ, DFO>(acc_dk[r], ds_smem, LDS_PS, kv_row0, q_tile, LDS, cband * DCOLS, lane);
+        }
+      }
     }
 
-    // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's 16 KV rows x DOUT columns, written once.
-    const float scale = (float)p.softmax_scale;
-    T* dk_ptr = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-    T* dv_ptr = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+    // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = n0 + wk * 16 + g + h * 8;
-      if (j < seqlen_k)
-#pragma unroll
-        for (int df = 0; df < DFO; ++df) {
-          const int c = wd * DOUT + df * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
-              pack2<T>(acc_dk[df][2 * h] * scale, acc_dk[df][2 * h + 1] * scale);
-          *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =
-              pack2<T>(acc_dv[df][2 * h], acc_dv[df][2 * h + 1]);
-        }
-    }
-    __syncthreads();  // "loop": every warp is done with K, V and dS^T before the next KV tile reloads them
+    for (int r = 0; r < RBW; ++r)
+      store_dkdv<T, DFO>(p, batch, kv_head, n0 + (band0 + r) * 16, cband * DCOLS, seqlen_k, acc_dk[r], acc_dv[r], lane);
+    __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
   }
 }
 

@@ -7,11 +7,12 @@
 //   Q tile      -> smem (cp.async) -> registers (ldmatrix), once
 //   for each KV tile j (double-buffered with cp.async; tile j-1 is in flight while j is computed):
 //     S   = Q K_j^T                       [WARP_M, BLOCK_N] fp32 accumulators (mma.sync m16n8k16)
-//     m'  = max(m, rowmax(S))             raw-score max per row (quad shuffles)
-//     P   = exp2(S * scale_log2 - m' * scale_log2)      one FFMA + one MUFU.EX2 per score
-//     l   = l * alpha + rowsum(P),  acc_o = acc_o * alpha,  alpha = exp2((m - m') * scale_log2)
-//     acc_o += P V_j                      P converted in registers into the A operand (no smem trip)
-//   O = acc_o / l  (written once, through smem, 16-byte stores);  LSE = (m * scale_log2 + log2 l) * ln 2
+//     m'  = rowmax(S) * scale_log2 if it exceeds m by more than 8, else m   (lazy re-scaling, log2 domain)
+//     P   = exp2(S * scale_log2 - m')     one FFMA + one MUFU.EX2 per score
+//     acc_o, l *= alpha = exp2(m - m')    only when some row of the warp moved its m (rare after a few tiles)
+//     acc_o += P V_j, l += P 1            P converted in registers into the A operand (no smem trip); the
+//                                         row sums come from one extra mma against ones, not from FADDs
+//   O = acc_o / l  (written once, through smem, 16-byte stores);  LSE = (m + log2 l) * ln 2
 //
 // Template parameters (chosen in cuflash/_configs.py, the single source of truth):
 //   T          __half or __nv_bfloat16
@@ -22,6 +23,8 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
+//   PIPELINE   software-pipeline the KV loop: S of tile i+1 is computed while the exps of tile i run
+//              (two S tiles live: more registers, more overlap of tensor-core and MUFU work in one warp)
 //   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
 //              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
 #include "common/ptx.cuh"
@@ -57,7 +60,7 @@ __device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num
 }
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2>
+          bool PIPELINE, int EXP_VARIANT = EXP_FFMA_EX2>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -103,7 +106,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     n_end = min(n_end, n_begin + blocks_per_split);
   }
 
-  // Per-thread state: rows (g, g + 8) of each of the warp's MF m16 fragments.
+  // Per-thread state: rows (g, g + 8) of each of the warp's MF m16 fragments. row_max is the max the
+  // exponents are taken against, in the log2 domain (score * scale_log2); row_sum is thread-partial (the
+  // quad reduction happens once, at the end).
   float acc_o[MF][DF][4];
   float row_max[MF][2], row_sum[MF][2];
 #pragma unroll
@@ -118,180 +123,270 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const float scale_log2 = (float)p.scale_log2;
   constexpr float LN2_F = 0.6931471805599453f;
   const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
-  // Q fragments live in registers when they take <= 32 of them and the S tile is at most 64 keys wide
-  // (wider S tiles, used for decoding, need those registers for the S accumulators).
-  constexpr bool Q_IN_REGS = MF * KD * 4 <= 32 && NF <= 8;
+  // Q fragments live in registers when they fit next to the S tile (<= 32 registers with an S tile at most
+  // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles; 16 in the pipelined loop, where two S
+  // tiles are live); otherwise they are re-read from shared memory at every k16 step.
+  constexpr int Q_REGS = MF * KD * 4, S_REGS = MF * NF * 4;
+  constexpr bool Q_IN_REGS =
+      PIPELINE ? Q_REGS <= 16 && NF <= 8 : (Q_REGS <= 32 && NF <= 8) || (Q_REGS + S_REGS <= 80 && D <= 128);
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
   auto q_frag_addr = [&](int mf, int kd) {
     const int r = warp * WARP_M + mf * 16 + (lane % 16), c = kd * 16 + (lane / 16) * 8;
     return smem_addr(q_smem + r * LDS + c);
   };
+  uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
 
-  if (n_begin < n_end) {
-    // Prologue: Q tile and the last KV tile in one cp.async group. The loop walks KV tiles from the last
-    // to the first so that the only tiles needing a mask (the ragged end and the diagonal) come first.
-    load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-    load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
-    load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, (n_end - 1) * BLOCK_N, seqlen_k, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();  // Q and the first KV tile are visible to every thread
-    // Q fragments (a0..a3 of each (m16, k16) block) stay in registers for the whole KV loop when
-    // Q_IN_REGS; otherwise they are re-read from smem at every k16 step.
-    uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
-    if constexpr (Q_IN_REGS) {
+  // ---- the pieces of one KV tile's work; the loop below interleaves them across two tiles ----
+  // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
+  // one x4 gives b0, b1 of two adjacent n8 fragments.
+  auto compute_s = [&](float (&s)[MF][NF][4], const T* k_tile) {
 #pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-        for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[mf][kd], q_frag_addr(mf, kd));
+      for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+      uint32_t qa[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        if constexpr (Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
+        } else {
+          ldmatrix_x4(qa[mf], q_frag_addr(mf, kd));
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < NF; nf += 2) {
+        uint32_t b[4];
+        const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(b, smem_addr(k_tile + r * LDS + c));
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
+          mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
+        }
+      }
     }
-
-    // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads.
-    const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
-    // Pipeline: one barrier per KV tile. At the top of iteration n, tile n (issued one iteration ago)
-    // has landed; the barrier makes it visible AND proves every warp is done with the other stage, which
-    // is then refilled with tile n-1 while this iteration computes on tile n.
-    for (int n = n_end - 1, stage = 0; n >= n_begin; --n, stage ^= 1) {
-      if (n != n_end - 1) {
-        cp_async_wait<0>();  // tile n has landed for this thread ...
-        __syncthreads();     // ... for all threads, and nobody reads stage^1 any more
-      }
-      if (n - 1 >= n_begin) {
-        const int r0 = (n - 1) * BLOCK_N;
-        load_tile_async<BLOCK_N, D, NT>(k_smem + (stage ^ 1) * BLOCK_N * LDS, k_ptr, p.k_row_stride, r0, seqlen_k, tid);
-        load_tile_async<BLOCK_N, D, NT>(v_smem + (stage ^ 1) * BLOCK_N * LDS, v_ptr, p.v_row_stride, r0, seqlen_k, tid);
-        cp_async_commit();
-      }
-      const T* k_tile = k_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
-      const T* v_tile = v_smem + stage * BLOCK_N * LDS;  // [BLOCK_N][LDS]
-      if (!warp_has_rows) continue;
-
-      // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
-      // one x4 gives b0, b1 of two adjacent n8 fragments.
-      float s[MF][NF][4], row_max_new[MF][2];
+  };
+  // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
+  auto mask_s = [&](float (&s)[MF][NF][4], int n) {
+    const int col0 = n * BLOCK_N;
+    if (col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag)) {
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
         for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
-#pragma unroll
-      for (int kd = 0; kd < KD; ++kd) {
-        uint32_t qa[MF][4];
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          if constexpr (Q_IN_REGS) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
-          } else {
-            ldmatrix_x4(qa[mf], q_frag_addr(mf, kd));
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + warp * WARP_M + mf * 16 + g + (e / 2) * 8;
+            const int col = col0 + nf * 8 + 2 * t + (e % 2);
+            if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
           }
-        }
+    }
+  };
+  // Lazy re-scaling: a row keeps the max its exponents are taken against until a score exceeds it by
+  // more than RESCALE_LOG2 (2^8 = 256: P stays <= 256, far from overflow in fp16/bf16 and fp32), so after
+  // the first tiles O and l are almost never re-scaled. Exact either way: the same max divides out of
+  // O / l and is added back into the LSE. Returns whether some row of the thread moved its max.
+  constexpr float RESCALE_LOG2 = 8.f;
+  float row_max_new[MF][2];
+  auto update_max = [&](const float (&s)[MF][NF][4]) {
+    bool moved_any = false;
 #pragma unroll
-        for (int nf = 0; nf < NF; nf += 2) {
-          uint32_t b[4];
-          const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4(b, smem_addr(k_tile + r * LDS + c));
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-          for (int mf = 0; mf < MF; ++mf) {
-            mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
-            mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
-          }
-        }
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
+        mx = quad_max(mx) * scale_log2;  // scale_log2 > 0 (checked on the host)
+        const bool moved = mx > row_max[mf][h] + RESCALE_LOG2;
+        moved_any |= moved;
+        row_max_new[mf][h] = moved ? mx : row_max[mf][h];
       }
-
-      // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
-      const int col0 = n * BLOCK_N;
-      const bool need_mask = col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag);
-      if (need_mask) {
+    return moved_any;
+  };
+  // O and l *= alpha = exp2(m_old - m_new) (1 exactly for rows that did not move; 0 for rows that had
+  // seen no key). Called under a warp-uniform branch, only when some row of the warp moved.
+  auto rescale = [&]() {
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-          for (int nf = 0; nf < NF; ++nf)
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = row_max_new[mf][h] == -INFINITY ? 0.f : row_max_new[mf][h];
+        const float alpha = exp2_approx(row_max[mf][h] - m_new);
+        row_sum[mf][h] *= alpha;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int row = m0 + warp * WARP_M + mf * 16 + g + (e / 2) * 8;
-              const int col = col0 + nf * 8 + 2 * t + (e % 2);
-              if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
-            }
-      }
-
-      // Online softmax (base 2). A row with no visible key so far has row_max = -inf: its max is taken
-      // as 0 in the exponent so that exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-      float m_scaled[MF][2];
-      bool max_moved = false;
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = row_max[mf][h];
-#pragma unroll
-          for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-          mx = quad_max(mx);
-          m_scaled[mf][h] = mx == -INFINITY ? 0.f : mx * scale_log2;
-          max_moved |= mx != row_max[mf][h];
-          row_max_new[mf][h] = mx;
+        for (int df = 0; df < DF; ++df) {
+          acc_o[mf][df][2 * h] *= alpha;
+          acc_o[mf][df][2 * h + 1] *= alpha;
         }
-      // Re-scale O and l only when some row of the warp has a new max (warp-uniform branch; after the
-      // first tiles the max rarely moves). alpha = 1 exactly for rows whose max did not move.
-      if (__any_sync(0xffffffffu, max_moved)) {
+        row_max[mf][h] = row_max_new[mf][h];
+      }
+  };
+  // P = exp2(S * scale_log2 - m) (one FFMA + one MUFU.EX2 per score), row sums, and P packed into the A
+  // operand of P V (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip).
+  // A row with no visible key so far has m = -inf: its exponent base is taken as 0 so that
+  // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+  auto softmax_p = [&](float (&s)[MF][NF][4], uint32_t (&pa)[MF][KN][4]) {
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled[mf][h]);
-            row_sum[mf][h] *= alpha;
+      for (int h = 0; h < 2; ++h) {
+        const float m = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h];
+        float sum = 0.f;
 #pragma unroll
-            for (int df = 0; df < DF; ++df) {
-              acc_o[mf][df][2 * h] *= alpha;
-              acc_o[mf][df][2 * h + 1] *= alpha;
-            }
-            row_max[mf][h] = row_max_new[mf][h];
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            if constexpr (EXP_VARIANT == EXP_PRECISE)
+              s[mf][nf][e] = expf(fmaf(s[mf][nf][e], scale_nat, -m * LN2_F));
+            else if constexpr (EXP_VARIANT == EXP_SEPARATE_MUL)
+              s[mf][nf][e] = exp2_approx(__fadd_rn(__fmul_rn(s[mf][nf][e], scale_log2), -m));
+            else
+              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m));  // FFMA + MUFU.EX2
+            sum += s[mf][nf][e];
           }
+        row_sum[mf][h] += sum;
       }
 #pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float sum = 0.f;
-#pragma unroll
-          for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              if constexpr (EXP_VARIANT == EXP_PRECISE)
-                s[mf][nf][e] = expf(fmaf(s[mf][nf][e], scale_nat, -m_scaled[mf][h] * LN2_F));
-              else if constexpr (EXP_VARIANT == EXP_SEPARATE_MUL)
-                s[mf][nf][e] = exp2_approx(__fadd_rn(__fmul_rn(s[mf][nf][e], scale_log2), -m_scaled[mf][h]));
-              else
-                s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
-              sum += s[mf][nf][e];
-            }
-          row_sum[mf][h] += sum;  // thread-partial: the quad reduction happens once, at the end
-        }
-
-      // acc_o += P V. A operand of k16 step kn = S fragments 2kn, 2kn+1 packed to 16-bit pairs.
-      // B operand (V, [keys, d] row-major, needed col-major) comes from ldmatrix.trans.
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
       for (int kn = 0; kn < KN; ++kn) {
-        uint32_t a[MF][4];
+        pa[mf][kn][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
+        pa[mf][kn][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
+        pa[mf][kn][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
+        pa[mf][kn][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
+      }
+  };
+  // acc_o += P V. B operand (V, [keys, d] row-major, needed col-major) comes from ldmatrix.trans.
+  auto accumulate_pv = [&](const uint32_t (&pa)[MF][KN][4], const T* v_tile) {
+#pragma unroll
+    for (int kn = 0; kn < KN; ++kn)
+#pragma unroll
+      for (int df = 0; df < DF; df += 2) {
+        uint32_t b[4];
+        const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
+        ldmatrix_x4_trans(b, smem_addr(v_tile + r * LDS + c));
 #pragma unroll
         for (int mf = 0; mf < MF; ++mf) {
-          a[mf][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
-          a[mf][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
-          a[mf][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
-          a[mf][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
+          mma_m16n8k16<T>(acc_o[mf][df], pa[mf][kn], b[0], b[1]);
+          mma_m16n8k16<T>(acc_o[mf][df + 1], pa[mf][kn], b[2], b[3]);
         }
+      }
+  };
+
+  const int num_tiles = n_end - n_begin;
+  if (num_tiles > 0) {
+    // Tiles are processed from the last in memory (i = 0: n = n_end - 1) to the first, so the only
+    // tiles that need a mask (the ragged end and the diagonal) come first. Tile i lives in stage i % 2.
+    auto tile_n = [&](int i) { return n_end - 1 - i; };
+    auto k_stage = [&](int i) { return k_smem + (i & 1) * BLOCK_N * LDS; };
+    auto v_stage = [&](int i) { return v_smem + (i & 1) * BLOCK_N * LDS; };
+    // Every tile but the first may be loaded without bounds checks (it lies below a full tile's end).
+    const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid);
+    const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid);
+
+    // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads.
+    const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
+    float s_a[MF][NF][4];
+    uint32_t pa[MF][KN][4];
+    auto load_q_frags = [&]() {
+      if constexpr (Q_IN_REGS) {
 #pragma unroll
-        for (int df = 0; df < DF; df += 2) {
-          uint32_t b[4];
-          const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
-          ldmatrix_x4_trans(b, smem_addr(v_tile + r * LDS + c));
+        for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-          for (int mf = 0; mf < MF; ++mf) {
-            mma_m16n8k16<T>(acc_o[mf][df], a[mf], b[0], b[1]);
-            mma_m16n8k16<T>(acc_o[mf][df + 1], a[mf], b[2], b[3]);
-          }
+          for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[mf][kd], q_frag_addr(mf, kd));
+      }
+    };
+
+    if constexpr (!PIPELINE) {
+      // One barrier per tile. At the top of step i, tile i (issued one step ago) has landed; the barrier
+      // makes it visible AND proves every warp is done with the other stage, which is then refilled with
+      // tile i+1 while this step computes on tile i.
+      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      cp_async_commit();
+      for (int i = 0; i < num_tiles; ++i) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (i == 0 && warp_has_rows) load_q_frags();
+        if (i + 1 < num_tiles) {
+          k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          cp_async_commit();
         }
+        if (!warp_has_rows) continue;
+        compute_s(s_a, k_stage(i));
+        mask_s(s_a, tile_n(i));
+        if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
+        softmax_p(s_a, pa);
+        accumulate_pv(pa, v_stage(i));
+      }
+    } else {
+      // Prologue: group {Q, K_0}, then group {K_1, V_0}.
+      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      cp_async_commit();
+      if (num_tiles > 1) k_loader.copy(k_stage(1), tile_n(1) * BLOCK_N);
+      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();  // Q and K_0 are visible to every thread
+
+      float s_b[MF][NF][4];
+      if (warp_has_rows) {
+        load_q_frags();
+        compute_s(s_a, k_stage(0));
+        mask_s(s_a, tile_n(0));
+        update_max(s_a);
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) row_max[mf][0] = row_max_new[mf][0], row_max[mf][1] = row_max_new[mf][1];
+      }
+
+      // Software pipeline, one barrier per tile. At the top of step i: K_{i+1} and V_i have landed (group
+      // issued one step ago) and every warp is done with step i-1, so K stage i%2 (K_i, last read in step
+      // i-1) and V stage (i+1)%2 (V_{i-1}) are free and get K_{i+2} and V_{i+1}. Then
+      //   A: S_{i+1} = Q K_{i+1}^T  (tensor cores)  interleaved with  P_i = exp2(S_i - m)  (FMA + MUFU)
+      //   B: O += P_i V_i           (tensor cores)  interleaved with  rowmax(S_{i+1})      (FMNMX + SHFL)
+      // Both halves are single basic blocks with independent instruction streams, so one warp can keep the
+      // tensor pipe and the MUFU/FMA pipes busy at once. S_i and S_{i+1} alternate between s_a and s_b.
+      // Costs a second S tile of registers: only tiles with one m16 fragment per warp fit.
+      auto step = [&](int i, float (&s_cur)[MF][NF][4], float (&s_next)[MF][NF][4]) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (i + 2 < num_tiles) k_loader.copy(k_stage(i + 2), tile_n(i + 2) * BLOCK_N);
+        v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+        cp_async_commit();
+        if (!warp_has_rows) return;
+        compute_s(s_next, k_stage(i + 1));
+        softmax_p(s_cur, pa);
+        mask_s(s_next, tile_n(i + 1));
+        accumulate_pv(pa, v_stage(i));
+        if (__any_sync(0xffffffffu, update_max(s_next))) rescale();
+      };
+      int i = 0;
+      for (; i + 2 < num_tiles; i += 2) {
+        step(i, s_a, s_b);
+        step(i + 1, s_b, s_a);
+      }
+      if (i + 1 < num_tiles) {
+        step(i, s_a, s_b);
+        ++i;
+      }
+      // Last tile: S_i is in s_a when i is even, in s_b when odd.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (warp_has_rows) {
+        if (i % 2 == 0)
+          softmax_p(s_a, pa);
+        else
+          softmax_p(s_b, pa);
+        accumulate_pv(pa, v_stage(i));
       }
     }
   }
@@ -305,7 +400,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     for (int h = 0; h < 2; ++h) {
       const float l = quad_sum(row_sum[mf][h]);
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const float m_scaled = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h] * scale_log2;
+      const float m_scaled = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h];
       const float lse = l > 0.f ? (m_scaled + __log2f(l)) * LN2 : -INFINITY;
 #pragma unroll
       for (int df = 0; df < DF; ++df) {

@@ -21,7 +21,8 @@ def _grad_view(x, like, name):
 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy):
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
+                warp_partition="kv"):
         qa, ka, va = check_qkv(q, k, v)
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
             from .v1 import forward as v1_forward
@@ -31,14 +32,14 @@ class FlashAttnFunction(torch.autograd.Function):
         else:
             out, lse = flash.forward(qa, ka, va, softmax_scale, causal, grid_order)
             ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy)
+        ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *ml = ctx.saved_tensors
-        softmax_scale, causal, deterministic, algorithm, dq_strategy = ctx.cfg
+        softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
         qa, ka, va = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
         da = _grad_view(dout, q, "dout")
         oa, la = wrap(out, "out"), wrap(lse, "softmax_lse")
@@ -47,9 +48,12 @@ class FlashAttnFunction(torch.autograd.Function):
 
             dq, dk, dv = v1_backward(da, qa, ka, va, oa, wrap(ml[0], "m"), wrap(ml[1], "l"), softmax_scale, causal)
         else:
-            dq, dk, dv = backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic)
-        return dq, dk, dv, None, None, None, None, None, None
+            dq, dk, dv = backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic,
+                                  warp_partition=warp_partition)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy):
-    return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy)
+def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
+                        warp_partition="kv"):
+    return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
+                                   warp_partition)

@@ -22,6 +22,7 @@ class FwdTile:
     block_m: int  # Q rows per thread block
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
+    pipeline: bool = False  # software-pipelined KV loop (flash_fwd.cu PIPELINE)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -44,6 +45,15 @@ DECODE_TILES = {
 }
 
 
+# Causal overrides of FWD_TILES (tiles on the diagonal cost a mask; registers differ with the mask code).
+FWD_TILES_CAUSAL: dict[int, FwdTile] = {}
+
+
+def fwd_tile(headdim: int, causal: bool) -> FwdTile:
+    """The configured V2 forward tile of a head dim and mask."""
+    return (FWD_TILES_CAUSAL.get(headdim) if causal else None) or FWD_TILES[headdim]
+
+
 def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
     """Q tile + 2 stages x (K tile + V tile), rows padded (cuda_src/flash_fwd.cu static_asserts it)."""
     return (tile.block_m + 4 * tile.block_n) * (headdim + SMEM_ROW_PAD) * ELEM_BYTES
@@ -51,13 +61,70 @@ def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
 
 def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None) -> KernelSpec:
     if tile is None:
-        tile = (DECODE_TILES if split else FWD_TILES)[headdim]
+        tile = DECODE_TILES[headdim] if split else fwd_tile(headdim, causal)
     smem = fwd_smem_bytes(headdim, tile)
     name = (
         f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}>"
+        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}, "
+        f"{'true' if tile.pipeline else 'false'}>"
     )
     return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    """Tile of the dedicated split-KV decode kernel (cuda_src/flash_decode.cu): every warp holds all
+    16 * mf query rows and streams its own warp tiles of block_n keys through a private ring of `stages`
+    cp.async stages (the file header has the bytes-in-flight arithmetic)."""
+
+    block_n: int  # keys per warp tile (multiple of 16)
+    nwarps: int  # warps per block; the split's warp tiles are dealt round-robin to them
+    stages: int  # cp.async ring depth per warp (>= 2)
+
+
+# Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
+# and a shared-memory footprint of 81-113 KB, so that 2 blocks fit an sm_90 SM (228 KB) and 1 an sm_80 SM
+# (164 KB): 96-144 KB of K/V in flight per SM on the H200.
+DECODE_KERNEL_TILES = {
+    32: DecodeTile(32, 4, 4),
+    64: DecodeTile(32, 4, 3),
+    96: DecodeTile(16, 4, 4),
+    128: DecodeTile(16, 4, 3),
+    256: DecodeTile(16, 2, 3),
+}
+# Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps
+# mf = 1 (its O accumulator alone is 128 registers per m16 fragment) and uses several m-blocks instead.
+DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
+
+
+def decode_mf(headdim: int, rows: int) -> int:
+    """Row fragments of the decode kernel for `rows` query rows per (batch, head) (GQA group or seqlen_q)."""
+    return 1 if rows <= 16 else DECODE_MAX_MF[headdim]
+
+
+def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
+    """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded; the cross-warp combine (fp32 O_w rows of
+    headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
+    lds = headdim + SMEM_ROW_PAD
+    block_m = 16 * mf
+    ring = tile.nwarps * tile.stages * 2 * tile.block_n * lds * ELEM_BYTES
+    red = tile.nwarps * block_m * (headdim + 8 + 3) * 4
+    return block_m * lds * ELEM_BYTES + max(ring, red)
+
+
+def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None) -> KernelSpec:
+    """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel)."""
+    tile = tile or DECODE_KERNEL_TILES[headdim]
+    smem = decode_smem_bytes(headdim, tile, mf)
+    name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
+            f"{'true' if causal else 'false'}, {tile.stages}, {smem}>")
+    return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
+
+
+def decode_specs():
+    """Every decode-kernel configuration the package can launch."""
+    return [decode_spec(dt, d, causal, mf) for dt in DTYPES for d in HEADDIMS for mf in range(1, DECODE_MAX_MF[d] + 1)
+            for causal in (False, True)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
@@ -99,23 +166,46 @@ BWD_TILES = {
     128: BwdTile(32, 128, 8, 1),  # 64-row Q tiles spill at head dim 128 (dK, dV: 128 fp32 registers)
     256: BwdTile(32, 64, 8, 2),
 }
+# Warp partitions of the backward main kernel (cuda_src/flash_bwd.cu, template argument PARTITION):
+# "kv" (the default) uses BWD_TILES, "q" BWD_TILES_Q.
+BWD_PARTITIONS = {"kv": 0, "q": 1}
+# Q-row partition: each warp owns 16 Q rows, so block_m = 16 * nwarps (dsplit is always 1); after the P/dS
+# exchange the warps split [block_n, d] of dK/dV (2 * block_n * d / (32 * nwarps) fp32 registers per thread
+# for the whole loop), which with the 16 x block_n S/dP tiles of a warp is what bounds block_n.
+BWD_TILES_Q = {
+    32: BwdTile(128, 128, 8, 1),
+    64: BwdTile(64, 64, 4, 1),  # 128 x 64 x 8w spills (sm_80 causal, sm_90 bf16) and reads P/dS twice
+    96: BwdTile(64, 64, 4, 1),  # 128-row Q tiles (8 warps) need more than sm_80's 163 KB of smem
+    128: BwdTile(64, 32, 4, 1),  # 64 x 64 x 4w spills on sm_90 (dK, dV: 128 fp32 registers)
+    256: BwdTile(64, 16, 4, 1),  # the only fit: dK, dV 64 registers, 159 KB of smem
+}
 BWD_ROW_PAD = 128  # fp32 row buffers (lse_log2, D, dQ accumulator) are padded to this many rows
 BWD_PRE_ROWS_PER_BLOCK = 4
 BWD_CONVERT_THREADS = 256
 
 
-def bwd_smem_bytes(headdim: int, tile: BwdTile) -> int:
-    """K, V tiles + 2 stages x (Q, dO) tiles + dS^T tile + 2 stages x (lse, D) rows (flash_bwd.cu)."""
+def bwd_tiles(warp_partition: str = "kv") -> dict:
+    """The tile table of one backward warp partition ("kv" or "q")."""
+    return {"kv": BWD_TILES, "q": BWD_TILES_Q}[warp_partition]
+
+
+def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
+    """K, V tiles + 2 stages x (Q, dO) tiles + the exchange (partition "kv": the dS^T tile; "q": the P and dS
+    tiles) + 2 stages x (lse, D) rows (flash_bwd.cu: BwdSmem)."""
     lds = headdim + SMEM_ROW_PAD
-    return ((2 * tile.block_n + 4 * tile.block_m) * lds + tile.block_n * (tile.block_m + SMEM_ROW_PAD)) * ELEM_BYTES \
-        + 4 * tile.block_m * 4
+    if warp_partition == "q":
+        exchange = 2 * tile.block_m * (tile.block_n + SMEM_ROW_PAD)
+    else:
+        exchange = tile.block_n * (tile.block_m + SMEM_ROW_PAD)
+    return ((2 * tile.block_n + 4 * tile.block_m) * lds + exchange) * ELEM_BYTES + 4 * tile.block_m * 4
 
 
-def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None) -> KernelSpec:
-    tile = tile or BWD_TILES[headdim]
-    smem = bwd_smem_bytes(headdim, tile)
+def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
+             warp_partition: str = "kv") -> KernelSpec:
+    tile = tile or bwd_tiles(warp_partition)[headdim]
+    smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-            f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}>")
+            f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}>")
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
 
 
@@ -141,9 +231,14 @@ def all_specs():
             specs.append(append_spec(dt, d))
             specs.append(bwd_preprocess_spec(dt, d))
             for causal in (False, True):
-                specs.append(bwd_spec(dt, d, causal))
-                specs.append(bwd_convert_spec(dt, d, causal, BWD_TILES[d].block_n))
+                for part in BWD_PARTITIONS:
+                    if d in bwd_tiles(part):
+                        specs.append(bwd_spec(dt, d, causal, warp_partition=part))
+                        conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n)
+                        if conv not in specs:
+                            specs.append(conv)
         specs.append(softmax_spec(dt))
+    specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     from . import v1  # FlashAttention-1 kernels (their tiles live in cuflash/v1.py)
 
     specs += [s for s in v1.specs() if s not in specs]

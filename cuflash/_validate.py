@@ -5,6 +5,7 @@ from ._configs import HEADDIMS
 from ._interop import KIND_NAME, Arr, wrap
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
+MAX_ROW_STRIDE = 2**30  # elements: row strides in bytes must fit a signed 32-bit int (cuda_src/common/tile.cuh)
 
 
 def check_layout(a: Arr, name: str) -> None:
@@ -14,6 +15,9 @@ def check_layout(a: Arr, name: str) -> None:
             raise ValueError(f"{name} has a negative stride {a.strides}; pass a copy")
     if a.shape[-1] > 1 and a.strides[-1] != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension (stride 1); got strides {a.strides}")
+    if len(a.shape) == 4 and a.shape[1] > 1 and a.strides[1] >= MAX_ROW_STRIDE:
+        raise ValueError(f"{name} has a sequence stride of {a.strides[1]} elements; at most {MAX_ROW_STRIDE - 1} "
+                         "is supported (32-bit row offsets in the kernels' tile loads); call .contiguous() first")
     bad = [s for size, s in zip(a.shape[:-1], a.strides[:-1]) if size > 1 and s % 8]
     if bad or a.ptr % 16:
         raise ValueError(
@@ -88,3 +92,16 @@ def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_sl
         raise NotImplementedError(f"softcap={softcap}: soft-capping is not implemented")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not implemented")
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    """None (1/sqrt(headdim)) or a finite number > 0: the kernels take row maxima of the raw scores."""
+    if softmax_scale is None:
+        return
+    import math
+    import numbers
+
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be finite and > 0; got {softmax_scale!r}")

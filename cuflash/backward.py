@@ -5,8 +5,8 @@ import math
 import warnings
 
 from . import _interop
-from ._configs import (BWD_PRE_ROWS_PER_BLOCK, BWD_ROW_PAD, BWD_TILES, bwd_convert_spec, bwd_preprocess_spec,
-                       bwd_spec)
+from ._configs import (BWD_PARTITIONS, BWD_PRE_ROWS_PER_BLOCK, BWD_ROW_PAD, bwd_convert_spec, bwd_preprocess_spec,
+                       bwd_spec, bwd_tiles)
 from ._launch import BWD_FORMAT, get_launcher
 from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same
 
@@ -16,12 +16,24 @@ LOG2E = math.log2(math.e)
 SEQPAR_MAX_FREE_FRACTION = 0.5
 
 
-def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None) -> int:
-    """Extra device memory of dq_strategy="seqpar": one fp32 dQ buffer per KV tile."""
-    tile = tile or BWD_TILES[headdim]
+def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None, warp_partition="kv") -> int:
+    """Extra device memory of dq_strategy="seqpar": one fp32 dQ buffer per KV tile (of the partition's tile)."""
+    tile = tile or bwd_tiles(warp_partition)[headdim]
     n_blocks = -(-seqlen_k // tile.block_n)
     sq_pad = -(-seqlen_q // BWD_ROW_PAD) * BWD_ROW_PAD
     return n_blocks * batch * nheads * sq_pad * headdim * 4
+
+
+def check_warp_partition(warp_partition, headdim=None, algorithm="v2") -> None:
+    """warp_partition: "kv" (warps split the KV rows, the default) or "q" (warps split the Q rows)."""
+    if warp_partition not in BWD_PARTITIONS:
+        raise ValueError(f"warp_partition must be one of {tuple(BWD_PARTITIONS)}; got {warp_partition!r}")
+    if algorithm == "v1" and warp_partition != "kv":
+        raise ValueError(f"warp_partition={warp_partition!r} selects a partition of the V2 backward; "
+                         f"algorithm='v1' has its own kernel")
+    if headdim is not None and headdim not in bwd_tiles(warp_partition):
+        raise ValueError(f"warp_partition={warp_partition!r} does not support head dim {headdim}; supported: "
+                         f"{tuple(bwd_tiles(warp_partition))}")
 
 
 def choose_dq_strategy(dq_strategy, deterministic, extra_seqpar: int, device: int) -> str:
@@ -65,13 +77,18 @@ def check_backward_inputs(dout, q, k, v, out, lse):
     return da, qa, ka, va, oa, la
 
 
-def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None):
-    """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv)."""
+def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
+             warp_partition="kv"):
+    """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
+
+    warp_partition: "kv" (warps split the KV rows of a tile) or "q" (warps split the Q rows); `tile`
+    overrides that partition's configured tile (benchmark sweeps)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
+    check_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    tile = tile or BWD_TILES[d]
+    tile = tile or bwd_tiles(warp_partition)[d]
     n_blocks = -(-sk // tile.block_n)
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
     strategy = choose_dq_strategy(dq_strategy, deterministic,
@@ -94,7 +111,7 @@ def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, de
     stream = _interop.current_stream(qa)
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
-    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile), dev)
+    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n), dev)
     with _interop.device_guard(dev):
         pre.launch((-(-b * h * sq_pad // BWD_PRE_ROWS_PER_BLOCK), 1, 1), stream, BWD_FORMAT, *values)
@@ -105,7 +122,7 @@ def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, de
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, deterministic=False, *,
-                        dq_strategy=None, algorithm="v2"):
+                        dq_strategy=None, algorithm="v2", warp_partition="kv"):
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     dout, q, out [b, sq, h, d]; k, v [b, sk, hk, d]; softmax_lse [b, h, sq] float32 from
@@ -113,12 +130,17 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, cau
     dq_strategy: "atomic" (fp32 atomics), "seqpar" (a dQ buffer per KV tile + reduce; deterministic),
     "loop" (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar"
     (falling back to "loop" when its buffers do not fit) if deterministic.
+    warp_partition (V2): "kv" (default: warps split the KV rows of a tile; dS^T goes through shared memory
+    for dQ) or "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head dims as
+    cuflash._configs.BWD_TILES_Q).
     """
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
+    check_warp_partition(warp_partition, algorithm=algorithm)
     da, qa, ka, va, oa, la = check_backward_inputs(dout, q, k, v, out, softmax_lse)
     if algorithm == "v1":
         from .v1 import backward_from_lse
 
         return backward_from_lse(da, qa, ka, va, oa, la, softmax_scale, causal)
-    return backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic)
+    return backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic,
+                    warp_partition=warp_partition)

@@ -1,45 +1,100 @@
 """Flash-Decoding: attention of a few new queries against a KV cache, split across thread blocks.
 
-For decoding (seqlen_q = 1, or a few tokens for speculative decoding), batch x heads x Q tiles is far
-too few thread blocks to fill the GPU, so the key range is split across blocks too: each block computes
-a partial output and its LSE in fp32 over its share of the keys (cuda_src/flash_fwd.cu with SPLIT), and
-a combine kernel re-scales the partials by exp(LSE_split - LSE_total) and sums them.
+For decoding (seqlen_q = 1, or a few tokens for speculative decoding), batch x heads is far too few thread
+blocks to fill the GPU, so the key range is split across blocks too: each block computes a partial output
+and its LSE in fp32 over its share of the keys, and a combine kernel re-scales the partials by
+exp(LSE_split - LSE_total) and sums them.
+
+Two kernels (keyword `kernel`):
+* "decode" (default): cuda_src/flash_decode.cu, built for 1..32 query rows per (batch, KV head): every
+  warp holds all rows and streams its own keys through a private cp.async ring (no block barrier in the
+  KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
+  directly (one launch); more write fp32 partials for flash_combine_kernel.
+* "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
+  comparison (bench/bench_decode.py).
 
 CUDA-graph friendly: the split count is chosen from static shapes only (never from the values in
 cache_seqlens), nothing is read back to the host, and scratch memory comes from the caller's allocator
 (torch's caching allocator, which serves graph captures from the graph's private pool) or from `scratch`.
+
+Host path. A decoding step is a few microseconds of GPU work, so the Python around the launch matters:
+everything that depends only on (dtype, shapes, strides, devices, the scalar arguments) is computed once
+into a `_Plan` memoized in a dict keyed by a tuple of those; a call then reads the pointers, checks their
+16-byte alignment, allocates the output (and one scratch buffer when split), packs one parameter block
+and launches (the combine kernel reads the same block).
 """
 from __future__ import annotations
 
 import functools
+import math
+import struct
+import sys
 
 from . import _interop
-from ._configs import DECODE_TILES, append_spec, fwd_smem_bytes
-from ._launch import get_launcher
-from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same, check_unsupported
+from ._configs import (DECODE_KERNEL_TILES, DECODE_TILES, DecodeTile, append_spec, combine_spec, decode_mf,
+                       decode_spec, fwd_smem_bytes)
+from ._launch import FWD_FORMAT, _scratch, get_launcher
+from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
+                        check_unsupported)
 from .flash import forward
 
 MAX_SPLITS = 128
 APPEND_FORMAT = "=" + "Q" * 5 + "q" * 16
+KERNELS = ("decode", "fwd_split")
+LOG2E = math.log2(math.e)
+_MAX_GRID_X = 2 ** 31 - 1
+_NO_WINDOW = (-1, -1)
 
 
+# ------------------------------------------------------------------------------------- device facts
 @functools.lru_cache(maxsize=None)
+def _props(device: int) -> dict:
+    from cupy.cuda import runtime
+
+    return runtime.getDeviceProperties(device)
+
+
 def sm_count(device: int) -> int:
-    from cupy.cuda import runtime
-
-    return runtime.getDeviceProperties(device)["multiProcessorCount"]
+    return _props(device)["multiProcessorCount"]
 
 
-@functools.lru_cache(maxsize=None)
 def smem_per_sm(device: int) -> int:
-    from cupy.cuda import runtime
-
-    return runtime.getDeviceProperties(device)["sharedMemPerMultiprocessor"]
+    return _props(device)["sharedMemPerMultiprocessor"]
 
 
 def decode_slots(device: int, smem_bytes: int) -> int:
-    """Thread blocks of the split-KV kernel the GPU runs at once (shared memory bounds the occupancy)."""
+    """Thread blocks of the old split-KV kernel the GPU runs at once (shared memory bounds the occupancy)."""
     return sm_count(device) * max(1, smem_per_sm(device) // max(smem_bytes, 1))
+
+
+def resident_blocks(smem: int, threads: int, regs: int = 0, *, smem_per_sm: int, max_threads_per_sm: int = 2048,
+                    regs_per_sm: int = 65536, reserved_smem: int = 1024, max_blocks: int = 32) -> int:
+    """Blocks of one kernel an SM holds at once, from its shared memory (plus the per-block reservation),
+    threads and registers (allocated per warp in units of 256): the occupancy calculator's rule."""
+    by_smem = smem_per_sm // (smem + reserved_smem)
+    by_threads = max_threads_per_sm // threads
+    warps = -(-threads // 32)
+    by_regs = regs_per_sm // (warps * (-(-regs * 32 // 256) * 256)) if regs else max_blocks
+    return max(1, min(by_smem, by_threads, by_regs, max_blocks))
+
+
+def kernel_resident_blocks(lau, device: int) -> int:
+    """Resident blocks per SM of a compiled kernel: the driver's occupancy calculator (registers, shared
+    memory, threads), else the same rule from the device properties. Host-only; memoized by the caller."""
+    try:
+        from cupy.cuda import driver
+
+        n = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(lau.ptr, lau.threads, lau.smem))
+        if n > 0:
+            return n
+    except Exception:  # noqa: BLE001 - fall back to the formula
+        pass
+    p = _props(device)
+    return resident_blocks(lau.smem, lau.threads, getattr(lau.raw, "num_regs", 0) or 0,
+                           smem_per_sm=p["sharedMemPerMultiprocessor"],
+                           max_threads_per_sm=p.get("maxThreadsPerMultiProcessor", 2048),
+                           regs_per_sm=p.get("regsPerMultiprocessor", 65536),
+                           reserved_smem=p.get("reservedSharedMemPerBlock", 1024))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -47,10 +102,11 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
     """Split count that fills the GPU in whole waves (flash-attn's rule, counted in resident blocks).
 
     blocks = batch x KV heads x Q tiles without splitting; num_sms = the blocks the GPU holds at once
-    (SMs x blocks per SM: decoding is bound by the bytes in flight, so every resident slot counts; on the
-    H200 2 slots per SM measured 1.3-1.4x faster than 1 at batch 1, bench/results decode_sweep). If the
-    blocks already (nearly) fill the slots, do not split. Otherwise take the smallest split count whose
-    wave efficiency n*blocks / (waves * slots) is within 85% of the best, never more splits than KV tiles.
+    (SMs x resident blocks per SM: decoding is bound by the bytes in flight, so every resident slot counts;
+    on the H200 2 slots per SM measured 1.3-1.4x faster than 1 at batch 1, bench/results decode_sweep).
+    kv_tiles = the most splits that can hold keys (key blocks of one thread block). If the blocks already
+    (nearly) fill the slots, do not split. Otherwise take the smallest split count whose wave efficiency
+    n*blocks / (waves * slots) is within 85% of the best, never more splits than kv_tiles.
     """
     if blocks >= 0.8 * num_sms:
         return 1
@@ -70,6 +126,190 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
     return max_splits
 
 
+# ----------------------------------------------------------------------------------------- geometry
+@functools.lru_cache(maxsize=4096)
+def decode_geometry(b: int, sq: int, h: int, hk: int, d: int, causal: bool):
+    """How the decode kernel sees a problem: (rows, kheads, heads_per_kv, fold, causal, mf, m_blocks).
+
+    seqlen_q == 1 with GQA/MQA folds the G = h / hk query heads of a KV head into G rows (K/V read once
+    per KV head); causal only matters with more than one query row (one row sees every key)."""
+    fold = sq == 1 and h > hk
+    rows = h // hk if fold else sq
+    kheads = hk if fold else h
+    heads_per_kv = 1 if fold else h // hk
+    mf = decode_mf(d, rows)
+    return rows, kheads, heads_per_kv, fold, bool(causal) and sq > 1, mf, -(-rows // (16 * mf))
+
+
+def decode_kv_block(d: int, tile: DecodeTile | None = None) -> int:
+    """Keys per block round of the decode kernel (NWARPS warp tiles): the unit of a split."""
+    t = tile or DECODE_KERNEL_TILES[d]
+    return t.nwarps * t.block_n
+
+
+def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: DecodeTile | None = None) -> int:
+    """The default split count of the decode kernel: whole waves of resident blocks, at most one split per
+    block round of keys (static shapes only: seqlen_k is the cache capacity, never cache_seqlens)."""
+    return num_splits_heuristic(blocks, slots, max(1, -(-seqlen_k // decode_kv_block(d, tile))))
+
+
+# ------------------------------------------------------------------------------------------ the plan
+class _Plan:
+    """Everything a call needs that depends only on the memo key; `run` does the per-call rest."""
+
+    __slots__ = ("kind", "device", "tdevice", "odtype", "out_shape", "lse_shape", "num_splits", "scratch_elems",
+                 "lse_accum_offset", "tail", "main", "combine", "append", "append_tail", "append_grid")
+
+    def run(self, qp, kcp, vcp, knp, vnp, sp, return_lse, scratch):
+        kind, dev = self.kind, self.device
+        if kind == _interop.TORCH:
+            torch = sys.modules["torch"]
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+            out = torch.empty(self.out_shape, dtype=self.odtype, device=self.tdevice)
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.tdevice) if return_lse else None
+            buf = None
+            if self.scratch_elems and scratch is None:
+                buf = torch.empty((self.scratch_elems,), dtype=torch.float32, device=self.tdevice)
+            op, lp = out.data_ptr(), lse.data_ptr() if return_lse else 0
+            if _interop.POISON:
+                for x in (out, lse, buf):
+                    if x is not None:
+                        x.fill_(float("nan"))
+        else:
+            import cupy
+
+            with _interop.device_guard(dev):
+                stream = cupy.cuda.get_current_stream(dev).ptr
+                out = cupy.empty(self.out_shape, dtype=self.odtype)
+                lse = cupy.empty(self.lse_shape, dtype="float32") if return_lse else None
+                buf = cupy.empty((self.scratch_elems,), dtype="float32") if self.scratch_elems and scratch is None \
+                    else None
+            op, lp = out.data.ptr, lse.data.ptr if return_lse else 0
+            if _interop.POISON:
+                for x in (out, lse, buf):
+                    if x is not None:
+                        x.fill(float("nan"))
+        if not self.scratch_elems:
+            oa = la = 0
+        elif scratch is not None:
+            oa, la = (_interop.data_ptr(x) for x in scratch)
+        else:
+            oa = buf.data_ptr() if kind == _interop.TORCH else buf.data.ptr
+            la = oa + self.lse_accum_offset
+        if _get_device() == dev:
+            self._launch(stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la)
+        else:
+            import cupy
+
+            with cupy.cuda.Device(dev):
+                self._launch(stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la)
+        return (out, lse) if return_lse else out
+
+    def _launch(self, stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la):
+        launch = _launch_fn()
+        buf, argv, _ = _scratch()
+        if self.append is not None:  # k, v -> the caches at cache_seqlens, before attending
+            a = self.append
+            struct.pack_into(APPEND_FORMAT, buf, 0, kcp, vcp, knp, vnp, sp, *self.append_tail)
+            launch(a.ptr, self.append_grid, 1, 1, a.threads, 1, 1, a.smem, stream, argv, 0)
+        struct.pack_into(FWD_FORMAT, buf, 0, qp, kcp, vcp, op, lp, oa, la, sp, *self.tail)
+        m, grid = self.main
+        launch(m.ptr, grid, 1, 1, m.threads, 1, 1, m.smem, stream, argv, 0)
+        if self.combine is not None:  # flash_combine_kernel reads the same parameter block
+            c, grid = self.combine
+            launch(c.ptr, grid, 1, 1, c.threads, 1, 1, c.smem, stream, argv, 0)
+
+
+_launch_kernel = None
+_get_device_fn = None
+
+
+def _launch_fn():
+    global _launch_kernel
+    if _launch_kernel is None:
+        from cupy.cuda import driver
+
+        _launch_kernel = driver.launchKernel
+    return _launch_kernel
+
+
+def _get_device():
+    global _get_device_fn
+    if _get_device_fn is None:
+        from cupy.cuda import runtime
+
+        _get_device_fn = runtime.getDevice
+    return _get_device_fn()
+
+
+@functools.lru_cache(maxsize=None)
+def _resident(spec, device: int) -> int:
+    lau = get_launcher(spec, device)
+    if _get_device() == device:
+        return kernel_resident_blocks(lau, device)
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return kernel_resident_blocks(lau, device)
+
+
+def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
+               tile: DecodeTile | None = None) -> _Plan:
+    """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
+    the configured DecodeTile (benchmark sweeps)."""
+    b, sq, h, d = qa.shape
+    hk = kca.shape[2]
+    rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal)
+    spec = decode_spec(qa.dtype, d, causal, mf, tile)
+    dev = qa.device
+    main = get_launcher(spec, dev)
+    if num_splits == 0:
+        num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
+                                       tile)
+    num_splits = max(1, min(num_splits, MAX_SPLITS))
+    blocks = b * kheads * num_splits * m_blocks
+    if blocks > _MAX_GRID_X:
+        raise ValueError(f"problem too large for the decode grid: {blocks} blocks")
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    # q rows / heads as the kernel sees them (GQA fold: q [b, 1, h, d] seen as [b, G, hk, d])
+    if fold:
+        q_row, q_head = qa.strides[2], rows * qa.strides[2]
+    else:
+        q_row, q_head = qa.strides[1], qa.strides[2]
+    osb, osq, osh = sq * h * d, h * d, d  # out is allocated contiguous [b, sq, h, d]
+    o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
+    p = _Plan()
+    p.kind, p.device = qa.kind, dev
+    if qa.kind == _interop.TORCH:
+        p.odtype, p.tdevice = qa.obj.dtype, qa.obj.device
+    else:
+        p.odtype, p.tdevice = qa.obj.dtype, None
+    p.out_shape, p.lse_shape = (b, sq, h, d), (b, h, sq)
+    p.num_splits = num_splits
+    p.tail = (qa.strides[0], q_row, q_head, *kca.strides[:3], *vca.strides[:3], osb, o_row, o_head,
+              b, kheads, heads_per_kv, rows, seqlen_k, num_splits, seqlen_k_new, 0, float(softmax_scale) * LOG2E)
+    p.main = (main, blocks)
+    if num_splits > 1:
+        partial_rows = num_splits * b * kheads * rows
+        p.scratch_elems = partial_rows * (d + 1)  # o_accum [n, b, hk', rows, d] then lse_accum [n, b, hk', rows]
+        p.lse_accum_offset = partial_rows * d * 4
+        comb = get_launcher(combine_spec(qa.dtype, d), dev)
+        p.combine = (comb, -(-(b * kheads * rows) // (comb.threads // 32)))
+    else:  # one split: the kernel writes out (and the LSE) itself
+        p.scratch_elems, p.lse_accum_offset, p.combine = 0, 0, None
+    p.append = p.append_tail = p.append_grid = None
+    if kna is not None:
+        lau = get_launcher(append_spec(qa.dtype, d), dev)
+        s_new = kna.shape[1]
+        n = 2 * b * s_new * hk * (d // 8)
+        p.append, p.append_grid = lau, -(-n // lau.threads)
+        p.append_tail = (*kca.strides[:3], *vca.strides[:3], *kna.strides[:3], *vna.strides[:3], b, s_new, hk,
+                         kca.shape[1])
+    return p
+
+
+# --------------------------------------------------------------------------------------- validation
 def _check_cache_seqlens(cache_seqlens, qa, b):
     if cache_seqlens is None:
         return None, 0
@@ -84,29 +324,25 @@ def _check_cache_seqlens(cache_seqlens, qa, b):
     return ca, 0
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None,
-                            causal=False, num_splits=0, return_softmax_lse=False, *, window_size=(-1, -1),
-                            softcap=0.0, alibi_slopes=None, scratch=None):
-    """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays.
+def check_kernel(kernel) -> None:
+    if not isinstance(kernel, str) or kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
 
-    q [b, sq, h, d] (sq small: 1 for decoding); k_cache, v_cache [b, s_cache, hk, d]; cache_seqlens
-    int32 [b] (or an int) valid entries per cache; k, v [b, s_new, hk, d] are first written into the
-    caches at cache_seqlens (in place; the kernel attends to cache_seqlens + s_new keys, and entries past
-    the capacity are dropped). Causal is bottom-right aligned against each batch element's key count.
-    num_splits = 0 picks the split count by `num_splits_heuristic`; an explicit count is honoured.
-    Returns out [b, sq, h, d], and softmax_lse [b, h, sq] float32 with return_softmax_lse=True.
-    `scratch` may hold preallocated fp32 partials (o_accum [n, b, hk', rows, d], lse_accum [n, b, hk', rows]).
-    """
-    check_unsupported(0.0, window_size, softcap, alibi_slopes)
+
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale=None):
+    """Every check of flash_attn_with_kvcache, before anything is launched. Returns the views and
+    (seqlen_k, seqlen_k_new): keys per batch element as the kernel's static bound, keys appended."""
     qa, kca, vca = check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"))
+    check_softmax_scale(softmax_scale)
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]
     ca, seqlen_int = _check_cache_seqlens(cache_seqlens, qa, b)
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0; got {num_splits!r}")
-    seqlen_k_new = 0
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together")
+    kna = vna = None
+    seqlen_k_new = 0
     if k is not None:
         if ca is None:
             raise ValueError("appending k, v to the cache needs cache_seqlens as an int32 device array")
@@ -121,17 +357,116 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if vna.shape != kna.shape:
             raise ValueError(f"v must have the shape of k {kna.shape}; got {vna.shape}")
         seqlen_k_new = kna.shape[1]
+    if ca is None and cache_seqlens is not None and seqlen_int < 1:
+        raise ValueError(f"cache_seqlens must be >= 1 when given as an int; got {seqlen_int}")
+    # Keys seen per batch element: a device array (cache_seqlens [+ s_new], clamped on the device to the
+    # capacity) or one host int.
+    seqlen_k = s_cache if ca is not None or cache_seqlens is None else min(seqlen_int, s_cache)
+    return qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new
+
+
+# ------------------------------------------------------------------------------------------- the API
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+_TT = None  # torch.Tensor, once torch is imported
+_CT = None  # cupy.ndarray, once cupy is imported
+
+
+def _desc(x):
+    """(pointer, memo-key part) of a plain torch tensor or CuPy array; (None, None) for anything else
+    (subclasses, DLPack producers, host arrays): those take the validating path on every call."""
+    global _TT, _CT
+    t = type(x)
+    if t is _TT:
+        return x.data_ptr(), (x.dtype, x.shape, x.stride(), x.get_device())
+    if t is _CT:
+        return x.data.ptr, (x.dtype, x.shape, x.strides, x.device.id)
+    if _TT is None and "torch" in sys.modules:
+        _TT = sys.modules["torch"].Tensor
+        if t is _TT:
+            return _desc(x)
+    if _CT is None and "cupy" in sys.modules:
+        _CT = sys.modules["cupy"].ndarray
+        if t is _CT:
+            return _desc(x)
+    return None, None
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None,
+                            causal=False, num_splits=0, return_softmax_lse=False, *, window_size=_NO_WINDOW,
+                            softcap=0.0, alibi_slopes=None, scratch=None, kernel="decode"):
+    """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays.
+
+    q [b, sq, h, d] (sq small: 1 for decoding); k_cache, v_cache [b, s_cache, hk, d]; cache_seqlens
+    int32 [b] (or an int) valid entries per cache; k, v [b, s_new, hk, d] are first written into the
+    caches at cache_seqlens (in place; the kernel attends to cache_seqlens + s_new keys, and entries past
+    the capacity are dropped). Causal is bottom-right aligned against each batch element's key count.
+    num_splits = 0 picks the split count from static shapes (`num_splits_heuristic`); an explicit count is
+    honoured (at most 128). Returns out [b, sq, h, d], and softmax_lse [b, h, sq] float32 with
+    return_softmax_lse=True.
+
+    Keyword-only extras: `scratch` may hold preallocated fp32 partials (o_accum [n, b, hk', rows, d],
+    lse_accum [n, b, hk', rows]); `kernel` = "decode" (the dedicated decode kernel, default) or
+    "fwd_split" (the prefill kernel cut into KV splits, for comparison).
+    """
+    if softcap or alibi_slopes is not None or (window_size is not _NO_WINDOW and tuple(window_size) != _NO_WINDOW):
+        check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    if kernel != "decode":
+        check_kernel(kernel)
+        if kernel == "fwd_split":
+            return _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits,
+                              return_softmax_lse, scratch)
+    # Fast path: a memoized plan for these shapes / strides / dtypes / devices / scalar arguments.
+    qp, qd = _desc(q)
+    kcp, kcd = _desc(k_cache)
+    vcp, vcd = _desc(v_cache)
+    if k is None and v is None:
+        knp = vnp = 0
+        knd = vnd = None
+    else:
+        knp, knd = _desc(k)
+        vnp, vnd = _desc(v)
+    if cache_seqlens is None or type(cache_seqlens) is int:
+        sp, sd = 0, cache_seqlens
+    else:
+        sp, sd = _desc(cache_seqlens)
+    plan = None
+    key = None
+    if qd is not None and kcd is not None and vcd is not None and sp is not None and knp is not None \
+            and vnp is not None:
+        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits)
+        try:
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable argument: validate (and fail) below
+            key = None
+    if plan is None or (qp | kcp | vcp | knp | vnp) & 15:
+        qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                                       num_splits, softmax_scale)
+        plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits)
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+        qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
+        knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
+        sp = ca.ptr if ca is not None else 0
+    return plan.run(qp, kcp, vcp, knp, vnp, sp, return_softmax_lse, scratch)
+
+
+def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits, return_softmax_lse,
+               scratch):
+    """The prefill kernel cut into KV splits (the path before the decode kernel), unchanged."""
+    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                                   num_splits, softmax_scale)
+    b, sq, h, d = qa.shape
+    s_cache, hk = kca.shape[1], kca.shape[2]
+    if kna is not None:
         lau = get_launcher(append_spec(qa.dtype, d), qa.device)
         n = 2 * b * seqlen_k_new * hk * (d // 8)
         with _interop.device_guard(qa.device):
             lau.launch((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_FORMAT,
                        kca.ptr, vca.ptr, kna.ptr, vna.ptr, ca.ptr, *kca.strides[:3], *vca.strides[:3],
                        *kna.strides[:3], *vna.strides[:3], b, seqlen_k_new, hk, s_cache)
-
-    # Keys seen per batch element: a device array (cache_seqlens [+ s_new]) or one host int.
-    seqlen_k = s_cache if ca is not None or cache_seqlens is None else min(seqlen_int, s_cache)
-    if ca is None and cache_seqlens is not None and seqlen_int < 1:
-        raise ValueError(f"cache_seqlens must be >= 1 when given as an int; got {seqlen_int}")
     kc = kca if seqlen_k == s_cache else _interop.Arr(kca.kind, kca.obj, kca.ptr, (b, seqlen_k, hk, d), kca.strides,
                                                       kca.dtype, kca.device)
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
@@ -148,3 +483,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                        seqlens_k_ptr=ca.ptr if ca is not None else 0, seqlen_k_new=seqlen_k_new,
                        num_splits=num_splits, scratch=scratch)
     return (out, lse) if return_softmax_lse else out
+
+
+def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
+             num_splits=0, tile: DecodeTile | None = None) -> _Plan:
+    """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
+    from it, and sweep tiles with `tile` (run it with `run_plan`)."""
+    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                                   num_splits, softmax_scale)
+    return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile)
+
+
+def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,
+             scratch=None):
+    """Run a plan from `plan_for` on arrays of the shapes it was made for (benchmarks; no checks)."""
+    ptr = _interop.data_ptr
+    sp = ptr(cache_seqlens) if cache_seqlens is not None and not isinstance(cache_seqlens, int) else 0
+    knp, vnp = (ptr(k), ptr(v)) if k is not None else (0, 0)
+    return plan.run(ptr(q), ptr(k_cache), ptr(v_cache), knp, vnp, sp, return_softmax_lse, scratch)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 
 from . import _interop
-from ._configs import DECODE_TILES, FWD_TILES, combine_spec, fwd_spec
+from ._configs import DECODE_TILES, combine_spec, fwd_spec, fwd_tile
 from ._launch import FWD_FORMAT, get_launcher
-from ._validate import check_qkv, check_unsupported
+from ._validate import check_qkv, check_softmax_scale, check_unsupported
+from .backward import check_warp_partition
 
 LOG2E = math.log2(math.e)
 GRID_ORDERS = {"qtile": 0, "bh": 1}
@@ -45,6 +46,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="qtile", tile=None, ou
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    check_softmax_scale(softmax_scale)
     if out is None:
         out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
     if lse is None:
@@ -61,7 +63,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="qtile", tile=None, ou
     split = num_splits > 1
     spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile)
     lau = get_launcher(spec, qa.device)
-    block_m = (tile or (DECODE_TILES if split else FWD_TILES)[d]).block_m
+    block_m = (tile or (DECODE_TILES[d] if split else fwd_tile(d, causal))).block_m
     order, grid = _grid(GRID_ORDERS[grid_order], -(-rows // block_m), kheads, b, num_splits)
     o_accum = lse_accum = 0
     if split:
@@ -106,7 +108,7 @@ def _is_torch_grad(q, k, v) -> bool:
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    algorithm="v2", grid_order="qtile", dq_strategy=None):
+                    algorithm="v2", grid_order="qtile", dq_strategy=None, warp_partition="kv"):
     """Exact attention, flash-attn's `flash_attn_func` on torch tensors or CuPy arrays.
 
     q [batch, seqlen_q, nheads, headdim], k/v [batch, seqlen_k, nheads_k, headdim] (nheads a multiple
@@ -116,18 +118,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     Keyword-only extras: algorithm ("v2" or "v1"), grid_order ("qtile": Q-tile index in grid x, so the
     blocks of one head run together and share K/V in L2; "bh": batch/head first), dq_strategy for the
-    backward ("atomic", "seqpar", "loop"; None: "loop" if deterministic else "atomic").
+    backward ("atomic", "seqpar", "loop"; None: "loop" if deterministic else "atomic"), warp_partition for
+    the V2 backward ("kv": warps split the KV rows, the default; "q": warps split the Q rows).
     """
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    check_softmax_scale(softmax_scale)
     if grid_order not in GRID_ORDERS:
         raise ValueError(f"grid_order must be one of {tuple(GRID_ORDERS)}; got {grid_order!r}")
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
+    check_warp_partition(warp_partition, algorithm=algorithm)
     if _is_torch_grad(q, k, v):
         from ._autograd import flash_attn_autograd
 
         out, lse = flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order,
-                                       dq_strategy)
+                                       dq_strategy, warp_partition)
     else:
         qa, ka, va = check_qkv(q, k, v)
         out, lse = _forward_dispatch(algorithm)(qa, ka, va, softmax_scale, causal, grid_order)

@@ -9,7 +9,8 @@ Each function mirrors one algorithm, so the math of a kernel can be tested on a 
 * ``flash_v2_forward`` / ``flash_backward``: FlashAttention-2 (Dao 2023): Q blocks outer with a
   base-2 online softmax in the forward; KV blocks outer, P recomputed from LSE in the backward.
 * ``split_kv_forward`` / ``combine_splits``: Flash-Decoding; partial outputs over key splits
-  merged through their LSEs.
+  merged through their LSEs. ``decode_kernel_forward``: the dedicated decode kernel (warps split the
+  keys of a split, their partial softmax states are merged in the block).
 * ``attention_flops``: the one FLOP formula of the project.
 
 Symbols: m = running row max of the scores, l = running row sum of exp(S - m),
@@ -29,7 +30,7 @@ import numpy as np
 __all__ = [
     "causal_mask", "attention_forward", "attention_backward", "flash_v1_forward",
     "flash_v1_backward", "flash_v2_forward", "flash_backward", "split_kv_forward",
-    "combine_splits", "attention_flops",
+    "combine_splits", "decode_warp_tiles", "decode_kernel_forward", "attention_flops",
 ]
 
 _LOG2E = math.log2(math.e)
@@ -337,6 +338,97 @@ def split_kv_forward(q, k, v, softmax_scale=None, causal=False, num_splits=1, bl
             o_s, lse_s = _fa2_row_block(q[bi:bi + 1], kb, vb, scale, 0, sk_b - sq, causal,
                                         lo, hi, block_n)
             o_part[s, bi], lse_part[s, bi] = o_s[0], lse_s[0]
+    return combine_splits(o_part, lse_part)
+
+
+def decode_warp_tiles(kv_len, num_splits, split, nwarps, block_n):
+    """The keys of one block of the decode kernel (cuda_src/flash_decode.cu), as it computes them: the
+    ceil(kv_len / block_n) warp tiles are cut into num_splits ranges of whole rounds of nwarps tiles
+    (nwarps * ceil(tiles / (num_splits * nwarps))), and warp w of split s takes tiles
+    begin + w, begin + w + nwarps, ... of its range. Returns [tiles of warp w for w in range(nwarps)]."""
+    n_tiles = _cdiv(kv_len, block_n)
+    rounds = _cdiv(n_tiles, num_splits * nwarps)
+    begin = split * rounds * nwarps
+    end = min(n_tiles, begin + rounds * nwarps)
+    return [list(range(begin + w, end, nwarps)) for w in range(nwarps)]
+
+
+def decode_kernel_forward(q, k, v, softmax_scale=None, causal=False, num_splits=1, block_n=16, nwarps=4, mf=1,
+                          cache_seqlens=None):
+    """The dedicated decode kernel step by step (cuda_src/flash_decode.cu), float64.
+
+    seqlen_q == 1 with GQA folds the G query heads of a KV head into G rows. One block per (m-block of
+    16 * mf rows, head, batch, split); its keys are [0, kv_len) (causal: up to the last valid row's
+    diagonal), split by `decode_warp_tiles`; every warp runs the base-2 online softmax over its own warp
+    tiles for all rows of the block (keys past the valid length read as zeros and are masked), then the
+    warps' (m, l, O) are merged: M = max m_w, c_w = exp2((m_w - M) scale_log2), L = sum c_w l_w,
+    O = sum c_w O_w / L, LSE = (M scale_log2 + log2 L) ln 2. One split is the output; more are merged by
+    combine_splits (flash_combine_kernel). Returns out [b, sq, h, d], LSE [b, h, sq]."""
+    qf, kf, vf = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, h, d = qf.shape
+    sk, hk = kf.shape[1], kf.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    sl2 = scale * _LOG2E
+    seqlens = np.full(b, sk) if cache_seqlens is None else np.minimum(np.asarray(cache_seqlens).reshape(-1), sk)
+    fold = sq == 1 and h > hk
+    causal = bool(causal) and sq > 1
+    if fold:  # view [b, hk, G, d]: row i of KV head j is query head j * G + i
+        rows, kheads = h // hk, hk
+        qv = qf[:, 0].reshape(b, hk, rows, d)
+        kv_of = lambda hd: hd  # noqa: E731
+    else:
+        rows, kheads = sq, h
+        qv = qf.transpose(0, 2, 1, 3)
+        kv_of = lambda hd: hd // (h // hk)  # noqa: E731
+    bm = 16 * mf
+    o_part = np.zeros((num_splits, b, kheads, rows, d))
+    lse_part = np.full((num_splits, b, kheads, rows), -np.inf)
+    for bi in range(b):
+        seqlen_k = max(0, int(seqlens[bi]))
+        diag = seqlen_k - rows
+        for hd in range(kheads):
+            kmat, vmat = kf[bi, :, kv_of(hd)], vf[bi, :, kv_of(hd)]  # [sk, d]
+            for m0 in range(0, rows, bm):
+                valid = min(bm, rows - m0)
+                qb = np.zeros((bm, d))
+                qb[:valid] = qv[bi, hd, m0:m0 + valid]
+                row_idx = m0 + np.arange(bm)
+                kv_len = max(0, min(seqlen_k, m0 + valid + diag)) if causal else seqlen_k
+                for s in range(num_splits):
+                    warps = []
+                    for tiles in decode_warp_tiles(kv_len, num_splits, s, nwarps, block_n):
+                        m, l, acc = np.full(bm, -np.inf), np.zeros(bm), np.zeros((bm, d))
+                        for t in tiles:
+                            cols = t * block_n + np.arange(block_n)
+                            ok = cols < seqlen_k
+                            kt, vt = np.zeros((block_n, d)), np.zeros((block_n, d))  # zero-filled past the end
+                            kt[ok], vt[ok] = kmat[cols[ok]], vmat[cols[ok]]
+                            sc = qb @ kt.T
+                            vis = ok[None, :] & ((cols[None, :] <= row_idx[:, None] + diag) if causal else True)
+                            sc = np.where(vis, sc, -np.inf)
+                            m_new = np.maximum(m, sc.max(axis=1))
+                            m_scaled = np.where(m_new == -np.inf, 0.0, m_new * sl2)
+                            alpha = np.exp2(m * sl2 - m_scaled)
+                            p = np.exp2(sc * sl2 - m_scaled[:, None])
+                            l = alpha * l + p.sum(axis=1)
+                            acc = alpha[:, None] * acc + p @ vt
+                            m = m_new
+                        warps.append((np.where(m == -np.inf, -np.inf, m * sl2), l, acc))
+                    red_m = np.stack([w[0] for w in warps])  # [nwarps, bm]
+                    mx = red_m.max(axis=0)
+                    base = np.where(mx == -np.inf, 0.0, mx)
+                    c = np.exp2(red_m - base)
+                    l_tot = (c * np.stack([w[1] for w in warps])).sum(axis=0)
+                    inv = _safe_inv(l_tot)
+                    o = ((c * inv)[..., None] * np.stack([w[2] for w in warps])).sum(axis=0)
+                    lse = np.where(l_tot > 0, (base + np.log2(np.where(l_tot > 0, l_tot, 1.0))) * _LN2, -np.inf)
+                    o_part[s, bi, hd, m0:m0 + valid] = o[:valid]
+                    lse_part[s, bi, hd, m0:m0 + valid] = lse[:valid]
+    if fold:  # back to [s, b, h, 1, ...]: head = kv head * G + row
+        o_part = o_part.reshape(num_splits, b, h, 1, d)
+        lse_part = lse_part.reshape(num_splits, b, h, 1)
+    if num_splits == 1:  # the kernel writes the output directly
+        return _bshd(o_part[0]), lse_part[0]
     return combine_splits(o_part, lse_part)
 
 

@@ -1,6 +1,9 @@
 """GPU: Flash-Decoding (flash_attn_with_kvcache) against the float64 reference: every split count from
 1 to past the number of KV tiles, ragged cache_seqlens (0 included), GQA/MQA, append-then-attend, causal
-with seqlen_q > 1, torch and CuPy, and CUDA-graph capture + replay after cache_seqlens changed."""
+with seqlen_q > 1, torch and CuPy, and CUDA-graph capture + replay after cache_seqlens changed.
+
+Every test runs the dedicated decode kernel (kernel="decode", the default; cuda_src/flash_decode.cu);
+the prefill kernel cut into splits (kernel="fwd_split") runs in a smaller parametrization."""
 import numpy as np
 import pytest
 
@@ -41,37 +44,45 @@ def check(out, lse, q, kc, vc, seqlens, causal):
     assert np.allclose(got[fin], ref_lse[fin], atol=2e-4)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 40, 128])
+SPLITS_BY_KERNEL = [("decode", n) for n in (1, 2, 3, 7, 16, 40, 128)] + [("fwd_split", n) for n in (1, 3, 128)]
+
+
+@pytest.mark.parametrize("kernel,num_splits", SPLITS_BY_KERNEL)
 @pytest.mark.parametrize("h,hk", [(8, 8), (8, 2), (8, 1)])
-def test_every_split_count(num_splits, h, hk):
+def test_every_split_count(kernel, num_splits, h, hk):
     import torch
 
-    b, s_cache, d = 3, 1000, 128  # 16 KV tiles of 64: split counts up to 8x past the tile count
+    # decode kernel: 63 warp tiles of 16 keys, 16 rounds of 4 warps; fwd_split: 16 KV tiles of 64.
+    # Split counts up to 8x past the rounds / tiles (empty splits).
+    b, s_cache, d = 3, 1000, 128
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([1000, 0, 517], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
-                                               return_softmax_lse=True)
+                                               return_softmax_lse=True, kernel=kernel)
     check(out, lse, q, kc, vc, seqlens.tolist(), False)
     assert (to_np(out)[1] == 0).all()  # empty cache -> zeros, LSE -inf (checked above), no NaN
 
 
+@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
-def test_head_dims_and_auto_splits(dtype, d):
+def test_head_dims_and_auto_splits(kernel, dtype, d):
     import torch
 
     b, s_cache, h, hk = 2, 3001, 8, 2
     kc, vc = make_cache(b, s_cache, hk, d, dtype)
     seqlens = torch.tensor([3001, 1234], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda").to(getattr(torch, dtype))
-    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True,
+                                               kernel=kernel)
     check(out, lse, q, kc, vc, seqlens.tolist(), False)
 
 
+@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
-def test_append_then_attend_speculative(causal, num_splits):
+def test_append_then_attend_speculative(causal, num_splits, kernel):
     """k, v of 4 new tokens appended at cache_seqlens, then 4 queries attend (causal: bottom-right)."""
     import torch
 
@@ -85,7 +96,7 @@ def test_append_then_attend_speculative(causal, num_splits):
     for i, n in enumerate(seqlens.tolist()):
         expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
-                                               num_splits=num_splits, return_softmax_lse=True)
+                                               num_splits=num_splits, return_softmax_lse=True, kernel=kernel)
     assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
     check(out, lse, q, kc, vc, [n + s_new for n in seqlens.tolist()], causal)
 
@@ -117,7 +128,8 @@ def test_int_cache_seqlens_and_full_cache():
     check(out, lse, q, kc, vc, [333, 333], False)
 
 
-def test_cuda_graph_capture_and_replay_after_seqlens_change():
+@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
+def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel):
     import torch
 
     b, s_cache, h, hk, d = 4, 4096, 32, 8, 128
@@ -128,11 +140,11 @@ def test_cuda_graph_capture_and_replay_after_seqlens_change():
     vn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):  # warm-up (compilation) outside the capture
-        cuflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone())
+        cuflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone(), kernel=kernel)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        out = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens)
+        out = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, kernel=kernel)
     for new in ([10, 4000, 0, 3000], [4095, 1, 2048, 17]):
         seqlens.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q)); kn.copy_(torch.randn_like(kn)); vn.copy_(torch.randn_like(vn))
@@ -166,3 +178,107 @@ def test_decode_validation():
                                         cache_seqlens=torch.zeros(2, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="num_splits"):
         cuflash.flash_attn_with_kvcache(q, kc, vc, num_splits=-1)
+
+
+# ------------------------------------------------------------------ the decode kernel's own geometry
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("h,hk", [(32, 1), (64, 1), (40, 2)])
+def test_many_folded_rows(h, hk, d, num_splits):
+    """GQA groups of 20-64 heads: 32-row blocks (mf 2), several m-blocks, and head dim 256 (mf 1 only)."""
+    import torch
+
+    b, s_cache = 2, 700
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([700, 33], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
+                                               return_softmax_lse=True)
+    check(out, lse, q, kc, vc, seqlens.tolist(), False)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 4, 64])
+@pytest.mark.parametrize("sq,d", [(20, 128), (17, 256), (32, 64), (16, 32), (5, 96)])
+def test_causal_rows_without_keys(sq, d, num_splits):
+    """Bottom-right causal with 5-32 query rows (mf 1 and 2, several m-blocks at d 256) and caches shorter
+    than seqlen_q: the first rows see no key (zeros, LSE -inf, no NaN)."""
+    import torch
+
+    b, s_cache, h, hk = 4, 300, 4, 2
+    kc, vc = make_cache(b, s_cache, hk, d, "bfloat16")
+    seqlens = torch.tensor([300, sq - 3, 0, 1], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, num_splits=num_splits,
+                                               return_softmax_lse=True)
+    check(out, lse, q, kc, vc, seqlens.tolist(), True)
+    assert np.isneginf(to_np(lse)[1, :, :3]).all()
+
+
+def test_strided_views():
+    """q a view into a packed qkv, the caches head-major ([b, hk, s, d] transposed): pure strides."""
+    import torch
+
+    b, s_cache, h, hk, d = 2, 900, 8, 2, 64
+    qkv = torch.randn(b, 1, h + 2 * hk, d, device="cuda", dtype=torch.float16)
+    q = qkv[:, :, :h]
+    kc = torch.randn(b, hk, s_cache, d, device="cuda", dtype=torch.float16).transpose(1, 2)
+    vc = torch.randn(b, hk, s_cache, d, device="cuda", dtype=torch.float16).transpose(1, 2)
+    seqlens = torch.tensor([900, 450], dtype=torch.int32, device="cuda")
+    for ns in (0, 1):
+        out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
+                                                   return_softmax_lse=True)
+        check(out, lse, q, kc, vc, seqlens.tolist(), False)
+
+
+def test_64bit_offsets_decode():
+    """The second batch element of the cache starts past 2^31 elements: K/V offsets must be 64-bit."""
+    import torch
+
+    s_cache, hk, d, h = 1024, 8, 128, 32
+    pad = 2 ** 31 + 8 * 1024
+    big_k = torch.empty(pad + s_cache * hk * d, device="cuda", dtype=torch.float16)
+    big_v = torch.empty_like(big_k)
+    kc = big_k.as_strided((2, s_cache, hk, d), (pad, hk * d, d, 1))
+    vc = big_v.as_strided((2, s_cache, hk, d), (pad, hk * d, d, 1))
+    for x in (kc, vc):
+        x.copy_(torch.randn(2, s_cache, hk, d, device="cuda", dtype=torch.float16))
+    seqlens = torch.tensor([1024, 1000], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, h, d, device="cuda", dtype=torch.float16)
+    for ns in (0, 1):
+        out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
+                                                   return_softmax_lse=True)
+        check(out, lse, q, kc.contiguous(), vc.contiguous(), seqlens.tolist(), False)
+    del big_k, big_v
+    torch.cuda.empty_cache()
+
+
+def test_plan_reuse_scratch_and_alignment():
+    """The memoized plan serves a second call with new data; preallocated scratch is used; a misaligned
+    view on a known shape is still rejected."""
+    import torch
+
+    from cuflash.decode import plan_for
+
+    b, s_cache, h, hk, d = 2, 2048, 16, 4, 128
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([2048, 999], dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+        out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=6,
+                                                   return_softmax_lse=True)
+        check(out, lse, q, kc, vc, seqlens.tolist(), False)
+    plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=6)
+    rows = h // hk
+    scratch = (torch.full((6, b, hk, rows, d), float("nan"), device="cuda"),
+               torch.full((6, b, hk, rows), float("nan"), device="cuda"))
+    assert plan.num_splits == 6
+    out2 = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=6, scratch=scratch)
+    assert torch.equal(out2, out)
+    assert not torch.isnan(scratch[1]).any()  # every split wrote its LSE (-inf when empty)
+    flat = torch.randn(b * h * d + 1, device="cuda", dtype=torch.float16)
+    q_bad = flat[1:].view(b, 1, h, d)  # 2-byte offset
+    with pytest.raises(ValueError, match="16-byte"):
+        cuflash.flash_attn_with_kvcache(q_bad, kc, vc, cache_seqlens=seqlens, num_splits=6)
+    out_auto = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    out_old = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, kernel="fwd_split")
+    assert (out_auto.float() - out_old.float()).abs().max().item() < 2e-3

@@ -1,6 +1,7 @@
 """GPU: the FlashAttention-2 backward (dq, dk, dv) against the float64 reference with the error rule of
-conftest.py: every dQ strategy, dtype and head dim, causal and not, ragged and unequal lengths, GQA/MQA,
-torch autograd and the CuPy API; determinism of the deterministic strategies."""
+conftest.py: both warp partitions ("kv", "q"), every dQ strategy, dtype and head dim, causal and not, ragged
+and unequal lengths, GQA/MQA, torch autograd and the CuPy API; determinism of the deterministic strategies.
+(CPU checks of the "q" partition: tests/test_bwd_partition.py.)"""
 import warnings
 
 import numpy as np
@@ -21,19 +22,20 @@ def grads_lowp(q, k, v, dout, scale, causal):
     return qq.grad, kk.grad, vv.grad
 
 
-def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False):
+def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False, warp_partition="kv"):
     import torch
 
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=True)
     scale = d ** -0.5
-    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=dq_strategy, deterministic=deterministic)
+    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=dq_strategy, deterministic=deterministic,
+                                  warp_partition=warp_partition)
     dout = torch.randn_like(out)
     out.backward(dout)
     ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), scale, causal)
     lowp = grads_lowp(q, k, v, dout, scale, causal)
     for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), lowp, ref):
         assert ours.shape == lp.shape and ours.dtype == lp.dtype
-        assert_close_to_ref(f"{name} ({dq_strategy})", ours, lp, r)
+        assert_close_to_ref(f"{name} ({dq_strategy}, {warp_partition})", ours, lp, r)
     return q, k, v, dout
 
 
@@ -48,16 +50,38 @@ def test_backward_matches_reference(dtype, d, causal, sq, sk):
     check_grads(2, sq, sk, 2, 2, d, dtype, causal)
 
 
+# The Q-row partition (warp_partition="q"): ragged lengths (1, 17, 127, 1000), seqlen_q != seqlen_k both ways,
+# and seqlen_k - seqlen_q = 1, where the last row of a 16-row warp band sees exactly the first key of a KV tile
+# (the boundary of the kernel's skip of bands that see no key of the tile).
+SHAPES_Q = [(1, 1), (17, 300), (300, 17), (127, 127), (127, 1000), (1000, 127), (1000, 1000), (150, 151)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", SHAPES_Q)
+def test_backward_q_partition_matches_reference(dtype, d, causal, sq, sk):
+    check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition="q")
+
+
+@pytest.mark.parametrize("warp_partition", ["kv", "q"])
 @pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk,h,hk,d", [(300, 17, 2, 2, 64), (333, 555, 4, 1, 128), (640, 384, 6, 2, 64),
-                                          (129, 129, 2, 2, 256)])
-def test_dq_strategies(dq_strategy, causal, sq, sk, h, hk, d):
-    check_grads(2, sq, sk, h, hk, d, "float16", causal, dq_strategy)
+                                          (129, 129, 2, 2, 256), (17, 1000, 8, 2, 96), (1000, 127, 4, 4, 32)])
+def test_dq_strategies(warp_partition, dq_strategy, causal, sq, sk, h, hk, d):
+    check_grads(2, sq, sk, h, hk, d, "float16", causal, dq_strategy, warp_partition=warp_partition)
 
 
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_q_partition_gqa_bf16(dtype, dq_strategy):
+    check_grads(2, 257, 301, 6, 2, 128, dtype, True, dq_strategy, warp_partition="q")
+
+
+@pytest.mark.parametrize("warp_partition", ["kv", "q"])
 @pytest.mark.parametrize("dq_strategy", ["seqpar", "loop"])
-def test_deterministic_bitwise(dq_strategy):
+def test_deterministic_bitwise(dq_strategy, warp_partition):
     import torch
 
     q, k, v = torch_inputs((2, 700, 4, 128), (2, 900, 2, 128), "bfloat16", requires_grad=True)
@@ -65,7 +89,8 @@ def test_deterministic_bitwise(dq_strategy):
     grads = []
     for _ in range(2):
         q.grad = k.grad = v.grad = None
-        cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True, dq_strategy=dq_strategy).backward(dout)
+        cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True, dq_strategy=dq_strategy,
+                                warp_partition=warp_partition).backward(dout)
         grads.append([x.grad.clone() for x in (q, k, v)])
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -86,20 +111,25 @@ def test_deterministic_default_picks_a_deterministic_strategy():
         cuflash.flash_attn_func(q, k, v, deterministic=True, dq_strategy="atomic").backward(dout)
 
 
-def test_seqpar_falls_back_when_buffers_do_not_fit(monkeypatch):
+@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+def test_seqpar_falls_back_when_buffers_do_not_fit(monkeypatch, warp_partition):
     monkeypatch.setattr(bwd_mod, "SEQPAR_MAX_FREE_FRACTION", 0.0)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        check_grads(1, 200, 300, 2, 2, 64, "float16", True, "seqpar")
+        check_grads(1, 200, 300, 2, 2, 64, "float16", True, "seqpar", warp_partition=warp_partition)
     assert any("using 'loop'" in str(x.message) for x in w)
 
 
 def test_seqpar_extra_memory_formula():
     # 16k tokens: 128 KV tiles x 1 x 16 heads x 16384 rows x 128 x 4 bytes = 4 GiB
     assert bwd_mod.seqpar_extra_bytes(1, 16, 16384, 16384, 128) == 128 * 16 * 16384 * 128 * 4
+    # the Q partition's tile has 32 KV rows at head dim 128: 4x the buffers
+    n = 16384 // bwd_mod.bwd_tiles("q")[128].block_n
+    assert bwd_mod.seqpar_extra_bytes(1, 16, 16384, 16384, 128, warp_partition="q") == n * 16 * 16384 * 128 * 4
 
 
-def test_cupy_backward_api():
+@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+def test_cupy_backward_api(warp_partition):
     import cupy
     import torch
 
@@ -109,7 +139,8 @@ def test_cupy_backward_api():
     v = cupy.random.standard_normal((b, sk, hk, d)).astype(cupy.float16)
     dout = cupy.random.standard_normal((b, sq, h, d)).astype(cupy.float16)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-    dq, dk, dv = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="seqpar")
+    dq, dk, dv = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="seqpar",
+                                             warp_partition=warp_partition)
     assert all(isinstance(x, cupy.ndarray) for x in (dq, dk, dv))
     ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), d ** -0.5, True)
     tq, tk, tv, tdo = (torch.from_dlpack(x) for x in (q, k, v, dout))
@@ -129,6 +160,10 @@ def test_backward_validation():
         cuflash.flash_attn_backward(out, q, k, v, out, lse[:, :1])
     with pytest.raises(ValueError, match="dq_strategy must be one of"):
         cuflash.flash_attn_backward(out, q, k, v, out, lse, dq_strategy="magic")
+    with pytest.raises(ValueError, match="warp_partition must be one of"):
+        cuflash.flash_attn_backward(out, q, k, v, out, lse, warp_partition="k")
+    with pytest.raises(ValueError, match="warp_partition"):
+        cuflash.flash_attn_backward(out, q, k, v, out, lse, algorithm="v1", warp_partition="q")
 
 
 def test_grad_of_noncontiguous_dout():

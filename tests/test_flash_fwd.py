@@ -14,13 +14,20 @@ pytestmark = pytest.mark.gpu
 LSE_ATOL = 2e-4  # fp32 accumulation + ex2.approx (rel. err 2^-22): LSE is good to ~1e-5 in practice
 
 
-def run_case(b, sq, sk, h, hk, d, dtype, causal, grid_order="qtile", scale=None):
+def run_case(b, sq, sk, h, hk, d, dtype, causal, grid_order="qtile", scale=None, tile=None):
     import torch
 
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype)
     softmax_scale = scale if scale is not None else 1 / math.sqrt(d)
-    out, lse, none = cuflash.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                             return_attn_probs=True, grid_order=grid_order)
+    if tile is None:
+        out, lse, none = cuflash.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                                 return_attn_probs=True, grid_order=grid_order)
+    else:  # a tile other than the configured one (benchmark sweeps): the internal launch
+        from cuflash import flash
+        from cuflash._validate import check_qkv
+
+        out, lse = flash.forward(*check_qkv(q, k, v), scale, causal, grid_order=grid_order, tile=tile)
+        none = None
     assert none is None and out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
     ref_o, ref_lse = reference.attention_forward(to_np(q), to_np(k), to_np(v), softmax_scale, causal)
@@ -41,6 +48,21 @@ SHAPES = [(1, 1), (17, 17), (127, 1000), (1000, 127), (1, 3001), (600, 3001), (3
 @pytest.mark.parametrize("sq,sk", SHAPES)
 def test_forward_matches_reference(dtype, d, causal, sq, sk):
     run_case(1, sq, sk, 2, 2, d, dtype, causal)
+
+
+def _sweep_tiles():
+    from bench.bench_fwd import SWEEP_TILES
+
+    return [(d, t) for d, ts in SWEEP_TILES.items() for t in ts]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d,tile", _sweep_tiles())
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(17, 17), (1000, 127), (600, 3001), (1, 300)])
+def test_every_swept_tile_matches_reference(dtype, d, tile, causal, sq, sk):
+    """Both KV-loop drivers (plain and software-pipelined) and every tile a sweep may pick."""
+    run_case(1, sq, sk, 2, 2, d, dtype, causal, tile=tile)
 
 
 @pytest.mark.parametrize("h,hk", [(8, 2), (6, 1)])

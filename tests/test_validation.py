@@ -5,7 +5,7 @@ import pytest
 
 import cuflash
 from cuflash._interop import CUPY, TORCH, Arr
-from cuflash._validate import check_qkv_views, check_unsupported
+from cuflash._validate import check_qkv_views, check_softmax_scale, check_unsupported
 
 
 def view(shape, dtype="float16", kind=CUPY, device=0, strides=None, ptr=0x10000):
@@ -47,6 +47,9 @@ def test_valid_inputs_pass():
         (dict(k=view((2, 40, 2, 64), strides=(40 * 2 * 68, 2 * 68, 68, 1))), ValueError, ["k", "multiples of 8"]),
         (dict(v=view((2, 40, 2, 64), ptr=0x10002)), ValueError, ["v", "16-byte"]),
         (dict(q=view((2, 0, 8, 64))), ValueError, ["q", "seqlen"]),
+        (dict(k=view((2, 40, 2, 64), strides=(40 * 2**30, 2**30, 64, 1)), v=view((2, 40, 2, 64),
+                                                                            strides=(40 * 2**30, 2**30, 64, 1))),
+         ValueError, ["k", "sequence stride", str(2**30)]),
     ],
 )
 def test_bad_inputs(over, exc, words):
@@ -83,3 +86,23 @@ def test_bad_keyword_extras():
         cuflash.flash_attn_func(None, None, None, grid_order="zigzag")
     with pytest.raises(ValueError, match="algorithm"):
         cuflash.flash_attn_func(None, None, None, algorithm="v3")
+
+
+def test_row_stride_just_below_the_limit_passes():
+    st = (40 * (2**30 - 8), 2**30 - 8, 64, 1)
+    check_qkv_views(*qkv(k=view((2, 40, 2, 64), strides=st), v=view((2, 40, 2, 64), strides=st)))
+
+
+@pytest.mark.parametrize("scale, exc", [(0.0, ValueError), (-0.125, ValueError), (float("nan"), ValueError),
+                                        (float("inf"), ValueError), ("0.1", TypeError), (True, TypeError)])
+def test_softmax_scale_refused(scale, exc):
+    with pytest.raises(exc, match="softmax_scale"):
+        check_softmax_scale(scale)
+    q = np.zeros((1, 4, 1, 64), np.float16)
+    with pytest.raises(exc, match="softmax_scale"):  # refused at the API before any array is looked at
+        cuflash.flash_attn_func(q, q, q, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [None, 0.125, 1, np.float32(0.5), np.float64(2.0)])
+def test_softmax_scale_accepted(scale):
+    check_softmax_scale(scale)

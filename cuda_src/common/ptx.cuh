@@ -30,6 +30,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src_g
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src_gmem), "r"(src_size));
 }
+// The same copy when the source is known to be in range (no src-size operand).
+__device__ __forceinline__ void cp_async_16_full(uint32_t dst_smem, const void* src_gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_smem), "l"(src_gmem));
+}
 // 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

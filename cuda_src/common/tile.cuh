@@ -36,3 +36,46 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* gmem, int64_t 
 }
 
 }  // namespace cuflash
+
+namespace cuflash {
+
+// The cp.async plan of one thread for FULL tiles (every row in range: no bounds checks): the thread
+// copies chunk column `col` of rows r, r + ROWS_PER_ITER, ... Its shared offsets are compile-time
+// constants past `smem_off`; each global address is one IMAD.WIDE.U32 (row x row_bytes + base). Three
+// registers per matrix: the 64-bit base and the 32-bit row stride in bytes (the host rejects sequence
+// strides of 2^30 elements or more). Falls back to load_tile_async when the chunks do not divide evenly
+// among the threads (head dim 96).
+template <int ROWS, int D, int NT, typename T>
+struct FullTileLoader {
+  static constexpr int LDS = PaddedRow<D>::LDS;
+  static constexpr int CHUNKS_PER_ROW = D / 8;
+  static constexpr bool EVEN = NT % CHUNKS_PER_ROW == 0 && (ROWS * CHUNKS_PER_ROW) % NT == 0;
+  static constexpr int ROWS_PER_ITER = EVEN ? NT / CHUNKS_PER_ROW : 1;
+  static constexpr int ITERS = EVEN ? ROWS / ROWS_PER_ITER : 1;
+  const char* gbase;  // this thread's chunk in row r of the matrix
+  int row_bytes;      // row stride in bytes (< 2^31)
+  uint32_t smem_off;  // byte offset of this thread's first chunk inside a tile
+  const T* gmem;      // fallback path
+  int tid;
+
+  __device__ __forceinline__ FullTileLoader(const T* gmem_, int64_t row_stride, int tid_) : gmem(gmem_), tid(tid_) {
+    const int r = tid_ / CHUNKS_PER_ROW, col = (tid_ % CHUNKS_PER_ROW) * 8;
+    row_bytes = (int)(row_stride * (int64_t)sizeof(T));
+    gbase = reinterpret_cast<const char*>(gmem_ + col) + (int64_t)r * row_bytes;
+    smem_off = (uint32_t)((r * LDS + col) * sizeof(T));
+  }
+  // Rows [row0, row0 + ROWS) -> tile (all in range).
+  __device__ __forceinline__ void copy(T* tile, int row0) const {
+    if constexpr (EVEN) {
+      const uint32_t dst = smem_addr(tile) + smem_off;
+#pragma unroll
+      for (int i = 0; i < ITERS; ++i)
+        cp_async_16_full(dst + i * ROWS_PER_ITER * LDS * (int)sizeof(T),
+                         gbase + (unsigned long long)(unsigned)(row0 + i * ROWS_PER_ITER) * (unsigned)row_bytes);
+    } else {
+      load_tile_async<ROWS, D, NT>(tile, gmem, (int64_t)row_bytes / (int64_t)sizeof(T), row0, row0 + ROWS, tid);
+    }
+  }
+};
+
+}  // namespace cuflash

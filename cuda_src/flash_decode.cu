@@ -1,0 +1,452 @@
+// cuda_src/flash_decode.cu -- Flash-Decoding: a split-KV attention kernel built for 1..32 query rows.
+//
+// Decoding has one query row per (batch, head) (or the G query heads of one KV head folded into G rows,
+// or the few tokens of speculative decoding), so the work is a stream over the KV cache: the kernel is
+// bound by the bytes it keeps in flight, not by the tensor cores. flash_fwd_kernel<SPLIT=true> (the
+// prefill kernel cut into KV splits) gives each block 64 rows x 64 keys and 4 warps: with 1-16 rows, 3 of
+// 4 warps only load, a block-wide barrier per KV tile serialises the warps, and one KV tile per block is in
+// flight. This kernel turns the partition around (V1's split-K, inside the block):
+//
+//   grid       one block per (m-block of BLOCK_M = 16 * MF rows, head, batch, KV split), 1-D
+//   block      NWARPS warps; EVERY warp holds all BLOCK_M rows (Q fragments in registers, or re-read from
+//              shared memory when they would take more than 32 registers) and streams its OWN keys:
+//              the split's warp tiles of BLOCK_N keys are dealt round-robin, warp w takes tiles
+//              w, w + NWARPS, w + 2 NWARPS, ... (so the 4 warps of a block read one contiguous
+//              NWARPS * BLOCK_N-key range at a time)
+//   per warp   a private STAGES-deep cp.async ring of (K tile, V tile) in shared memory, synchronised
+//              with cp.async.wait_group + __syncwarp only: no __syncthreads in the KV loop, so a warp
+//              never waits for another warp's loads
+//     for each of its tiles:  S = Q K^T (mma.sync m16n8k16, fp32), online softmax in base 2
+//                             (one FFMA + one MUFU.EX2 per score), O += P V (P stays in registers)
+//   epilogue   one cross-warp combine of (m, l, O) through shared memory (the ring is reused):
+//                M = max_w m_w,  c_w = exp2((m_w - M) * scale_log2),  L = sum_w c_w l_w
+//                O = sum_w c_w O_w / L,   LSE = (M * scale_log2 + log2 L) * ln 2
+//              then either the fp32 partial of the split (o_accum [split, b, h, sq, d], lse_accum
+//              [split, b, h, sq]: exactly flash_fwd_kernel<SPLIT=true>'s format, combined by
+//              flash_combine_kernel) or, when p.o_accum is null (one split), O in the input dtype and
+//              the LSE straight into p.o / p.lse (no combine launch).
+//
+// Split ranges. A block's keys are [0, kv_len), kv_len = seqlen_k (ragged: min(seqlens_k[b] +
+// seqlen_k_new, seqlen_k)), causal: min(last valid row of the block + 1 + seqlen_k - seqlen_q,
+// seqlen_k). Its NT = ceil(kv_len / BLOCK_N) warp tiles are cut into num_splits ranges of
+// NWARPS * ceil(NT / (num_splits * NWARPS)) tiles (whole rounds of the warps, so all but the last
+// split keep every warp equally busy). A split with no tile (past the end, empty cache) writes
+// lse = -inf and o = 0; a row that sees no key (all masked) ends with m = -inf, l = 0 and gets o = 0,
+// lse = -inf (the base-2 exponent uses 0 in place of an -inf max, so no inf - inf = NaN anywhere).
+//
+// Bytes in flight (the design target: HBM bandwidth x latency ~ 4.2 TB/s x ~1-1.5 us / 132 SMs
+// ~ 32-48 KB per SM; we aim at >= 64 KB so that the loaded latency may grow). At the top of iteration k
+// a warp has issued tiles 0 .. k + STAGES - 2 and waits for tile k; right after, it refills the slot of
+// tile k - 1 with tile k + STAGES - 1. So STAGES - 1 tiles of 2 * BLOCK_N * D * 2 bytes are in flight
+// per warp at all times (while it waits and while it computes), and per SM
+//   blocks/SM x NWARPS x (STAGES - 1) x 2 * BLOCK_N * D * 2 bytes.
+// The configurations of cuflash/_configs.py (DECODE_KERNEL_TILES; fp16/bf16, padded smem rows of D + 8
+// elements; blocks/SM from shared memory, the registers allow at least as many):
+//   D = 128: BLOCK_N 16, 4 warps, 3 stages: tile 8 KB, smem 106 KB/block (MF 1) -> 2 blocks/SM on
+//            sm_90 (228 KB/SM): 2 x 4 x 2 x 8 KB = 128 KB in flight; sm_80 (164 KB/SM): 1 block, 64 KB.
+//   D =  64: BLOCK_N 32, 4 warps, 3 stages: tile 8 KB, 110 KB/block -> same 128 KB / 64 KB.
+//   D =  96: BLOCK_N 16, 4 warps, 4 stages: tile 6 KB, 107 KB/block -> 2 x 4 x 3 x 6 KB = 144 KB.
+//   D =  32: BLOCK_N 32, 4 warps, 4 stages: tile 4 KB, 81 KB/block  -> 2 x 4 x 3 x 4 KB = 96 KB.
+//   D = 256: BLOCK_N 16, 2 warps, 3 stages: tile 16 KB, 107 KB/block -> 2 x 2 x 2 x 16 KB = 128 KB.
+// The work per tile is tiny next to its bytes (D = 128, BLOCK_N 16, MF 1: 32 HMMA + 16 LDSM.x4 + 8
+// exponentials per lane for 8 KB), so a warp spends its time waiting on its ring; 8 warps per SM give
+// the issue slack.
+//
+// Template parameters (chosen in cuflash/_configs.py: decode_spec):
+//   T          __half or __nv_bfloat16
+//   D          head dim (multiple of 16)
+//   MF         m16 fragments of query rows per block (BLOCK_M = 16 * MF rows, every warp holds all)
+//   BLOCK_N    keys per warp tile (multiple of 16)
+//   NWARPS     warps per block, each streaming its own warp tiles
+//   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
+//   STAGES     depth of each warp's cp.async ring (>= 2)
+//   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
+//
+// Parameters: cuflash::FwdParams (common/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
+// is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
+#include "common/ptx.cuh"
+#include "common/tile.cuh"
+#include "common/params.cuh"
+
+namespace cuflash {
+
+// Shared-memory layout of flash_decode_kernel, in bytes (the host mirrors it: _configs.decode_smem_bytes).
+template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES>
+struct DecodeSmem {
+  static constexpr int BLOCK_M = 16 * MF;
+  static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row
+  static constexpr int TILE_BYTES = BLOCK_N * LDS * 2;                // one K (or V) warp tile
+  static constexpr int SLOT_BYTES = 2 * TILE_BYTES;                   // K tile then V tile
+  static constexpr int RING_BYTES = NWARPS * STAGES * SLOT_BYTES;     // [NWARPS][STAGES][K, V]
+  static constexpr int Q_BYTES = BLOCK_M * LDS * 2;                   // [BLOCK_M][LDS]
+  // Cross-warp combine (aliases the rings once every warp is done): O_w [NWARPS][BLOCK_M][RLD] fp32, then
+  // m_w, l_w, and the final weights c_w / L, each [NWARPS][BLOCK_M] fp32.
+  static constexpr int RLD = D + 8;  // fp32 row stride: float2 stores of a quad row hit 8 distinct banks
+  static constexpr int RED_BYTES = NWARPS * BLOCK_M * (RLD + 3) * 4;
+  static constexpr int BYTES = Q_BYTES + (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES);
+};
+
+// Lanes of a warp copying a [ROWS, D] 16-bit tile with 16-byte cp.async: each row is CPR = D / 8 chunks;
+// a pass of the warp covers RPP = 32 / CPR whole rows (lane -> row lane / CPR, chunk lane % CPR), so a
+// lane walks its column down the tile with one pointer and constant increments. D = 96 (12 chunks per
+// row) leaves lanes 24..31 idle.
+template <int D>
+struct WarpTileLanes {
+  static constexpr int CPR = D / 8;
+  static constexpr int RPP = 32 / CPR;
+  static constexpr int USED = RPP * CPR;
+};
+
+// cp.async of one warp tile: `src` = this lane's first chunk (row row0 + lane / CPR of the matrix, column
+// (lane % CPR) * 8), `dst` = its smem address in tile[ROWS][D + 8]; rows at or past `nrows` are zero-filled
+// (a zero V row times a zero probability stays 0, never NaN: the cache past its valid length may hold
+// anything); their chunks get `base` (row 0 of the matrix, always mapped) as the address they do not read.
+// Full tiles (the common case, warp-uniform) take no per-row test.
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const T* base, int64_t row_stride, int row0,
+                                               int nrows, int lane) {
+  using W = WarpTileLanes<D>;
+  constexpr int LDS = PaddedRow<D>::LDS;
+  static_assert(ROWS % W::RPP == 0, "whole passes per tile");
+  if (W::USED < 32 && lane >= W::USED) return;
+  const int64_t step = W::RPP * row_stride;
+  if (row0 + ROWS <= nrows) {
+#pragma unroll
+    for (int i = 0; i < ROWS / W::RPP; ++i, src += step) cp_async_16(dst + (uint32_t)(i * W::RPP * LDS * 2), src, true);
+  } else {
+    const int left = nrows - row0 - lane / W::CPR;  // valid rows from this lane's first one
+#pragma unroll
+    for (int i = 0; i < ROWS / W::RPP; ++i, src += step) {
+      const bool valid = i * W::RPP < left;
+      cp_async_16(dst + (uint32_t)(i * W::RPP * LDS * 2), valid ? src : base, valid);
+    }
+  }
+}
+
+template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES>
+__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
+  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
+  constexpr int NT = NWARPS * 32;
+  constexpr int BLOCK_M = L::BLOCK_M;
+  constexpr int NF = BLOCK_N / 8;  // n8 fragments of S
+  constexpr int DF = D / 8;        // n8 fragments of O
+  constexpr int KD = D / 16;       // k16 steps of Q K^T
+  constexpr int KN = BLOCK_N / 16; // k16 steps of P V
+  constexpr int LDS = L::LDS;
+  constexpr int RLD = L::RLD;
+  static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && DF % 2 == 0, "tile shapes");
+  static_assert(MF >= 1 && STAGES >= 2 && NWARPS >= 1, "configuration");
+  static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout (cuflash/_configs.py)");
+  // Q fragments stay in registers when they take at most 32 of them (D <= 128 at MF = 1).
+  constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_M][LDS]
+  unsigned char* ring = smem_raw + L::Q_BYTES;  // [NWARPS][STAGES][K | V][BLOCK_N][LDS]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  // Block coordinates: x = ((batch * nheads + head) * num_splits + split) * num_m_blocks + m_block.
+  const int seqlen_q = (int)p.seqlen_q;
+  const int num_splits = (int)p.num_splits;
+  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  int64_t bid = blockIdx.x;
+  const int m_block = (int)(bid % num_m_blocks);
+  bid /= num_m_blocks;
+  const int split = (int)(bid % num_splits);
+  const int64_t bh = bid / num_splits;  // batch * nheads + head
+  const int head = (int)(bh % p.nheads);
+  const int batch = (int)(bh / p.nheads);
+  const int m0 = m_block * BLOCK_M;
+  const int valid_rows = min(BLOCK_M, seqlen_q - m0);
+
+  const int seqlen_k =
+      max(0, p.seqlens_k ? min(p.seqlens_k[batch] + (int)p.seqlen_k_new, (int)p.seqlen_k) : (int)p.seqlen_k);
+  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  // keys any valid row of this block may see: [0, kv_len)
+  const int kv_len = CAUSAL ? max(0, min(seqlen_k, m0 + valid_rows + diag)) : seqlen_k;
+
+  // This split's warp tiles [tile_begin, tile_end): whole rounds of NWARPS tiles per split.
+  const int n_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
+  const int rounds = (n_tiles + num_splits * NWARPS - 1) / (num_splits * NWARPS);
+  const int tile_begin = split * rounds * NWARPS;
+  const int tile_end = min(n_tiles, tile_begin + rounds * NWARPS);
+
+  const float LN2 = 0.6931471805599453f;
+  const bool direct = p.o_accum == nullptr;  // one split: write O (input dtype) and the LSE directly
+  float* o_acc_row0 = direct ? nullptr
+                             : p.o_accum + (((int64_t)split * p.batch * p.nheads + bh) * seqlen_q + m0) * D;
+  float* lse_row0 = direct ? (p.lse ? p.lse + bh * seqlen_q + m0 : nullptr)
+                           : p.lse_accum + ((int64_t)split * p.batch * p.nheads + bh) * seqlen_q + m0;
+  T* o_row0 = direct ? reinterpret_cast<T*>(p.o) + (int64_t)batch * p.o_batch_stride + (int64_t)head * p.o_head_stride +
+                           (int64_t)m0 * p.o_row_stride
+                     : nullptr;
+
+  if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf, o = 0
+    for (int i = tid; i < valid_rows * (D / 4); i += NT) {
+      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+      if (direct)
+        *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
+      else
+        *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (lse_row0 && tid < valid_rows) lse_row0[tid] = -INFINITY;
+    return;
+  }
+
+  const T* q_ptr =
+      reinterpret_cast<const T*>(p.q) + (int64_t)batch * p.q_batch_stride + (int64_t)head * p.q_head_stride;
+  const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA without the fold: shared K/V head, no copy
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + (int64_t)batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + (int64_t)batch * p.v_batch_stride + kv_head * p.v_head_stride;
+
+  // This warp's tiles: tile_begin + warp + i * NWARPS, i in [0, my_tiles). The lane's K and V pointers
+  // walk them (one 64-bit add per tile); next_row is the first key of the next tile to load.
+  const int first = tile_begin + warp;
+  const int my_tiles = first < tile_end ? (tile_end - first + NWARPS - 1) / NWARPS : 0;
+  const uint32_t ring_w = smem_addr(ring) + (uint32_t)(warp * STAGES * L::SLOT_BYTES);
+  const int lane_row = lane / WarpTileLanes<D>::CPR, lane_col = (lane % WarpTileLanes<D>::CPR) * 8;
+  const uint32_t lane_dst = ring_w + (uint32_t)((lane_row * LDS + lane_col) * 2);
+  int next_row = first * BLOCK_N;
+  const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + lane_col;
+  const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + lane_col;
+  auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
+    const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
+    warp_load_tile<BLOCK_N, D>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
+    warp_load_tile<BLOCK_N, D>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
+    k_src += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
+    v_src += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
+    next_row += NWARPS * BLOCK_N;
+  };
+
+  // Q (all threads, one cp.async group), then each warp's first STAGES - 1 tiles (one group each, empty
+  // groups included so that the group count per iteration is static).
+  load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) load_next(s);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
+  __syncthreads();              // ... everyone's (the only block barrier before the epilogue)
+
+  // ldmatrix lane offsets (bytes): Q as the A operand (rows mf*16 + lane%16, cols kd*16 + (lane/16)*8);
+  // K rows as the B operand of Q K^T (plain ldmatrix); V rows as the B operand of P V (ldmatrix.trans).
+  const uint32_t q_lane = smem_addr(q_smem) + (uint32_t)(((lane % 16) * LDS + (lane / 16) * 8) * 2);
+  const uint32_t k_lane = (uint32_t)((((lane % 8) + (lane / 16) * 8) * LDS + ((lane / 8) % 2) * 8) * 2);
+  const uint32_t v_lane = (uint32_t)((((lane % 8) + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8) * 2) + L::TILE_BYTES;
+  uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[mf][kd], q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
+  }
+
+  // Per-thread softmax state: rows (g, g + 8) of each m16 fragment; row_sum is thread-partial.
+  float acc_o[MF][DF][4];
+  float row_max[MF][2], row_sum[MF][2];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int df = 0; df < DF; ++df)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mf][df][e] = 0.f;
+    row_max[mf][0] = row_max[mf][1] = -INFINITY;
+    row_sum[mf][0] = row_sum[mf][1] = 0.f;
+  }
+  const float scale_log2 = (float)p.scale_log2;
+
+  int read_slot = 0, write_slot = STAGES - 1;
+  for (int i = 0; i < my_tiles; ++i) {
+    cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
+    __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
+    if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
+    cp_async_commit();
+    const uint32_t k_tile = ring_w + (uint32_t)(read_slot * L::SLOT_BYTES);
+    read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
+    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
+
+    // S = Q K^T  [BLOCK_M, BLOCK_N]: one ldmatrix.x4 gives b0, b1 of two adjacent n8 fragments.
+    float s[MF][NF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+      uint32_t qa[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        if constexpr (Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
+        } else {
+          ldmatrix_x4(qa[mf], q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < NF; nf += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2));
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
+          mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
+        }
+      }
+    }
+
+    // Mask only tiles that cross the end of the keys or the diagonal (warp-uniform branch).
+    const int col0 = (first + i * NWARPS) * BLOCK_N;
+    const bool need_mask = col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + mf * 16 + g + (e / 2) * 8;
+            const int col = col0 + nf * 8 + 2 * t + (e % 2);
+            if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
+          }
+    }
+
+    // Online softmax (base 2), as flash_fwd_kernel: a row with no visible key so far has max -inf and
+    // uses 0 in the exponent; O and l are re-scaled only when some row of the warp has a new max.
+    float m_scaled[MF][2], row_max_new[MF][2];
+    bool max_moved = false;
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mf][h];
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
+        mx = quad_max(mx);
+        m_scaled[mf][h] = mx == -INFINITY ? 0.f : mx * scale_log2;
+        max_moved |= mx != row_max[mf][h];
+        row_max_new[mf][h] = mx;
+      }
+    if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled[mf][h]);
+          row_sum[mf][h] *= alpha;
+#pragma unroll
+          for (int df = 0; df < DF; ++df) {
+            acc_o[mf][df][2 * h] *= alpha;
+            acc_o[mf][df][2 * h + 1] *= alpha;
+          }
+          row_max[mf][h] = row_max_new[mf][h];
+        }
+    }
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = 0.f;
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
+            sum += s[mf][nf][e];
+          }
+        row_sum[mf][h] += sum;
+      }
+
+    // O += P V: the S accumulators packed to 16-bit pairs are the A operand; V via ldmatrix.trans.
+#pragma unroll
+    for (int kn = 0; kn < KN; ++kn) {
+      uint32_t a[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        a[mf][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
+        a[mf][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
+        a[mf][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
+        a[mf][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
+      }
+#pragma unroll
+      for (int df = 0; df < DF; df += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2));
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          mma_m16n8k16<T>(acc_o[mf][df], a[mf], b[0], b[1]);
+          mma_m16n8k16<T>(acc_o[mf][df + 1], a[mf], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // ---- Cross-warp combine. Every warp's ring is drained and read: reuse the rings for (m_w, l_w, O_w).
+  cp_async_wait<0>();  // only empty groups can be pending here; keeps the smem reuse obviously safe
+  __syncthreads();
+  float* red_o = reinterpret_cast<float*>(ring);        // [NWARPS][BLOCK_M][RLD]  unnormalised O_w
+  float* red_m = red_o + NWARPS * BLOCK_M * RLD;        // [NWARPS][BLOCK_M]       m_w * scale_log2 (or -inf)
+  float* red_l = red_m + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       l_w
+  float* red_c = red_l + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       c_w / L
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mf * 16 + g + h * 8;
+      const float l = quad_sum(row_sum[mf][h]);
+      if (r < valid_rows) {
+        if (t == 0) {
+          red_m[warp * BLOCK_M + r] = row_max[mf][h] == -INFINITY ? -INFINITY : row_max[mf][h] * scale_log2;
+          red_l[warp * BLOCK_M + r] = l;
+        }
+        float* dst = red_o + (warp * BLOCK_M + r) * RLD + 2 * t;
+#pragma unroll
+        for (int df = 0; df < DF; ++df)
+          *reinterpret_cast<float2*>(dst + df * 8) = make_float2(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
+      }
+    }
+  __syncthreads();
+  if (tid < valid_rows) {  // per row: M, L, the weights c_w / L and the LSE
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, red_m[w * BLOCK_M + tid]);
+    const float base = mx == -INFINITY ? 0.f : mx;  // all -inf: every c_w = exp2(-inf) = 0
+    float c[NWARPS], l_tot = 0.f;
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) {
+      c[w] = exp2_approx(red_m[w * BLOCK_M + tid] - base);
+      l_tot += c[w] * red_l[w * BLOCK_M + tid];
+    }
+    const float inv_l = l_tot > 0.f ? 1.f / l_tot : 0.f;
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) red_c[w * BLOCK_M + tid] = c[w] * inv_l;
+    if (lse_row0) lse_row0[tid] = l_tot > 0.f ? (base + __log2f(l_tot)) * LN2 : -INFINITY;
+  }
+  __syncthreads();
+  for (int i = tid; i < valid_rows * (D / 4); i += NT) {  // O = sum_w (c_w / L) O_w, 4 columns per thread
+    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) {
+      const float cw = red_c[w * BLOCK_M + r];
+      const float4 x = *reinterpret_cast<const float4*>(red_o + (w * BLOCK_M + r) * RLD + c);
+      o.x += cw * x.x;
+      o.y += cw * x.y;
+      o.z += cw * x.z;
+      o.w += cw * x.w;
+    }
+    if (direct)
+      *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
+          make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
+    else
+      *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
+  }
+}
+
+}  // namespace cuflash

@@ -1,0 +1,309 @@
+"""CPU: the dedicated decode kernel without a GPU -- its algorithm (float64 emulation with the kernel's
+integer arithmetic: split ranges, round-robin warp tiles, masks, the cross-warp combine) against naive
+attention, its configurations (names, shared memory, occupancy), and the host fast path of
+flash_attn_with_kvcache (plans, packed parameters, validation) with the GPU replaced by stand-ins."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cuflash import _configs, reference
+from cuflash.decode import (APPEND_FORMAT, KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
+                            resident_blocks)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SM80_MAX_SMEM = 163 * 1024
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+def _inputs(rng, b, sq, h, hk, sk, d):
+    return (rng.standard_normal((b, sq, h, d)), rng.standard_normal((b, sk, hk, d)),
+            rng.standard_normal((b, sk, hk, d)))
+
+
+def _naive(q, k, v, seqlens, causal):
+    b, sq, h, d = q.shape
+    out, lse = np.zeros(q.shape), np.zeros((b, h, sq))
+    for i, n in enumerate(seqlens):
+        out[i:i + 1], lse[i:i + 1] = reference.attention_forward(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], None,
+                                                                 causal)
+    return out, lse
+
+
+@pytest.mark.parametrize("kv_len", [0, 1, 15, 16, 17, 64, 65, 1000])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 128])
+@pytest.mark.parametrize("nwarps,block_n", [(4, 16), (2, 16), (4, 32)])
+def test_warp_tiles_cover_every_key_once(kv_len, num_splits, nwarps, block_n):
+    seen = []
+    per_split_rounds = []
+    for s in range(num_splits):
+        tiles = reference.decode_warp_tiles(kv_len, num_splits, s, nwarps, block_n)
+        assert len(tiles) == nwarps
+        assert all(len(tiles[0]) - len(ts) in (0, 1) for ts in tiles)  # warps differ by at most one tile
+        flat = sorted(t for ts in tiles for t in ts)
+        per_split_rounds.append(len(flat))
+        seen += flat
+    n_tiles = -(-kv_len // block_n)
+    assert sorted(seen) == list(range(n_tiles))  # every warp tile exactly once
+    full = [n for n in per_split_rounds if n]
+    assert all(n % nwarps == 0 for n in full[:-1])  # all but the last non-empty split: whole warp rounds
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+@pytest.mark.parametrize("b,sq,h,hk,mf", [
+    (2, 1, 8, 8, 1),     # no GQA: 1 row of 16
+    (2, 1, 8, 2, 1),     # GQA fold: 4 rows
+    (1, 1, 32, 1, 2),    # MQA fold, 32 rows (mf 2)
+    (1, 1, 64, 1, 2),    # 64 rows: two m-blocks of 32
+    (1, 1, 40, 2, 1),    # 20 rows with mf 1 (d256's choice): two m-blocks of 16
+])
+def test_emulation_matches_attention(num_splits, b, sq, h, hk, mf):
+    rng = np.random.default_rng(0)
+    sk, d = 300, 32
+    q, k, v = _inputs(rng, b, sq, h, hk, sk, d)
+    seqlens = [300, 0][:b] if b == 2 else [257]
+    out, lse = reference.decode_kernel_forward(q, k, v, num_splits=num_splits, nwarps=4, block_n=16, mf=mf,
+                                               cache_seqlens=seqlens)
+    ro, rl = _naive(q, k, v, seqlens, False)
+    assert np.allclose(out, ro, atol=1e-12) and not np.isnan(out).any()
+    assert np.array_equal(np.isneginf(lse), np.isneginf(rl))
+    assert np.allclose(lse[np.isfinite(rl)], rl[np.isfinite(rl)], atol=1e-12)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 16])
+@pytest.mark.parametrize("sq,seqlens", [(4, [10, 0, 600]), (20, [30, 5, 19]), (3, [1, 2, 100])])
+def test_emulation_causal_speculative(num_splits, sq, seqlens):
+    """Bottom-right causal with a few query rows, including rows that see no key (seqlen_k < sq)."""
+    rng = np.random.default_rng(1)
+    b, h, hk, sk, d = len(seqlens), 4, 2, 640, 16
+    q, k, v = _inputs(rng, b, sq, h, hk, sk, d)
+    out, lse = reference.decode_kernel_forward(q, k, v, causal=True, num_splits=num_splits, nwarps=4, block_n=16,
+                                               mf=1 if sq <= 16 else 2, cache_seqlens=seqlens)
+    ro, rl = _naive(q, k, v, seqlens, True)
+    assert np.allclose(out, ro, atol=1e-12) and not np.isnan(out).any()
+    assert np.array_equal(np.isneginf(lse), np.isneginf(rl))
+    assert np.allclose(lse[np.isfinite(rl)], rl[np.isfinite(rl)], atol=1e-12)
+
+
+def test_decode_specs_fit_and_name_their_smem():
+    specs = _configs.decode_specs()
+    assert specs and all(s in _configs.all_specs() for s in specs)
+    for s in specs:
+        assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
+        assert s.name.endswith(f", {s.smem}>") and s.smem % 16 == 0
+        assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
+    for d, t in _configs.DECODE_KERNEL_TILES.items():
+        assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
+        spec = _configs.decode_spec("float16", d, False, 1)
+        assert spec.threads == 32 * t.nwarps
+        # two blocks per SM on sm_90: the bytes in flight of the file header
+        assert resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM) == 2, d
+        in_flight = 2 * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
+        assert in_flight >= 64 * 1024, (d, in_flight)
+
+
+def test_decode_smem_formula():
+    t = _configs.DecodeTile(16, 4, 3)
+    lds = 128 + 8
+    assert _configs.decode_smem_bytes(128, t, 1) == 16 * lds * 2 + 4 * 3 * 2 * 16 * lds * 2
+    # the cross-warp combine reuses the rings; when it is larger, it sets the size
+    t2 = _configs.DecodeTile(16, 4, 2)
+    red = 4 * 32 * (256 + 8 + 3) * 4
+    assert _configs.decode_smem_bytes(256, t2, 2) == 32 * 264 * 2 + max(4 * 2 * 2 * 16 * 264 * 2, red)
+
+
+def test_mf_choice():
+    assert _configs.decode_mf(128, 1) == 1 and _configs.decode_mf(128, 16) == 1
+    assert _configs.decode_mf(128, 17) == 2 and _configs.decode_mf(128, 32) == 2
+    assert _configs.decode_mf(256, 32) == 1  # d256 keeps one fragment (registers)
+
+
+def test_geometry():
+    # (rows, kheads, heads_per_kv, fold, causal, mf, m_blocks)
+    assert decode_geometry(1, 1, 32, 8, 128, False) == (4, 8, 1, True, False, 1, 1)
+    assert decode_geometry(1, 1, 32, 32, 128, True) == (1, 32, 1, False, False, 1, 1)  # 1 row: causal is moot
+    assert decode_geometry(2, 4, 8, 2, 64, True) == (4, 8, 4, False, True, 1, 1)
+    assert decode_geometry(1, 1, 64, 1, 128, False) == (64, 1, 1, True, False, 2, 2)
+    assert decode_geometry(1, 1, 64, 1, 256, False) == (64, 1, 1, True, False, 1, 4)
+
+
+def test_resident_blocks_rule():
+    # H200: 228 KB of smem per SM, 1 KB reserved per block
+    assert resident_blocks(108800, 128, 168, smem_per_sm=233472) == 2
+    assert resident_blocks(108800, 128, 168, smem_per_sm=167936) == 1  # A100
+    assert resident_blocks(40000, 128, 255, smem_per_sm=233472) == 2  # registers: 4 warps x 8192
+    assert resident_blocks(40000, 128, 128, smem_per_sm=233472) == 4
+    assert resident_blocks(1000, 1024, 32, smem_per_sm=233472) == 2  # threads
+    assert resident_blocks(300000, 128, 0, smem_per_sm=233472) == 1  # never 0
+
+
+def test_decode_split_count_is_static_and_bounded():
+    kv = decode_kv_block(128)
+    assert kv == _configs.DECODE_KERNEL_TILES[128].nwarps * _configs.DECODE_KERNEL_TILES[128].block_n
+    assert decode_num_splits(32, 264, 32768, 128) > 1  # batch 1, 32 heads: fill 264 slots
+    assert decode_num_splits(256, 264, 32768, 128) == 1  # enough blocks already
+    assert decode_num_splits(8, 264, kv, 128) == 1  # one block round of keys: nothing to split
+    assert decode_num_splits(8, 264, 3 * kv, 128) <= 3
+    for n in (1, 100, 4096, 131072):
+        assert 1 <= decode_num_splits(8, 264, n, 128) <= max(1, -(-n // kv))
+
+
+def test_kernel_keyword_validation():
+    import cuflash
+
+    assert KERNELS == ("decode", "fwd_split")
+    check_kernel("decode")
+    check_kernel("fwd_split")
+    for bad in ("fwd", "", None, 1, ["decode"]):
+        with pytest.raises(ValueError, match="kernel must be one of"):
+            check_kernel(bad)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        cuflash.flash_attn_with_kvcache(None, None, None, kernel="split")
+
+
+_HOST_SCRIPT = r"""
+import json, struct, sys
+sys.path.insert(0, ROOT)
+from bench import host_overhead as ho
+torch = ho.install_fakes(record=True)
+import cuflash
+from cuflash import decode
+from cuflash._launch import FWD_FORMAT, FWD_PARAMS
+names = [n for n, _ in FWD_PARAMS]
+T = torch.Tensor
+res = {}
+
+def params(rec):
+    return dict(zip(names, struct.unpack_from(FWD_FORMAT, rec[4], 0)))
+
+def call(tag, *args, **kw):
+    ho.LAUNCHES.clear()
+    out = cuflash.flash_attn_with_kvcache(*args, **kw)
+    res[tag] = dict(launches=[dict(name=r[0], grid=r[1], threads=r[2], smem=r[3], p=params(r), raw=r[4][:256].hex())
+                              for r in ho.LAUNCHES],
+                    out_shape=list((out[0] if isinstance(out, tuple) else out).shape), plans=len(decode._PLANS),
+                    tuple=isinstance(out, tuple))
+
+# GQA decode: b 2, h 32, hk 8, cache 4096, d 128, ragged cache_seqlens array -> fold, splits
+q = T((2, 1, 32, 128), torch.float16)
+kc = T((2, 4096, 8, 128), torch.float16); vc = T((2, 4096, 8, 128), torch.float16)
+sl = T((2,), torch.int32)
+call("gqa", q, kc, vc, cache_seqlens=sl)
+call("gqa_again", q, kc, vc, cache_seqlens=sl)
+call("gqa_lse", q, kc, vc, cache_seqlens=sl, return_softmax_lse=True)
+call("gqa_1split", q, kc, vc, cache_seqlens=sl, num_splits=1)
+# speculative, causal, append of 3 tokens
+q4 = T((2, 3, 32, 128), torch.float16); kn = T((2, 3, 8, 128), torch.float16); vn = T((2, 3, 8, 128), torch.float16)
+call("spec", q4, kc, vc, kn, vn, cache_seqlens=sl, causal=True, num_splits=5)
+# host int cache_seqlens, bf16, d 64, no GQA
+qb = T((1, 1, 8, 64), torch.bfloat16)
+kb = T((1, 1000, 8, 64), torch.bfloat16); vb = T((1, 1000, 8, 64), torch.bfloat16)
+call("int_seqlens", qb, kb, vb, cache_seqlens=700)
+# misaligned pointer on a memoized plan: rejected by the validating path
+bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
+try:
+    cuflash.flash_attn_with_kvcache(bad, kc, vc, cache_seqlens=sl)
+    res["misaligned"] = "no error"
+except ValueError as e:
+    res["misaligned"] = str(e)
+try:
+    cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=T((2,), torch.float32))
+    res["bad_seqlens"] = "no error"
+except TypeError as e:
+    res["bad_seqlens"] = str(e)
+for scale in (-1.0, float("nan"), "x"):
+    try:
+        cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, softmax_scale=scale)
+        res.setdefault("bad_scale", []).append("no error")
+    except (TypeError, ValueError) as e:
+        res.setdefault("bad_scale", []).append(str(e))
+print("RESULT" + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def host_path():
+    code = _HOST_SCRIPT.replace("ROOT", repr(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+def test_host_path_gqa_split(host_path):
+    r = host_path["gqa"]
+    assert r["out_shape"] == [2, 1, 32, 128] and not r["tuple"]
+    main, comb = r["launches"]
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 16, 4, false, 3, ")
+    assert comb["name"] == "cuflash::flash_combine_kernel<__half, 128>"
+    p = main["p"]
+    n = p["num_splits"]
+    # fold: 4 rows per KV head, q rows = heads (stride 128), q heads = 4 * 128; out likewise
+    assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"]) == (8, 4, 1)
+    assert (p["q_row_stride"], p["q_head_stride"], p["q_batch_stride"]) == (128, 512, 32 * 128)
+    assert (p["o_row_stride"], p["o_head_stride"], p["o_batch_stride"]) == (128, 512, 32 * 128)
+    assert (p["k_batch_stride"], p["k_row_stride"], p["k_head_stride"]) == (4096 * 8 * 128, 8 * 128, 128)
+    assert p["seqlen_k"] == 4096 and p["seqlen_k_new"] == 0 and p["batch"] == 2
+    assert abs(p["scale_log2"] - 128 ** -0.5 * 1.4426950408889634) < 1e-15
+    # 2 x 8 = 16 blocks for 264 slots (132 SMs x 2): split; grid = blocks x splits x m-blocks
+    assert 1 < n <= 4096 // 64 and main["grid"] == [16 * n, 1, 1] and main["threads"] == 128
+    assert p["o_accum"] and p["lse_accum"] and p["seqlens_k"] and p["lse"] == 0
+    assert p["lse_accum"] - p["o_accum"] == n * 2 * 8 * 4 * 128 * 4  # one scratch buffer: o_accum then lse_accum
+    assert comb["p"] == p  # the combine reads the same parameter block
+    assert comb["grid"] == [-(-(2 * 8 * 4) // 4), 1, 1]
+
+
+def test_host_path_memo_and_lse(host_path):
+    assert host_path["gqa_again"]["plans"] == host_path["gqa"]["plans"]  # same key: no new plan
+    r = host_path["gqa_lse"]
+    assert r["tuple"] and r["launches"][0]["p"]["lse"] != 0 and r["plans"] == host_path["gqa"]["plans"]
+
+
+def test_host_path_one_split_writes_directly(host_path):
+    (main,) = host_path["gqa_1split"]["launches"]
+    p = main["p"]
+    assert p["num_splits"] == 1 and p["o_accum"] == 0 and p["lse_accum"] == 0 and main["grid"] == [16, 1, 1]
+
+
+def test_host_path_speculative_append(host_path):
+    app, main, comb = host_path["spec"]["launches"]
+    assert app["name"] == "cuflash::kvcache_append_kernel<__half, 128>"
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 16, 4, true, 3, ")
+    p = main["p"]
+    # no fold with 3 query rows: heads 32, rows 3, heads_per_kv 4; 5 splits
+    assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"], p["num_splits"], p["seqlen_k_new"]) == (32, 3, 4, 5, 3)
+    assert (p["q_row_stride"], p["q_head_stride"]) == (32 * 128, 128)
+    assert main["grid"] == [2 * 32 * 5, 1, 1]
+    a = struct.unpack_from(APPEND_FORMAT, bytes.fromhex(app["raw"]), 0)
+    assert a[:5] == (p["k"], p["v"], a[2], a[3], p["seqlens_k"]) and a[2] and a[3]
+    assert a[5:8] == (4096 * 8 * 128, 8 * 128, 128) and a[-4:] == (2, 3, 8, 4096)
+    assert app["grid"] == [-(-(2 * 2 * 3 * 8 * 16) // app["threads"]), 1, 1]
+
+
+def test_host_path_int_seqlens_bf16(host_path):
+    main = host_path["int_seqlens"]["launches"][0]
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__nv_bfloat16, 64, 1, 32, 4, false, 3, ")
+    p = main["p"]
+    assert p["seqlens_k"] == 0 and p["seqlen_k"] == 700 and p["nheads"] == 8 and p["seqlen_q"] == 1
+    assert p["num_splits"] == 1 or main["grid"][0] == 8 * p["num_splits"]
+
+
+def test_host_path_validation(host_path):
+    assert "16-byte" in host_path["misaligned"]
+    assert "cache_seqlens must be int32" in host_path["bad_seqlens"]
+    assert all("softmax_scale must be" in e for e in host_path["bad_scale"]), host_path["bad_scale"]
+
+
+def test_host_overhead_script_runs():
+    """bench/host_overhead.py (the CPU-only host-path timing) keeps working; one launch with one split."""
+    r = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--calls", "5"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 5 and all("us/call" in x for x in lines)
+    assert "launches x1" in [x for x in lines if "no split" in x][0]
+    assert "launches x3" in [x for x in lines if "append" in x][0]

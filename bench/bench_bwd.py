@@ -1,6 +1,6 @@
 """Backward benchmarks: the FlashAttention-2 grid for each dQ strategy next to SDPA FLASH / CUDNN /
-EFFICIENT backward (the backward timed alone, graph retained; FLOPs x2.5), and the extra memory of
-the dQ strategies."""
+EFFICIENT backward (the backward timed alone, graph retained; FLOPs x2.5), the two warp partitions of the
+main kernel (section bwd_partition), and the extra memory of the dQ strategies."""
 from __future__ import annotations
 
 import gc
@@ -55,6 +55,45 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                 del q, k, v, qt, kt, vt, dout, doutt
                 gc.collect()
                 torch.cuda.empty_cache()
+    return recs
+
+
+PARTITION_SEQLENS = (1024, 2048, 4096, 8192)
+
+
+def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS, partitions=("kv", "q")):
+    """The two warp partitions of the backward main kernel (cuda_src/flash_bwd.cu: "kv" warps split the KV rows,
+    the default; "q" warps split the Q rows), each with its configured tile (cuflash/_configs.py: BWD_TILES,
+    BWD_TILES_Q) and atomic dQ, on the FlashAttention-2 grid subset (batch x seqlen = 16k, hidden 2048);
+    timed and counted like `bwd` (backward alone, FLOPs x2.5, halved for causal). ~10-20 s on an H200."""
+    import torch
+
+    import cuflash
+    from cuflash._configs import bwd_tiles
+
+    recs = []
+    dt = getattr(torch, dtype)
+    for d in headdims:
+        h = HIDDEN // d
+        for s in seqlens:
+            b = TOKENS // s
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+            dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+            for causal in (False, True):
+                for part in partitions:
+                    t = bwd_tiles(part)[d]
+                    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy="atomic", warp_partition=part)
+                    ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
+                    recs.append(record("cuflash", f"v2-{part}", "bwd", dtype, b, h, s, s, d, causal, ms,
+                                       dq_strategy="atomic", warp_partition=part,
+                                       tile=f"{t.block_m}x{t.block_n}x{t.nwarps}w"))
+                    del out
+                print(f"bwd_partition d={d} s={s} causal={causal}: " + "  ".join(
+                    f"{r['warp_partition']} ({r['tile']}) {r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s"
+                    for r in recs[-len(partitions):]), flush=True)
+            del q, k, v, dout
+            gc.collect()
+            torch.cuda.empty_cache()
     return recs
 
 

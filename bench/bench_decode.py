@@ -1,7 +1,12 @@
 """Decoding benchmarks: q_len 1, 32 query heads, head dim 128, fp16, batch 1..64, cache 1k..128k, with
 32, 8 and 1 KV heads. Time, K/V bytes read, the bandwidth floor (bytes / copy bandwidth measured in this
-run), cuflash split-KV (heuristic splits) and unsplit, and SDPA FLASH / CUDNN / EFFICIENT (GQA expanded
-to full heads for them, outside the timing)."""
+run), cuflash's dedicated decode kernel (heuristic splits and unsplit), the previous split-KV path (the
+prefill kernel cut into splits, kernel="fwd_split", heuristic splits) and SDPA FLASH / CUDNN / EFFICIENT
+(GQA expanded to full heads for them, outside the timing), then a small-step latency case.
+
+Two times per case: `us` = median CUDA-event time of one call made from Python (includes the host time
+when it exceeds the GPU time, as a caller sees it), and `graph_us` = GPU time per call of GRAPH_CALLS calls
+captured in one CUDA graph (the device time, host overhead removed; cuflash and SDPA FLASH only)."""
 from __future__ import annotations
 
 import gc
@@ -9,37 +14,92 @@ import gc
 from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, record, sdpa, time_ms
 
 MAX_KV_BYTES = 24 * 2 ** 30
+GRAPH_CALLS = 20
+MAX_SMEM = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
 
 
-def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128):
+def graph_us(fn, calls=GRAPH_CALLS, event_ms=None):
+    """GPU microseconds per call: `calls` calls of fn captured in one CUDA graph, median replay time / calls.
+    None if the call cannot be captured. Calls taking over a millisecond (host overhead irrelevant) are
+    captured 2 at a time to keep the section short."""
     import torch
 
-    import cuflash
+    if event_ms is not None and event_ms > 1.0:
+        calls = 2
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # warm-up outside the capture (compilation, plans)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(calls):
+                fn()
+        ms = time_ms(g.replay, warmup=2, rep=10, min_warmup_ms=5.0)
+        del g
+        return ms * 1e3 / calls
+    except Exception as e:  # noqa: BLE001 - recorded as missing
+        print(f"graph capture failed: {e}")
+        return None
+
+
+def _old_splits(b, h, hk, s, d):
+    """The split count the fwd_split path picks (its own heuristic)."""
     from cuflash._configs import DECODE_TILES, fwd_smem_bytes
     from cuflash.decode import decode_slots, num_splits_heuristic
 
+    t = DECODE_TILES[d]
+    rows = h // hk if h > hk else 1
+    return num_splits_heuristic(b * (hk if h > hk else h) * -(-rows // t.block_m),
+                                decode_slots(0, fwd_smem_bytes(d, t)), -(-s // t.block_n))
+
+
+def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128,
+           budget_s=240.0):
+    """Every case in the issue's grid, in order of kv_heads, batch, cache length; cases left when `budget_s`
+    seconds have passed are recorded as skipped (the small-step latency case runs first)."""
+    import time
+
+    import torch
+
+    import cuflash
+    from cuflash.decode import plan_for
+
     bw = measure_ceilings()[0]["tb_per_s"] * 1e12
-    recs = []
+    recs = decode_latency(d=d)
+    t_start = time.perf_counter()
     for hk in kv_heads:
         for b in batches:
             for s in cache_lens:
                 kv_bytes = 2 * b * s * hk * d * 2
                 if kv_bytes > MAX_KV_BYTES:
                     continue
+                if time.perf_counter() - t_start > budget_s:
+                    print(f"decode hk={hk} b={b} s={s}: skipped (section time budget of {budget_s:.0f} s spent)")
+                    recs.append(record("cuflash", "skipped", "decode", "float16", b, h, 1, s, d, False, None,
+                                       heads_k=hk, kv_bytes=kv_bytes, skipped=True))
+                    continue
                 kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
                 vc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
                 q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
                 seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
                 floor_us = kv_bytes / bw * 1e6
-                rows = h // hk if h > hk else 1
-                auto = num_splits_heuristic(b * (hk if h > hk else h), decode_slots(0, fwd_smem_bytes(d, DECODE_TILES[d])),
-                                            -(-s // DECODE_TILES[d].block_n))
                 common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
-                for name, ns in (("split", 0), ("unsplit", 1)):
-                    ms = time_ms(lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns))
-                    recs.append(record("cuflash", f"decode-{name}", "decode", "float16", b, h, 1, s, d, False, ms,
-                                       us=ms * 1e3, num_splits=auto if ns == 0 else 1, bw_fraction=floor_us / (ms * 1e3),
-                                       **common))
+                auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
+                for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
+                                               ("decode-unsplit", "decode", 1, 1),
+                                               ("fwd_split-split", "fwd_split", 0, _old_splits(b, h, hk, s, d))):
+                    def fn(ns=ns, kernel=kernel):
+                        return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
+                                                               kernel=kernel)
+
+                    ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
+                    gus = graph_us(fn, event_ms=ms)
+                    recs.append(record("cuflash", name, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
+                                       graph_us=gus, kernel=kernel, num_splits=used,
+                                       bw_fraction=floor_us / (ms * 1e3),
+                                       graph_bw_fraction=floor_us / gus if gus else None, **common))
                 qt = q.transpose(1, 2)
                 expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
                 if expand:
@@ -50,61 +110,90 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                     kt = vt = None
                 for prov in SDPA_PROVIDERS:
                     fn = sdpa(prov)
+                    ms = gus = None
                     try:
-                        ms = time_ms(lambda: fn(qt, kt, vt)) if expand else None
+                        if expand:
+                            ms = time_ms(lambda: fn(qt, kt, vt), rep=10, min_warmup_ms=5.0)
+                            if prov == "flash":  # the yardstick; other backends are not captured (cuDNN may refuse)
+                                gus = graph_us(lambda: fn(qt, kt, vt), event_ms=ms)
                     except RuntimeError as e:
-                        ms = None
                         print(f"sdpa {prov} decode failed: {e}")
                     recs.append(record(prov, "sdpa", "decode", "float16", b, h, 1, s, d, False, ms,
-                                       us=ms * 1e3 if ms else None, num_splits=None,
-                                       bw_fraction=floor_us / (ms * 1e3) if ms else None, **common))
-                r = recs[-5:]
-                print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us: " + " ".join(
-                    f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}={x['us'] or 0:.0f}" for x in r))
+                                       us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
+                                       bw_fraction=floor_us / (ms * 1e3) if ms else None,
+                                       graph_bw_fraction=floor_us / gus if gus else None, **common))
+                r = recs[-6:]
+                print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
+                    f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="
+                    f"{x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in r))
                 del kc, vc, q, kt, vt
                 gc.collect()
                 torch.cuda.empty_cache()
-    # host overhead of a small step, a loop of calls from Python
-    kc = torch.randn(1, 4096, 8, d, device="cuda", dtype=torch.float16)
-    vc = torch.randn_like(kc)
-    q = torch.randn(1, 1, 8, d, device="cuda", dtype=torch.float16)
-    seqlens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
-    us = host_us_per_call(lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens))
-    recs.append(record("cuflash", "decode-split", "decode_latency", "float16", 1, 8, 1, 4096, d, False, us / 1e3,
-                       us=us, heads_k=8))
-    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
-    fn = sdpa("flash")
-    us = host_us_per_call(lambda: fn(qt, kt, vt))
-    recs.append(record("flash", "sdpa", "decode_latency", "float16", 1, 8, 1, 4096, d, False, us / 1e3, us=us,
-                       heads_k=8))
-    print(f"decode per-call latency (1, 8 heads, 4k): cuflash={recs[-2]['us']:.1f}us flash={recs[-1]['us']:.1f}us")
     return recs
 
 
+def decode_latency(b=1, h=8, hk=8, s=4096, d=128):
+    """Host overhead of a small step: per-call time of a loop of calls from Python (batch 1, 8 heads,
+    cache 4k, head dim 128), both cuflash kernels next to SDPA FLASH."""
+    import torch
+
+    import cuflash
+    from cuflash.decode import plan_for
+
+    kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    recs = []
+    splits = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
+    for name, kernel in (("decode-split", "decode"), ("fwd_split-split", "fwd_split")):
+        def fn(kernel=kernel):
+            return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, kernel=kernel)
+
+        us = host_us_per_call(fn)
+        recs.append(record("cuflash", name, "decode_latency", "float16", b, h, 1, s, d, False, us / 1e3, us=us,
+                           graph_us=graph_us(fn), heads_k=hk, kernel=kernel,
+                           num_splits=splits if kernel == "decode" else _old_splits(b, h, hk, s, d)))
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    fn = sdpa("flash")
+    us = host_us_per_call(lambda: fn(qt, kt, vt))
+    recs.append(record("flash", "sdpa", "decode_latency", "float16", b, h, 1, s, d, False, us / 1e3, us=us,
+                       graph_us=graph_us(lambda: fn(qt, kt, vt)), heads_k=hk))
+    print(f"decode per-call latency ({b}, {h} heads, {s // 1024}k): " + " ".join(
+        f"{r['algo'] if r['provider'] == 'cuflash' else r['provider']}={r['us']:.1f}us (GPU {r['graph_us'] or 0:.1f})"
+        for r in recs))
+    return recs
 
 
-
+# Decode-kernel tile variants swept at head dim 128 (block_n, nwarps, stages); the configured one first.
 def _sweep_tiles():
-    from cuflash._configs import FwdTile
+    from cuflash._configs import DECODE_KERNEL_TILES, DecodeTile
 
-    return [FwdTile(64, 64, 4), FwdTile(128, 128, 8), FwdTile(64, 32, 4)]
+    base = DECODE_KERNEL_TILES[128]
+    cands = [base, DecodeTile(16, 4, 4), DecodeTile(16, 4, 2), DecodeTile(32, 4, 2), DecodeTile(32, 2, 3),
+             DecodeTile(16, 2, 4), DecodeTile(16, 8, 2), DecodeTile(16, 8, 3)]
+    out = []
+    for t in cands:
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def sweep_specs():
-    from cuflash._configs import fwd_spec
+    from cuflash._configs import decode_spec
 
-    return [fwd_spec("float16", 128, False, True, t) for t in _sweep_tiles()]
+    specs = [decode_spec("float16", 128, False, 1, t) for t in _sweep_tiles()]
+    return [s for s in specs if s.smem <= MAX_SMEM]
 
 
 def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 131072), (8, 1, 32768),
                         (1, 32, 131072)), h=32, d=128):
-    """Split-KV tile and split-count sweep on representative decoding cases (head dim 128, fp16)."""
+    """Decode-kernel tile and split-count sweep on representative decoding cases (head dim 128, fp16):
+    each tile of `_sweep_tiles` at 1x, 2x and 4x its heuristic split count (graph time per call)."""
     import torch
 
-    from cuflash import flash
-    from cuflash._validate import check_qkv
-    from cuflash._configs import fwd_smem_bytes
-    from cuflash.decode import decode_slots, num_splits_heuristic
+    from cuflash._configs import decode_spec
+    from cuflash.decode import plan_for, run_plan
 
     bw = measure_ceilings()[0]["tb_per_s"] * 1e12
     recs = []
@@ -113,21 +202,23 @@ def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 
         vc = torch.randn_like(kc)
         q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-        qa, ka, va = check_qkv(q, kc, vc)
         kv_bytes = 2 * b * s * hk * d * 2
         floor_us = kv_bytes / bw * 1e6
+        n0 = len(recs)
         for t in _sweep_tiles():
-            base = num_splits_heuristic(b * (hk if h > hk else h) * -(-(h // hk if h > hk else 1) // t.block_m),
-                                        decode_slots(0, fwd_smem_bytes(d, t)), -(-s // t.block_n))
+            if decode_spec("float16", d, False, 1, t).smem > MAX_SMEM:
+                continue
+            base = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=t).num_splits
             for mult in (1, 2, 4):
                 ns = min(128, base * mult)
-                ms = time_ms(lambda: flash.forward(qa, ka, va, None, False, tile=t, seqlens_k_ptr=seqlens.data_ptr(),
-                                                   num_splits=ns))
-                recs.append(record("cuflash", f"decode-tile-{t.block_m}x{t.block_n}x{t.nwarps}w", "decode", "float16",
-                                   b, h, 1, s, d, False, ms, us=ms * 1e3, num_splits=ns, heads_k=hk, kv_bytes=kv_bytes,
-                                   floor_us=floor_us, bw_fraction=floor_us / (ms * 1e3)))
+                plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=ns, tile=t)
+                gus = graph_us(lambda: run_plan(plan, q, kc, vc, cache_seqlens=seqlens))
+                recs.append(record("cuflash", f"decode-tile-{t.block_n}x{t.nwarps}w-{t.stages}st", "decode", "float16",
+                                   b, h, 1, s, d, False, gus / 1e3 if gus else None, us=gus, graph_us=gus,
+                                   num_splits=ns, heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us,
+                                   bw_fraction=floor_us / gus if gus else None))
         print(f"decode sweep hk={hk} b={b} s={s} floor={floor_us:.0f}: " + " ".join(
-            f"{r['algo'][12:]}/{r['num_splits']}={r['us']:.0f}" for r in recs[-9:]))
+            f"{r['algo'][12:]}/{r['num_splits']}={r['us'] or 0:.0f}" for r in recs[n0:]))
         del kc, vc, q
         torch.cuda.empty_cache()
     return recs

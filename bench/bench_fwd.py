@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from cuflash._configs import FWD_TILES, FwdTile, fwd_spec
+from cuflash._configs import FwdTile, fwd_spec, fwd_tile
 
 from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms
 
@@ -13,16 +13,18 @@ SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
 
 SWEEP_TILES = {
-    64: [FwdTile(128, 64, 4), FwdTile(64, 64, 4), FwdTile(128, 128, 8), FwdTile(128, 64, 8), FwdTile(64, 128, 4),
-         FwdTile(128, 32, 4)],
-    128: [FwdTile(128, 64, 8), FwdTile(64, 64, 4), FwdTile(128, 32, 8), FwdTile(128, 128, 8), FwdTile(64, 32, 4),
-          FwdTile(128, 32, 4)],
+    64: [FwdTile(128, 64, 4), FwdTile(128, 32, 4), FwdTile(128, 32, 4, True), FwdTile(64, 64, 4, True)],
+    128: [FwdTile(128, 32, 4), FwdTile(128, 16, 4), FwdTile(64, 32, 4, True), FwdTile(128, 64, 8, True)],
 }
+
+
+def tile_label(t: FwdTile) -> str:
+    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w{'-pipe' if t.pipeline else ''}"
 
 
 def sweep_specs():
     return [fwd_spec(dt, d, c, False, t) for d, ts in SWEEP_TILES.items() for t in ts for c in (False, True)
-            for dt in ("float16",)]
+            for dt in ("float16", "bfloat16")]  # bf16: tests/test_flash_fwd.py checks every swept tile
 
 
 def _inputs(b, s, h, d, dtype):
@@ -33,7 +35,8 @@ def _inputs(b, s, h, d, dtype):
     return q, k, v
 
 
-def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, naive=True):
+def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, naive=("float16",)):
+    """naive: the dtypes for which the naive baseline is timed too (it is slow at long seqlen)."""
     import cuflash
 
     recs = []
@@ -55,14 +58,14 @@ def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS
                             ms = None
                             print(f"sdpa {prov} failed: {e}")
                         recs.append(record(prov, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms))
-                    if naive:
+                    if naive and dtype in naive:
                         try:
                             ms = time_ms(lambda: cuflash.naive_attention(q, k, v, causal=causal), rep=5)
                         except Exception as e:  # noqa: BLE001 - out of memory at long seqlen
                             ms = None
                             print(f"naive failed at s={s}: {type(e).__name__}")
                         recs.append(record("naive", "naive", "fwd", dtype, b, h, s, s, d, causal, ms))
-                    print(_line(recs[-5:] if naive else recs[-4:]))
+                    print(_line(recs[-5:] if naive and dtype in naive else recs[-4:]))
                 del q, k, v, qt, kt, vt
                 gc.collect()
     return recs
@@ -92,7 +95,8 @@ def grid_order(seqlens=(2048, 8192, 16384)):
     return recs
 
 
-def tile_sweep(seqlens=(2048, 8192)):
+def tile_sweep(seqlens=(1024, 4096, 16384)):
+    """Every candidate tile on the FA2 grid (fp16), next to SDPA FLASH measured in the same loop."""
     from cuflash import flash
     from cuflash._validate import check_qkv
 
@@ -102,14 +106,18 @@ def tile_sweep(seqlens=(2048, 8192)):
         for s in seqlens:
             b = TOKENS // s
             q, k, v = _inputs(b, s, h, d, "float16")
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
             qa, ka, va = check_qkv(q, k, v)
             for causal in (False, True):
                 for t in tiles:
                     ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
-                    recs.append(record("cuflash", f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w", "fwd", "float16",
-                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps],
-                                       configured=(t == FWD_TILES[d])))
-                print(_line(recs[-len(tiles):]))
+                    recs.append(record("cuflash", tile_label(t), "fwd", "float16",
+                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps, t.pipeline],
+                                       configured=(t == fwd_tile(d, causal))))
+                fn = sdpa("flash")
+                recs.append(record("flash", "sdpa", "fwd", "float16", b, h, s, s, d, causal,
+                                   time_ms(lambda: fn(qt, kt, vt, causal))))
+                print(_line(recs[-len(tiles) - 1:]))
     return recs
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from cuflash import v1
 from cuflash.v1 import V1Tile
-from cuflash._configs import BWD_ROW_PAD, BWD_TILES, FWD_TILES, fwd_spec
+from cuflash._configs import BWD_ROW_PAD, BWD_TILES, fwd_spec, fwd_tile
 from cuflash._launch import FWD_FORMAT, KernelSpec, get_launcher
 
 from .harness import record, sdpa, time_ms
@@ -70,7 +70,7 @@ def v2_forward_variant(qa, ka, va, causal, variant, softmax_scale=None):
     ob, orow, oh = sq * h * d, h * d, d  # out is freshly allocated, contiguous
     with _interop.device_guard(qa.device):
         lau.launch(
-            (-(-sq // FWD_TILES[d].block_m), h, b), _interop.current_stream(qa), FWD_FORMAT,
+            (-(-sq // fwd_tile(d, causal).block_m), h, b), _interop.current_stream(qa), FWD_FORMAT,
             qa.ptr, ka.ptr, va.ptr, _interop.data_ptr(out), _interop.data_ptr(lse), 0, 0, 0,
             *qa.strides[:3], *ka.strides[:3], *va.strides[:3], ob, orow, oh,
             b, h, h // hk, sq, sk, 1, 0, 0, scale * LOG2E,
@@ -131,7 +131,7 @@ def v1_fwd_bytes(b, h, sq, sk, d, causal, warp_split="k", tile=None):
 def v2_fwd_bytes(b, h, sq, sk, d, causal):
     """V2 forward, per (batch, head): Q read once (sq d e), O written once (sq d e) and LSE (sq 4); every Q
     tile i reads each KV tile it visits (2 keys d e), L2 counted as not helping."""
-    t = FWD_TILES[d]
+    t = fwd_tile(d, causal)
     per_head = 2 * sq * d * ELEM + sq * 4
     for j, _ in _visited_pairs(sq, sk, t.block_m, t.block_n, causal):
         per_head += 2 * _rows(j, t.block_n, sk) * d * ELEM

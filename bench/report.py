@@ -59,6 +59,35 @@ def simple_table(records, section, cols, title):
     return "\n".join(lines) + "\n"
 
 
+def partition_table(records):
+    """Section bwd_partition (bench/bench_bwd.py): the backward's two warp partitions, TFLOP/s per seqlen and the
+    ratio q / kv. Empty when the section is absent."""
+    rs = [r for r in records if r.get("section") == "bwd_partition" and r.get("provider") == "cuflash"]
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    cell = defaultdict(dict)
+    tiles = {}
+    for r in rs:
+        part = r.get("warp_partition")
+        cell[(r["dtype"], r["headdim"], r["causal"])][(part, r["seqlen_q"])] = r.get("tflops")
+        tiles[(r["headdim"], part)] = r.get("tile")
+    lines = ["### Backward warp partition (atomic dQ): TFLOP/s, warps split the KV rows (kv) / the Q rows (q)", "",
+             "Cells: kv / q (q / kv). Tiles (block_m x block_n x warps): " + ", ".join(
+                 f"d{d} {p} {t}" for (d, p), t in sorted(tiles.items())) + ".", "",
+             "| dtype | hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for key in sorted(cell):
+        row = cell[key]
+        vals = []
+        for s in seqlens:
+            kv, q = row.get(("kv", s)), row.get(("q", s))
+            ratio = f" ({q / kv:.2f})" if kv and q else ""
+            vals.append(f"{_fmt(kv)} / {_fmt(q)}{ratio}")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def errors(records):
     errs = [r for r in records if r.get("provider") == "error"]
     return "".join(f"\n### section {r['section']} FAILED\n```\n{r['error']}\n```\n" for r in errs)
@@ -71,6 +100,7 @@ def markdown(head, records) -> str:
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
     parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
     parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid"))
+    parts.append(partition_table(records))
     parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
                               "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
     parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],
@@ -81,21 +111,74 @@ def markdown(head, records) -> str:
                               "Peak device memory of one forward (batch 1, 16 heads, hdim 128), bytes"))
     for sec, cols, title in EXTRA_TABLES:
         parts.append(simple_table(records, sec, cols, title))
+    parts.append(traffic_table(records))
     parts.append(errors(records))
     return "\n".join(p for p in parts if p)
 
 
 EXTRA_TABLES = [
-    ("bwd_partition", ["headdim", "seqlen_q", "causal", "algo", "ms", "tflops"], "Backward warp partition"),
     ("dq_memory", ["dq_strategy", "batch", "heads", "seqlen_q", "headdim", "extra_bytes"], "dQ strategies: extra memory"),
     ("decode_sweep", ["algo", "heads_k", "batch", "seqlen_k", "num_splits", "us", "floor_us", "bw_fraction"],
      "Decoding tile / split sweep (hdim 128, fp16)"),
-    ("decode", ["provider", "algo", "batch", "heads", "heads_k", "seqlen_k", "num_splits", "us", "kv_bytes", "floor_us",
-                "bw_fraction"], "Decoding (q_len 1, 32 heads, hdim 128, fp16)"),
+    ("decode", ["provider", "algo", "mode", "batch", "heads", "heads_k", "seqlen_k", "num_splits", "us", "graph_us",
+                "kv_bytes", "floor_us", "bw_fraction", "graph_bw_fraction"],
+     "Decoding (q_len 1, 32 heads, hdim 128, fp16; us: one call from Python, graph_us: GPU time per call in a "
+     "CUDA graph; mode decode_latency: per-call time of a loop of calls, batch 1, 8 heads, cache 4k)"),
     ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),
     ("v1_ladder", ["algo", "mode", "dtype", "headdim", "seqlen_q", "causal", "ms", "tflops", "err_rel", "err_max",
                    "dram_bytes"], "From V1 to V2"),
 ]
+
+
+def _gb(x):
+    return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def traffic_table(records):
+    """Section "traffic" (bench/bench_traffic.py): Nsight Compute's measured DRAM bytes of each V1 -> V2 ladder
+    version next to bench_v1's counted bytes and the time; the ladder's own CUDA-event time (section v1_ladder)
+    when that section is in the same results. Empty when the section is absent."""
+    rs = [r for r in records if r.get("section") == "traffic" and r.get("provider") != "error"]
+    if not rs:
+        return ""
+    rows = [r for r in rs if r.get("kind") == "traffic"]
+    general = [r for r in rs if r.get("kind") == "traffic_error"]
+    ladder = {(r.get("algo"), r.get("mode"), r.get("dtype"), r.get("headdim"), r.get("seqlen_q"), r.get("causal")):
+              r.get("ms") for r in records if r.get("section") == "v1_ladder" and r.get("kind") == "time"}
+    lines = ["### Device-memory traffic of the V1 -> V2 ladder (Nsight Compute, measured vs counted)", "",
+             "`ncu --clock-control none --cache-control all` (L2 flushed before every kernel), metrics "
+             "`dram__bytes_read.sum`, `dram__bytes_write.sum`, `gpu__time_duration.sum` summed over the kernels of "
+             "one call after one warm-up; counted: bench_v1's analytic model (L2 assumed not to help). ncu ms: "
+             "kernel time under the profiler (cold L2, kernels serialized); ladder ms: the v1_ladder section's "
+             "CUDA-event median. fp16, batch x seqlen = 16k, hidden 2048.", ""]
+    if rows:
+        lines += ["| version | dir | d | seqlen | causal | read GB | write GB | measured GB | counted GB | "
+                  "measured / counted | kernels | ncu ms | ladder ms |", "|" + "---|" * 13]
+        order = sorted(rows, key=lambda r: (r.get("mode") != "fwd", r.get("headdim") or 0, bool(r.get("causal")),
+                                            r.get("seqlen_q") or 0, r.get("rung") or 0))
+        for r in order:
+            lms = ladder.get((r.get("algo"), r.get("mode"), r.get("dtype"), r.get("headdim"), r.get("seqlen_q"),
+                              r.get("causal")))
+            ratio = r.get("measured_over_counted")
+            lines.append(
+                f"| {r.get('rung') or ''} {r.get('algo')} | {r.get('mode')} | {r.get('headdim')} | "
+                f"{r.get('seqlen_q')} | {r.get('causal')} | {_gb(r.get('dram_read_bytes'))} | "
+                f"{_gb(r.get('dram_write_bytes'))} | {_gb(r.get('dram_bytes_measured'))} | "
+                f"{_gb(r.get('dram_bytes_counted'))} | {_fmt(ratio, 2)} | {_fmt(r.get('kernels'))} | "
+                f"{_fmt(r.get('ms'), 2)} | {_fmt(lms, 2)} |")
+    notes = [f"- {r.get('error')}" for r in general]
+    seen = set()
+    for r in rows:
+        e = r.get("error")
+        if e and e not in seen:
+            seen.add(e)
+            where = [f"{x.get('mode')} {x.get('algo')} d={x.get('headdim')} s={x.get('seqlen_q')} "
+                     f"causal={x.get('causal')}" for x in rows if x.get("error") == e]
+            first = e.strip().splitlines()[0][:300] if e.strip() else e
+            notes.append(f"- {first} ({len(where)} rows: {', '.join(where[:3])}{', ...' if len(where) > 3 else ''})")
+    if notes:
+        lines += ["", "Not measured:", ""] + notes
+    return "\n".join(lines) + "\n"
 
 
 def plots(records, out_dir):

@@ -30,7 +30,8 @@ def _sections():
         "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),
     }
     for mod, names in (("bench_bwd", ("bwd", "bwd_partition", "dq_memory")), ("bench_decode", ("decode", "decode_sweep")),
-                       ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",))):
+                       ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",)),
+                       ("bench_traffic", ("traffic",))):
         try:
             m = __import__(f"bench.{mod}", fromlist=["x"])
         except ModuleNotFoundError:

@@ -46,7 +46,8 @@ def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     for name, spec in (("fwd_d128", fwd_spec("float16", 128, False, False)),
                        ("fwd_d64", fwd_spec("float16", 64, False, False)),
-                       ("bwd_d128", bwd_spec("float16", 128, False))):
+                       ("bwd_d128", bwd_spec("float16", 128, False)),
+                       ("bwd_q_d128", bwd_spec("float16", 128, False, warp_partition="q"))):
         text = dump(spec)
         open(os.path.join(out_dir, f"{name}.sass"), "w").write(text)
         print(name, dict(opcode_counts(text).most_common(25)))

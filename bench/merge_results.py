@@ -1,0 +1,43 @@
+"""Merge the results.json of several device calls into one: python -m bench.merge_results OUT_DIR SRC[:sections] ...
+
+Each SRC is a results.json (or the folder holding it), optionally followed by ':' and a comma list of the
+sections to take from it. Records keep their own call's header under `call` (a ratio to SDPA is only ever
+formed inside one call), and the report (results.md, plots) is written for the merged set."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def load(src: str):
+    path, _, secs = src.partition(":")
+    if os.path.isdir(path):
+        path = os.path.join(path, "results.json")
+    data = json.load(open(path))
+    want = set(secs.split(",")) if secs else None
+    return data["header"], [r for r in data["records"] if want is None or r.get("section") in want]
+
+
+def main(argv):
+    from . import report
+
+    out_dir, srcs = argv[0], argv[1:]
+    calls, records = [], []
+    for i, src in enumerate(srcs):
+        head, recs = load(src)
+        calls.append(dict(head, source=src))
+        for r in recs:
+            r = dict(r)
+            r.setdefault("call", i)
+            records.append(r)
+    head = dict(calls[0], calls=calls)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(dict(header=head, records=records), f, indent=1)
+    report.write_all(head, records, out_dir)
+    print(f"{len(records)} records from {len(srcs)} calls -> {out_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

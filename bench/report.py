@@ -190,7 +190,7 @@ def plots(records, out_dir):
     except ImportError:
         return
     for mode in ("fwd", "bwd"):
-        rs = [r for r in records if r.get("mode") == mode and r.get("section") == mode and r.get("tflops")]
+        rs = [r for r in records if r.get("mode") == mode and r.get("section") in (mode, mode + "_quick") and r.get("tflops")]
         if not rs:
             continue
         groups = sorted({(r["dtype"], r["headdim"], r["causal"]) for r in rs})

@@ -9,6 +9,14 @@ from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
 from .harness import SDPA_PROVIDERS, record, sdpa, time_ms
 
 
+def _inputs(b, s, h, d, dt):
+    """q, k, v (requiring grad) and dout in cuflash's [b, s, h, d] layout."""
+    import torch
+
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    return q, k, v, torch.randn(b, s, h, d, device="cuda", dtype=dt)
+
+
 def _grad_fn(out, inputs, dout):
     import torch
 
@@ -27,11 +35,11 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
             h = HIDDEN // d
             for s in seqlens:
                 b = TOKENS // s
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
-                dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+                q, k, v, dout = _inputs(b, s, h, d, dt)
                 qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
                 doutt = dout.transpose(1, 2).contiguous()
                 for causal in (False, True):
+                    n0 = len(recs)
                     for strat in strategies:
                         if strat != "atomic" and dtype != "float16":
                             continue  # the strategies are compared in fp16; bf16 runs the default one
@@ -51,7 +59,7 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                             ms = None
                             print(f"sdpa {prov} bwd failed: {e}")
                         recs.append(record(prov, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms))
-                    print(_line(recs[-(len(strategies) + 3):]))
+                    print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
                 del q, k, v, qt, kt, vt, dout, doutt
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -77,8 +85,7 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
         h = HIDDEN // d
         for s in seqlens:
             b = TOKENS // s
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
-            dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+            q, k, v, dout = _inputs(b, s, h, d, dt)
             for causal in (False, True):
                 for part in partitions:
                     t = bwd_tiles(part)[d]

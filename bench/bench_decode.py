@@ -182,12 +182,12 @@ def _sweep_tiles():
 def sweep_specs():
     from cuflash._configs import decode_spec
 
-    specs = [decode_spec("float16", 128, False, 1, t) for t in _sweep_tiles()]
+    specs = [decode_spec("float16", 128, False, mf, t) for t in _sweep_tiles() for mf in (1, 2)]  # mf 2: MQA
     return [s for s in specs if s.smem <= MAX_SMEM]
 
 
-def decode_sweep(cases=((32, 1, 32768), (32, 1, 131072), (32, 8, 32768), (8, 8, 131072), (8, 1, 32768),
-                        (1, 32, 131072)), h=32, d=128):
+def decode_sweep(cases=((1, 8, 131072), (1, 8, 32768), (8, 1, 131072), (32, 1, 131072), (32, 8, 32768)),
+                 h=32, d=128):
     """Decode-kernel tile and split-count sweep on representative decoding cases (head dim 128, fp16):
     each tile of `_sweep_tiles` at 1x, 2x and 4x its heuristic split count (graph time per call)."""
     import torch

@@ -12,14 +12,16 @@ from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
 
+# Session 3: two 128-row Q tiles per block sharing every K/V tile, free-running (plain loop) or taking
+# turns on the tensor cores (ping-pong). Earlier candidates and their numbers: bench/NOTES.md.
 SWEEP_TILES = {
-    64: [FwdTile(128, 64, 4), FwdTile(128, 32, 4), FwdTile(128, 32, 4, True), FwdTile(64, 64, 4, True)],
-    128: [FwdTile(128, 32, 4), FwdTile(128, 16, 4), FwdTile(64, 32, 4, True), FwdTile(128, 64, 8, True)],
+    64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8), FwdTile(256, 64, 8, pingpong=True), FwdTile(128, 32, 4, True)],
+    128: [FwdTile(128, 32, 4), FwdTile(256, 32, 8), FwdTile(256, 32, 8, pingpong=True)],
 }
 
 
 def tile_label(t: FwdTile) -> str:
-    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w{'-pipe' if t.pipeline else ''}"
+    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w{'-pipe' if t.pipeline else ''}{'-pingpong' if t.pingpong else ''}"
 
 
 def sweep_specs():
@@ -95,6 +97,34 @@ def grid_order(seqlens=(2048, 8192, 16384)):
     return recs
 
 
+def layout(seqlens=(1024, 4096, 16384)):
+    """Same memory for both: cuflash and SDPA FLASH on [b, s, h, d]-contiguous data (flash-attn's layout,
+    what cuflash's grid uses) and on [b, h, s, d]-contiguous data (what the grid hands SDPA), each through a
+    strided view. Says how much of a ratio is the layout rather than the kernel."""
+    import cuflash
+
+    recs = []
+    fn = sdpa("flash")
+    for d in (64, 128):
+        h = HIDDEN // d
+        for s in seqlens:
+            b = TOKENS // s
+            bshd = _inputs(b, s, h, d, "float16")
+            bhsd = tuple(x.transpose(1, 2).contiguous() for x in bshd)
+            for causal in (False, True):
+                for mem, (q, k, v) in (("bshd", bshd), ("bhsd", tuple(x.transpose(1, 2) for x in bhsd))):
+                    # q, k, v: [b, s, h, d] views of `mem`-contiguous data
+                    ms = time_ms(lambda: cuflash.flash_attn_func(q, k, v, causal=causal))
+                    recs.append(record("cuflash", f"v2-mem-{mem}", "fwd", "float16", b, h, s, s, d, causal, ms,
+                                       memory_layout=mem))
+                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                    ms = time_ms(lambda: fn(qt, kt, vt, causal))
+                    recs.append(record("flash", f"sdpa-mem-{mem}", "fwd", "float16", b, h, s, s, d, causal, ms,
+                                       memory_layout=mem))
+                print(_line(recs[-4:]))
+    return recs
+
+
 def tile_sweep(seqlens=(1024, 4096, 16384)):
     """Every candidate tile on the FA2 grid (fp16), next to SDPA FLASH measured in the same loop."""
     from cuflash import flash
@@ -112,7 +142,7 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
                 for t in tiles:
                     ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
                     recs.append(record("cuflash", tile_label(t), "fwd", "float16",
-                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps, t.pipeline],
+                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps, t.pipeline, t.pingpong],
                                        configured=(t == fwd_tile(d, causal))))
                 fn = sdpa("flash")
                 recs.append(record("flash", "sdpa", "fwd", "float16", b, h, s, s, d, causal,

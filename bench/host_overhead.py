@@ -1,4 +1,4 @@
-"""Host-side cost of one `flash_attn_with_kvcache` call, measured WITHOUT a GPU.
+"""Host-side cost of one `flash_attn_with_kvcache` / `flash_attn_func` call, measured WITHOUT a GPU.
 
     python -m bench.host_overhead [--calls N]
 
@@ -138,6 +138,29 @@ CASES = {
     "b1 h32 hk8 32k d128 append k, v": (1, 32768, 32, 8, 128, dict(append=True)),
 }
 
+FWD_CASES = {
+    # name: (batch, seqlen, heads, kv heads, head dim, extra kwargs) of a flash_attn_func call (no autograd)
+    "fwd b1 h8 s128 d64": (1, 128, 8, 8, 64, {}),
+    "fwd b1 h8 s128 d64 causal": (1, 128, 8, 8, 64, dict(causal=True)),
+    "fwd b2 h16 s1k d128": (2, 1024, 16, 16, 128, {}),
+    "fwd b2 h32 hk8 s1k d128 (GQA)": (2, 1024, 32, 8, 128, {}),
+}
+
+
+def _time(fn, calls, repeats):
+    """(median, best) us per call of fn, and (torch.empty, launches) of one warm call."""
+    fn()  # warm: fills every memo
+    e0, l0 = _Counters.empty, _Counters.launches
+    fn()
+    per_call = (_Counters.empty - e0, _Counters.launches - l0)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        ts.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(ts), min(ts), *per_call
+
 
 def measure(calls=20000, repeats=5, kernels=(None,)):
     torch = install_fakes()
@@ -161,17 +184,18 @@ def measure(calls=20000, repeats=5, kernels=(None,)):
             def fn():
                 return cuflash.flash_attn_with_kvcache(q, kc, vc, **kwargs)
 
-            fn()  # warm: fills every memo
-            e0, l0 = _Counters.empty, _Counters.launches
-            fn()
-            per_call = (_Counters.empty - e0, _Counters.launches - l0)
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                ts.append((time.perf_counter() - t0) / calls * 1e6)
-            rows.append((name, kernel, statistics.median(ts), min(ts), *per_call))
+            rows.append((name, kernel, *_time(fn, calls, repeats)))
+    if kernels != (None,):
+        return rows
+    for name, (b, s, h, hk, d, kw) in FWD_CASES.items():
+        q = torch.Tensor((b, s, h, d), torch.float16)
+        k = torch.Tensor((b, s, hk, d), torch.float16)
+        v = torch.Tensor((b, s, hk, d), torch.float16)
+
+        def fn():
+            return cuflash.flash_attn_func(q, k, v, **kw)
+
+        rows.append((name, None, *_time(fn, calls, repeats)))
     return rows
 
 

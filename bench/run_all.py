@@ -26,6 +26,7 @@ def _sections():
         "fwd": bench_fwd.fa2_grid,
         "grid_order": bench_fwd.grid_order,
         "tile_sweep": bench_fwd.tile_sweep,
+        "layout": bench_fwd.layout,
         "memory": bench_fwd.peak_memory,
         "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),
     }
@@ -42,8 +43,10 @@ def _sections():
         for n in names:
             if hasattr(m, n):
                 secs[n] = getattr(m, n)
+    if "decode" in secs:  # the GQA / MQA cases the split heuristic decides (batch 1 and 8, 32k and 128k)
+        secs["decode_quick"] = lambda: secs["decode"](batches=(1, 8), cache_lens=(32768, 131072), kv_heads=(8, 1))
     if "bwd" in secs:
-        secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16",), seqlens=(1024, 4096, 16384))
+        secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16", "bfloat16"), seqlens=(1024, 4096, 16384))
     return secs
 
 

@@ -42,15 +42,16 @@
 //   blocks/SM x NWARPS x (STAGES - 1) x 2 * BLOCK_N * D * 2 bytes.
 // The configurations of cuflash/_configs.py (DECODE_KERNEL_TILES; fp16/bf16, padded smem rows of D + 8
 // elements; blocks/SM from shared memory, the registers allow at least as many):
-//   D = 128: BLOCK_N 16, 4 warps, 3 stages: tile 8 KB, smem 106 KB/block (MF 1) -> 2 blocks/SM on
-//            sm_90 (228 KB/SM): 2 x 4 x 2 x 8 KB = 128 KB in flight; sm_80 (164 KB/SM): 1 block, 64 KB.
-//   D =  64: BLOCK_N 32, 4 warps, 3 stages: tile 8 KB, 110 KB/block -> same 128 KB / 64 KB.
+//   D = 128: BLOCK_N 32, 4 warps, 2 stages: tile 16 KB, smem 140 KB/block (MF 1) -> 1 block/SM on
+//            sm_90 and sm_80: 1 x 4 x 1 x 16 KB = 64 KB in flight. (16 x 4 warps x 3 stages, 2 blocks/SM and
+//            128 KB in flight, measured 1-6% slower: bench/NOTES.md, session 3.)
+//   D =  64: BLOCK_N 32, 4 warps, 3 stages: tile 8 KB, 110 KB/block -> 2 blocks/SM on sm_90 (228 KB/SM):
+//            2 x 4 x 2 x 8 KB = 128 KB in flight; sm_80 (164 KB/SM): 1 block, 64 KB.
 //   D =  96: BLOCK_N 16, 4 warps, 4 stages: tile 6 KB, 107 KB/block -> 2 x 4 x 3 x 6 KB = 144 KB.
 //   D =  32: BLOCK_N 32, 4 warps, 4 stages: tile 4 KB, 81 KB/block  -> 2 x 4 x 3 x 4 KB = 96 KB.
 //   D = 256: BLOCK_N 16, 2 warps, 3 stages: tile 16 KB, 107 KB/block -> 2 x 2 x 2 x 16 KB = 128 KB.
 // The work per tile is tiny next to its bytes (D = 128, BLOCK_N 16, MF 1: 32 HMMA + 16 LDSM.x4 + 8
-// exponentials per lane for 8 KB), so a warp spends its time waiting on its ring; 8 warps per SM give
-// the issue slack.
+// exponentials per lane for 8 KB), so a warp spends its time waiting on its ring.
 //
 // Template parameters (chosen in cuflash/_configs.py: decode_spec):
 //   T          __half or __nv_bfloat16

@@ -23,8 +23,13 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
-//   PIPELINE   software-pipeline the KV loop: S of tile i+1 is computed while the exps of tile i run
-//              (two S tiles live: more registers, more overlap of tensor-core and MUFU work in one warp)
+//   LOOP       the KV-loop driver: LOOP_PLAIN (one barrier per tile, every warp free-running),
+//              LOOP_PIPELINE (software-pipelined: S of tile i+1 is computed while the exps of tile i run;
+//              two S tiles live: more registers, more overlap of tensor-core and MUFU work in one warp), or
+//              LOOP_PINGPONG (8 warps in two groups of 4, each owning half the rows of the Q tile, sharing
+//              every K/V tile; named barriers hand the tensor cores from one group to the other, so one
+//              group's softmax runs while the other's matrix products do: FlashAttention-3's ping-pong
+//              schedule, with mma.sync)
 //   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
 //              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
 #include "common/ptx.cuh"
@@ -32,6 +37,8 @@
 #include "common/params.cuh"
 
 namespace cuflash {
+
+enum LoopKind { LOOP_PLAIN = 0, LOOP_PIPELINE = 1, LOOP_PINGPONG = 2 };
 
 enum ExpVariant {
   EXP_FFMA_EX2 = 0,     // ex2.approx(fma(s, scale_log2, -m_scaled)): one FFMA + one MUFU.EX2
@@ -60,7 +67,7 @@ __device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num
 }
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          bool PIPELINE, int EXP_VARIANT = EXP_FFMA_EX2>
+          int LOOP, int EXP_VARIANT = EXP_FFMA_EX2>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -70,6 +77,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   constexpr int KD = D / 16;                // k16 steps of Q K^T
   constexpr int KN = BLOCK_N / 16;          // k16 steps of P V
   constexpr int LDS = PaddedRow<D>::LDS;
+  constexpr bool PIPELINE = LOOP == LOOP_PIPELINE, PINGPONG = LOOP == LOOP_PINGPONG;
+  static_assert(LOOP == LOOP_PLAIN || PIPELINE || PINGPONG, "LOOP: one of LoopKind");
+  static_assert(!PINGPONG || NWARPS == 8, "ping-pong: two groups of 4 warps");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
@@ -290,8 +300,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid);
     const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid);
 
-    // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads.
+    // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads, and
+    // so does a warp on a causal tile that lies entirely above the diagonal of its own rows (its rows see
+    // none of the tile's keys; the block visits the tile for the warps below).
     const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
+    auto warp_active = [&](int i) {
+      return warp_has_rows && (!CAUSAL || tile_n(i) * BLOCK_N <= m0 + warp * WARP_M + WARP_M - 1 + diag);
+    };
     float s_a[MF][NF][4];
     uint32_t pa[MF][KN][4];
     auto load_q_frags = [&]() {
@@ -303,7 +318,45 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       }
     };
 
-    if constexpr (!PIPELINE) {
+    if constexpr (PINGPONG) {
+      // Two groups of 4 warps (g = warp / 4) share every K/V tile. Named barrier 1 + g is "group g may use
+      // the tensor cores": a group waits on its own (bar.sync) and hands over with the other's (bar.arrive),
+      // after each matrix product. Per tile, after the block-wide barrier that publishes it:
+      //     group 0: S = Q K^T | softmax          | O += P V |
+      //     group 1:           | S = Q K^T        | softmax  | O += P V
+      // so the exps and row statistics of one group run under the other group's mma.sync. Every arrive
+      // meets one sync: group 1 arrives once before the loop and skips its arrive after the last P V.
+      const int grp = warp / 4;
+      auto my_turn = [&]() { named_bar_sync(1 + grp, NT); };
+      auto pass_turn = [&]() { named_bar_arrive(2 - grp, NT); };
+      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+      cp_async_commit();
+      if (grp == 1) pass_turn();  // group 0 goes first
+      for (int i = 0; i < num_tiles; ++i) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (i == 0 && warp_has_rows) load_q_frags();
+        if (i + 1 < num_tiles) {
+          k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          cp_async_commit();
+        }
+        const bool active = warp_active(i);
+        my_turn();
+        if (active) compute_s(s_a, k_stage(i));
+        pass_turn();
+        if (active) {
+          mask_s(s_a, tile_n(i));
+          if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
+          softmax_p(s_a, pa);
+        }
+        my_turn();
+        if (active) accumulate_pv(pa, v_stage(i));
+        if (grp == 0 || i + 1 < num_tiles) pass_turn();
+      }
+    } else if constexpr (!PIPELINE) {
       // One barrier per tile. At the top of step i, tile i (issued one step ago) has landed; the barrier
       // makes it visible AND proves every warp is done with the other stage, which is then refilled with
       // tile i+1 while this step computes on tile i.
@@ -320,7 +373,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
           v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
           cp_async_commit();
         }
-        if (!warp_has_rows) continue;
+        if (!warp_active(i)) continue;
         compute_s(s_a, k_stage(i));
         mask_s(s_a, tile_n(i));
         if (__any_sync(0xffffffffu, update_max(s_a))) rescale();

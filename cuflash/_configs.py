@@ -22,7 +22,13 @@ class FwdTile:
     block_m: int  # Q rows per thread block
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
-    pipeline: bool = False  # software-pipelined KV loop (flash_fwd.cu PIPELINE)
+    pipeline: bool = False  # software-pipelined KV loop (flash_fwd.cu LOOP_PIPELINE)
+    pingpong: bool = False  # two groups of 4 warps take turns on the tensor cores (LOOP_PINGPONG; 8 warps)
+
+    @property
+    def loop(self) -> int:
+        """The kernel's LOOP template argument (flash_fwd.cu LoopKind)."""
+        return 2 if self.pingpong else 1 if self.pipeline else 0
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -66,7 +72,7 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     name = (
         f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
         f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}, "
-        f"{'true' if tile.pipeline else 'false'}>"
+        f"{tile.loop}>"
     )
     return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
 
@@ -84,12 +90,15 @@ class DecodeTile:
 
 # Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
 # and a shared-memory footprint of 81-113 KB, so that 2 blocks fit an sm_90 SM (228 KB) and 1 an sm_80 SM
-# (164 KB): 96-144 KB of K/V in flight per SM on the H200.
+# (164 KB): 96-144 KB of K/V in flight per SM on the H200. Head dim 128: 16 KB warp tiles, 2 stages, 140 KB
+# (1 block per SM, so the split heuristic fills 132 slots, not 264): the session-3 decode_sweep
+# (bench/NOTES.md) measured it best or within 1% of the best on every case, and 4-6% faster than
+# 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache.
 DECODE_KERNEL_TILES = {
     32: DecodeTile(32, 4, 4),
     64: DecodeTile(32, 4, 3),
     96: DecodeTile(16, 4, 4),
-    128: DecodeTile(16, 4, 3),
+    128: DecodeTile(32, 4, 2),
     256: DecodeTile(16, 2, 3),
 }
 # Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps

@@ -33,12 +33,14 @@ import sys
 from . import _interop
 from ._configs import (DECODE_KERNEL_TILES, DECODE_TILES, DecodeTile, append_spec, combine_spec, decode_mf,
                        decode_spec, fwd_smem_bytes)
+from ._interop import desc as _desc, get_device as _get_device, launch_fn as _launch_fn
 from ._launch import FWD_FORMAT, _scratch, get_launcher
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
                         check_unsupported)
 from .flash import forward
 
 MAX_SPLITS = 128
+WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 APPEND_FORMAT = "=" + "Q" * 5 + "q" * 16
 KERNELS = ("decode", "fwd_split")
 LOG2E = math.log2(math.e)
@@ -106,7 +108,9 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
     on the H200 2 slots per SM measured 1.3-1.4x faster than 1 at batch 1, bench/results decode_sweep).
     kv_tiles = the most splits that can hold keys (key blocks of one thread block). If the blocks already
     (nearly) fill the slots, do not split. Otherwise take the smallest split count whose wave efficiency
-    n*blocks / (waves * slots) is within 85% of the best, never more splits than kv_tiles.
+    n*blocks / (waves * slots) is within 95% of the best, never more splits than kv_tiles. (flash-attn
+    accepts 85%; decoding is bound by the bytes in flight per SM, so a slot left empty is bandwidth lost:
+    MQA at batch 8 got 29 splits = 232 of 264 slots under 85% and ran at 83% of copy bandwidth.)
     """
     if blocks >= 0.8 * num_sms:
         return 1
@@ -121,7 +125,7 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
     effs = [efficiency(n) for n in range(1, max_splits + 1)]
     best = max(effs)
     for n, e in enumerate(effs, start=1):
-        if e >= 0.85 * best:
+        if e >= WAVE_EFFICIENCY * best:
             return n
     return max_splits
 
@@ -218,28 +222,6 @@ class _Plan:
         if self.combine is not None:  # flash_combine_kernel reads the same parameter block
             c, grid = self.combine
             launch(c.ptr, grid, 1, 1, c.threads, 1, 1, c.smem, stream, argv, 0)
-
-
-_launch_kernel = None
-_get_device_fn = None
-
-
-def _launch_fn():
-    global _launch_kernel
-    if _launch_kernel is None:
-        from cupy.cuda import driver
-
-        _launch_kernel = driver.launchKernel
-    return _launch_kernel
-
-
-def _get_device():
-    global _get_device_fn
-    if _get_device_fn is None:
-        from cupy.cuda import runtime
-
-        _get_device_fn = runtime.getDevice
-    return _get_device_fn()
 
 
 @functools.lru_cache(maxsize=None)
@@ -368,28 +350,6 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scal
 # ------------------------------------------------------------------------------------------- the API
 _PLANS: dict = {}
 _MAX_PLANS = 4096
-_TT = None  # torch.Tensor, once torch is imported
-_CT = None  # cupy.ndarray, once cupy is imported
-
-
-def _desc(x):
-    """(pointer, memo-key part) of a plain torch tensor or CuPy array; (None, None) for anything else
-    (subclasses, DLPack producers, host arrays): those take the validating path on every call."""
-    global _TT, _CT
-    t = type(x)
-    if t is _TT:
-        return x.data_ptr(), (x.dtype, x.shape, x.stride(), x.get_device())
-    if t is _CT:
-        return x.data.ptr, (x.dtype, x.shape, x.strides, x.device.id)
-    if _TT is None and "torch" in sys.modules:
-        _TT = sys.modules["torch"].Tensor
-        if t is _TT:
-            return _desc(x)
-    if _CT is None and "cupy" in sys.modules:
-        _CT = sys.modules["cupy"].ndarray
-        if t is _CT:
-            return _desc(x)
-    return None, None
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None,
@@ -443,10 +403,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                        num_splits, softmax_scale)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits)
-        if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        _interop.remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
         sp = ca.ptr if ca is not None else 0

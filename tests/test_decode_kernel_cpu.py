@@ -100,9 +100,10 @@ def test_decode_specs_fit_and_name_their_smem():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
         spec = _configs.decode_spec("float16", d, False, 1)
         assert spec.threads == 32 * t.nwarps
-        # two blocks per SM on sm_90: the bytes in flight of the file header
-        assert resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM) == 2, d
-        in_flight = 2 * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
+        # 1-2 blocks per SM on sm_90 and at least 64 KB of K/V in flight per SM (the file header's arithmetic)
+        resident = resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM)
+        assert resident in (1, 2), d
+        in_flight = resident * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
         assert in_flight >= 64 * 1024, (d, in_flight)
 
 
@@ -238,7 +239,7 @@ def test_host_path_gqa_split(host_path):
     r = host_path["gqa"]
     assert r["out_shape"] == [2, 1, 32, 128] and not r["tuple"]
     main, comb = r["launches"]
-    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 16, 4, false, 3, ")
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, false, 2, ")
     assert comb["name"] == "cuflash::flash_combine_kernel<__half, 128>"
     p = main["p"]
     n = p["num_splits"]
@@ -272,7 +273,7 @@ def test_host_path_one_split_writes_directly(host_path):
 def test_host_path_speculative_append(host_path):
     app, main, comb = host_path["spec"]["launches"]
     assert app["name"] == "cuflash::kvcache_append_kernel<__half, 128>"
-    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 16, 4, true, 3, ")
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, true, 2, ")
     p = main["p"]
     # no fold with 3 query rows: heads 32, rows 3, heads_per_kv 4; 5 splits
     assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"], p["num_splits"], p["seqlen_k_new"]) == (32, 3, 4, 5, 3)
@@ -304,6 +305,8 @@ def test_host_overhead_script_runs():
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 5 and all("us/call" in x for x in lines)
+    assert len(lines) == 9 and all("us/call" in x for x in lines)
     assert "launches x1" in [x for x in lines if "no split" in x][0]
     assert "launches x3" in [x for x in lines if "append" in x][0]
+    fwd = [x for x in lines if x.startswith("fwd ")]  # flash_attn_func: out + lse, one launch
+    assert len(fwd) == 4 and all("torch.empty x2  launches x1" in x for x in fwd)

@@ -61,7 +61,7 @@ def _sweep_tiles():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(17, 17), (1000, 127), (600, 3001), (1, 300)])
 def test_every_swept_tile_matches_reference(dtype, d, tile, causal, sq, sk):
-    """Both KV-loop drivers (plain and software-pipelined) and every tile a sweep may pick."""
+    """Every KV-loop driver a sweep may pick (plain, ping-pong) and every swept tile."""
     run_case(1, sq, sk, 2, 2, d, dtype, causal, tile=tile)
 
 
@@ -73,7 +73,7 @@ def test_gqa_mqa(h, hk, sq, sk, causal):
     run_case(2, sq, sk, h, hk, 64, "bfloat16", causal)
 
 
-@pytest.mark.parametrize("grid_order", ["qtile", "bh"])
+@pytest.mark.parametrize("grid_order", ["qtile", "bh", "auto"])
 def test_grid_orders_agree(grid_order):
     run_case(3, 513, 769, 4, 2, 64, "float16", True, grid_order=grid_order)
 

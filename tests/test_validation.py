@@ -106,3 +106,13 @@ def test_softmax_scale_refused(scale, exc):
 @pytest.mark.parametrize("scale", [None, 0.125, 1, np.float32(0.5), np.float64(2.0)])
 def test_softmax_scale_accepted(scale):
     check_softmax_scale(scale)
+
+
+def test_auto_grid_order_resolution():
+    from cuflash.flash import AUTO_BH_MIN_ROWS, resolve_grid_order
+
+    assert resolve_grid_order("auto", True, AUTO_BH_MIN_ROWS) == "bh"
+    assert resolve_grid_order("auto", True, AUTO_BH_MIN_ROWS - 1) == "qtile"
+    assert resolve_grid_order("auto", False, 10 * AUTO_BH_MIN_ROWS) == "qtile"
+    assert resolve_grid_order("qtile", True, 10 * AUTO_BH_MIN_ROWS) == "qtile"
+    assert resolve_grid_order("bh", False, 1) == "bh"

@@ -111,14 +111,19 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 for prov in SDPA_PROVIDERS:
                     fn = sdpa(prov)
                     ms = gus = None
+                    # FLASH takes GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so it gets
+                    # the caches as they are; the other backends get them expanded to h heads (when that fits).
+                    native = prov == "flash" and h > hk
+                    args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
                     try:
-                        if expand:
-                            ms = time_ms(lambda: fn(qt, kt, vt), rep=10, min_warmup_ms=5.0)
+                        if expand or native:
+                            ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
                             if prov == "flash":  # the yardstick; other backends are not captured (cuDNN may refuse)
-                                gus = graph_us(lambda: fn(qt, kt, vt), event_ms=ms)
+                                gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
                     except RuntimeError as e:
                         print(f"sdpa {prov} decode failed: {e}")
-                    recs.append(record(prov, "sdpa", "decode", "float16", b, h, 1, s, d, False, ms,
+                    recs.append(record(prov, "sdpa-enable-gqa" if native else "sdpa", "decode", "float16", b, h, 1, s,
+                                       d, False, ms,
                                        us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
                                        bw_fraction=floor_us / (ms * 1e3) if ms else None,
                                        graph_bw_fraction=floor_us / gus if gus else None, **common))
@@ -126,9 +131,54 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
                     f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="
                     f"{x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in r))
-                del kc, vc, q, kt, vt
+                del kc, vc, q, kt, vt, args
                 gc.collect()
                 torch.cuda.empty_cache()
+    return recs
+
+
+def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32, d=128):
+    """The grid's GQA/MQA cases whose caches expanded to 32 heads do not fit (`decode` leaves SDPA out of
+    them): SDPA FLASH with enable_gqa=True on the unexpanded caches, next to cuflash in the same loop."""
+    import torch
+
+    import cuflash
+
+    bw = measure_ceilings()[0]["tb_per_s"] * 1e12
+    recs = []
+    fa = sdpa("flash")
+    for b, hk, s in cases:
+        kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * b * s * hk * d * 2
+        floor_us = kv_bytes / bw * 1e6
+        common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
+
+        def ours():
+            return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+        def theirs():
+            return fa(qt, kt, vt, enable_gqa=True)
+
+        for prov, algo, fn in (("cuflash", "decode-split", ours), ("flash", "sdpa-enable-gqa", theirs)):
+            ms = gus = None
+            try:
+                ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
+                gus = graph_us(fn, event_ms=ms)
+            except RuntimeError as e:
+                print(f"{prov} decode b={b} hk={hk} s={s} failed: {e}")
+            recs.append(record(prov, algo, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3 if ms else None,
+                               graph_us=gus, bw_fraction=floor_us / (ms * 1e3) if ms else None,
+                               graph_bw_fraction=floor_us / gus if gus else None, **common))
+        print(f"decode (GQA native) hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
+            f"{x['provider']}={x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in recs[-2:]))
+        del kc, vc, q, qt, kt, vt
+        gc.collect()
+        torch.cuda.empty_cache()
     return recs
 
 

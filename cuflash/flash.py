@@ -23,19 +23,21 @@ from .backward import check_warp_partition
 LOG2E = math.log2(math.e)
 GRID_ORDERS = {"qtile": 0, "bh": 1}
 GRID_ORDER_CHOICES = ("auto", *GRID_ORDERS)
-# grid_order="auto": causal problems with at least this many query rows use "bh". There every head's
-# heaviest Q tiles (the ones by the diagonal's far end) are issued first across the whole grid, which
-# shortens the tail; "qtile" keeps one head's blocks together for L2 and wins below (results.json,
-# section grid_order: causal 8k / 16k bh 3-5% faster, 2k 2-4% slower; non-causal mixed, so "qtile").
+# grid_order="auto": causal problems at head dim 128 with at least this many query rows use "bh". There
+# every head's heaviest Q tiles (the ones by the diagonal's far end) are issued first across the whole
+# grid, which shortens the tail; "qtile" keeps one head's blocks together for L2 and wins elsewhere
+# (results.json, section grid_order, two sessions: d128 causal 8k / 16k bh 4-7% faster, 2k within 1%;
+# d64 causal and every non-causal case: qtile as fast or faster). Other head dims: not measured, "qtile".
 AUTO_BH_MIN_ROWS = 8192
+AUTO_BH_HEADDIMS = (128,)
 
 
-def resolve_grid_order(grid_order: str, causal: bool, rows: int) -> str:
-    """The grid order a launch uses: "auto" -> "bh" for causal problems of >= AUTO_BH_MIN_ROWS query rows,
-    else "qtile"; an explicit order is kept."""
+def resolve_grid_order(grid_order: str, causal: bool, rows: int, headdim: int = 128) -> str:
+    """The grid order a launch uses: "auto" -> "bh" for causal problems of >= AUTO_BH_MIN_ROWS query rows
+    at a head dim in AUTO_BH_HEADDIMS, else "qtile"; an explicit order is kept."""
     if grid_order != "auto":
         return grid_order
-    return "bh" if causal and rows >= AUTO_BH_MIN_ROWS else "qtile"
+    return "bh" if causal and rows >= AUTO_BH_MIN_ROWS and headdim in AUTO_BH_HEADDIMS else "qtile"
 _MAX_GRID_YZ = 65535
 
 
@@ -80,8 +82,8 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile)
     lau = get_launcher(spec, qa.device)
     block_m = (tile or (DECODE_TILES[d] if split else fwd_tile(d, causal))).block_m
-    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows)], -(-rows // block_m), kheads, b,
-                        num_splits)
+    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // block_m), kheads,
+                        b, num_splits)
     tail = (qa.strides[0], q_row, q_head, *ka.strides[:3], *va.strides[:3], osb, o_row, o_head,
             b, kheads, heads_per_kv, rows, sk, num_splits, seqlen_k_new, order, softmax_scale * LOG2E)
     return lau, grid, tail
@@ -242,7 +244,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     Keyword-only extras: algorithm ("v2" or "v1"), grid_order ("qtile": Q-tile index in grid x, so the
     blocks of one head run together and share K/V in L2; "bh": batch/head first; "auto", the default:
-    "bh" for causal problems of >= 8192 query rows, else "qtile"), dq_strategy for the
+    "bh" for causal problems of >= 8192 query rows at head dim 128, else "qtile"), dq_strategy for the
     backward ("atomic", "seqpar", "loop"; None: "loop" if deterministic else "atomic"), warp_partition for
     the V2 backward ("kv": warps split the KV rows, the default; "q": warps split the Q rows).
     """

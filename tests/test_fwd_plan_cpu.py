@@ -37,8 +37,9 @@ CASES = {
     "packed": ((2, 200, 8, 64), (2, 200, 8, 64), "float16", dict(packed=True)),
     "grid_fallback": ((70000, 16, 1, 32), (70000, 16, 1, 32), "float16", {}),
     "scale_float": ((1, 64, 2, 64), (1, 64, 2, 64), "float16", dict(softmax_scale=0.125)),
-    "auto_long_causal": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", dict(causal=True)),
-    "auto_long": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", {}),
+    "auto_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True)),
+    "auto_long": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", {}),
+    "auto_long_causal_d64": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", dict(causal=True)),
     "scale_np32": ((1, 64, 2, 64), (1, 64, 2, 64), "float16", dict(softmax_scale="np32:0.125")),
 }
 
@@ -246,6 +247,7 @@ def test_specific_geometry(host):
     # grid_order="auto" (the default): batch/head first for long causal problems only
     assert p("auto_long_causal")["grid_order"] == 1 and host["auto_long_causal"]["first"]["grid"] == [2, 64, 1]
     assert p("auto_long")["grid_order"] == 0 and host["auto_long"]["first"]["grid"] == [64, 2, 1]
+    assert p("auto_long_causal_d64")["grid_order"] == 0
     fb = p("grid_fallback")
     assert fb["grid_order"] == 1 and host["grid_fallback"]["first"]["grid"] == [70000, 1, 1]
     # forward's arithmetic, kept: a float32 scale times log2 e stays float32 (NumPy 2), a float does not

@@ -116,3 +116,5 @@ def test_auto_grid_order_resolution():
     assert resolve_grid_order("auto", False, 10 * AUTO_BH_MIN_ROWS) == "qtile"
     assert resolve_grid_order("qtile", True, 10 * AUTO_BH_MIN_ROWS) == "qtile"
     assert resolve_grid_order("bh", False, 1) == "bh"
+    assert resolve_grid_order("auto", True, AUTO_BH_MIN_ROWS, 64) == "qtile"  # measured: d64 keeps qtile
+    assert resolve_grid_order("auto", True, AUTO_BH_MIN_ROWS, 128) == "bh"

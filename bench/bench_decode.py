@@ -55,6 +55,19 @@ def _old_splits(b, h, hk, s, d):
                                 decode_slots(0, fwd_smem_bytes(d, t)), -(-s // t.block_n))
 
 
+def _cache_case(b, s, hk, h, d, bw):
+    """One decoding case's fp16 inputs on the GPU: (q [b, 1, h, d], k_cache, v_cache [b, s, hk, d],
+    cache_seqlens = s, K/V bytes, floor us = bytes / bw)."""
+    import torch
+
+    kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * b * s * hk * d * 2
+    return q, kc, vc, seqlens, kv_bytes, kv_bytes / bw * 1e6
+
+
 def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128,
            budget_s=240.0):
     """Every case in the issue's grid, in order of kv_heads, batch, cache length; cases left when `budget_s`
@@ -80,11 +93,7 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                     recs.append(record("cuflash", "skipped", "decode", "float16", b, h, 1, s, d, False, None,
                                        heads_k=hk, kv_bytes=kv_bytes, skipped=True))
                     continue
-                kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
-                vc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
-                q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
-                seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-                floor_us = kv_bytes / bw * 1e6
+                q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
                 common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
                 auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
                 for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
@@ -148,12 +157,7 @@ def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32
     recs = []
     fa = sdpa("flash")
     for b, hk, s in cases:
-        kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
-        vc = torch.randn_like(kc)
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
-        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-        kv_bytes = 2 * b * s * hk * d * 2
-        floor_us = kv_bytes / bw * 1e6
+        q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
         common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
 
         def ours():
@@ -248,12 +252,7 @@ def decode_sweep(cases=((1, 8, 131072), (1, 8, 32768), (8, 1, 131072), (32, 1, 1
     bw = measure_ceilings()[0]["tb_per_s"] * 1e12
     recs = []
     for hk, b, s in cases:
-        kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
-        vc = torch.randn_like(kc)
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
-        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-        kv_bytes = 2 * b * s * hk * d * 2
-        floor_us = kv_bytes / bw * 1e6
+        q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
         n0 = len(recs)
         for t in _sweep_tiles():
             if decode_spec("float16", d, False, 1, t).smem > MAX_SMEM:

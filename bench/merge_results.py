@@ -24,14 +24,18 @@ def main(argv):
 
     out_dir, srcs = argv[0], argv[1:]
     calls, records = [], []
-    for i, src in enumerate(srcs):
+    for src in srcs:
         head, recs = load(src)
-        calls.append(dict(head, source=src))
+        base = len(calls)
+        if head.get("calls"):  # an already merged file: keep its calls, renumbered after the ones so far
+            calls += [dict(c) for c in head["calls"]]
+        else:
+            calls.append(dict(head, source=src))
         for r in recs:
             r = dict(r)
-            r.setdefault("call", i)
+            r["call"] = base + r.get("call", 0)
             records.append(r)
-    head = dict(calls[0], calls=calls)
+    head = dict({k: v for k, v in calls[0].items() if k != "calls"}, calls=calls)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(dict(header=head, records=records), f, indent=1)

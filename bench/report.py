@@ -124,6 +124,11 @@ EXTRA_TABLES = [
                 "kv_bytes", "floor_us", "bw_fraction", "graph_bw_fraction"],
      "Decoding (q_len 1, 32 heads, hdim 128, fp16; us: one call from Python, graph_us: GPU time per call in a "
      "CUDA graph; mode decode_latency: per-call time of a loop of calls, batch 1, 8 heads, cache 4k)"),
+    ("decode_big_gqa", ["provider", "algo", "batch", "heads", "heads_k", "seqlen_k", "us", "graph_us", "kv_bytes",
+                        "floor_us", "graph_bw_fraction"],
+     "Decoding, the large GQA/MQA cases: SDPA FLASH with enable_gqa=True (caches not expanded), same loop"),
+    ("layout", ["provider", "algo", "headdim", "seqlen_q", "causal", "memory_layout", "ms", "tflops"],
+     "Same memory for both: forward on [b, s, h, d]- vs [b, h, s, d]-contiguous data (fp16)"),
     ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),
     ("v1_ladder", ["algo", "mode", "dtype", "headdim", "seqlen_q", "causal", "ms", "tflops", "err_rel", "err_max",
                    "dram_bytes"], "From V1 to V2"),

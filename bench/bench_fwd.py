@@ -12,16 +12,17 @@ from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
 
-# Session 3: two 128-row Q tiles per block sharing every K/V tile, free-running (plain loop) or taking
-# turns on the tensor cores (ping-pong). Earlier candidates and their numbers: bench/NOTES.md.
+# Candidate tiles of the configured (plain) KV loop. Earlier candidates, and the KV-loop drivers measured
+# and removed (software pipeline: session 2; FlashAttention-3 ping-pong: session 3; code at commit
+# 59a4131), with their numbers: bench/NOTES.md.
 SWEEP_TILES = {
-    64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8), FwdTile(256, 64, 8, pingpong=True), FwdTile(128, 32, 4, True)],
-    128: [FwdTile(128, 32, 4), FwdTile(256, 32, 8), FwdTile(256, 32, 8, pingpong=True)],
+    64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8)],
+    128: [FwdTile(128, 32, 4), FwdTile(256, 32, 8)],
 }
 
 
 def tile_label(t: FwdTile) -> str:
-    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w{'-pipe' if t.pipeline else ''}{'-pingpong' if t.pingpong else ''}"
+    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w"
 
 
 def sweep_specs():
@@ -142,7 +143,7 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
                 for t in tiles:
                     ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
                     recs.append(record("cuflash", tile_label(t), "fwd", "float16",
-                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps, t.pipeline, t.pingpong],
+                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps],
                                        configured=(t == fwd_tile(d, causal))))
                 fn = sdpa("flash")
                 recs.append(record("flash", "sdpa", "fwd", "float16", b, h, s, s, d, causal,

@@ -10,8 +10,8 @@
 //     m'  = rowmax(S) * scale_log2 if it exceeds m by more than 8, else m   (lazy re-scaling, log2 domain)
 //     P   = exp2(S * scale_log2 - m')     one FFMA + one MUFU.EX2 per score
 //     acc_o, l *= alpha = exp2(m - m')    only when some row of the warp moved its m (rare after a few tiles)
-//     acc_o += P V_j, l += P 1            P converted in registers into the A operand (no smem trip); the
-//                                         row sums come from one extra mma against ones, not from FADDs
+//     acc_o += P V_j, l += rowsum(P)      P converted in registers into the A operand (no smem trip); l is
+//                                         a thread-partial fp32 sum, reduced across the quad at the end
 //   O = acc_o / l  (written once, through smem, 16-byte stores);  LSE = (m + log2 l) * ln 2
 //
 // Template parameters (chosen in cuflash/_configs.py, the single source of truth):
@@ -23,13 +23,6 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
-//   LOOP       the KV-loop driver: LOOP_PLAIN (one barrier per tile, every warp free-running),
-//              LOOP_PIPELINE (software-pipelined: S of tile i+1 is computed while the exps of tile i run;
-//              two S tiles live: more registers, more overlap of tensor-core and MUFU work in one warp), or
-//              LOOP_PINGPONG (8 warps in two groups of 4, each owning half the rows of the Q tile, sharing
-//              every K/V tile; named barriers hand the tensor cores from one group to the other, so one
-//              group's softmax runs while the other's matrix products do: FlashAttention-3's ping-pong
-//              schedule, with mma.sync)
 //   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
 //              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
 #include "common/ptx.cuh"
@@ -37,8 +30,6 @@
 #include "common/params.cuh"
 
 namespace cuflash {
-
-enum LoopKind { LOOP_PLAIN = 0, LOOP_PIPELINE = 1, LOOP_PINGPONG = 2 };
 
 enum ExpVariant {
   EXP_FFMA_EX2 = 0,     // ex2.approx(fma(s, scale_log2, -m_scaled)): one FFMA + one MUFU.EX2
@@ -67,7 +58,7 @@ __device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num
 }
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int LOOP, int EXP_VARIANT = EXP_FFMA_EX2>
+          int EXP_VARIANT = EXP_FFMA_EX2>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -77,9 +68,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   constexpr int KD = D / 16;                // k16 steps of Q K^T
   constexpr int KN = BLOCK_N / 16;          // k16 steps of P V
   constexpr int LDS = PaddedRow<D>::LDS;
-  constexpr bool PIPELINE = LOOP == LOOP_PIPELINE, PINGPONG = LOOP == LOOP_PINGPONG;
-  static_assert(LOOP == LOOP_PLAIN || PIPELINE || PINGPONG, "LOOP: one of LoopKind");
-  static_assert(!PINGPONG || NWARPS == 8, "ping-pong: two groups of 4 warps");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
@@ -134,11 +122,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   constexpr float LN2_F = 0.6931471805599453f;
   const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
   // Q fragments live in registers when they fit next to the S tile (<= 32 registers with an S tile at most
-  // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles; 16 in the pipelined loop, where two S
-  // tiles are live); otherwise they are re-read from shared memory at every k16 step.
+  // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles); otherwise they are re-read from shared
+  // memory at every k16 step.
   constexpr int Q_REGS = MF * KD * 4, S_REGS = MF * NF * 4;
-  constexpr bool Q_IN_REGS =
-      PIPELINE ? Q_REGS <= 16 && NF <= 8 : (Q_REGS <= 32 && NF <= 8) || (Q_REGS + S_REGS <= 80 && D <= 128);
+  constexpr bool Q_IN_REGS = (Q_REGS <= 32 && NF <= 8) || (Q_REGS + S_REGS <= 80 && D <= 128);
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
   auto q_frag_addr = [&](int mf, int kd) {
     const int r = warp * WARP_M + mf * 16 + (lane % 16), c = kd * 16 + (lane / 16) * 8;
@@ -146,7 +133,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   };
   uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
 
-  // ---- the pieces of one KV tile's work; the loop below interleaves them across two tiles ----
+  // ---- the pieces of one KV tile's work, in the order the loop below runs them ----
   // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
   // one x4 gives b0, b1 of two adjacent n8 fragments.
   auto compute_s = [&](float (&s)[MF][NF][4], const T* k_tile) {
@@ -318,129 +305,28 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       }
     };
 
-    if constexpr (PINGPONG) {
-      // Two groups of 4 warps (g = warp / 4) share every K/V tile. Named barrier 1 + g is "group g may use
-      // the tensor cores": a group waits on its own (bar.sync) and hands over with the other's (bar.arrive),
-      // after each matrix product. Per tile, after the block-wide barrier that publishes it:
-      //     group 0: S = Q K^T | softmax          | O += P V |
-      //     group 1:           | S = Q K^T        | softmax  | O += P V
-      // so the exps and row statistics of one group run under the other group's mma.sync. Every arrive
-      // meets one sync: group 1 arrives once before the loop and skips its arrive after the last P V.
-      const int grp = warp / 4;
-      auto my_turn = [&]() { named_bar_sync(1 + grp, NT); };
-      auto pass_turn = [&]() { named_bar_arrive(2 - grp, NT); };
-      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      cp_async_commit();
-      if (grp == 1) pass_turn();  // group 0 goes first
-      for (int i = 0; i < num_tiles; ++i) {
-        cp_async_wait<0>();
-        __syncthreads();
-        if (i == 0 && warp_has_rows) load_q_frags();
-        if (i + 1 < num_tiles) {
-          k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-          v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-          cp_async_commit();
-        }
-        const bool active = warp_active(i);
-        my_turn();
-        if (active) compute_s(s_a, k_stage(i));
-        pass_turn();
-        if (active) {
-          mask_s(s_a, tile_n(i));
-          if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
-          softmax_p(s_a, pa);
-        }
-        my_turn();
-        if (active) accumulate_pv(pa, v_stage(i));
-        if (grp == 0 || i + 1 < num_tiles) pass_turn();
-      }
-    } else if constexpr (!PIPELINE) {
-      // One barrier per tile. At the top of step i, tile i (issued one step ago) has landed; the barrier
-      // makes it visible AND proves every warp is done with the other stage, which is then refilled with
-      // tile i+1 while this step computes on tile i.
-      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      cp_async_commit();
-      for (int i = 0; i < num_tiles; ++i) {
-        cp_async_wait<0>();
-        __syncthreads();
-        if (i == 0 && warp_has_rows) load_q_frags();
-        if (i + 1 < num_tiles) {
-          k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-          v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-          cp_async_commit();
-        }
-        if (!warp_active(i)) continue;
-        compute_s(s_a, k_stage(i));
-        mask_s(s_a, tile_n(i));
-        if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
-        softmax_p(s_a, pa);
-        accumulate_pv(pa, v_stage(i));
-      }
-    } else {
-      // Prologue: group {Q, K_0}, then group {K_1, V_0}.
-      load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-      load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      cp_async_commit();
-      if (num_tiles > 1) k_loader.copy(k_stage(1), tile_n(1) * BLOCK_N);
-      load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-      __syncthreads();  // Q and K_0 are visible to every thread
-
-      float s_b[MF][NF][4];
-      if (warp_has_rows) {
-        load_q_frags();
-        compute_s(s_a, k_stage(0));
-        mask_s(s_a, tile_n(0));
-        update_max(s_a);
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) row_max[mf][0] = row_max_new[mf][0], row_max[mf][1] = row_max_new[mf][1];
-      }
-
-      // Software pipeline, one barrier per tile. At the top of step i: K_{i+1} and V_i have landed (group
-      // issued one step ago) and every warp is done with step i-1, so K stage i%2 (K_i, last read in step
-      // i-1) and V stage (i+1)%2 (V_{i-1}) are free and get K_{i+2} and V_{i+1}. Then
-      //   A: S_{i+1} = Q K_{i+1}^T  (tensor cores)  interleaved with  P_i = exp2(S_i - m)  (FMA + MUFU)
-      //   B: O += P_i V_i           (tensor cores)  interleaved with  rowmax(S_{i+1})      (FMNMX + SHFL)
-      // Both halves are single basic blocks with independent instruction streams, so one warp can keep the
-      // tensor pipe and the MUFU/FMA pipes busy at once. S_i and S_{i+1} alternate between s_a and s_b.
-      // Costs a second S tile of registers: only tiles with one m16 fragment per warp fit.
-      auto step = [&](int i, float (&s_cur)[MF][NF][4], float (&s_next)[MF][NF][4]) {
-        cp_async_wait<0>();
-        __syncthreads();
-        if (i + 2 < num_tiles) k_loader.copy(k_stage(i + 2), tile_n(i + 2) * BLOCK_N);
-        v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-        cp_async_commit();
-        if (!warp_has_rows) return;
-        compute_s(s_next, k_stage(i + 1));
-        softmax_p(s_cur, pa);
-        mask_s(s_next, tile_n(i + 1));
-        accumulate_pv(pa, v_stage(i));
-        if (__any_sync(0xffffffffu, update_max(s_next))) rescale();
-      };
-      int i = 0;
-      for (; i + 2 < num_tiles; i += 2) {
-        step(i, s_a, s_b);
-        step(i + 1, s_b, s_a);
-      }
-      if (i + 1 < num_tiles) {
-        step(i, s_a, s_b);
-        ++i;
-      }
-      // Last tile: S_i is in s_a when i is even, in s_b when odd.
+    // One barrier per tile. At the top of step i, tile i (issued one step ago) has landed; the barrier
+    // makes it visible AND proves every warp is done with the other stage, which is then refilled with
+    // tile i+1 while this step computes on tile i.
+    load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+    load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+    load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+    cp_async_commit();
+    for (int i = 0; i < num_tiles; ++i) {
       cp_async_wait<0>();
       __syncthreads();
-      if (warp_has_rows) {
-        if (i % 2 == 0)
-          softmax_p(s_a, pa);
-        else
-          softmax_p(s_b, pa);
-        accumulate_pv(pa, v_stage(i));
+      if (i == 0 && warp_has_rows) load_q_frags();
+      if (i + 1 < num_tiles) {
+        k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+        v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+        cp_async_commit();
       }
+      if (!warp_active(i)) continue;
+      compute_s(s_a, k_stage(i));
+      mask_s(s_a, tile_n(i));
+      if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
+      softmax_p(s_a, pa);
+      accumulate_pv(pa, v_stage(i));
     }
   }
 

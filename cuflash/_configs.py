@@ -22,13 +22,6 @@ class FwdTile:
     block_m: int  # Q rows per thread block
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
-    pipeline: bool = False  # software-pipelined KV loop (flash_fwd.cu LOOP_PIPELINE)
-    pingpong: bool = False  # two groups of 4 warps take turns on the tensor cores (LOOP_PINGPONG; 8 warps)
-
-    @property
-    def loop(self) -> int:
-        """The kernel's LOOP template argument (flash_fwd.cu LoopKind)."""
-        return 2 if self.pingpong else 1 if self.pipeline else 0
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -71,8 +64,7 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     smem = fwd_smem_bytes(headdim, tile)
     name = (
         f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}, "
-        f"{tile.loop}>"
+        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}>"
     )
     return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
 

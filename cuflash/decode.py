@@ -104,8 +104,8 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
     """Split count that fills the GPU in whole waves (flash-attn's rule, counted in resident blocks).
 
     blocks = batch x KV heads x Q tiles without splitting; num_sms = the blocks the GPU holds at once
-    (SMs x resident blocks per SM: decoding is bound by the bytes in flight, so every resident slot counts;
-    on the H200 2 slots per SM measured 1.3-1.4x faster than 1 at batch 1, bench/results decode_sweep).
+    (SMs x resident blocks per SM of the compiled kernel: decoding is bound by the bytes in flight, so every
+    resident slot counts; the d128 decode tile holds 1 block per SM, the others 2: bench/NOTES.md).
     kv_tiles = the most splits that can hold keys (key blocks of one thread block). If the blocks already
     (nearly) fill the slots, do not split. Otherwise take the smallest split count whose wave efficiency
     n*blocks / (waves * slots) is within 95% of the best, never more splits than kv_tiles. (flash-attn

@@ -61,7 +61,7 @@ def _sweep_tiles():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(17, 17), (1000, 127), (600, 3001), (1, 300)])
 def test_every_swept_tile_matches_reference(dtype, d, tile, causal, sq, sk):
-    """Every KV-loop driver a sweep may pick (plain, ping-pong) and every swept tile."""
+    """Every tile a sweep may pick."""
     run_case(1, sq, sk, 2, 2, d, dtype, causal, tile=tile)
 
 

@@ -130,15 +130,4 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// ---------------------------------------------------------------------------------- named barriers
-// PTX ISA 9.7.13.1 bar.sync / bar.arrive with a barrier id (1..15; 0 is __syncthreads) and a thread count
-// (a multiple of 32). bar.arrive signals without waiting: a producer/consumer hand-off between two groups
-// of warps (the forward's ping-pong passes the tensor cores back and forth this way).
-__device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int nthreads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
-}
-
 }  // namespace cuflash

@@ -28,6 +28,7 @@
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
+#include "common/warp_gemm.cuh"
 
 namespace cuflash {
 
@@ -137,36 +138,20 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
   // one x4 gives b0, b1 of two adjacent n8 fragments.
   auto compute_s = [&](float (&s)[MF][NF][4], const T* k_tile) {
+    gemm_abt_x4<T, MF, NF, KD>(
+        s,
+        [&](uint32_t (&a)[4], int mf, int kd) {
+          if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
-#pragma unroll
-    for (int kd = 0; kd < KD; ++kd) {
-      uint32_t qa[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        if constexpr (Q_IN_REGS) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
-        } else {
-          ldmatrix_x4(qa[mf], q_frag_addr(mf, kd));
-        }
-      }
-#pragma unroll
-      for (int nf = 0; nf < NF; nf += 2) {
-        uint32_t b[4];
-        const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(b, smem_addr(k_tile + r * LDS + c));
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
-          mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
-        }
-      }
-    }
+            for (int e = 0; e < 4; ++e) a[e] = q_frag[mf][kd][e];
+          } else {
+            ldmatrix_x4(a, q_frag_addr(mf, kd));
+          }
+        },
+        [&](int nf, int kd) {
+          const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
+          return smem_addr(k_tile + r * LDS + c);
+        });
   };
   // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
   auto mask_s = [&](float (&s)[MF][NF][4], int n) {
@@ -250,30 +235,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         row_sum[mf][h] += sum;
       }
 #pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int kn = 0; kn < KN; ++kn) {
-        pa[mf][kn][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
-        pa[mf][kn][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
-        pa[mf][kn][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
-        pa[mf][kn][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
-      }
+    for (int mf = 0; mf < MF; ++mf) frags_to_a<T>(s[mf], pa[mf]);
   };
   // acc_o += P V. B operand (V, [keys, d] row-major, needed col-major) comes from ldmatrix.trans.
   auto accumulate_pv = [&](const uint32_t (&pa)[MF][KN][4], const T* v_tile) {
-#pragma unroll
-    for (int kn = 0; kn < KN; ++kn)
-#pragma unroll
-      for (int df = 0; df < DF; df += 2) {
-        uint32_t b[4];
-        const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
-        ldmatrix_x4_trans(b, smem_addr(v_tile + r * LDS + c));
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          mma_m16n8k16<T>(acc_o[mf][df], pa[mf][kn], b[0], b[1]);
-          mma_m16n8k16<T>(acc_o[mf][df + 1], pa[mf][kn], b[2], b[3]);
-        }
-      }
+    gemm_pv_x4<T, MF, KN, DF>(acc_o, pa, [&](int kn, int df) {
+      const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
+      return smem_addr(v_tile + r * LDS + c);
+    });
   };
 
   const int num_tiles = n_end - n_begin;

@@ -98,56 +98,25 @@ namespace v1 {
 // flash_fwd.cu, also used for K Q^T and V dO^T in the backward.
 template <typename T, int MF, int NF, int KD, int LDS>
 __device__ __forceinline__ void gemm_abt(float (&acc)[MF][NF][4], const T* a_tile, const T* b_tile, int lane) {
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-    for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mf][nf][e] = 0.f;
-#pragma unroll
-  for (int kd = 0; kd < KD; ++kd) {
-    uint32_t a[MF][4];
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-      ldmatrix_x4(a[mf], smem_addr(a_tile + (mf * 16 + (lane % 16)) * LDS + kd * 16 + (lane / 16) * 8));
-#pragma unroll
-    for (int nf = 0; nf < NF; nf += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, smem_addr(b_tile + (nf * 8 + (lane % 8) + (lane / 16) * 8) * LDS + kd * 16 + ((lane / 8) % 2) * 8));
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        mma_m16n8k16<T>(acc[mf][nf], a[mf], b[0], b[1]);
-        mma_m16n8k16<T>(acc[mf][nf + 1], a[mf], b[2], b[3]);
-      }
-    }
-  }
+  gemm_abt_x4<T, MF, NF, KD>(
+      acc,
+      [&](uint32_t (&a)[4], int mf, int kd) {
+        ldmatrix_x4(a, smem_addr(a_tile + (mf * 16 + (lane % 16)) * LDS + kd * 16 + (lane / 16) * 8));
+      },
+      [&](int nf, int kd) {
+        return smem_addr(b_tile + (nf * 8 + (lane % 8) + (lane / 16) * 8) * LDS + kd * 16 + ((lane / 8) % 2) * 8);
+      });
 }
 
 template <typename T, int MF, int KN, int DF, int LDS>
 __device__ __forceinline__ void gemm_pv(float (&acc)[MF][DF][4], const float (&p)[MF][2 * KN][4], const T* v_tile,
                                         int lane) {
+  uint32_t pa[MF][KN][4];
 #pragma unroll
-  for (int kn = 0; kn < KN; ++kn) {
-    uint32_t a[MF][4];
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf) {
-      a[mf][0] = pack2<T>(p[mf][2 * kn][0], p[mf][2 * kn][1]);
-      a[mf][1] = pack2<T>(p[mf][2 * kn][2], p[mf][2 * kn][3]);
-      a[mf][2] = pack2<T>(p[mf][2 * kn + 1][0], p[mf][2 * kn + 1][1]);
-      a[mf][3] = pack2<T>(p[mf][2 * kn + 1][2], p[mf][2 * kn + 1][3]);
-    }
-#pragma unroll
-    for (int df = 0; df < DF; df += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(v_tile + (kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + df * 8 +
-                                     (lane / 16) * 8));
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        mma_m16n8k16<T>(acc[mf][df], a[mf], b[0], b[1]);
-        mma_m16n8k16<T>(acc[mf][df + 1], a[mf], b[2], b[3]);
-      }
-    }
-  }
+  for (int mf = 0; mf < MF; ++mf) frags_to_a<T>(p[mf], pa[mf]);
+  gemm_pv_x4<T, MF, KN, DF>(acc, pa, [&](int kn, int df) {
+    return smem_addr(v_tile + (kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + df * 8 + (lane / 16) * 8);
+  });
 }
 
 // load_tile_async (tile.cuh) with register-lean address math, for the backward kernel that runs at the

@@ -1,4 +1,4 @@
-// cuda_src/common/warp_gemm.cuh -- warp-level matrix-product helpers shared by the backward kernels.
+// cuda_src/common/warp_gemm.cuh -- warp-level matrix-product helpers shared by the kernels.
 //
 // Fragments follow the mma.sync m16n8k16 layouts documented in ptx.cuh: an fp32 accumulator of a
 // [16, 8 NF] block is float[NF][4]; a 16-bit A operand of a [16, 16 KS] block is uint32_t[KS][4].
@@ -42,6 +42,51 @@ __device__ __forceinline__ void gemm_a_regs_b_trans(float (&acc)[NF][4], const u
                                      (lane / 16) * 8));
       mma_m16n8k16<T>(acc[f], a[k], b[0], b[1]);
       mma_m16n8k16<T>(acc[f + 1], a[k], b[2], b[3]);
+    }
+}
+
+// acc[16 MF, 8 NF] = sum over KD k16 steps of A B^T -- the S = Q K^T of the forward kernels. a_frag(a, mf, kd)
+// fills the A fragment of m16 block mf at k16 step kd (from registers, or ldmatrix); b_addr(nf, kd) is this
+// lane's ldmatrix.x4 address of n8 blocks nf, nf + 1 at step kd (B^T col-major = the rows of a row-major
+// tile, plain ldmatrix: one x4 gives b0, b1 of two adjacent n8 fragments).
+template <typename T, int MF, int NF, int KD, typename AFrag, typename BAddr>
+__device__ __forceinline__ void gemm_abt_x4(float (&acc)[MF][NF][4], const AFrag& a_frag, const BAddr& b_addr) {
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) zero_frags(acc[mf]);
+#pragma unroll
+  for (int kd = 0; kd < KD; ++kd) {
+    uint32_t a[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) a_frag(a[mf], mf, kd);
+#pragma unroll
+    for (int nf = 0; nf < NF; nf += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_addr(nf, kd));
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        mma_m16n8k16<T>(acc[mf][nf], a[mf], b[0], b[1]);
+        mma_m16n8k16<T>(acc[mf][nf + 1], a[mf], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[16 MF, 8 DF] += P V -- the O += P V of the forward kernels. P: 16-bit A fragments [MF][KN][4] (see
+// frags_to_a); v_addr(kn, df) is this lane's ldmatrix.x4.trans address of V rows [16 kn, +16) x columns of
+// n8 blocks df, df + 1 (V is row-major [keys, D]; the B operand wants it column-major).
+template <typename T, int MF, int KN, int DF, typename VAddr>
+__device__ __forceinline__ void gemm_pv_x4(float (&acc)[MF][DF][4], const uint32_t (&pa)[MF][KN][4], const VAddr& v_addr) {
+#pragma unroll
+  for (int kn = 0; kn < KN; ++kn)
+#pragma unroll
+    for (int df = 0; df < DF; df += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_addr(kn, df));
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        mma_m16n8k16<T>(acc[mf][df], pa[mf][kn], b[0], b[1]);
+        mma_m16n8k16<T>(acc[mf][df + 1], pa[mf][kn], b[2], b[3]);
+      }
     }
 }
 

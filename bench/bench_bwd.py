@@ -17,6 +17,27 @@ def _inputs(b, s, h, d, dt):
     return q, k, v, torch.randn(b, s, h, d, device="cuda", dtype=dt)
 
 
+def _sdpa_inputs(q, k, v, dout):
+    """The same values in SDPA's [b, h, s, d] layout (contiguous copies; q, k, v requiring grad)."""
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    return qt, kt, vt, dout.transpose(1, 2).contiguous()
+
+
+def _grid_cases(headdims, seqlens, dt):
+    """(d, h, s, b, (q, k, v, dout), (the same in SDPA's layout)) per grid point, freed after each."""
+    import torch
+
+    for d in headdims:
+        h = HIDDEN // d
+        for s in seqlens:
+            b = TOKENS // s
+            ours = _inputs(b, s, h, d, dt)
+            yield d, h, s, b, ours, _sdpa_inputs(*ours)
+            del ours
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
 def _grad_fn(out, inputs, dout):
     import torch
 
@@ -30,49 +51,67 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
 
     recs = []
     for dtype in dtypes:
-        dt = getattr(torch, dtype)
-        for d in headdims:
-            h = HIDDEN // d
-            for s in seqlens:
-                b = TOKENS // s
-                q, k, v, dout = _inputs(b, s, h, d, dt)
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-                doutt = dout.transpose(1, 2).contiguous()
-                for causal in (False, True):
-                    n0 = len(recs)
-                    for strat in strategies:
-                        if strat != "atomic" and dtype != "float16":
-                            continue  # the strategies are compared in fp16; bf16 runs the default one
-                        if strat == "loop" and s > 2048:
-                            continue  # one block per (batch, head): seconds per call at long seqlen
-                        out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
-                        ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
-                        recs.append(record("cuflash", f"v2-{strat}", "bwd", dtype, b, h, s, s, d, causal, ms,
-                                           dq_strategy=strat))
+        for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
+            for causal in (False, True):
+                n0 = len(recs)
+                for strat in strategies:
+                    if strat != "atomic" and dtype != "float16":
+                        continue  # the strategies are compared in fp16; bf16 runs the default one
+                    if strat == "loop" and s > 2048:
+                        continue  # one block per (batch, head): seconds per call at long seqlen
+                    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
+                    ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
+                    recs.append(record("cuflash", f"v2-{strat}", "bwd", dtype, b, h, s, s, d, causal, ms,
+                                       dq_strategy=strat))
+                    del out
+                for prov in SDPA_PROVIDERS:
+                    try:
+                        out = sdpa(prov)(qt, kt, vt, causal)
+                        ms = time_ms(_grad_fn(out, (qt, kt, vt), doutt), rep=10)
                         del out
-                    for prov in SDPA_PROVIDERS:
-                        try:
-                            out = sdpa(prov)(qt, kt, vt, causal)
-                            ms = time_ms(_grad_fn(out, (qt, kt, vt), doutt), rep=10)
-                            del out
-                        except RuntimeError as e:
-                            ms = None
-                            print(f"sdpa {prov} bwd failed: {e}")
-                        recs.append(record(prov, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms))
-                    print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
-                del q, k, v, qt, kt, vt, dout, doutt
-                gc.collect()
-                torch.cuda.empty_cache()
+                    except RuntimeError as e:
+                        ms = None
+                        print(f"sdpa {prov} bwd failed: {e}")
+                    recs.append(record(prov, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms))
+                print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
+            del q, k, v, qt, kt, vt, dout, doutt
+    return recs
+
+
+def bwd_loop(dtypes=("float16",), headdims=(64, 128), seqlens=(1024, 4096, 16384), calls=10):
+    """Like `bwd` (autograd, default dQ strategy and partition, next to SDPA FLASH) but each timing spans `calls`
+    back-to-back backward calls, so that the host-side latency of a call (torch's autograd engine handing the
+    graph to its device thread, then cuflash's Python autograd.Function: ~0.37 ms, bench/bwd_timing_check.py)
+    overlaps the previous call's kernels, as in a training step; `bwd` times one call per event pair."""
+    import torch
+
+    import cuflash
+
+    recs = []
+    for dtype in dtypes:
+        for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
+            for causal in (False, True):
+                n0 = len(recs)
+                out = cuflash.flash_attn_func(q, k, v, causal=causal)
+                fo = sdpa("flash")(qt, kt, vt, causal)
+                for prov, fn in (("cuflash", _grad_fn(out, (q, k, v), dout)),
+                                 ("flash", _grad_fn(fo, (qt, kt, vt), doutt))):
+                    ms = time_ms(lambda: [fn() for _ in range(calls)], rep=5) / calls
+                    recs.append(record(prov, "v2-auto" if prov == "cuflash" else "sdpa", "bwd", dtype, b, h, s, s, d,
+                                       causal, ms, calls_per_timing=calls))
+                del out, fo
+                print(_line(recs[n0:]), flush=True)
+            del q, k, v, qt, kt, vt, dout, doutt
     return recs
 
 
 PARTITION_SEQLENS = (1024, 2048, 4096, 8192)
 
 
-def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS, partitions=("kv", "q")):
-    """The two warp partitions of the backward main kernel (cuda_src/flash_bwd.cu: "kv" warps split the KV rows,
-    the default; "q" warps split the Q rows), each with its configured tile (cuflash/_configs.py: BWD_TILES,
-    BWD_TILES_Q) and atomic dQ, on the FlashAttention-2 grid subset (batch x seqlen = 16k, hidden 2048);
+def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS, partitions=("kv", "q", "2d")):
+    """The warp partitions of the backward main kernel (cuda_src/flash_bwd.cu: "kv" warps split the KV rows;
+    "q" warps split the Q rows; "2d" 32-row warp tiles in every product), each with its configured tile
+    (cuflash/_configs.py: BWD_TILES, BWD_TILES_Q, BWD_TILES_2D) and atomic dQ, on the FlashAttention-2 grid subset (batch x seqlen = 16k, hidden 2048);
     timed and counted like `bwd` (backward alone, FLOPs x2.5, halved for causal). ~10-20 s on an H200."""
     import torch
 
@@ -101,6 +140,65 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
             del q, k, v, dout
             gc.collect()
             torch.cuda.empty_cache()
+    return recs
+
+
+# Candidate tiles of the backward main kernel per head dim: (warp partition, tile); None = that partition's
+# configured tile. BwdTile(block_m, block_n, nwarps, dsplit, kunroll): kunroll = k16 steps unrolled per loop
+# trip in the "2d" partition's products (0 = all).
+def _bwd_sweep_tiles():
+    from cuflash._configs import BwdTile
+
+    return {
+        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(128, 128, 8, 1, 4, vec_atomic=False))],
+        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4, vec_atomic=False))],
+    }
+
+
+def sweep_specs():
+    from cuflash._configs import bwd_spec, bwd_tiles
+
+    return [bwd_spec(dt, d, c, t or bwd_tiles(part)[d], part) for d, ts in _bwd_sweep_tiles().items()
+            for part, t in ts for c in (False, True) for dt in ("float16", "bfloat16")]
+
+
+def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
+    """Every candidate backward tile (atomic dQ) on the FA2 grid subset, next to SDPA FLASH's backward measured
+    in the same loop. The cuflash kernels are timed through cuflash.backward.backward (preprocess + main +
+    convert, no autograd), FLASH through autograd like section `bwd`."""
+    import torch
+
+    import cuflash
+    from cuflash import backward as bwd_mod
+    from cuflash._configs import bwd_tiles
+
+    recs = []
+    sweep = _bwd_sweep_tiles()
+    for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(sweep, seqlens, getattr(torch, dtype)):
+        tiles = sweep[d]
+        for causal in (False, True):
+            with torch.no_grad():
+                out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+            views = bwd_mod.check_backward_inputs(dout, q.detach(), k.detach(), v.detach(), out, lse)
+            n0 = len(recs)
+            for part, t in tiles:
+                t = t or bwd_tiles(part)[d]
+                ms = time_ms(lambda: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
+                                                      warp_partition=part), rep=10)
+                recs.append(record("cuflash", f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}"
+                                   + ("-rot" if t.rotate else "") + (f"-do{t.do_stages}" if t.do_stages else "")
+                                   + ("" if t.vec_atomic else "-scalar"), "bwd",
+                                   dtype, b, h, s, s, d, causal, ms, warp_partition=part,
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, t.rotate, t.do_stages,
+                                         t.vec_atomic],
+                                   configured=(t == bwd_tiles(part)[d])))
+            fo = sdpa("flash")(qt, kt, vt, causal)
+            recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,
+                               time_ms(_grad_fn(fo, (qt, kt, vt), doutt), rep=10)))
+            del fo, out, lse, views
+            print(f"bwd_tile_sweep d={d} s={s} causal={causal}: " + " ".join(
+                f"{r['algo']}={r['tflops']:.0f}" for r in recs[n0:]), flush=True)
+        del q, k, v, dout, qt, kt, vt, doutt
     return recs
 
 

@@ -13,9 +13,10 @@ def _fmt(x, nd=0):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def grid_table(records, mode, algo_of_cuflash=("v2",), title=""):
+def grid_table(records, mode, algo_of_cuflash=("v2",), title="", sections=None):
     """TFLOP/s per (dtype, hdim, causal, provider) x seqlen, then cuflash's ratios to flash and cudnn."""
-    rs = [r for r in records if r.get("section") in (mode, mode + "_quick") and r.get("mode") == mode]
+    sections = sections or (mode, mode + "_quick")
+    rs = [r for r in records if r.get("section") in sections and r.get("mode") == mode]
     if not rs:
         return ""
     seqlens = sorted({r["seqlen_q"] for r in rs})
@@ -60,8 +61,8 @@ def simple_table(records, section, cols, title):
 
 
 def partition_table(records):
-    """Section bwd_partition (bench/bench_bwd.py): the backward's two warp partitions, TFLOP/s per seqlen and the
-    ratio q / kv. Empty when the section is absent."""
+    """Section bwd_partition (bench/bench_bwd.py): the backward's warp partitions, TFLOP/s per seqlen and each
+    one's ratio to "kv". Empty when the section is absent."""
     rs = [r for r in records if r.get("section") == "bwd_partition" and r.get("provider") == "cuflash"]
     if not rs:
         return ""
@@ -72,8 +73,10 @@ def partition_table(records):
         part = r.get("warp_partition")
         cell[(r["dtype"], r["headdim"], r["causal"])][(part, r["seqlen_q"])] = r.get("tflops")
         tiles[(r["headdim"], part)] = r.get("tile")
-    lines = ["### Backward warp partition (atomic dQ): TFLOP/s, warps split the KV rows (kv) / the Q rows (q)", "",
-             "Cells: kv / q (q / kv). Tiles (block_m x block_n x warps): " + ", ".join(
+    parts = [p for p in ("kv", "q", "2d") if any(k[1] == p for k in tiles)]
+    lines = ["### Backward warp partition (atomic dQ): TFLOP/s, warps split the KV rows (kv) / the Q rows (q) / "
+             "32-row warp tiles in every product (2d)", "",
+             "Cells: " + " / ".join(parts) + " (each / kv). Tiles (block_m x block_n x warps): " + ", ".join(
                  f"d{d} {p} {t}" for (d, p), t in sorted(tiles.items())) + ".", "",
              "| dtype | hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
              "|" + "---|" * (3 + len(seqlens))]
@@ -81,9 +84,33 @@ def partition_table(records):
         row = cell[key]
         vals = []
         for s in seqlens:
-            kv, q = row.get(("kv", s)), row.get(("q", s))
-            ratio = f" ({q / kv:.2f})" if kv and q else ""
-            vals.append(f"{_fmt(kv)} / {_fmt(q)}{ratio}")
+            kv = row.get(("kv", s))
+            xs = [row.get((p, s)) for p in parts]
+            ratios = [f"{x / kv:.2f}" for p, x in zip(parts, xs) if p != "kv" and x and kv]
+            vals.append(" / ".join(_fmt(x) for x in xs) + (f" ({' / '.join(ratios)})" if ratios else ""))
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bwd_sweep_table(records):
+    """Section bwd_tile_sweep: every candidate backward tile next to SDPA FLASH measured in the same loop (fp16)."""
+    rs = [r for r in records if r.get("section") == "bwd_tile_sweep"]
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    cell = defaultdict(dict)
+    for r in rs:
+        cell[(r["headdim"], r["causal"], r["provider"] if r["provider"] != "cuflash" else r["algo"])][r["seqlen_q"]] = \
+            r.get("tflops")
+    lines = ["### Backward tile sweep (fp16, atomic dQ; TFLOP/s, and / SDPA FLASH of the same loop)", "",
+             "Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all)[-do(dO buffers)]"
+             "[-scalar (scalar dQ atomics)][-rot (rotated Q-tile order)].", "",
+             "| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for key in sorted(cell, key=lambda k: (k[0], k[1], k[2] == "flash", k[2])):
+        row, fl = cell[key], cell.get((key[0], key[1], "flash"), {})
+        vals = [_fmt(row.get(s)) + (f" ({row[s] / fl[s]:.2f})" if key[2] != "flash" and row.get(s) and fl.get(s)
+                                   else "") for s in seqlens]
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
     return "\n".join(lines) + "\n"
 
@@ -99,8 +126,11 @@ def markdown(head, records) -> str:
              f"NVRTC {head.get('nvrtc')}, {head.get('date')}.\n"]
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
     parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
-    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid"))
+    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid (one call per timing)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "
+                            "timing (host latency overlapped; section bwd_loop)"))
     parts.append(partition_table(records))
+    parts.append(bwd_sweep_table(records))
     parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
                               "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
     parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],

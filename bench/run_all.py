@@ -30,7 +30,7 @@ def _sections():
         "memory": bench_fwd.peak_memory,
         "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),
     }
-    for mod, names in (("bench_bwd", ("bwd", "bwd_partition", "dq_memory")), ("bench_decode", ("decode", "decode_sweep", "decode_big_gqa")),
+    for mod, names in (("bench_bwd", ("bwd", "bwd_loop", "bwd_partition", "bwd_tile_sweep", "dq_memory")), ("bench_decode", ("decode", "decode_sweep", "decode_big_gqa")),
                        ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",)),
                        ("bench_traffic", ("traffic",))):
         try:

@@ -12,9 +12,10 @@
 //       dQ_i += dS K_j   (see the dQ strategies below)
 //   convert:     dQ = softmax_scale * (sum of the fp32 dQ partials), in the output dtype.
 //
-// Two warp partitions (template argument PARTITION; cuflash/_configs.py: BWD_TILES / BWD_TILES_Q):
+// Three warp partitions (template argument PARTITION; cuflash/_configs.py: BWD_TILES / BWD_TILES_Q /
+// BWD_TILES_2D; warp_partition="auto" picks per head dim, BWD_AUTO_PARTITION: "2d" at 64 and 128, else "kv"):
 //
-// PART_KV ("split the KV rows", the default): warp w owns KV rows [16 (w / DSPLIT), +16) of the tile and
+// PART_KV ("split the KV rows"): warp w owns KV rows [16 (w / DSPLIT), +16) of the tile and
 //   DOUT = D / DSPLIT columns of dK_j, dV_j, which it accumulates in registers over the whole loop. It
 //   computes the transposed products S^T, P^T, dP^T, dS^T [16 KV rows, BLOCK_M] itself, so dV += P^T dO and
 //   dK += dS^T Q (contractions over the Q rows, all of which the warp holds) need no cross-warp reduction.
@@ -34,10 +35,22 @@
 //   A warp whose 16 rows all lie past seqlen_q or above the causal diagonal of this KV tile skips its
 //   products and writes zeros for its P and dS rows.
 //
+// PART_2D (FlashAttention-2's): every product in 32-row warp tiles, so that each ldmatrix feeds twice the
+//   mma of a 16-row tile. S and dP [Bm, Bn]: (Bm / 32) x (NWARPS / (Bm / 32)) warps of 32 Q rows x KW keys;
+//   each warp writes its P and dS (16-bit) to shared memory (P read back, not kept in registers, for dS).
+//   After a barrier: dQ = dS K in 32- (or 16-) row x DQC-column warp tiles, straight to the atomics (first,
+//   so they drain under the next products); dV += P^T dO and dK += dS^T Q in 32 KV rows x DCOLS warp tiles
+//   accumulated in registers over the whole loop. Per (Q row, KV row) pair and product this reads 0.45
+//   ldmatrix.x4 per mma (KV partition, d128 32x128: 0.65). Operands are addressed as [register + immediate]
+//   from per-lane shared addresses (gemm_smem), the k16 loops are unrolled KUNROLL steps per trip (fully
+//   unrolled, head dim 128 spills), and where two dO buffers do not fit sm_80 (d64 128x128, d128 64x128)
+//   dO is single-buffered: the next dO tile is loaded behind a third barrier, once every warp is done
+//   with dV (a second buffer, sm_90 only, measured no faster).
+//
 // Cross-warp synchronisation and shared-memory exchange, per Q tile (Bm = BLOCK_M, Bn = BLOCK_N):
-//   barriers:  both partitions 2 (+ 1 per KV tile, at its end): one that publishes the cp.async Q/dO tile
+//   barriers:  KV, Q: 2 (+ 1 per KV tile, at its end); 2D: 2 or 3 (single dO buffer); one that publishes the cp.async Q/dO tile
 //              (and proves every warp is done with the other stage and the exchange buffers), one that
-//              publishes the exchanged 16-bit values (KV: dS^T before dQ; Q: P and dS before dK/dV).
+//              publishes the exchanged 16-bit values (KV: dS^T before dQ; Q, 2D: P and dS before dK/dV).
 //   exchanged: KV: dS^T, Bn x Bm x 2 B written, read by DQ_COL_BANDS = 16 NWARPS / Bm warps per 16-row Q
 //                  band: DQ_COL_BANDS x Bn x Bm x 2 B read.
 //              Q:  P and dS, 2 x Bm x Bn x 2 B written, read by CB = 16 NWARPS / Bn warps per 16-row KV band:
@@ -54,7 +67,7 @@
 //   for the whole loop and its S/dP tiles 16 x Bn per warp, so Bn is 16-64 (KV partition: 64-128) except at
 //   d32; with fewer KV rows per block, dQ atomics (seqpar: buffers) and Q/dO re-reads grow as 1 / Bn.
 //
-// dQ strategies (BwdParams::dq_strategy), both partitions:
+// dQ strategies (BwdParams::dq_strategy), every partition:
 //   0 atomic: every block adds its dQ_i contribution into one fp32 buffer with atomics.
 //   1 seqpar: block of KV tile j writes its contribution to its own fp32 buffer j (plain stores);
 //             the convert kernel sums the buffers (deterministic; memory x number of KV tiles).
@@ -68,7 +81,10 @@
 namespace cuflash {
 
 enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2 };
-enum BwdPartition { PART_KV = 0, PART_Q = 1 };
+enum BwdPartition { PART_KV = 0, PART_Q = 1, PART_2D = 2 };
+
+// The largest dynamic shared memory a block may opt into on sm_80 (163 KB): every configuration must fit it.
+constexpr int SM80_MAX_SMEM = 163 * 1024;
 
 // One warp per row of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32
 // dQ accumulator row. Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that
@@ -133,13 +149,16 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
 }
 
+template <bool VEC = true>
 __device__ __forceinline__ void atomic_add_f2(float* addr, float x, float y) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(x, y));  // one vector RED.E.ADD.F32x2 on sm_90
-#else
+  if constexpr (VEC) {
+    atomicAdd(reinterpret_cast<float2*>(addr), make_float2(x, y));  // one vector RED.E.ADD.F32x2 on sm_90
+    return;
+  }
+#endif
   atomicAdd(addr, x);
   atomicAdd(addr + 1, y);
-#endif
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -190,6 +209,50 @@ __device__ __forceinline__ void gemm_smem_at_b(float (&acc)[NF][4], const T* a_t
   }
 }
 
+// acc[16 MF, 8 NF] += A B over KS k16 steps with both operands in shared memory (PART_2D: every product).
+// A_KMAJOR: A is stored transposed, rows = k, columns = m (ldmatrix.trans), else row-major, rows = m (plain
+// ldmatrix). B_KMAJOR: B is stored row-major [k, n] (ldmatrix.trans), else as B^T [n, k] (plain ldmatrix).
+// LDA, LDB: row strides in elements. `a`, `b`: this lane's shared addresses of the warp's block origin, lane
+// offsets included (lane_off_a / lane_off_b), so every ldmatrix is [register + immediate] and a loop trip of
+// the k16 steps adds one constant per operand. Per k16 step: MF A loads, NF / 2 B loads, MF NF mma.
+template <bool KMAJOR, int LD>
+__device__ __forceinline__ uint32_t lane_off_a(int lane) {  // bytes
+  return 2u * (KMAJOR ? ((lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8 : (lane % 16) * LD + (lane / 16) * 8);
+}
+template <bool KMAJOR, int LD>
+__device__ __forceinline__ uint32_t lane_off_b(int lane) {  // bytes
+  return 2u * (KMAJOR ? ((lane % 8) + ((lane / 8) % 2) * 8) * LD + (lane / 16) * 8
+                      : ((lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8);
+}
+template <typename T, int MF, int NF, int KS, bool A_KMAJOR, bool B_KMAJOR, int LDA, int LDB, int UNROLL = KS>
+__device__ __forceinline__ void gemm_smem(float (&acc)[MF][NF][4], uint32_t a, uint32_t b) {
+  static_assert(NF % 2 == 0, "B is loaded two n8 fragments at a time");
+#pragma unroll UNROLL
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t af[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+      if constexpr (A_KMAJOR)
+        ldmatrix_x4_trans(af[mf], a + 2 * (ks * 16 * LDA + mf * 16));
+      else
+        ldmatrix_x4(af[mf], a + 2 * (mf * 16 * LDA + ks * 16));
+    }
+#pragma unroll
+    for (int nf = 0; nf < NF; nf += 2) {
+      uint32_t bf[4];
+      if constexpr (B_KMAJOR)
+        ldmatrix_x4_trans(bf, b + 2 * (ks * 16 * LDB + nf * 8));
+      else
+        ldmatrix_x4(bf, b + 2 * (nf * 8 * LDB + ks * 16));
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        mma_m16n8k16<T>(acc[mf][nf], af[mf], bf[0], bf[1]);
+        mma_m16n8k16<T>(acc[mf][nf + 1], af[mf], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
 // A fragments of a warp's 16-bit [16, 16 KS] block -> rows [row0, +16) x columns [0, 16 KS) of a row-major
 // smem tile (row stride lds): the layout gemm_smem_at_b reads back transposed.
 template <int KS, typename T>
@@ -206,15 +269,33 @@ __device__ __forceinline__ void store_a_frags(T* tile, int lds, int row0, const 
   }
 }
 
-// Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles, lse_log2 and D rows
-// (fp32 rows are padded to sq_pad: no guard).
-template <typename T, int D, int BLOCK_M, int NT>
+// The dO tile of (query head hq, Q tile at row m0).
+// Rows [m0, m0 + BLOCK_M) of one head's [seqlen_q, D] matrix into a tile, zero-filled past seqlen_q. FAST: a
+// full tile goes without bounds checks (one IMAD.WIDE.U32 per 16-byte chunk, common/tile.cuh); only the 2D
+// partition uses it (at head dim 128 the KV partition's kernels are at 255 registers and it makes them spill).
+template <typename T, int D, int BLOCK_M, int NT, bool FAST>
+__device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_stride, int m0, int seqlen_q, int tid) {
+  if (FAST && m0 + BLOCK_M <= seqlen_q)
+    FullTileLoader<BLOCK_M, D, NT, T>(head, row_stride, tid).copy(dst, m0);
+  else
+    load_tile_async<BLOCK_M, D, NT>(dst, head, row_stride, m0, seqlen_q, tid);
+}
+
+template <typename T, int D, int BLOCK_M, int NT, bool FAST>
+__device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, int batch, int hq, int m0, int seqlen_q,
+                                             int tid) {
+  const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
+  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid);
+}
+
+// Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles (dO only if LOAD_DO),
+// lse_log2 and D rows (fp32 rows are padded to sq_pad: no guard).
+template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool LOAD_DO = true>
 __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
                                             int batch, int hq, int m0, int seqlen_q, int tid) {
   const T* q_head = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + hq * p.q_head_stride;
-  const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
-  load_tile_async<BLOCK_M, D, NT>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid);
-  load_tile_async<BLOCK_M, D, NT>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid);
+  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid);
+  if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, batch, hq, m0, seqlen_q, tid);
   const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
   if (tid < BLOCK_M / 4)
     cp_async_16(smem_addr(lse_dst + tid * 4), p.lse_log2 + row0 + tid * 4, true);
@@ -231,23 +312,31 @@ __device__ __forceinline__ float* dq_accum_row(const BwdParams& p, int n_block, 
 
 // A warp's fp32 dQ fragments [16, 8 NF] into the accumulator; `a0` = the element of fragment row g, column 2t
 // of the first fragment (padded rows: always in bounds).
-template <int D, int NF>
+// The strategy test sits outside the loops: one branch per call, then straight-line stores. VEC_ATOMIC: float2
+// atomics on sm_90 (one RED.E.ADD.F32x2 per pair), else two scalar REDs.
+template <int D, int NF, bool VEC_ATOMIC = true>
 __device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, const float (&acc)[NF][4]) {
+  if (p.dq_strategy == DQ_ATOMIC) {
 #pragma unroll
-  for (int df = 0; df < NF; ++df)
+    for (int df = 0; df < NF; ++df)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float* a = a0 + h * 8 * D + df * 8;
-      const float x = acc[df][2 * h], y = acc[df][2 * h + 1];
-      if (p.dq_strategy == DQ_ATOMIC) {
-        atomic_add_f2(a, x, y);
-      } else if (p.dq_strategy == DQ_SEQPAR) {
-        *reinterpret_cast<float2*>(a) = make_float2(x, y);
-      } else {  // DQ_LOOP: this thread is the only writer of these two floats
-        float2 old = *reinterpret_cast<float2*>(a);
-        *reinterpret_cast<float2*>(a) = make_float2(old.x + x, old.y + y);
+      for (int h = 0; h < 2; ++h) atomic_add_f2<VEC_ATOMIC>(a0 + h * 8 * D + df * 8, acc[df][2 * h], acc[df][2 * h + 1]);
+  } else if (p.dq_strategy == DQ_SEQPAR) {
+#pragma unroll
+    for (int df = 0; df < NF; ++df)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(a0 + h * 8 * D + df * 8) = make_float2(acc[df][2 * h], acc[df][2 * h + 1]);
+  } else {  // DQ_LOOP: this thread is the only writer of these two floats
+#pragma unroll
+    for (int df = 0; df < NF; ++df)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2* a = reinterpret_cast<float2*>(a0 + h * 8 * D + df * 8);
+        const float2 old = *a;
+        *a = make_float2(old.x + acc[df][2 * h], old.y + acc[df][2 * h + 1]);
       }
-    }
+  }
 }
 
 // dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
@@ -275,22 +364,33 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
 }
 
 // Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
-template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM>
+// dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
+// tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, int DO_STAGES_REQ = 0>
 struct BwdSmem {
   static constexpr int LDS = PaddedRow<D>::LDS;
-  static constexpr int TILES = (2 * BLOCK_N + 4 * BLOCK_M) * LDS * ELEM;  // K, V, 2 x (Q, dO)
-  static constexpr int EXCHANGE = PARTITION == PART_Q ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
-                                                      : BLOCK_N * PaddedRow<BLOCK_M>::LDS * ELEM;    // dS^T
-  static constexpr int BYTES = TILES + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);  // + 2 x (lse, D) rows
+  static constexpr int EXCHANGE = PARTITION != PART_KV ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
+                                                       : BLOCK_N * PaddedRow<BLOCK_M>::LDS * ELEM;    // dS^T
+  __host__ __device__ static constexpr int bytes(int do_stages) {  // K, V, 2 x Q, do_stages x dO, exchange, 2 x (lse, D) rows
+    return (2 * BLOCK_N + (2 + do_stages) * BLOCK_M) * LDS * ELEM + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);
+  }
+  static constexpr int DO_STAGES = DO_STAGES_REQ ? DO_STAGES_REQ : PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
+  static constexpr int BYTES = bytes(DO_STAGES);
 };
 
 // ------------------------------------------------------------------------------------------------------
-// Main kernel. Grid: (KV tiles, or 1 for "loop"; KV heads; batch). PARTITION: PART_KV or PART_Q (see top).
-//   KV: BLOCK_N * DSPLIT == 16 * NWARPS.   Q: BLOCK_M == 16 * NWARPS, DSPLIT == 1.
+// Main kernel. Grid: (KV tiles, or 1 for "loop"; KV heads; batch). PARTITION: PART_KV, PART_Q or PART_2D
+// (see top).  KV: BLOCK_N * DSPLIT == 16 * NWARPS.  Q: BLOCK_M == 16 * NWARPS, DSPLIT == 1.
+//   2D: 32-row warp tiles, BLOCK_M % 32 == 0, BLOCK_N % 32 == 0, DSPLIT == 1.
+// Tuning options, each measured (bench/NOTES.md, session 4; cuflash/_configs.py: BwdTile): KUNROLL (2D: k16
+// steps per loop trip), ROTATE (start KV tile n's Q loop n tiles along: no effect), DO_STAGES_REQ (dO buffers,
+// 0 = as many as fit sm_80: a second one on sm_90, no effect), VEC_ATOMIC (2D: float2 dQ atomics on sm_90;
+// scalar ones are 15-17% slower).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION>
+          int PARTITION, int KUNROLL = 0, bool ROTATE = false, int DO_STAGES_REQ = 0, bool VEC_ATOMIC = true>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
+  constexpr bool P2D = PARTITION == PART_2D;
   constexpr int NT = NWARPS * 32;
   constexpr int LDS = PaddedRow<D>::LDS;
   constexpr int KD = D / 16;        // k16 steps of the products that contract over D
@@ -298,41 +398,46 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int KN = BLOCK_N / 16;  // k16 steps of the products that contract over KV rows
   // dK/dV ownership (both partitions): warp w accumulates RBW bands of 16 KV rows, bands
   // (w / CB) * RBW + r, x DCOLS = D / CB columns starting at (w % CB) * DCOLS.
-  constexpr int CB = QPART ? (16 * NWARPS >= BLOCK_N ? 16 * NWARPS / BLOCK_N : 1) : DSPLIT;
-  constexpr int RBW = QPART ? (BLOCK_N > 16 * NWARPS ? BLOCK_N / (16 * NWARPS) : 1) : 1;
+  // 2D: warps tile dK/dV [BLOCK_N, D] as (BLOCK_N / 32) x CB blocks of 32 KV rows (RBW = 2 bands) x DCOLS.
+  constexpr int CB = P2D ? NWARPS / (BLOCK_N / 32)
+                         : QPART ? (16 * NWARPS >= BLOCK_N ? 16 * NWARPS / BLOCK_N : 1) : DSPLIT;
+  constexpr int RBW = P2D ? 2 : QPART ? (BLOCK_N > 16 * NWARPS ? BLOCK_N / (16 * NWARPS) : 1) : 1;
   constexpr int DCOLS = D / CB;
   constexpr int DFO = DCOLS / 8;  // n8 fragments of a warp's dK/dV row band
-  static_assert(PARTITION == PART_KV || PARTITION == PART_Q, "partition");
-  static_assert(QPART ? (BLOCK_M == 16 * NWARPS && DSPLIT == 1) : (BLOCK_N * DSPLIT == 16 * NWARPS),
+  static_assert(PARTITION == PART_KV || PARTITION == PART_Q || PARTITION == PART_2D, "partition");
+  static_assert(P2D ? (BLOCK_M % 32 == 0 && BLOCK_N % 32 == 0 && DSPLIT == 1)
+                    : QPART ? (BLOCK_M == 16 * NWARPS && DSPLIT == 1) : (BLOCK_N * DSPLIT == 16 * NWARPS),
                 "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
   static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
                 "every (KV row band, column band) of dK/dV is owned by exactly one warp");
-  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>::BYTES,
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DO_STAGES_REQ>::BYTES,
                 "host smem size must match the layout below");
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int DQ_ROW_BANDS = BLOCK_M / 16;
-  constexpr int DQ_COL_BANDS = QPART ? 1 : NWARPS / DQ_ROW_BANDS;
+  constexpr int DQ_COL_BANDS = QPART || P2D ? 1 : NWARPS / DQ_ROW_BANDS;
   constexpr int DQ_COLS = D / DQ_COL_BANDS;
   constexpr int DQF = DQ_COLS / 8;
-  static_assert(QPART || (NWARPS % DQ_ROW_BANDS == 0 && DQ_COLS % 16 == 0), "KV partition: dQ phase tiles");
+  static_assert(QPART || P2D || (NWARPS % DQ_ROW_BANDS == 0 && DQ_COLS % 16 == 0), "KV partition: dQ phase tiles");
   // Q partition only: dQ = dS K is computed (and written out) DQ_CHUNK columns at a time.
   constexpr int DQ_CHUNK = D < 32 ? D : 32;
   static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DO_STAGES_REQ>;
+  constexpr int DO_STAGES = Smem::DO_STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* k_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_N][LDS]
-  T* v_smem = k_smem + BLOCK_N * LDS;          // [BLOCK_N][LDS]
-  T* q_smem = v_smem + BLOCK_N * LDS;          // [2][BLOCK_M][LDS]
-  T* do_smem = q_smem + 2 * BLOCK_M * LDS;     // [2][BLOCK_M][LDS]
-  T* xc_smem = do_smem + 2 * BLOCK_M * LDS;    // exchange: KV: dS^T [BLOCK_N][LDS_DS]; Q: P, dS [BLOCK_M][LDS_PS]
+  T* k_smem = reinterpret_cast<T*>(smem_raw);        // [BLOCK_N][LDS]
+  T* v_smem = k_smem + BLOCK_N * LDS;                // [BLOCK_N][LDS]
+  T* q_smem = v_smem + BLOCK_N * LDS;                // [2][BLOCK_M][LDS]
+  T* do_smem = q_smem + 2 * BLOCK_M * LDS;           // [DO_STAGES][BLOCK_M][LDS]
+  T* xc_smem = do_smem + DO_STAGES * BLOCK_M * LDS;  // exchange: KV: dS^T [BLOCK_N][LDS_DS]; Q, 2D: P, dS [BLOCK_M][LDS_PS]
   constexpr int LDS_DS = PaddedRow<BLOCK_M>::LDS;
   constexpr int LDS_PS = PaddedRow<BLOCK_N>::LDS;
-  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>;
   float* lse_smem = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xc_smem) + Smem::EXCHANGE);  // [2][Bm]
   float* delta_smem = lse_smem + 2 * BLOCK_M;                                                             // [2][Bm]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
+  const uint32_t smem_base = smem_addr(smem_raw);
   const int band0 = (warp / CB) * RBW, cband = warp % CB;  // dK/dV: first KV row band, column band
   const int batch = blockIdx.z, kv_head = blockIdx.y;
   const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
@@ -351,6 +456,23 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     if (CAUSAL && n0 - diag > 0) m_begin = (n0 - diag) / BLOCK_M;
     const int num_m = max(0, num_m_blocks - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
+    // Iteration i works on (query head, Q tile) number (i + rot) mod total. ROTATE: KV tile n starts n tiles
+    // further along, so that the blocks running side by side add their dQ into different rows at any one
+    // time instead of all into the same Q tile (same sums, other order; seqpar / loop stay deterministic).
+    // The loop keeps (cur_h, cur_m) = (query head within the group, Q tile) of iteration it and steps it
+    // without divisions (one per KV tile, here).
+    const int rot = ROTATE && total > 0 ? n_block % total : 0;
+    int cur_h = 0, cur_m = rot;
+    if (ROTATE && num_m > 0) {
+      cur_h = rot / num_m;
+      cur_m = rot - cur_h * num_m;
+    }
+    auto step = [&](int& h, int& m) {  // the tile after (h, m), wrapping from the last back to the first
+      if (++m == num_m) {
+        m = 0;
+        if (++h == group) h = 0;
+      }
+    };
 
     float acc_dk[RBW][DFO][4], acc_dv[RBW][DFO][4];
 #pragma unroll
@@ -362,29 +484,30 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     if (total > 0) {
       load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid);
       load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid);
-      load_q_tile<T, D, BLOCK_M, NT>(p, q_smem, do_smem, lse_smem, delta_smem, batch, kv_head * group,
-                                     m_begin * BLOCK_M, seqlen_q, tid);
+      load_q_tile<T, D, BLOCK_M, NT, P2D>(p, q_smem, do_smem, lse_smem, delta_smem, batch, kv_head * group + cur_h,
+                                          (m_begin + cur_m) * BLOCK_M, seqlen_q,
+                                          tid);  // dO into stage 0 (DO_STAGES = 1: the only one)
       cp_async_commit();
     }
     for (int it = 0, stage = 0; it < total; ++it, stage ^= 1) {
       cp_async_wait<0>();  // iteration it's tiles (and K, V) have landed for this thread ...
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
+      const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
+      step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
       if (it + 1 < total) {
         const int nst = stage ^ 1;
-        load_q_tile<T, D, BLOCK_M, NT>(p, q_smem + nst * BLOCK_M * LDS, do_smem + nst * BLOCK_M * LDS,
-                                       lse_smem + nst * BLOCK_M, delta_smem + nst * BLOCK_M, batch,
-                                       kv_head * group + (it + 1) / num_m, (m_begin + (it + 1) % num_m) * BLOCK_M,
-                                       seqlen_q, tid);
+        const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
+        load_q_tile<T, D, BLOCK_M, NT, P2D, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS, do_smem + nst * BLOCK_M * LDS,
+                                                       lse_smem + nst * BLOCK_M, delta_smem + nst * BLOCK_M, batch,
+                                                       hq_next, m0_next, seqlen_q, tid);
         cp_async_commit();
       }
-      const int hq = kv_head * group + it / num_m;
-      const int m0 = (m_begin + it % num_m) * BLOCK_M;
       const T* q_tile = q_smem + stage * BLOCK_M * LDS;    // [BLOCK_M][LDS]
-      const T* do_tile = do_smem + stage * BLOCK_M * LDS;  // [BLOCK_M][LDS]
+      const T* do_tile = do_smem + (DO_STAGES == 2 ? stage : 0) * BLOCK_M * LDS;  // [BLOCK_M][LDS]
       const float* lse_tile = lse_smem + stage * BLOCK_M;
       const float* delta_tile = delta_smem + stage * BLOCK_M;
 
-      if constexpr (!QPART) {
+      if constexpr (PARTITION == PART_KV) {
         // ---------------------------------------------------------------- KV partition: 16 KV rows / warp
         constexpr int NFQ = BLOCK_M / 8;  // n8 fragments of S^T along the Q rows
         const int wk = band0, wd = cband;
@@ -446,7 +569,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                              (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_rb * 16 + g) * D +
                              dq_cb * DQ_COLS + 2 * t,  // padded rows: always in bounds
                          acc_dq);
-      } else {
+      } else if constexpr (QPART) {
         // ----------------------------------------------------------------- Q partition: 16 Q rows / warp
         constexpr int NFK = BLOCK_N / 8;  // n8 fragments of S along the KV rows
         T* p_smem = xc_smem;                         // [BLOCK_M][LDS_PS]  P of the current Q tile
@@ -527,6 +650,122 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           gemm_smem_at_b<T, KQ, DFO>(acc_dv[r], p_smem, LDS_PS, kv_row0, do_tile, LDS, cband * DCOLS, lane);
           gemm_smem_at_b<T, KQ, DFO>(acc_dk[r], ds_smem, LDS_PS, kv_row0, q_tile, LDS, cband * DCOLS, lane);
         }
+      } else {
+        // ------------------------------------------------- 2D partition: 32-row warp tiles in every product
+        // S, dP [BLOCK_M, BLOCK_N]: WM_S x WN_S warps of 32 Q rows x KW keys.
+        constexpr int WM_S = BLOCK_M / 32, WN_S = NWARPS / WM_S, KW = BLOCK_N / WN_S, NFS = KW / 8;
+        // dQ [BLOCK_M, D]: WM_Q x WD_Q warps of 16 MFQ Q rows x DQC columns (32-row tiles unless the columns
+        // would not split into k16 multiples, then 16-row tiles).
+        constexpr int WM_Q = (D / (NWARPS / WM_S)) % 16 == 0 ? WM_S : BLOCK_M / 16;
+        constexpr int WD_Q = NWARPS / WM_Q, MFQ = BLOCK_M / (16 * WM_Q), DQC = D / WD_Q;
+        constexpr int DQ_CH = DQC > 64 ? 64 : DQC;  // dQ columns per pass (bounds its accumulator registers)
+        static_assert(WM_S * WN_S == NWARPS && KW % 16 == 0, "2D: S / dP warp tiles");
+        static_assert(WM_Q * WD_Q == NWARPS && DQC % 16 == 0 && DQC % DQ_CH == 0, "2D: dQ warp tiles");
+        // k16 steps unrolled per loop trip in every product (0: all). Fully unrolled, ptxas hoists the
+        // ldmatrix of later steps and the 128 dK/dV registers of head dim 128 no longer fit.
+        constexpr int U_S = KUNROLL && KUNROLL < KD ? KUNROLL : KD, U_KV = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ,
+                      U_Q = KUNROLL && KUNROLL < KN ? KUNROLL : KN;
+        T* p_smem = xc_smem;                      // [BLOCK_M][LDS_PS]  P of the current Q tile
+        T* ds_smem = xc_smem + BLOCK_M * LDS_PS;  // [BLOCK_M][LDS_PS]  dS
+        // Shared addresses of the tiles (bytes): the kernel's smem base + compile-time offsets (+ the stage).
+        const uint32_t k_addr = smem_base, v_addr = smem_base + 2 * BLOCK_N * LDS;
+        const uint32_t q_addr = smem_base + 2 * (2 * BLOCK_N + stage * BLOCK_M) * LDS;
+        const uint32_t do_addr = smem_base + 2 * (2 * BLOCK_N + 2 * BLOCK_M + (DO_STAGES == 2 ? stage : 0) * BLOCK_M) * LDS;
+        const uint32_t p_addr = smem_base + 2 * (2 * BLOCK_N + (2 + DO_STAGES) * BLOCK_M) * LDS;
+        const uint32_t ds_addr = p_addr + 2 * BLOCK_M * LDS_PS;
+        const int qr0 = (warp / WN_S) * 32, kc0 = (warp % WN_S) * KW;  // this warp's S block
+        // (1) S = Q K^T for Q rows [qr0, +32) x keys [kc0, +KW).
+        float acc[2][NFS][4];
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
+        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_S>(acc, q_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
+                                                             k_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
+        // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
+        // In block-local indices (row r, key c): c must be < klim, and (causal) c <= r + dlim.
+        const int klim = seqlen_k - (n0 + kc0), dlim = m0 + qr0 + diag - (n0 + kc0);
+        const bool need_mask = KW > klim || (CAUSAL && KW - 1 > dlim);
+        if (need_mask) {  // a separate pass, so that unmasked tiles run none of it
+#pragma unroll
+          for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+            for (int nf = 0; nf < NFS; ++nf)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int c = nf * 8 + 2 * t + (e % 2), r = mf * 16 + g + (e / 2) * 8;
+                if (c >= klim || (CAUSAL && c > r + dlim)) acc[mf][nf][e] = -INFINITY;
+              }
+        }
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf) {
+          const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
+#pragma unroll
+          for (int nf = 0; nf < NFS; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -(e / 2 ? lse_g8 : lse_g)));
+          uint32_t pa[NFS / 2][4];
+          frags_to_a<T>(acc[mf], pa);
+          store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa, lane);
+        }
+        // (3) dP = dO V^T, same block.
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
+        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_S>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
+                                                             v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
+        // (4) dS = P * (dP - D[row]) -> smem. P from its 16-bit copy (the values dV uses), read back from the
+        // words this thread stored (cheaper in registers than keeping P across (3)).
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf) {
+          const float dl_g = delta_tile[qr0 + mf * 16 + g], dl_g8 = delta_tile[qr0 + mf * 16 + g + 8];
+          const uint32_t* p_g = reinterpret_cast<const uint32_t*>(p_smem + (qr0 + mf * 16 + g) * LDS_PS + kc0 + 2 * t);
+          const uint32_t* p_g8 = p_g + 8 * LDS_PS / 2;  // row g + 8
+#pragma unroll
+          for (int nf = 0; nf < NFS; ++nf) {
+            const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);  // +8 columns = +4 words
+            acc[mf][nf][0] = p01.x * (acc[mf][nf][0] - dl_g);
+            acc[mf][nf][1] = p01.y * (acc[mf][nf][1] - dl_g);
+            acc[mf][nf][2] = p23.x * (acc[mf][nf][2] - dl_g8);
+            acc[mf][nf][3] = p23.y * (acc[mf][nf][3] - dl_g8);
+          }
+          uint32_t dsa[NFS / 2][4];
+          frags_to_a<T>(acc[mf], dsa);
+          store_a_frags(ds_smem + kc0, LDS_PS, qr0 + mf * 16, dsa, lane);
+        }
+        __syncthreads();  // barrier 2: P and dS of every warp are in smem
+
+        // (5) dQ_i += dS K_j first, so that its atomics drain under the dV and dK products instead of queueing
+        // in front of the next tile's loads: rows [dq_r0, +16 MFQ) x columns [dq_c0, +DQC); A = dS (plain
+        // ldmatrix), B = K via ldmatrix.trans.
+        const int dq_r0 = (warp / WD_Q) * 16 * MFQ, dq_c0 = (warp % WD_Q) * DQC;
+        float* dq_row = dq_accum_row<D>(p, n_block, batch, hq, m0 + dq_r0 + g) + dq_c0 + 2 * t;
+#pragma unroll
+        for (int c0 = 0; c0 < DQC; c0 += DQ_CH) {
+          float acc_dq[MFQ][DQ_CH / 8][4];
+#pragma unroll
+          for (int mf = 0; mf < MFQ; ++mf) zero_frags(acc_dq[mf]);
+          gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_Q>(
+              acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
+              k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
+#pragma unroll
+          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D, DQ_CH / 8, VEC_ATOMIC>(p, dq_row + mf * 16 * D + c0, acc_dq[mf]);
+        }
+        // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
+        // ldmatrix.trans of P, B = dO via ldmatrix.trans.
+        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_KV>(
+            acc_dv, p_addr + 2 * band0 * 16 + lane_off_a<true, LDS_PS>(lane),
+            do_addr + 2 * cband * DCOLS + lane_off_b<true, LDS>(lane));
+        if constexpr (DO_STAGES == 1) {
+          __syncthreads();  // barrier 3: every warp is done with dO (dP, dV): bring in the next dO tile
+          if (it + 1 < total) {
+            load_do_tile<T, D, BLOCK_M, NT, true>(p, do_smem, batch, kv_head * group + cur_h,
+                                                  (m_begin + cur_m) * BLOCK_M, seqlen_q, tid);
+            cp_async_commit();
+          }
+        }
+        // (7) dK_j += dS^T Q_i, like (6).
+        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_KV>(
+            acc_dk, ds_addr + 2 * band0 * 16 + lane_off_a<true, LDS_PS>(lane),
+            q_addr + 2 * cband * DCOLS + lane_off_b<true, LDS>(lane));
       }
     }
 

@@ -22,7 +22,7 @@ def _grad_view(x, like, name):
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                warp_partition="kv"):
+                warp_partition="auto"):
         qa, ka, va = check_qkv(q, k, v)
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
             from .v1 import forward as v1_forward
@@ -54,6 +54,6 @@ class FlashAttnFunction(torch.autograd.Function):
 
 
 def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                        warp_partition="kv"):
+                        warp_partition="auto"):
     return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
                                    warp_partition)

@@ -158,6 +158,10 @@ class BwdTile:
     block_n: int  # KV rows per thread block = 16 * nwarps / dsplit
     nwarps: int
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
+    kunroll: int = 0  # "2d" partition: k16 steps unrolled per loop trip in its products (0: all)
+    rotate: bool = False  # KV tile n starts its Q-tile loop n tiles along (spreads the dQ atomics)
+    do_stages: int = 0  # dO buffers (0: 2 if that fits sm_80's shared memory, else 1; "2d" only)
+    vec_atomic: bool = True  # "2d", dq_strategy="atomic" on sm_90: float2 atomics (else two scalar ones)
 
 
 BWD_TILES = {
@@ -168,8 +172,8 @@ BWD_TILES = {
     256: BwdTile(32, 64, 8, 2),
 }
 # Warp partitions of the backward main kernel (cuda_src/flash_bwd.cu, template argument PARTITION):
-# "kv" (the default) uses BWD_TILES, "q" BWD_TILES_Q.
-BWD_PARTITIONS = {"kv": 0, "q": 1}
+# "kv" (the default) uses BWD_TILES, "q" BWD_TILES_Q, "2d" BWD_TILES_2D.
+BWD_PARTITIONS = {"kv": 0, "q": 1, "2d": 2}
 # Q-row partition: each warp owns 16 Q rows, so block_m = 16 * nwarps (dsplit is always 1); after the P/dS
 # exchange the warps split [block_n, d] of dK/dV (2 * block_n * d / (32 * nwarps) fp32 registers per thread
 # for the whole loop), which with the 16 x block_n S/dP tiles of a warp is what bounds block_n.
@@ -180,6 +184,19 @@ BWD_TILES_Q = {
     128: BwdTile(64, 32, 4, 1),  # 64 x 64 x 4w spills on sm_90 (dK, dV: 128 fp32 registers)
     256: BwdTile(64, 16, 4, 1),  # the only fit: dK, dV 64 registers, 159 KB of smem
 }
+# 2D partition (FlashAttention-2's): 32-row warp tiles in all five products, P and dS through shared memory.
+# S / dP: (block_m / 32) x (nwarps / (block_m / 32)) warps; dK / dV: (block_n / 32) x (the rest) warps, each
+# 32 KV rows x (d / that) columns; dsplit is always 1.
+BWD_TILES_2D = {
+    32: BwdTile(64, 128, 8, 1, 2),
+    64: BwdTile(128, 128, 8, 1, 4),  # dO single-buffered (164 KB); 64 x 128: 4-9% slower
+    96: BwdTile(64, 128, 8, 1, 2),
+    128: BwdTile(64, 128, 8, 1, 4),  # fully unrolled k loops spill 20-90 B at 255 registers
+}  # head dim 256: no spill-free tile within sm_80's shared memory (64 x 32 x 4w spills 60 B; 64 x 64 x 8w: 184 KB)
+# warp_partition="auto" (the default): the partition measured fastest per head dim on the H200
+# (bench/results: section bwd_tile_sweep); head dims not listed use "kv".
+BWD_AUTO_PARTITION = {64: "2d", 128: "2d"}
+SM80_MAX_SMEM = 163 * 1024  # every configuration must fit one sm_80 block (flash_bwd.cu: SM80_MAX_SMEM)
 BWD_ROW_PAD = 128  # fp32 row buffers (lse_log2, D, dQ accumulator) are padded to this many rows
 BWD_PRE_ROWS_PER_BLOCK = 4
 BWD_CONVERT_THREADS = 256
@@ -187,18 +204,32 @@ BWD_CONVERT_THREADS = 256
 
 def bwd_tiles(warp_partition: str = "kv") -> dict:
     """The tile table of one backward warp partition ("kv" or "q")."""
-    return {"kv": BWD_TILES, "q": BWD_TILES_Q}[warp_partition]
+    return {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
 
 
-def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
-    """K, V tiles + 2 stages x (Q, dO) tiles + the exchange (partition "kv": the dS^T tile; "q": the P and dS
-    tiles) + 2 stages x (lse, D) rows (flash_bwd.cu: BwdSmem)."""
+def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
+    """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES)."""
+    if tile.do_stages:
+        return tile.do_stages
+    if warp_partition == "2d" and _bwd_smem(headdim, tile, warp_partition, 2) > SM80_MAX_SMEM:
+        return 1
+    return 2
+
+
+def _bwd_smem(headdim, tile, warp_partition, do_stages):
     lds = headdim + SMEM_ROW_PAD
-    if warp_partition == "q":
+    if warp_partition in ("q", "2d"):
         exchange = 2 * tile.block_m * (tile.block_n + SMEM_ROW_PAD)
     else:
         exchange = tile.block_n * (tile.block_m + SMEM_ROW_PAD)
-    return ((2 * tile.block_n + 4 * tile.block_m) * lds + exchange) * ELEM_BYTES + 4 * tile.block_m * 4
+    return (((2 * tile.block_n + (2 + do_stages) * tile.block_m) * lds + exchange) * ELEM_BYTES
+            + 4 * tile.block_m * 4)
+
+
+def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
+    """K, V tiles + 2 x Q + (1 or 2) x dO tiles + the exchange (partition "kv": the dS^T tile; "q", "2d": the
+    P and dS tiles) + 2 stages x (lse, D) rows (flash_bwd.cu: BwdSmem)."""
+    return _bwd_smem(headdim, tile, warp_partition, bwd_do_stages(headdim, tile, warp_partition))
 
 
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
@@ -206,7 +237,9 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None
     tile = tile or bwd_tiles(warp_partition)[headdim]
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-            f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}>")
+            f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
+            f"{tile.kunroll}, {'true' if tile.rotate else 'false'}, {tile.do_stages}, "
+            f"{'true' if tile.vec_atomic else 'false'}>")
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
 
 

@@ -5,8 +5,8 @@ import math
 import warnings
 
 from . import _interop
-from ._configs import (BWD_PARTITIONS, BWD_PRE_ROWS_PER_BLOCK, BWD_ROW_PAD, bwd_convert_spec, bwd_preprocess_spec,
-                       bwd_spec, bwd_tiles)
+from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_PRE_ROWS_PER_BLOCK, BWD_ROW_PAD, bwd_convert_spec,
+                       bwd_preprocess_spec, bwd_spec, bwd_tiles)
 from ._launch import BWD_FORMAT, get_launcher
 from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same
 
@@ -16,22 +16,29 @@ LOG2E = math.log2(math.e)
 SEQPAR_MAX_FREE_FRACTION = 0.5
 
 
-def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None, warp_partition="kv") -> int:
+def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None, warp_partition="auto") -> int:
     """Extra device memory of dq_strategy="seqpar": one fp32 dQ buffer per KV tile (of the partition's tile)."""
-    tile = tile or bwd_tiles(warp_partition)[headdim]
+    tile = tile or bwd_tiles(resolve_warp_partition(warp_partition, headdim))[headdim]
     n_blocks = -(-seqlen_k // tile.block_n)
     sq_pad = -(-seqlen_q // BWD_ROW_PAD) * BWD_ROW_PAD
     return n_blocks * batch * nheads * sq_pad * headdim * 4
 
 
+def resolve_warp_partition(warp_partition, headdim: int) -> str:
+    """"auto" -> the partition tuned for this head dim (cuflash._configs.BWD_AUTO_PARTITION, else "kv")."""
+    return BWD_AUTO_PARTITION.get(headdim, "kv") if warp_partition == "auto" else warp_partition
+
+
 def check_warp_partition(warp_partition, headdim=None, algorithm="v2") -> None:
-    """warp_partition: "kv" (warps split the KV rows, the default) or "q" (warps split the Q rows)."""
-    if warp_partition not in BWD_PARTITIONS:
-        raise ValueError(f"warp_partition must be one of {tuple(BWD_PARTITIONS)}; got {warp_partition!r}")
-    if algorithm == "v1" and warp_partition != "kv":
+    """warp_partition: "auto" (the default: per head dim, BWD_AUTO_PARTITION), "kv" (warps split the KV rows),
+    "q" (warps split the Q rows) or "2d" (32-row warp tiles in every product, FlashAttention-2's; head dims
+    32-128)."""
+    if warp_partition != "auto" and warp_partition not in BWD_PARTITIONS:
+        raise ValueError(f"warp_partition must be one of {('auto', *BWD_PARTITIONS)}; got {warp_partition!r}")
+    if algorithm == "v1" and warp_partition not in ("auto", "kv"):
         raise ValueError(f"warp_partition={warp_partition!r} selects a partition of the V2 backward; "
                          f"algorithm='v1' has its own kernel")
-    if headdim is not None and headdim not in bwd_tiles(warp_partition):
+    if headdim is not None and headdim not in bwd_tiles(resolve_warp_partition(warp_partition, headdim)):
         raise ValueError(f"warp_partition={warp_partition!r} does not support head dim {headdim}; supported: "
                          f"{tuple(bwd_tiles(warp_partition))}")
 
@@ -78,14 +85,15 @@ def check_backward_inputs(dout, q, k, v, out, lse):
 
 
 def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
-             warp_partition="kv"):
+             warp_partition="auto"):
     """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
 
-    warp_partition: "kv" (warps split the KV rows of a tile) or "q" (warps split the Q rows); `tile`
+    warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
     overrides that partition's configured tile (benchmark sweeps)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     check_warp_partition(warp_partition, d)
+    warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     tile = tile or bwd_tiles(warp_partition)[d]
@@ -122,7 +130,7 @@ def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, de
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, deterministic=False, *,
-                        dq_strategy=None, algorithm="v2", warp_partition="kv"):
+                        dq_strategy=None, algorithm="v2", warp_partition="auto"):
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     dout, q, out [b, sq, h, d]; k, v [b, sk, hk, d]; softmax_lse [b, h, sq] float32 from
@@ -130,9 +138,10 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, cau
     dq_strategy: "atomic" (fp32 atomics), "seqpar" (a dQ buffer per KV tile + reduce; deterministic),
     "loop" (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar"
     (falling back to "loop" when its buffers do not fit) if deterministic.
-    warp_partition (V2): "kv" (default: warps split the KV rows of a tile; dS^T goes through shared memory
-    for dQ) or "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head dims as
-    cuflash._configs.BWD_TILES_Q).
+    warp_partition (V2): "auto" (default: the partition tuned per head dim, cuflash._configs.BWD_AUTO_PARTITION),
+    "kv" (warps split the KV rows of a tile; dS^T goes through shared memory for dQ), "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head dims as
+    cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five products, P and
+    dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
     """
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")

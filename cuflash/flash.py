@@ -234,7 +234,7 @@ def _is_torch_grad(q, k, v) -> bool:
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    algorithm="v2", grid_order="auto", dq_strategy=None, warp_partition="kv"):
+                    algorithm="v2", grid_order="auto", dq_strategy=None, warp_partition="auto"):
     """Exact attention, flash-attn's `flash_attn_func` on torch tensors or CuPy arrays.
 
     q [batch, seqlen_q, nheads, headdim], k/v [batch, seqlen_k, nheads_k, headdim] (nheads a multiple
@@ -246,7 +246,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     blocks of one head run together and share K/V in L2; "bh": batch/head first; "auto", the default:
     "bh" for causal problems of >= 8192 query rows at head dim 128, else "qtile"), dq_strategy for the
     backward ("atomic", "seqpar", "loop"; None: "loop" if deterministic else "atomic"), warp_partition for
-    the V2 backward ("kv": warps split the KV rows, the default; "q": warps split the Q rows).
+    the V2 backward ("auto", the default: the tuned one per head dim, cuflash._configs.BWD_AUTO_PARTITION;
+    "kv": warps split the KV rows; "q": warps split the Q rows; "2d": FlashAttention-2's 32-row warp tiles
+    in every product, head dims 32-128).
     """
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)

@@ -2,7 +2,13 @@
 
 Error rule (as flash-attn's own tests): a cuflash kernel's max abs error against the float64 reference
 must be at most 2x the error of torch's own attention computed in the same low precision on the same
-inputs, plus a tiny floor for cases where torch happens to be (nearly) exact.
+inputs, plus a floor: half an ulp of the output dtype at the reference's largest magnitude (the error of
+rounding the exact answer into that dtype; never less than ERR_FLOOR). Without it the rule compares two
+maxima that are both set by the output's rounding, and an implementation as accurate as torch misses it
+now and then: a float64 emulation of the backward's roundings (session 4, bench/NOTES.md) puts the median
+dq error at 0.7 ulp for cuflash and 0.9 ulp for torch's fp16 math, yet 0.5-1% of random (b, h) problems of
+shape (300, 17) causal or (257, 257) have cuflash's max above 2x torch's (a one-ulp rounding flip where
+torch's max happened to be small); with the half-ulp floor, none of 1,200.
 """
 from __future__ import annotations
 
@@ -92,15 +98,30 @@ def torch_attention_lowp(q, k, v, softmax_scale, causal):
     return (p @ vh).transpose(1, 2)
 
 
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
+
+
+def half_ulp(x, ref: np.ndarray) -> float:
+    """Half an ulp of x's dtype at max |ref| (0 for an empty or all-zero reference)."""
+    m = float(np.max(np.abs(ref))) if ref.size else 0.0
+    name = str(x.dtype)
+    bits = next((b for n, b in _MANTISSA_BITS.items() if n in name), None)
+    if m == 0.0 or bits is None:
+        return 0.0
+    return 0.5 * 2.0 ** (np.floor(np.log2(m)) - bits)
+
+
 def max_err(a, ref: np.ndarray) -> float:
     return float(np.max(np.abs(to_np(a) - ref))) if ref.size else 0.0
 
 
 def assert_close_to_ref(name, ours, torch_lowp, ref, factor=2.0):
-    """ours must be within `factor` x torch's own low-precision error (+ floor); no NaN anywhere."""
+    """ours must be within `factor` x torch's own low-precision error + the rounding floor (module docstring); no
+    NaN anywhere."""
     o = to_np(ours)
     assert not np.isnan(o).any(), f"{name}: NaN in output"
     e_ours, e_torch = max_err(ours, ref), max_err(torch_lowp, ref)
-    assert e_ours <= factor * e_torch + ERR_FLOOR, (
-        f"{name}: max abs error {e_ours:.3e} > {factor} x torch's {e_torch:.3e} + {ERR_FLOOR}")
+    floor = max(ERR_FLOOR, half_ulp(ours, ref))
+    assert e_ours <= factor * e_torch + floor, (
+        f"{name}: max abs error {e_ours:.3e} > {factor} x torch's {e_torch:.3e} + {floor:.2e}")
     return e_ours, e_torch

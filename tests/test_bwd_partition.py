@@ -1,5 +1,5 @@
 """CPU tests of the backward's two warp partitions (cuda_src/flash_bwd.cu, template argument PARTITION;
-`warp_partition="kv"` / `"q"`), no GPU needed:
+`warp_partition="kv"` / `"q"` / `"2d"`, and `"auto"`), no GPU needed:
 
 * the argument is validated (ValueError naming it) before any input is looked at, at every entry point;
 * every configuration of both partitions is listed by `all_specs()` (so CI compiles it for sm_80 / sm_90 and
@@ -58,7 +58,7 @@ def test_unsupported_head_dim_of_a_partition_names_it(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ configs
-@pytest.mark.parametrize("part", ["kv", "q"])
+@pytest.mark.parametrize("part", ["kv", "q", "2d"])
 def test_every_partition_config_is_listed_and_fits(part):
     specs = _configs.all_specs()
     for dt in _configs.DTYPES:
@@ -69,13 +69,33 @@ def test_every_partition_config_is_listed_and_fits(part):
                 assert bwd_convert_spec(dt, d, causal, tile.block_n) in specs
                 assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
                 assert s.threads == 32 * tile.nwarps
-                assert s.name.endswith(f", {s.smem}, {_configs.BWD_PARTITIONS[part]}>")
-                if part == "q":
+                assert s.name.endswith(f", {s.smem}, {_configs.BWD_PARTITIONS[part]}, {tile.kunroll}, "
+                                       f"{'true' if tile.rotate else 'false'}, {tile.do_stages}, "
+                                       f"{'true' if tile.vec_atomic else 'false'}>")
+                if part == "2d":
+                    wm = tile.block_m // 32
+                    assert tile.block_m % 32 == 0 and tile.block_n % 32 == 0 and tile.dsplit == 1
+                    assert tile.nwarps % wm == 0 and (tile.block_n // (tile.nwarps // wm)) % 16 == 0
+                    assert tile.nwarps % (tile.block_n // 32) == 0 and (d // (tile.nwarps // (tile.block_n // 32))) % 16 == 0
+                    assert 128 % tile.block_m == 0
+                elif part == "q":
                     assert tile.block_m == 16 * tile.nwarps and tile.dsplit == 1
                     assert 128 % tile.block_m == 0  # fp32 row buffers are padded to 128 rows
                 else:
                     assert tile.block_n * tile.dsplit == 16 * tile.nwarps
     assert set(bwd_tiles("q")) == set(_configs.HEADDIMS)
+
+
+def test_auto_partition_resolves_per_head_dim():
+    for d in _configs.HEADDIMS:
+        part = bwd_mod.resolve_warp_partition("auto", d)
+        assert part == _configs.BWD_AUTO_PARTITION.get(d, "kv") and d in bwd_tiles(part)
+    assert bwd_mod.resolve_warp_partition("auto", 128) == "2d"
+    assert bwd_mod.resolve_warp_partition("q", 128) == "q"
+    bwd_mod.check_warp_partition("auto", 256)  # every head dim has an "auto" partition
+    bwd_mod.check_warp_partition("auto", algorithm="v1")  # the default is fine with the V1 kernels
+    with pytest.raises(ValueError, match="warp_partition='2d' does not support head dim 256"):
+        bwd_mod.check_warp_partition("2d", 256)
 
 
 def test_default_partition_is_unchanged():
@@ -135,6 +155,27 @@ def gemm_smem_at_b(acc, smem, a_t, lda, a_col0, b_tile, ldb, b_col0, KS, NF):
             acc[nf], acc[nf + 1] = mma(acc[nf], a, b[:, 0], b[:, 1]), mma(acc[nf + 1], a, b[:, 2], b[:, 3])
 
 
+def gemm_smem(acc, smem, a, lda, b, ldb, MF, NF, KS, a_kmajor, b_kmajor):  # flash_bwd.cu (PART_2D)
+    for ks in range(KS):
+        af = []
+        for mf in range(MF):
+            if a_kmajor:
+                af.append(ldmatrix_x4(smem, a + (ks * 16 + (LANE % 8) + (LANE // 16) * 8) * lda + mf * 16 +
+                                      ((LANE // 8) % 2) * 8, True))
+            else:
+                af.append(ldmatrix_x4(smem, a + (mf * 16 + LANE % 16) * lda + ks * 16 + (LANE // 16) * 8))
+        for nf in range(0, NF, 2):
+            if b_kmajor:
+                b_ = ldmatrix_x4(smem, b + (ks * 16 + (LANE % 8) + ((LANE // 8) % 2) * 8) * ldb + nf * 8 +
+                                 (LANE // 16) * 8, True)
+            else:
+                b_ = ldmatrix_x4(smem, b + (nf * 8 + (LANE % 8) + (LANE // 16) * 8) * ldb + ks * 16 +
+                                 ((LANE // 8) % 2) * 8)
+            for mf in range(MF):
+                acc[mf][nf] = mma(acc[mf][nf], af[mf], b_[:, 0], b_[:, 1])
+                acc[mf][nf + 1] = mma(acc[mf][nf + 1], af[mf], b_[:, 2], b_[:, 3])
+
+
 def gemm_a_regs_b_trans(acc, a_regs, smem, b_tile, lds, col0, KS, NF):  # common/warp_gemm.cuh
     for k in range(KS):
         for f in range(0, NF, 2):
@@ -189,26 +230,31 @@ def store_dkdv(p, batch, kv_head, j0, c0, dk, dv, NF):
                     p.dv[batch, j[lane], kv_head, c[lane] + x] = dv[df][lane, 2 * h + x]
 
 
-def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTITION):
+def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTITION, ROTATE=False, DO_STAGES_REQ=0):
     """flash_bwd_kernel, every block; warps run one after the other between barriers."""
-    QPART = PARTITION == 1
+    QPART, P2D = PARTITION == 1, PARTITION == 2
     LDS, KD, KQ, KN = D + 8, D // 16, BLOCK_M // 16, BLOCK_N // 16
-    CB = (16 * NWARPS // BLOCK_N if 16 * NWARPS >= BLOCK_N else 1) if QPART else DSPLIT
-    RBW = (BLOCK_N // (16 * NWARPS) if BLOCK_N > 16 * NWARPS else 1) if QPART else 1
+    if P2D:
+        CB, RBW = NWARPS // (BLOCK_N // 32), 2
+    else:
+        CB = (16 * NWARPS // BLOCK_N if 16 * NWARPS >= BLOCK_N else 1) if QPART else DSPLIT
+        RBW = (BLOCK_N // (16 * NWARPS) if BLOCK_N > 16 * NWARPS else 1) if QPART else 1
     DCOLS = D // CB
     DFO = DCOLS // 8
     assert RBW * 16 * (NWARPS // CB) == BLOCK_N and NWARPS % CB == 0 and DCOLS % 16 == 0
     DQ_ROW_BANDS = BLOCK_M // 16
-    DQ_COLS = D // (1 if QPART else NWARPS // DQ_ROW_BANDS)
+    DQ_COLS = D // (1 if QPART or P2D else NWARPS // DQ_ROW_BANDS)
     DQF = DQ_COLS // 8
     DQ_CHUNK = D if D < 32 else 32
     LDS_DS, LDS_PS = BLOCK_M + 8, BLOCK_N + 8
+    part_name = {0: "kv", 1: "q", 2: "2d"}[PARTITION]
+    DO_STAGES = _configs.bwd_do_stages(D, BwdTile(BLOCK_M, BLOCK_N, NWARPS, DSPLIT, do_stages=DO_STAGES_REQ), part_name)
     k_smem = 0
     v_smem = k_smem + BLOCK_N * LDS
     q_smem = v_smem + BLOCK_N * LDS
     do_smem = q_smem + 2 * BLOCK_M * LDS
-    xc_smem = do_smem + 2 * BLOCK_M * LDS
-    smem_elems = xc_smem + (2 * BLOCK_M * LDS_PS if QPART else BLOCK_N * LDS_DS)
+    xc_smem = do_smem + DO_STAGES * BLOCK_M * LDS
+    smem_elems = xc_smem + (2 * BLOCK_M * LDS_PS if QPART or P2D else BLOCK_N * LDS_DS)
     seqlen_q, seqlen_k, group = p.seqlen_q, p.seqlen_k, p.heads_per_kv
     diag = seqlen_k - seqlen_q
     num_n_blocks, num_m_blocks = -(-seqlen_k // BLOCK_N), -(-seqlen_q // BLOCK_M)
@@ -217,9 +263,13 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
         smem = np.full(smem_elems, np.nan)
         lse_smem, delta_smem = np.full(2 * BLOCK_M, np.nan), np.full(2 * BLOCK_M, np.nan)
 
-        def load_q_tile(stage, hq, m0):
-            load_tile(smem, q_smem + stage * BLOCK_M * LDS, p.q[batch, :, hq], m0, seqlen_q, BLOCK_M, D, LDS)
+        def load_do_tile(stage, hq, m0):
             load_tile(smem, do_smem + stage * BLOCK_M * LDS, p.do[batch, :, hq], m0, seqlen_q, BLOCK_M, D, LDS)
+
+        def load_q_tile(stage, hq, m0, load_do=True):
+            load_tile(smem, q_smem + stage * BLOCK_M * LDS, p.q[batch, :, hq], m0, seqlen_q, BLOCK_M, D, LDS)
+            if load_do:
+                load_do_tile(stage, hq, m0)
             lse_smem[stage * BLOCK_M:(stage + 1) * BLOCK_M] = p.lse_log2[batch, hq, m0:m0 + BLOCK_M]
             delta_smem[stage * BLOCK_M:(stage + 1) * BLOCK_M] = p.delta[batch, hq, m0:m0 + BLOCK_M]
 
@@ -228,22 +278,90 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
             m_begin = (n0 - diag) // BLOCK_M if CAUSAL and n0 - diag > 0 else 0
             num_m = max(0, num_m_blocks - m_begin)
             total = group * num_m
+            rot = n_block % total if ROTATE and total > 0 else 0
+
+            def tile_of(i):
+                j = i + rot if i + rot < total else i + rot - total
+                return kv_head * group + j // num_m, (m_begin + j % num_m) * BLOCK_M
             acc_dk = [[zeros(DFO) for _ in range(RBW)] for _ in range(NWARPS)]
             acc_dv = [[zeros(DFO) for _ in range(RBW)] for _ in range(NWARPS)]
             if total > 0:
                 load_tile(smem, k_smem, p.k[batch, :, kv_head], n0, seqlen_k, BLOCK_N, D, LDS)
                 load_tile(smem, v_smem, p.v[batch, :, kv_head], n0, seqlen_k, BLOCK_N, D, LDS)
-                load_q_tile(0, kv_head * group, m_begin * BLOCK_M)
+                load_q_tile(0, *tile_of(0))
             stage = 0
             for it in range(total):
                 if it + 1 < total:  # after barrier 1: the next Q tile into the other stage
-                    load_q_tile(stage ^ 1, kv_head * group + (it + 1) // num_m, (m_begin + (it + 1) % num_m) * BLOCK_M)
-                hq = kv_head * group + it // num_m
-                m0 = (m_begin + it % num_m) * BLOCK_M
-                q_tile, do_tile = q_smem + stage * BLOCK_M * LDS, do_smem + stage * BLOCK_M * LDS
+                    load_q_tile(stage ^ 1, *tile_of(it + 1), DO_STAGES == 2)
+                hq, m0 = tile_of(it)
+                q_tile = q_smem + stage * BLOCK_M * LDS
+                do_tile = do_smem + (stage if DO_STAGES == 2 else 0) * BLOCK_M * LDS
                 lse_tile, delta_tile = lse_smem[stage * BLOCK_M:], delta_smem[stage * BLOCK_M:]
                 split = n_block if p.dq_strategy == 1 else 0
-                if not QPART:
+                if P2D:
+                    WM_S = BLOCK_M // 32
+                    WN_S = NWARPS // WM_S
+                    KW = BLOCK_N // WN_S
+                    NFS = KW // 8
+                    WM_Q = WM_S if (D // (NWARPS // WM_S)) % 16 == 0 else BLOCK_M // 16
+                    WD_Q = NWARPS // WM_Q
+                    MFQ, DQC = BLOCK_M // (16 * WM_Q), D // WD_Q
+                    DQ_CH = min(DQC, 64)
+                    assert WM_S * WN_S == NWARPS and KW % 16 == 0 and WM_Q * WD_Q == NWARPS and DQC % 16 == 0
+                    p_smem, ds_smem = xc_smem, xc_smem + BLOCK_M * LDS_PS
+                    for warp in range(NWARPS):
+                        qr0, kc0 = (warp // WN_S) * 32, (warp % WN_S) * KW
+                        acc = [zeros(NFS) for _ in range(2)]
+                        gemm_smem(acc, smem, q_tile + qr0 * LDS, LDS, k_smem + kc0 * LDS, LDS, 2, NFS, KD, False, False)
+                        klim, dlim = seqlen_k - (n0 + kc0), m0 + qr0 + diag - (n0 + kc0)
+                        need_mask = KW > klim or (CAUSAL and KW - 1 > dlim)
+                        for mf in range(2):
+                            lse_g, lse_g8 = lse_tile[qr0 + mf * 16 + G], lse_tile[qr0 + mf * 16 + G + 8]
+                            for nf, e in np.ndindex(NFS, 4):
+                                x = acc[mf][nf][:, e].copy()
+                                if need_mask:
+                                    c = nf * 8 + 2 * T + (e % 2)
+                                    r = mf * 16 + G + (e // 2) * 8
+                                    x[(c >= klim) | (CAUSAL & (c > r + dlim))] = -np.inf
+                                acc[mf][nf][:, e] = np.exp2(x * sl2 - (lse_g8 if e // 2 else lse_g))
+                            store_a_frags(smem, p_smem + kc0, LDS_PS, qr0 + mf * 16, frags_to_a(acc[mf], NFS // 2),
+                                          NFS // 2)
+                        acc = [zeros(NFS) for _ in range(2)]
+                        gemm_smem(acc, smem, do_tile + qr0 * LDS, LDS, v_smem + kc0 * LDS, LDS, 2, NFS, KD, False, False)
+                        for mf in range(2):
+                            dl_g, dl_g8 = delta_tile[qr0 + mf * 16 + G], delta_tile[qr0 + mf * 16 + G + 8]
+                            p_g = p_smem + (qr0 + mf * 16 + G) * LDS_PS + kc0 + 2 * T
+                            p_g8 = p_g + 8 * LDS_PS
+                            for nf in range(NFS):
+                                acc[mf][nf][:, 0] = smem[p_g + nf * 8] * (acc[mf][nf][:, 0] - dl_g)
+                                acc[mf][nf][:, 1] = smem[p_g + nf * 8 + 1] * (acc[mf][nf][:, 1] - dl_g)
+                                acc[mf][nf][:, 2] = smem[p_g8 + nf * 8] * (acc[mf][nf][:, 2] - dl_g8)
+                                acc[mf][nf][:, 3] = smem[p_g8 + nf * 8 + 1] * (acc[mf][nf][:, 3] - dl_g8)
+                            store_a_frags(smem, ds_smem + kc0, LDS_PS, qr0 + mf * 16, frags_to_a(acc[mf], NFS // 2),
+                                          NFS // 2)
+                    for warp in range(NWARPS):  # after barrier 2: dV
+                        band0, cband = (warp // CB) * RBW, warp % CB
+                        gemm_smem(acc_dv[warp], smem, p_smem + band0 * 16, LDS_PS, do_tile + cband * DCOLS, LDS, 2, DFO,
+                                  KQ, True, True)
+                    if DO_STAGES == 1:  # after barrier 3: the next dO tile; poison what it replaces if none
+                        if it + 1 < total:
+                            load_do_tile(0, *tile_of(it + 1))
+                        else:
+                            smem[do_smem:do_smem + BLOCK_M * LDS] = np.nan
+                    for warp in range(NWARPS):  # dK, dQ
+                        band0, cband = (warp // CB) * RBW, warp % CB
+                        gemm_smem(acc_dk[warp], smem, ds_smem + band0 * 16, LDS_PS, q_tile + cband * DCOLS, LDS, 2, DFO,
+                                  KQ, True, True)
+                        dq_r0, dq_c0 = (warp // WD_Q) * 16 * MFQ, (warp % WD_Q) * DQC
+                        dq_row = ((((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_r0 + G) * D
+                                  + dq_c0 + 2 * T)
+                        for c0 in range(0, DQC, DQ_CH):
+                            acc_dq = [zeros(DQ_CH // 8) for _ in range(MFQ)]
+                            gemm_smem(acc_dq, smem, ds_smem + dq_r0 * LDS_PS, LDS_PS, k_smem + dq_c0 + c0, LDS, MFQ,
+                                      DQ_CH // 8, KN, False, True)
+                            for mf in range(MFQ):
+                                dq_accumulate(p, dq_row + mf * 16 * D + c0, acc_dq[mf], D, DQ_CH // 8)
+                elif not QPART:
                     NFQ = BLOCK_M // 8
                     ds_smem = xc_smem
                     for warp in range(NWARPS):
@@ -359,7 +477,7 @@ def emulate_backward(q, k, v, dout, causal, tile, partition, dq_strategy):
     p.dq_accum = np.full(splits * b * h * sq_pad * d, np.nan if dq_strategy == 1 else 0.0)
     p.dk, p.dv = np.full((b, sk, hk, d), np.nan), np.full((b, sk, hk, d), np.nan)
     emulate_kernel(p, 1 if dq_strategy == 2 else n_blocks, d, tile.block_m, tile.block_n, tile.nwarps, tile.dsplit,
-                   causal, partition)
+                   causal, partition, tile.rotate, tile.do_stages)
     acc = p.dq_accum.reshape(splits, b, h, sq_pad, d)
     dq = np.zeros((b, sq, h, d))
     for i in range(sq):  # flash_bwd_convert_dq_kernel: seqpar + causal reads only the tiles row i sees
@@ -383,6 +501,15 @@ EMU_CASES = [  # (partition, head dim, tile (None: configured), b, sq, sk, h, hk
     ("kv", 64, None, 1, 130, 200, 4, 2, True, 1),
     ("kv", 128, None, 1, 90, 150, 2, 1, False, 2),
     ("kv", 256, None, 1, 40, 70, 2, 1, True, 0),    # DSPLIT = 2
+    ("2d", 64, None, 1, 130, 200, 4, 2, True, 1),   # dO double-buffered
+    ("2d", 128, None, 1, 200, 150, 2, 1, True, 0),  # dO single-buffered (barrier 3), several Q tiles
+    ("2d", 128, None, 2, 90, 300, 2, 2, False, 2),  # "loop": one block walks every KV tile
+    ("2d", 32, None, 1, 17, 129, 2, 1, True, 1),    # dQ in 16-row warp tiles (32 / 4 columns is not a k16)
+    ("2d", 96, None, 1, 100, 100, 3, 1, False, 0),  # 16-row dQ tiles, 48-column dK/dV blocks
+    ("2d", 64, BwdTile(64, 128, 8, 1, 2, True), 1, 300, 400, 4, 2, True, 1),  # rotated Q-tile order, GQA
+    ("kv", 64, BwdTile(64, 128, 8, 1, 0, True), 1, 200, 300, 2, 1, False, 2),  # rotation with "loop"
+    ("2d", 64, BwdTile(64, 128, 8, 1, 4, do_stages=1), 1, 200, 150, 2, 1, True, 0),  # dO single-buffered
+    ("2d", 128, BwdTile(64, 128, 8, 1, 4, do_stages=2), 1, 150, 200, 2, 1, True, 1),  # sm_90-size smem
 ]
 
 

@@ -1,7 +1,7 @@
 """GPU: the FlashAttention-2 backward (dq, dk, dv) against the float64 reference with the error rule of
-conftest.py: both warp partitions ("kv", "q"), every dQ strategy, dtype and head dim, causal and not, ragged
+conftest.py: the three warp partitions ("kv", "q", "2d"), every dQ strategy, dtype and head dim, causal and not, ragged
 and unequal lengths, GQA/MQA, torch autograd and the CuPy API; determinism of the deterministic strategies.
-(CPU checks of the "q" partition: tests/test_bwd_partition.py.)"""
+(CPU checks of the partitions' index math: tests/test_bwd_partition.py.)"""
 import warnings
 
 import numpy as np
@@ -22,7 +22,7 @@ def grads_lowp(q, k, v, dout, scale, causal):
     return qq.grad, kk.grad, vv.grad
 
 
-def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False, warp_partition="kv"):
+def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False, warp_partition="auto"):
     import torch
 
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=True)
@@ -42,12 +42,14 @@ def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", determ
 SHAPES = [(1, 1), (17, 300), (300, 17), (257, 257), (1000, 700)]
 
 
+# The default ("auto": the partition tuned per head dim) and, where that is another one, the "kv" partition.
+@pytest.mark.parametrize("d,warp_partition", [(d, p) for d in (32, 64, 96, 128, 256) for p in ("auto", "kv")
+                                              if p == "auto" or bwd_mod.resolve_warp_partition("auto", d) != "kv"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", SHAPES)
-def test_backward_matches_reference(dtype, d, causal, sq, sk):
-    check_grads(2, sq, sk, 2, 2, d, dtype, causal)
+def test_backward_matches_reference(dtype, d, warp_partition, causal, sq, sk):
+    check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition=warp_partition)
 
 
 # The Q-row partition (warp_partition="q"): ragged lengths (1, 17, 127, 1000), seqlen_q != seqlen_k both ways,
@@ -64,22 +66,39 @@ def test_backward_q_partition_matches_reference(dtype, d, causal, sq, sk):
     check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition="q")
 
 
-@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+# The 2D partition (warp_partition="2d", FlashAttention-2's): head dims 32-128, the same lengths as "q", plus
+# several Q tiles per KV tile with a ragged end on both sides (the single-buffered dO of head dim 128).
+SHAPES_2D = SHAPES_Q + [(333, 555)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", SHAPES_2D)
+def test_backward_2d_partition_matches_reference(dtype, d, causal, sq, sk):
+    check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition="2d")
+
+
+DQ_CASES = [(300, 17, 2, 2, 64), (333, 555, 4, 1, 128), (640, 384, 6, 2, 64), (129, 129, 2, 2, 256),
+            (17, 1000, 8, 2, 96), (1000, 127, 4, 4, 32)]
+
+
+@pytest.mark.parametrize("warp_partition,sq,sk,h,hk,d",
+                         [(p, *c) for p in ("kv", "q", "2d") for c in DQ_CASES if c[-1] in bwd_mod.bwd_tiles(p)])
 @pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("sq,sk,h,hk,d", [(300, 17, 2, 2, 64), (333, 555, 4, 1, 128), (640, 384, 6, 2, 64),
-                                          (129, 129, 2, 2, 256), (17, 1000, 8, 2, 96), (1000, 127, 4, 4, 32)])
 def test_dq_strategies(warp_partition, dq_strategy, causal, sq, sk, h, hk, d):
     check_grads(2, sq, sk, h, hk, d, "float16", causal, dq_strategy, warp_partition=warp_partition)
 
 
+@pytest.mark.parametrize("warp_partition", ["q", "2d"])
 @pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_q_partition_gqa_bf16(dtype, dq_strategy):
-    check_grads(2, 257, 301, 6, 2, 128, dtype, True, dq_strategy, warp_partition="q")
+def test_partition_gqa_bf16(dtype, dq_strategy, warp_partition):
+    check_grads(2, 257, 301, 6, 2, 128, dtype, True, dq_strategy, warp_partition=warp_partition)
 
 
-@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+@pytest.mark.parametrize("warp_partition", ["kv", "q", "2d"])
 @pytest.mark.parametrize("dq_strategy", ["seqpar", "loop"])
 def test_deterministic_bitwise(dq_strategy, warp_partition):
     import torch
@@ -111,7 +130,7 @@ def test_deterministic_default_picks_a_deterministic_strategy():
         cuflash.flash_attn_func(q, k, v, deterministic=True, dq_strategy="atomic").backward(dout)
 
 
-@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+@pytest.mark.parametrize("warp_partition", ["kv", "q", "2d"])
 def test_seqpar_falls_back_when_buffers_do_not_fit(monkeypatch, warp_partition):
     monkeypatch.setattr(bwd_mod, "SEQPAR_MAX_FREE_FRACTION", 0.0)
     with warnings.catch_warnings(record=True) as w:
@@ -128,7 +147,7 @@ def test_seqpar_extra_memory_formula():
     assert bwd_mod.seqpar_extra_bytes(1, 16, 16384, 16384, 128, warp_partition="q") == n * 16 * 16384 * 128 * 4
 
 
-@pytest.mark.parametrize("warp_partition", ["kv", "q"])
+@pytest.mark.parametrize("warp_partition", ["kv", "q", "2d"])
 def test_cupy_backward_api(warp_partition):
     import cupy
     import torch

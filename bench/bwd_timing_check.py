@@ -1,0 +1,52 @@
+"""Why the backward measures slower through autograd (sections bwd, bwd_partition) than called directly
+(section bwd_tile_sweep): one shape, timed four ways, plus the kernels' own GPU times from torch.profiler.
+
+    PYTHONPATH=. python -m bench.bwd_timing_check [seqlen] [headdim]
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv):
+    import torch
+
+    import cuflash
+    from cuflash import backward as bwd_mod
+
+    from .harness import time_ms
+
+    s = int(argv[0]) if argv else 1024
+    d = int(argv[1]) if len(argv) > 1 else 128
+    h, b = 2048 // d, 16384 // s
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_()
+    out = cuflash.flash_attn_func(q, k, v)
+    with torch.no_grad():
+        o2, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
+    views = bwd_mod.check_backward_inputs(dout, q.detach(), k.detach(), v.detach(), o2, lse)
+    direct = lambda: bwd_mod.backward(*views, None, False, "atomic")  # noqa: E731
+    api = lambda: cuflash.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(), o2, lse)  # noqa: E731
+    auto = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+
+    def loop10(fn):
+        return lambda: [fn() for _ in range(10)]
+
+    for name, fn, n in (("direct backward()", direct, 1), ("flash_attn_backward", api, 1),
+                        ("autograd", auto, 1), ("autograd x10 per event pair", loop10(auto), 10),
+                        ("direct x10 per event pair", loop10(direct), 10)):
+        print(f"{name:32s} {time_ms(fn, rep=10) / n:.3f} ms", flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in (("direct", direct), ("autograd", auto)):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        print(f"--- {name}: GPU kernels over 5 calls")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,41 @@
+"""One backward per provider for Nsight Compute to profile: cuflash's configured kernel (and the "kv" partition)
+next to SDPA FLASH's backward on the same inputs (fp16, head dim 128, 4k tokens x 4, 16 heads).
+
+    ncu --clock-control none -k regex:"flash_bwd_kernel|dq_dk_dv" --launch-skip 0 \\
+        --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats \\
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables python -m bench.ncu_bwd
+
+Each provider runs twice (warm-up, then the call to read); both are profiled."""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv):
+    import torch
+
+    import cuflash
+
+    s = int(argv[0]) if argv else 4096
+    causal = len(argv) > 1 and argv[1] == "causal"
+    d, h, b = 128, 16, 16384 // s
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_()
+    for part in ("auto", "kv"):
+        for _ in range(2):
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, warp_partition=part)
+            torch.autograd.grad(out, (q, k, v), dout)
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    dt = dout.transpose(1, 2).contiguous()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for _ in range(2):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            torch.autograd.grad(out, (qt, kt, vt), dt)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -145,13 +145,14 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 
 # Candidate tiles of the backward main kernel per head dim: (warp partition, tile); None = that partition's
 # configured tile. BwdTile(block_m, block_n, nwarps, dsplit, kunroll): kunroll = k16 steps unrolled per loop
-# trip in the "2d" partition's products (0 = all).
+# trip in the "2d" partition's products (0 = all). Also measured in session 4 and removed since (bench/NOTES.md;
+# code at commit eb51616): a second dO buffer, scalar dQ atomics, a rotated Q-tile order.
 def _bwd_sweep_tiles():
     from cuflash._configs import BwdTile
 
     return {
-        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(128, 128, 8, 1, 4, vec_atomic=False))],
-        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4, vec_atomic=False))],
+        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4))],
+        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 2))],
     }
 
 
@@ -185,12 +186,9 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
                 t = t or bwd_tiles(part)[d]
                 ms = time_ms(lambda: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
                                                       warp_partition=part), rep=10)
-                recs.append(record("cuflash", f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}"
-                                   + ("-rot" if t.rotate else "") + (f"-do{t.do_stages}" if t.do_stages else "")
-                                   + ("" if t.vec_atomic else "-scalar"), "bwd",
+                recs.append(record("cuflash", f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}", "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, t.rotate, t.do_stages,
-                                         t.vec_atomic],
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll],
                                    configured=(t == bwd_tiles(part)[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,

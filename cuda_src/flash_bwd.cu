@@ -149,16 +149,13 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
 }
 
-template <bool VEC = true>
 __device__ __forceinline__ void atomic_add_f2(float* addr, float x, float y) {
 #if __CUDA_ARCH__ >= 900
-  if constexpr (VEC) {
-    atomicAdd(reinterpret_cast<float2*>(addr), make_float2(x, y));  // one vector RED.E.ADD.F32x2 on sm_90
-    return;
-  }
-#endif
+  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(x, y));  // one vector RED.E.ADD.F32x2 on sm_90
+#else
   atomicAdd(addr, x);
   atomicAdd(addr + 1, y);
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -312,15 +309,14 @@ __device__ __forceinline__ float* dq_accum_row(const BwdParams& p, int n_block, 
 
 // A warp's fp32 dQ fragments [16, 8 NF] into the accumulator; `a0` = the element of fragment row g, column 2t
 // of the first fragment (padded rows: always in bounds).
-// The strategy test sits outside the loops: one branch per call, then straight-line stores. VEC_ATOMIC: float2
-// atomics on sm_90 (one RED.E.ADD.F32x2 per pair), else two scalar REDs.
-template <int D, int NF, bool VEC_ATOMIC = true>
+// The strategy test sits outside the loops: one branch per call, then straight-line stores.
+template <int D, int NF>
 __device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, const float (&acc)[NF][4]) {
   if (p.dq_strategy == DQ_ATOMIC) {
 #pragma unroll
     for (int df = 0; df < NF; ++df)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) atomic_add_f2<VEC_ATOMIC>(a0 + h * 8 * D + df * 8, acc[df][2 * h], acc[df][2 * h + 1]);
+      for (int h = 0; h < 2; ++h) atomic_add_f2(a0 + h * 8 * D + df * 8, acc[df][2 * h], acc[df][2 * h + 1]);
   } else if (p.dq_strategy == DQ_SEQPAR) {
 #pragma unroll
     for (int df = 0; df < NF; ++df)
@@ -366,7 +362,7 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
 // Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
 // dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
 // tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
-template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, int DO_STAGES_REQ = 0>
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM>
 struct BwdSmem {
   static constexpr int LDS = PaddedRow<D>::LDS;
   static constexpr int EXCHANGE = PARTITION != PART_KV ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
@@ -374,7 +370,7 @@ struct BwdSmem {
   __host__ __device__ static constexpr int bytes(int do_stages) {  // K, V, 2 x Q, do_stages x dO, exchange, 2 x (lse, D) rows
     return (2 * BLOCK_N + (2 + do_stages) * BLOCK_M) * LDS * ELEM + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);
   }
-  static constexpr int DO_STAGES = DO_STAGES_REQ ? DO_STAGES_REQ : PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
+  static constexpr int DO_STAGES = PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
   static constexpr int BYTES = bytes(DO_STAGES);
 };
 
@@ -382,12 +378,9 @@ struct BwdSmem {
 // Main kernel. Grid: (KV tiles, or 1 for "loop"; KV heads; batch). PARTITION: PART_KV, PART_Q or PART_2D
 // (see top).  KV: BLOCK_N * DSPLIT == 16 * NWARPS.  Q: BLOCK_M == 16 * NWARPS, DSPLIT == 1.
 //   2D: 32-row warp tiles, BLOCK_M % 32 == 0, BLOCK_N % 32 == 0, DSPLIT == 1.
-// Tuning options, each measured (bench/NOTES.md, session 4; cuflash/_configs.py: BwdTile): KUNROLL (2D: k16
-// steps per loop trip), ROTATE (start KV tile n's Q loop n tiles along: no effect), DO_STAGES_REQ (dO buffers,
-// 0 = as many as fit sm_80: a second one on sm_90, no effect), VEC_ATOMIC (2D: float2 dQ atomics on sm_90;
-// scalar ones are 15-17% slower).
+//   KUNROLL (2D): k16 steps unrolled per loop trip in its products (0: all; cuflash/_configs.py: BwdTile).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION, int KUNROLL = 0, bool ROTATE = false, int DO_STAGES_REQ = 0, bool VEC_ATOMIC = true>
+          int PARTITION, int KUNROLL = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -410,7 +403,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
   static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
                 "every (KV row band, column band) of dK/dV is owned by exactly one warp");
-  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DO_STAGES_REQ>::BYTES,
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>::BYTES,
                 "host smem size must match the layout below");
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int DQ_ROW_BANDS = BLOCK_M / 16;
@@ -422,7 +415,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int DQ_CHUNK = D < 32 ? D : 32;
   static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
-  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DO_STAGES_REQ>;
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>;
   constexpr int DO_STAGES = Smem::DO_STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);        // [BLOCK_N][LDS]
@@ -456,18 +449,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     if (CAUSAL && n0 - diag > 0) m_begin = (n0 - diag) / BLOCK_M;
     const int num_m = max(0, num_m_blocks - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
-    // Iteration i works on (query head, Q tile) number (i + rot) mod total. ROTATE: KV tile n starts n tiles
-    // further along, so that the blocks running side by side add their dQ into different rows at any one
-    // time instead of all into the same Q tile (same sums, other order; seqpar / loop stay deterministic).
-    // The loop keeps (cur_h, cur_m) = (query head within the group, Q tile) of iteration it and steps it
-    // without divisions (one per KV tile, here).
-    const int rot = ROTATE && total > 0 ? n_block % total : 0;
-    int cur_h = 0, cur_m = rot;
-    if (ROTATE && num_m > 0) {
-      cur_h = rot / num_m;
-      cur_m = rot - cur_h * num_m;
-    }
-    auto step = [&](int& h, int& m) {  // the tile after (h, m), wrapping from the last back to the first
+    // Iteration it works on (query head within the group, Q tile) = (cur_h, cur_m), stepped without divisions.
+    int cur_h = 0, cur_m = 0;
+    auto step = [&](int& h, int& m) {  // the tile after (h, m) (past the last: the first again)
       if (++m == num_m) {
         m = 0;
         if (++h == group) h = 0;
@@ -747,7 +731,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
 #pragma unroll
-          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D, DQ_CH / 8, VEC_ATOMIC>(p, dq_row + mf * 16 * D + c0, acc_dq[mf]);
+          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D>(p, dq_row + mf * 16 * D + c0, acc_dq[mf]);
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.

@@ -68,6 +68,7 @@
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
+#include "common/warp_gemm.cuh"
 
 namespace cuflash {
 
@@ -249,15 +250,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   // Per-thread softmax state: rows (g, g + 8) of each m16 fragment; row_sum is thread-partial.
   float acc_o[MF][DF][4];
   float row_max[MF][2], row_sum[MF][2];
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
-#pragma unroll
-    for (int df = 0; df < DF; ++df)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mf][df][e] = 0.f;
-    row_max[mf][0] = row_max[mf][1] = -INFINITY;
-    row_sum[mf][0] = row_sum[mf][1] = 0.f;
-  }
+  init_softmax_state(acc_o, row_max, row_sum);
   const float scale_log2 = (float)p.scale_log2;
 
   int read_slot = 0, write_slot = STAGES - 1;

@@ -110,15 +110,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // quad reduction happens once, at the end).
   float acc_o[MF][DF][4];
   float row_max[MF][2], row_sum[MF][2];
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
-#pragma unroll
-    for (int df = 0; df < DF; ++df)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mf][df][e] = 0.f;
-    row_max[mf][0] = row_max[mf][1] = -INFINITY;
-    row_sum[mf][0] = row_sum[mf][1] = 0.f;
-  }
+  init_softmax_state(acc_o, row_max, row_sum);
   const float scale_log2 = (float)p.scale_log2;
   constexpr float LN2_F = 0.6931471805599453f;
   const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
@@ -156,18 +148,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
   auto mask_s = [&](float (&s)[MF][NF][4], int n) {
     const int col0 = n * BLOCK_N;
-    if (col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag)) {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + warp * WARP_M + mf * 16 + g + (e / 2) * 8;
-            const int col = col0 + nf * 8 + 2 * t + (e % 2);
-            if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
-          }
-    }
+    if (col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag))
+      mask_scores<CAUSAL>(s, m0 + warp * WARP_M, col0, seqlen_k, diag, lane);
   };
   // Lazy re-scaling: a row keeps the max its exponents are taken against until a score exceeds it by
   // more than RESCALE_LOG2 (2^8 = 256: P stays <= 256, far from overflow in fp16/bf16 and fp32), so after

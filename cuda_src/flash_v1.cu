@@ -169,24 +169,6 @@ __device__ __forceinline__ void load_f32_tile_async(float* tile, const float* gm
     if (ROWS % RPI == 0 || r0 + i * RPI < ROWS) cp_async_16(smem_addr(dst + i * RPI * LD), src + i * RPI * D, true);
 }
 
-// Scores that a row may not see -> -inf: keys past seqlen_k and (causal) keys j > i + diag. s holds the
-// C fragments of rows row0 + [0, 16 MF) x keys col0 + [0, 8 NF).
-template <bool CAUSAL, int MF, int NF>
-__device__ __forceinline__ void mask_scores(float (&s)[MF][NF][4], int row0, int col0, int seqlen_k, int diag,
-                                            int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-    for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + mf * 16 + g + (e / 2) * 8;
-        const int col = col0 + nf * 8 + 2 * t + (e % 2);
-        if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
-      }
-}
-
 }  // namespace v1
 
 // ================================================================================================ forward
@@ -322,7 +304,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
         const int key0 = warp * WARP_N;
         float s[MF][NF][4];
         v1::gemm_abt<T, MF, NF, KD, LDS>(s, q_tile, k_smem + key0 * LDS, lane);
-        if (need_mask) v1::mask_scores<CAUSAL>(s, m0, n0 + key0, seqlen_k, diag, lane);
+        if (need_mask) mask_scores<CAUSAL>(s, m0, n0 + key0, seqlen_k, diag, lane);
 
         // This warp's partial statistics: m~_w = rowmax(S_w), P~_w = exp(S_w - m~_w), l~_w = rowsum(P~_w)
         // (Algorithm 1 line 10 on the warp's slice). A row with no visible key in the slice has m~_w = -inf;
@@ -442,7 +424,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
           // S = Q_w K_j^T  [WARP_M, BLOCK_N]
           float s[MF][NF][4];
           v1::gemm_abt<T, MF, NF, KD, LDS>(s, q_tile + r0 * LDS, k_smem, lane);
-          if (need_mask) v1::mask_scores<CAUSAL>(s, m0 + r0, n0, seqlen_k, diag, lane);
+          if (need_mask) mask_scores<CAUSAL>(s, m0 + r0, n0, seqlen_k, diag, lane);
 
           // The whole row is in this quad, so m_new is known before the exponentials: P = exp(S - m_new)
           // directly (the paper's e^{m~ - m_new} P~ without the separate rescale), and the stored

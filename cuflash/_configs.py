@@ -159,9 +159,6 @@ class BwdTile:
     nwarps: int
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
     kunroll: int = 0  # "2d" partition: k16 steps unrolled per loop trip in its products (0: all)
-    rotate: bool = False  # KV tile n starts its Q-tile loop n tiles along (spreads the dQ atomics)
-    do_stages: int = 0  # dO buffers (0: 2 if that fits sm_80's shared memory, else 1; "2d" only)
-    vec_atomic: bool = True  # "2d", dq_strategy="atomic" on sm_90: float2 atomics (else two scalar ones)
 
 
 BWD_TILES = {
@@ -209,8 +206,6 @@ def bwd_tiles(warp_partition: str = "kv") -> dict:
 
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
     """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES)."""
-    if tile.do_stages:
-        return tile.do_stages
     if warp_partition == "2d" and _bwd_smem(headdim, tile, warp_partition, 2) > SM80_MAX_SMEM:
         return 1
     return 2
@@ -238,8 +233,7 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}, {'true' if tile.rotate else 'false'}, {tile.do_stages}, "
-            f"{'true' if tile.vec_atomic else 'false'}>")
+            f"{tile.kunroll}>")
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
 
 

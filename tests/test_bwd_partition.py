@@ -69,9 +69,7 @@ def test_every_partition_config_is_listed_and_fits(part):
                 assert bwd_convert_spec(dt, d, causal, tile.block_n) in specs
                 assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
                 assert s.threads == 32 * tile.nwarps
-                assert s.name.endswith(f", {s.smem}, {_configs.BWD_PARTITIONS[part]}, {tile.kunroll}, "
-                                       f"{'true' if tile.rotate else 'false'}, {tile.do_stages}, "
-                                       f"{'true' if tile.vec_atomic else 'false'}>")
+                assert s.name.endswith(f", {s.smem}, {_configs.BWD_PARTITIONS[part]}, {tile.kunroll}>")
                 if part == "2d":
                     wm = tile.block_m // 32
                     assert tile.block_m % 32 == 0 and tile.block_n % 32 == 0 and tile.dsplit == 1
@@ -230,7 +228,7 @@ def store_dkdv(p, batch, kv_head, j0, c0, dk, dv, NF):
                     p.dv[batch, j[lane], kv_head, c[lane] + x] = dv[df][lane, 2 * h + x]
 
 
-def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTITION, ROTATE=False, DO_STAGES_REQ=0):
+def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTITION):
     """flash_bwd_kernel, every block; warps run one after the other between barriers."""
     QPART, P2D = PARTITION == 1, PARTITION == 2
     LDS, KD, KQ, KN = D + 8, D // 16, BLOCK_M // 16, BLOCK_N // 16
@@ -248,7 +246,7 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
     DQ_CHUNK = D if D < 32 else 32
     LDS_DS, LDS_PS = BLOCK_M + 8, BLOCK_N + 8
     part_name = {0: "kv", 1: "q", 2: "2d"}[PARTITION]
-    DO_STAGES = _configs.bwd_do_stages(D, BwdTile(BLOCK_M, BLOCK_N, NWARPS, DSPLIT, do_stages=DO_STAGES_REQ), part_name)
+    DO_STAGES = _configs.bwd_do_stages(D, BwdTile(BLOCK_M, BLOCK_N, NWARPS, DSPLIT), part_name)
     k_smem = 0
     v_smem = k_smem + BLOCK_N * LDS
     q_smem = v_smem + BLOCK_N * LDS
@@ -278,11 +276,9 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
             m_begin = (n0 - diag) // BLOCK_M if CAUSAL and n0 - diag > 0 else 0
             num_m = max(0, num_m_blocks - m_begin)
             total = group * num_m
-            rot = n_block % total if ROTATE and total > 0 else 0
 
-            def tile_of(i):
-                j = i + rot if i + rot < total else i + rot - total
-                return kv_head * group + j // num_m, (m_begin + j % num_m) * BLOCK_M
+            def tile_of(i):  # iteration i's (query head, Q tile row)
+                return kv_head * group + i // num_m, (m_begin + i % num_m) * BLOCK_M
             acc_dk = [[zeros(DFO) for _ in range(RBW)] for _ in range(NWARPS)]
             acc_dv = [[zeros(DFO) for _ in range(RBW)] for _ in range(NWARPS)]
             if total > 0:
@@ -477,7 +473,7 @@ def emulate_backward(q, k, v, dout, causal, tile, partition, dq_strategy):
     p.dq_accum = np.full(splits * b * h * sq_pad * d, np.nan if dq_strategy == 1 else 0.0)
     p.dk, p.dv = np.full((b, sk, hk, d), np.nan), np.full((b, sk, hk, d), np.nan)
     emulate_kernel(p, 1 if dq_strategy == 2 else n_blocks, d, tile.block_m, tile.block_n, tile.nwarps, tile.dsplit,
-                   causal, partition, tile.rotate, tile.do_stages)
+                   causal, partition)
     acc = p.dq_accum.reshape(splits, b, h, sq_pad, d)
     dq = np.zeros((b, sq, h, d))
     for i in range(sq):  # flash_bwd_convert_dq_kernel: seqpar + causal reads only the tiles row i sees
@@ -506,10 +502,7 @@ EMU_CASES = [  # (partition, head dim, tile (None: configured), b, sq, sk, h, hk
     ("2d", 128, None, 2, 90, 300, 2, 2, False, 2),  # "loop": one block walks every KV tile
     ("2d", 32, None, 1, 17, 129, 2, 1, True, 1),    # dQ in 16-row warp tiles (32 / 4 columns is not a k16)
     ("2d", 96, None, 1, 100, 100, 3, 1, False, 0),  # 16-row dQ tiles, 48-column dK/dV blocks
-    ("2d", 64, BwdTile(64, 128, 8, 1, 2, True), 1, 300, 400, 4, 2, True, 1),  # rotated Q-tile order, GQA
-    ("kv", 64, BwdTile(64, 128, 8, 1, 0, True), 1, 200, 300, 2, 1, False, 2),  # rotation with "loop"
-    ("2d", 64, BwdTile(64, 128, 8, 1, 4, do_stages=1), 1, 200, 150, 2, 1, True, 0),  # dO single-buffered
-    ("2d", 128, BwdTile(64, 128, 8, 1, 4, do_stages=2), 1, 150, 200, 2, 1, True, 1),  # sm_90-size smem
+    ("2d", 64, BwdTile(64, 128, 8, 1, 2), 1, 300, 400, 4, 2, True, 1),  # dO double-buffered, GQA
 ]
 
 

@@ -15,14 +15,17 @@ TOKENS, HIDDEN = 16384, 2048
 # Candidate tiles of the configured (plain) KV loop. Earlier candidates, and the KV-loop drivers measured
 # and removed (software pipeline: session 2; FlashAttention-3 ping-pong: session 3; code at commit
 # 59a4131), with their numbers: bench/NOTES.md.
+# Head dim 128: 64-key tiles (FlashAttention-2's 128 x 64 x 4w) fit 255 registers without spills only with the
+# Q K^T loop unrolled 4 or 2 k16 steps per trip (kunroll); 32-key tiles fit fully unrolled.
 SWEEP_TILES = {
     64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8)],
-    128: [FwdTile(128, 32, 4), FwdTile(256, 32, 8)],
+    128: [FwdTile(128, 32, 4), FwdTile(128, 32, 4, 4), FwdTile(128, 64, 4, 4), FwdTile(128, 64, 4, 2),
+          FwdTile(256, 32, 8)],
 }
 
 
 def tile_label(t: FwdTile) -> str:
-    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w"
+    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w" + (f"-u{t.kunroll}" if t.kunroll else "")
 
 
 def sweep_specs():
@@ -143,7 +146,7 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
                 for t in tiles:
                     ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
                     recs.append(record("cuflash", tile_label(t), "fwd", "float16",
-                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps],
+                                       b, h, s, s, d, causal, ms, tile=[t.block_m, t.block_n, t.nwarps, t.kunroll],
                                        configured=(t == fwd_tile(d, causal))))
                 fn = sdpa("flash")
                 recs.append(record("flash", "sdpa", "fwd", "float16", b, h, s, s, d, causal,

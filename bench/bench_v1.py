@@ -52,9 +52,7 @@ EXP_VARIANTS = {"v2-exp-precise": 1, "v2-exp-separate-mul": 2}  # cuda_src/flash
 # ------------------------------------------------------------------------------------------ kernels
 def v2_variant_spec(dtype: str, headdim: int, causal: bool, variant: int) -> KernelSpec:
     """The V2 forward with EXP_VARIANT = variant appended to its template arguments."""
-    s = fwd_spec(dtype, headdim, causal, False)
-    assert s.name.endswith(">"), s.name
-    return KernelSpec(s.filename, f"{s.name[:-1]}, {variant}>", s.threads, s.smem)
+    return fwd_spec(dtype, headdim, causal, False, exp_variant=variant)
 
 
 def v2_forward_variant(qa, ka, va, causal, variant, softmax_scale=None):

@@ -163,11 +163,11 @@ __device__ __forceinline__ void atomic_add_f2(float* addr, float x, float y) {
 
 // acc[16, 8 NF] += X Y^T, X = rows [0, 16) of x_rows, Y = rows [0, 8 NF) of y_tile: both row-major 16-bit
 // smem tiles [*, 16 KD] with row stride lds, read with plain ldmatrix (S = Q K^T, dP = dO V^T and their
-// transposes S^T = K Q^T, dP^T = V dO^T).
-template <typename T, int KD, int NF>
+// transposes S^T = K Q^T, dP^T = V dO^T). UNROLL: k16 steps per loop trip (see KUNROLL).
+template <typename T, int KD, int NF, int UNROLL = KD>
 __device__ __forceinline__ void gemm_rows_rows_t(float (&acc)[NF][4], const T* x_rows, const T* y_tile, int lds,
                                                  int lane) {
-#pragma unroll
+#pragma unroll UNROLL
   for (int kd = 0; kd < KD; ++kd) {
     uint32_t a[4];
     ldmatrix_x4(a, smem_addr(x_rows + (lane % 16) * lds + kd * 16 + (lane / 16) * 8));
@@ -185,11 +185,11 @@ __device__ __forceinline__ void gemm_rows_rows_t(float (&acc)[NF][4], const T* x
 // acc[16, 8 NF] += A B with both operands stored k-major in smem: A^T = rows [0, 16 KS) x columns
 // [a_col0, +16) of a_t (row stride lda), B = rows [0, 16 KS) x columns [b_col0, +8 NF) of b_tile (row stride
 // ldb); ldmatrix.trans for both (KV partition: dQ = dS K from dS^T; Q partition: dV = P^T dO, dK = dS^T Q
-// from P, dS).
-template <typename T, int KS, int NF>
+// from P, dS). UNROLL: k16 steps per loop trip (see KUNROLL).
+template <typename T, int KS, int NF, int UNROLL = KS>
 __device__ __forceinline__ void gemm_smem_at_b(float (&acc)[NF][4], const T* a_t, int lda, int a_col0, const T* b_tile,
                                                int ldb, int b_col0, int lane) {
-#pragma unroll
+#pragma unroll UNROLL
   for (int ks = 0; ks < KS; ++ks) {
     uint32_t a[4];
     ldmatrix_x4_trans(a, smem_addr(a_t + (ks * 16 + (lane % 8) + (lane / 16) * 8) * lda + a_col0 +
@@ -212,15 +212,6 @@ __device__ __forceinline__ void gemm_smem_at_b(float (&acc)[NF][4], const T* a_t
 // LDA, LDB: row strides in elements. `a`, `b`: this lane's shared addresses of the warp's block origin, lane
 // offsets included (lane_off_a / lane_off_b), so every ldmatrix is [register + immediate] and a loop trip of
 // the k16 steps adds one constant per operand. Per k16 step: MF A loads, NF / 2 B loads, MF NF mma.
-template <bool KMAJOR, int LD>
-__device__ __forceinline__ uint32_t lane_off_a(int lane) {  // bytes
-  return 2u * (KMAJOR ? ((lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8 : (lane % 16) * LD + (lane / 16) * 8);
-}
-template <bool KMAJOR, int LD>
-__device__ __forceinline__ uint32_t lane_off_b(int lane) {  // bytes
-  return 2u * (KMAJOR ? ((lane % 8) + ((lane / 8) % 2) * 8) * LD + (lane / 16) * 8
-                      : ((lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8);
-}
 template <typename T, int MF, int NF, int KS, bool A_KMAJOR, bool B_KMAJOR, int LDA, int LDB, int UNROLL = KS>
 __device__ __forceinline__ void gemm_smem(float (&acc)[MF][NF][4], uint32_t a, uint32_t b) {
   static_assert(NF % 2 == 0, "B is loaded two n8 fragments at a time");
@@ -378,7 +369,10 @@ struct BwdSmem {
 // Main kernel. Grid: (KV tiles, or 1 for "loop"; KV heads; batch). PARTITION: PART_KV, PART_Q or PART_2D
 // (see top).  KV: BLOCK_N * DSPLIT == 16 * NWARPS.  Q: BLOCK_M == 16 * NWARPS, DSPLIT == 1.
 //   2D: 32-row warp tiles, BLOCK_M % 32 == 0, BLOCK_N % 32 == 0, DSPLIT == 1.
-//   KUNROLL (2D): k16 steps unrolled per loop trip in its products (0: all; cuflash/_configs.py: BwdTile).
+//   KUNROLL: k16 steps unrolled per loop trip in the products whose operands both come from shared memory (0:
+//   all; cuflash/_configs.py: BwdTile). Fully unrolled, ptxas hoists the ldmatrix of later steps; where the
+//   dK/dV accumulators already take most of the 255 registers that spills (the KV partition at head dims
+//   96-256 with NVRTC 13.0, the H200 image's compiler). Register-operand loops always unroll fully.
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
@@ -406,6 +400,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>::BYTES,
                 "host smem size must match the layout below");
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
+  constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
+  constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
+  constexpr int U_N = KUNROLL && KUNROLL < KN ? KUNROLL : KN;
   constexpr int DQ_ROW_BANDS = BLOCK_M / 16;
   constexpr int DQ_COL_BANDS = QPART || P2D ? 1 : NWARPS / DQ_ROW_BANDS;
   constexpr int DQ_COLS = D / DQ_COL_BANDS;
@@ -499,7 +496,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         // (1) S^T = K_w Q^T [16, BLOCK_M]: A = this warp's 16 K rows, B = Q^T = rows of Q (plain ldmatrix).
         float acc[NFQ][4];
         zero_frags(acc);
-        gemm_rows_rows_t<T, KD, NFQ>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
+        gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
         // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
         // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
         const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
@@ -523,7 +520,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv[0], pa, do_tile, LDS, wd * DCOLS, lane);
         // (4) dP^T = V_w dO^T [16, BLOCK_M], like (1).
         zero_frags(acc);
-        gemm_rows_rows_t<T, KD, NFQ>(acc, v_smem + wk * 16 * LDS, do_tile, LDS, lane);
+        gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, v_smem + wk * 16 * LDS, do_tile, LDS, lane);
         // (5) dS^T = P^T * (dP^T - D[q]) (P from its 16-bit copy: the same values dV used).
 #pragma unroll
         for (int nf = 0; nf < NFQ; ++nf) {
@@ -546,7 +543,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         const int dq_rb = warp % DQ_ROW_BANDS, dq_cb = warp / DQ_ROW_BANDS;
         float acc_dq[DQF][4];
         zero_frags(acc_dq);
-        gemm_smem_at_b<T, KN, DQF>(acc_dq, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, lane);
+        gemm_smem_at_b<T, KN, DQF, U_N>(acc_dq, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, lane);
         const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
         dq_accumulate<D>(p,
                          p.dq_accum +
@@ -565,7 +562,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           // (1) S = Q_w K^T [16, BLOCK_N]: A = this warp's 16 Q rows, B = K^T = rows of K (plain ldmatrix).
           float acc[NFK][4];
           zero_frags(acc);
-          gemm_rows_rows_t<T, KD, NFK>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
+          gemm_rows_rows_t<T, KD, NFK, U_D>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
           // (2) P = exp2(S * scale_log2 - lse_log2[row]); rows g and g + 8 of the warp's band.
           const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + r0 + diag);
           const float lse_g = lse_tile[r0 + g], lse_g8 = lse_tile[r0 + g + 8];
@@ -588,7 +585,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           }
           // (3) dP = dO_w V^T [16, BLOCK_N], like (1).
           zero_frags(acc);
-          gemm_rows_rows_t<T, KD, NFK>(acc, do_tile + r0 * LDS, v_smem, LDS, lane);
+          gemm_rows_rows_t<T, KD, NFK, U_D>(acc, do_tile + r0 * LDS, v_smem, LDS, lane);
           // (4) dS = P * (dP - D[row]), P from its 16-bit copy (the same values dV uses), read back from the
           // words this thread stored (cheaper in registers than keeping P across (3)).
           const float dl_g = delta_tile[r0 + g], dl_g8 = delta_tile[r0 + g + 8];
@@ -631,8 +628,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
 #pragma unroll
         for (int r = 0; r < RBW; ++r) {
           const int kv_row0 = (band0 + r) * 16;
-          gemm_smem_at_b<T, KQ, DFO>(acc_dv[r], p_smem, LDS_PS, kv_row0, do_tile, LDS, cband * DCOLS, lane);
-          gemm_smem_at_b<T, KQ, DFO>(acc_dk[r], ds_smem, LDS_PS, kv_row0, q_tile, LDS, cband * DCOLS, lane);
+          gemm_smem_at_b<T, KQ, DFO, U_M>(acc_dv[r], p_smem, LDS_PS, kv_row0, do_tile, LDS, cband * DCOLS, lane);
+          gemm_smem_at_b<T, KQ, DFO, U_M>(acc_dk[r], ds_smem, LDS_PS, kv_row0, q_tile, LDS, cband * DCOLS, lane);
         }
       } else {
         // ------------------------------------------------- 2D partition: 32-row warp tiles in every product
@@ -645,10 +642,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         constexpr int DQ_CH = DQC > 64 ? 64 : DQC;  // dQ columns per pass (bounds its accumulator registers)
         static_assert(WM_S * WN_S == NWARPS && KW % 16 == 0, "2D: S / dP warp tiles");
         static_assert(WM_Q * WD_Q == NWARPS && DQC % 16 == 0 && DQC % DQ_CH == 0, "2D: dQ warp tiles");
-        // k16 steps unrolled per loop trip in every product (0: all). Fully unrolled, ptxas hoists the
-        // ldmatrix of later steps and the 128 dK/dV registers of head dim 128 no longer fit.
-        constexpr int U_S = KUNROLL && KUNROLL < KD ? KUNROLL : KD, U_KV = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ,
-                      U_Q = KUNROLL && KUNROLL < KN ? KUNROLL : KN;
         T* p_smem = xc_smem;                      // [BLOCK_M][LDS_PS]  P of the current Q tile
         T* ds_smem = xc_smem + BLOCK_M * LDS_PS;  // [BLOCK_M][LDS_PS]  dS
         // Shared addresses of the tiles (bytes): the kernel's smem base + compile-time offsets (+ the stage).
@@ -662,7 +655,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         float acc[2][NFS][4];
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
-        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_S>(acc, q_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
+        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, q_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
                                                              k_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
         // In block-local indices (row r, key c): c must be < klim, and (causal) c <= r + dlim.
@@ -694,7 +687,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         // (3) dP = dO V^T, same block.
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
-        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_S>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
+        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
                                                              v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         // (4) dS = P * (dP - D[row]) -> smem. P from its 16-bit copy (the values dV uses), read back from the
         // words this thread stored (cheaper in registers than keeping P across (3)).
@@ -727,7 +720,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           float acc_dq[MFQ][DQ_CH / 8][4];
 #pragma unroll
           for (int mf = 0; mf < MFQ; ++mf) zero_frags(acc_dq[mf]);
-          gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_Q>(
+          gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_N>(
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
 #pragma unroll
@@ -735,7 +728,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
-        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_KV>(
+        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_M>(
             acc_dv, p_addr + 2 * band0 * 16 + lane_off_a<true, LDS_PS>(lane),
             do_addr + 2 * cband * DCOLS + lane_off_b<true, LDS>(lane));
         if constexpr (DO_STAGES == 1) {
@@ -747,7 +740,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           }
         }
         // (7) dK_j += dS^T Q_i, like (6).
-        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_KV>(
+        gemm_smem<T, 2, DFO, KQ, true, true, LDS_PS, LDS, U_M>(
             acc_dk, ds_addr + 2 * band0 * 16 + lane_off_a<true, LDS_PS>(lane),
             q_addr + 2 * cband * DCOLS + lane_off_b<true, LDS>(lane));
       }

@@ -25,6 +25,9 @@
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
 //              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
+//   KUNROLL    k16 steps of S = Q K^T unrolled per loop trip (0: all). Head dim 128 needs 4: fully unrolled,
+//              NVRTC 13.0's ptxas (the H200 image's) hoists later steps' ldmatrix and spills 16-24 B at 255
+//              registers; NVRTC 13.5 fits it in 243 (cuflash/_configs.py: FwdTile.kunroll).
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
@@ -42,24 +45,24 @@ enum ExpVariant {
 struct FwdBlock {
   int m_block, head, batch, split;
 };
-__device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num_m_blocks) {
+__device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num_m_blocks, uint3 bid) {
   FwdBlock c;
   if (p.grid_order == 0) {  // x: Q tile (heaviest causal tiles first), y: head, z: batch * splits
-    c.m_block = num_m_blocks - 1 - (int)blockIdx.x;
-    c.head = blockIdx.y;
-    c.batch = blockIdx.z / p.num_splits;
-    c.split = blockIdx.z % p.num_splits;
+    c.m_block = num_m_blocks - 1 - (int)bid.x;
+    c.head = bid.y;
+    c.batch = bid.z / p.num_splits;
+    c.split = bid.z % p.num_splits;
   } else {  // x: (batch, head), y: Q tile, z: split
-    c.m_block = num_m_blocks - 1 - (int)blockIdx.y;
-    c.head = blockIdx.x % p.nheads;
-    c.batch = blockIdx.x / p.nheads;
-    c.split = blockIdx.z;
+    c.m_block = num_m_blocks - 1 - (int)bid.y;
+    c.head = bid.x % p.nheads;
+    c.batch = bid.x / p.nheads;
+    c.split = bid.z;
   }
   return c;
 }
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2>
+          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int g = lane / 4, t = lane % 4;
   const int seqlen_q = (int)p.seqlen_q;
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  const FwdBlock blk = fwd_block_coords(p, num_m_blocks);
+  const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);
   const int m0 = blk.m_block * BLOCK_M;
   const int seqlen_k =
       p.seqlens_k ? min(p.seqlens_k[blk.batch] + (int)p.seqlen_k_new, (int)p.seqlen_k) : (int)p.seqlen_k;
@@ -119,18 +122,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // memory at every k16 step.
   constexpr int Q_REGS = MF * KD * 4, S_REGS = MF * NF * 4;
   constexpr bool Q_IN_REGS = (Q_REGS <= 32 && NF <= 8) || (Q_REGS + S_REGS <= 80 && D <= 128);
+  // Shared addresses (bytes) with this lane's ldmatrix offsets folded in once: every fragment below is a
+  // compile-time constant away ([register + immediate]). Q: the warp's rows; K, V: stage 0 (stage 1 is
+  // BLOCK_N rows further).
+  const uint32_t q_lane = smem_addr(q_smem) + 2u * warp * WARP_M * LDS + lane_off_a<false, LDS>(lane);
+  const uint32_t k_lane = smem_addr(k_smem) + lane_off_b<false, LDS>(lane);
+  const uint32_t v_lane = smem_addr(v_smem) + lane_off_b<true, LDS>(lane);
+  constexpr uint32_t STAGE_BYTES = 2u * BLOCK_N * LDS;
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
-  auto q_frag_addr = [&](int mf, int kd) {
-    const int r = warp * WARP_M + mf * 16 + (lane % 16), c = kd * 16 + (lane / 16) * 8;
-    return smem_addr(q_smem + r * LDS + c);
-  };
+  auto q_frag_addr = [&](int mf, int kd) { return q_lane + 2u * (mf * 16 * LDS + kd * 16); };
   uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
 
   // ---- the pieces of one KV tile's work, in the order the loop below runs them ----
   // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
   // one x4 gives b0, b1 of two adjacent n8 fragments.
-  auto compute_s = [&](float (&s)[MF][NF][4], const T* k_tile) {
-    gemm_abt_x4<T, MF, NF, KD>(
+  auto compute_s = [&](float (&s)[MF][NF][4], uint32_t k_addr) {
+    gemm_abt_x4<T, MF, NF, KD, (KUNROLL && KUNROLL < KD ? KUNROLL : KD)>(
         s,
         [&](uint32_t (&a)[4], int mf, int kd) {
           if constexpr (Q_IN_REGS) {
@@ -140,10 +147,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
             ldmatrix_x4(a, q_frag_addr(mf, kd));
           }
         },
-        [&](int nf, int kd) {
-          const int r = nf * 8 + (lane % 8) + (lane / 16) * 8, c = kd * 16 + ((lane / 8) % 2) * 8;
-          return smem_addr(k_tile + r * LDS + c);
-        });
+        [&](int nf, int kd) { return k_addr + 2u * (nf * 8 * LDS + kd * 16); });
   };
   // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
   auto mask_s = [&](float (&s)[MF][NF][4], int n) {
@@ -191,11 +195,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         row_max[mf][h] = row_max_new[mf][h];
       }
   };
-  // P = exp2(S * scale_log2 - m) (one FFMA + one MUFU.EX2 per score), row sums, and P packed into the A
-  // operand of P V (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip).
+  // P = exp2(S * scale_log2 - m) (one FFMA + one MUFU.EX2 per score) in place, and the row sums.
   // A row with no visible key so far has m = -inf: its exponent base is taken as 0 so that
   // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-  auto softmax_p = [&](float (&s)[MF][NF][4], uint32_t (&pa)[MF][KN][4]) {
+  auto softmax_p = [&](float (&s)[MF][NF][4]) {
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -216,15 +219,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
           }
         row_sum[mf][h] += sum;
       }
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf) frags_to_a<T>(s[mf], pa[mf]);
   };
-  // acc_o += P V. B operand (V, [keys, d] row-major, needed col-major) comes from ldmatrix.trans.
-  auto accumulate_pv = [&](const uint32_t (&pa)[MF][KN][4], const T* v_tile) {
-    gemm_pv_x4<T, MF, KN, DF>(acc_o, pa, [&](int kn, int df) {
-      const int r = kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = df * 8 + (lane / 16) * 8;
-      return smem_addr(v_tile + r * LDS + c);
-    });
+  // acc_o += P V. A operand: P packed to 16 bits one k16 step at a time, straight from the accumulator
+  // registers (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip). B operand
+  // (V, [keys, d] row-major, needed col-major) from ldmatrix.trans.
+  auto accumulate_pv = [&](const float (&p)[MF][NF][4], uint32_t v_addr) {
+    gemm_pv_x4<T, MF, KN, DF>(
+        acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(p[mf], kn, a); },
+        [&](int kn, int df) { return v_addr + 2u * (kn * 16 * LDS + df * 8); });
   };
 
   const int num_tiles = n_end - n_begin;
@@ -246,7 +248,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       return warp_has_rows && (!CAUSAL || tile_n(i) * BLOCK_N <= m0 + warp * WARP_M + WARP_M - 1 + diag);
     };
     float s_a[MF][NF][4];
-    uint32_t pa[MF][KN][4];
     auto load_q_frags = [&]() {
       if constexpr (Q_IN_REGS) {
 #pragma unroll
@@ -273,17 +274,20 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         cp_async_commit();
       }
       if (!warp_active(i)) continue;
-      compute_s(s_a, k_stage(i));
+      compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
       mask_s(s_a, tile_n(i));
       if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
-      softmax_p(s_a, pa);
-      accumulate_pv(pa, v_stage(i));
+      softmax_p(s_a);
+      accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
     }
   }
 
-  // Epilogue. l is reduced across the quad once; O = acc_o / l (0 for rows that saw no key).
+  // Epilogue. l is reduced across the quad once; O = acc_o / l (0 for rows that saw no key). The head, batch
+  // and split are derived again from a fresh read of blockIdx (cheap) rather than kept live across the KV
+  // loop: at head dim 128 the loop uses all 255 registers, and NVRTC 13.0 otherwise spills them.
+  const FwdBlock eblk = fwd_block_coords(p, num_m_blocks, block_idx_reread());
   const float LN2 = 0.6931471805599453f;
-  const int64_t bh = (int64_t)blk.batch * p.nheads + blk.head;
+  const int64_t bh = (int64_t)eblk.batch * p.nheads + eblk.head;
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -300,14 +304,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
       if (t == 0 && row < seqlen_q) {
         if (SPLIT)
-          p.lse_accum[((int64_t)blk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse;
+          p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse;
         else if (p.lse)
           p.lse[bh * seqlen_q + row] = lse;
       }
     }
 
   if (SPLIT) {  // fp32 partial output [split, b, h, sq, d], float2 stores
-    float* o_acc = p.o_accum + (((int64_t)blk.split * p.batch * p.nheads + bh) * seqlen_q) * D;
+    float* o_acc = p.o_accum + (((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q) * D;
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -333,7 +337,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
             pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
   __syncwarp();
-  T* o_ptr = reinterpret_cast<T*>(p.o) + blk.batch * p.o_batch_stride + blk.head * p.o_head_stride;
+  T* o_ptr = reinterpret_cast<T*>(p.o) + eblk.batch * p.o_batch_stride + eblk.head * p.o_head_stride;
   constexpr int CHUNKS = WARP_M * D / 8;
 #pragma unroll
   for (int c = lane; c < CHUNKS; c += 32) {

@@ -96,9 +96,9 @@ namespace v1 {
 // 16-bit smem tiles contracting over their D columns. Both operands by plain ldmatrix: the A fragment of
 // rows (lane % 16), the B fragment (B^T col-major = rows of b_tile) two n8 blocks per x4 -- the Q K^T of
 // flash_fwd.cu, also used for K Q^T and V dO^T in the backward.
-template <typename T, int MF, int NF, int KD, int LDS>
+template <typename T, int MF, int NF, int KD, int LDS, int UNROLL = KD>
 __device__ __forceinline__ void gemm_abt(float (&acc)[MF][NF][4], const T* a_tile, const T* b_tile, int lane) {
-  gemm_abt_x4<T, MF, NF, KD>(
+  gemm_abt_x4<T, MF, NF, KD, UNROLL>(
       acc,
       [&](uint32_t (&a)[4], int mf, int kd) {
         ldmatrix_x4(a, smem_addr(a_tile + (mf * 16 + (lane % 16)) * LDS + kd * 16 + (lane / 16) * 8));
@@ -111,10 +111,7 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[MF][NF][4], const T* a_til
 template <typename T, int MF, int KN, int DF, int LDS>
 __device__ __forceinline__ void gemm_pv(float (&acc)[MF][DF][4], const float (&p)[MF][2 * KN][4], const T* v_tile,
                                         int lane) {
-  uint32_t pa[MF][KN][4];
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) frags_to_a<T>(p[mf], pa[mf]);
-  gemm_pv_x4<T, MF, KN, DF>(acc, pa, [&](int kn, int df) {
+  gemm_pv_x4<T, MF, KN, DF>(acc, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(p[mf], kn, a); }, [&](int kn, int df) {
     return smem_addr(v_tile + (kn * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + df * 8 + (lane / 16) * 8);
   });
 }
@@ -490,8 +487,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
 // =============================================================================================== backward
 //
 // Template parameters (cuflash/v1.py): T, D, BLOCK_M (Q rows per inner step), BLOCK_N = 16 NWARPS (KV rows
-// per tile: warp w owns rows [16 w, 16 w + 16) of K_j, V_j, dK_j, dV_j), NWARPS, CAUSAL, SMEM_BYTES.
-template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, int SMEM_BYTES>
+// per tile: warp w owns rows [16 w, 16 w + 16) of K_j, V_j, dK_j, dV_j), NWARPS, CAUSAL, SMEM_BYTES, KUNROLL
+// (k16 steps of S^T = K Q^T, dP^T = V dO^T and dQ = dS K unrolled per loop trip, 0: all; head dims 96 and
+// 128 need it: fully unrolled, NVRTC 13.0 spills 4-16 B at 255 registers).
+template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, int SMEM_BYTES, int KUNROLL = 0>
 __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __grid_constant__ V1BwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int LDS = PaddedRow<D>::LDS;
@@ -499,6 +498,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
   constexpr int LDQ = D + 4;        // fp32 row stride of the dQ_i tile (16-byte rows; D + 4, not D + 8: fits sm_80)
   constexpr int NFQ = BLOCK_M / 8;  // n8 fragments of S^T along the Q rows
   constexpr int KD = D / 16;        // k16 steps of the products that contract over D
+  constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // ... unrolled per loop trip
   constexpr int KQ = BLOCK_M / 16;  // k16 steps of the products that contract over Q rows
   constexpr int DFO = D / 8;        // n8 fragments of a warp's dK/dV rows
   constexpr int DQ_ROW_BANDS = BLOCK_M / 16;           // dQ step: warps tile [BLOCK_M, D] as
@@ -506,6 +506,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
   constexpr int DQ_COLS = D / DQ_COL_BANDS;
   constexpr int DQF = DQ_COLS / 8;
   constexpr int KN = BLOCK_N / 16;        // k16 steps of dQ = dS K (contract over KV rows)
+  constexpr int U_N = KUNROLL && KUNROLL < KN ? KUNROLL : KN;  // ... unrolled per loop trip
   constexpr int D_TPR = NT / BLOCK_M;                      // D_i pass: threads per row (consecutive lanes) ...
   constexpr int D_CPT = (D / 8 + D_TPR - 1) / D_TPR;       // ... and 16-byte chunks of the row per thread (at most)
   static_assert(BLOCK_N == 16 * NWARPS, "each warp owns 16 KV rows");
@@ -638,7 +639,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
 
       // (1) S^T = K_w Q_i^T  [16, BLOCK_M]: A = this warp's 16 K rows, B = Q^T = rows of Q.
       float acc[1][NFQ][4];
-      v1::gemm_abt<T, 1, NFQ, KD, LDS>(acc, k_smem + warp * 16 * LDS, q_tile, lane);
+      v1::gemm_abt<T, 1, NFQ, KD, LDS, U_D>(acc, k_smem + warp * 16 * LDS, q_tile, lane);
       __syncthreads();  // D_i, m2 and 1/l of every row of the tile are in smem
 
       // (2) P^T = diag(l_i)^-1 exp(S^T - m_i) (Algorithm 4 line 13): exp2(S^T scale_log2 - m2[q]) * (1/l)[q],
@@ -667,7 +668,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
       // (3) dV_j += P^T dO_i  (line 16): B = dO [Q rows, D] via ldmatrix.trans.
       gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv, pa, do_tile, LDS, 0, lane);
       // (4) dP^T = V_w dO_i^T  [16, BLOCK_M]  (line 17), like (1).
-      v1::gemm_abt<T, 1, NFQ, KD, LDS>(acc, v_smem + warp * 16 * LDS, do_tile, lane);
+      v1::gemm_abt<T, 1, NFQ, KD, LDS, U_D>(acc, v_smem + warp * 16 * LDS, do_tile, lane);
       // (5) dS^T = P^T * (dP^T - D_i)  (line 20; P from its 16-bit copy: the same values dV used).
 #pragma unroll
       for (int nf = 0; nf < NFQ; ++nf) {
@@ -703,7 +704,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
       for (int f = 0; f < DQF; ++f)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dq[f][e] = 0.f;
-#pragma unroll
+#pragma unroll U_N
       for (int kn = 0; kn < KN; ++kn) {
         uint32_t a[4];
         ldmatrix_x4_trans(a, smem_addr(ds_smem + (kn * 16 + (lane % 8) + (lane / 16) * 8) * LDS_DS + dq_rb * 16 +

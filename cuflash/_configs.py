@@ -22,6 +22,7 @@ class FwdTile:
     block_m: int  # Q rows per thread block
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
+    kunroll: int = 0  # k16 steps of S = Q K^T unrolled per loop trip (0: all; cuda_src/flash_fwd.cu KUNROLL)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -29,7 +30,10 @@ FWD_TILES = {
     32: FwdTile(128, 64, 4),
     64: FwdTile(128, 64, 4),
     96: FwdTile(128, 64, 8),
-    128: FwdTile(128, 32, 4),  # two 16-row fragments per warp: each K/V ldmatrix feeds 4 mma
+    # FlashAttention-2's tile: two 16-row fragments per warp (each K/V ldmatrix feeds 4 mma), 64 keys per stage
+    # (ldmatrix of Q per key halved against 32-key tiles); Q K^T unrolled 2 of its 8 k16 steps per trip, the only
+    # way it fits 255 registers without spills (NVRTC 13.0 and 13.5, sm_80 and sm_90).
+    128: FwdTile(128, 64, 4, 2),
     256: FwdTile(64, 32, 4),
 }
 
@@ -45,7 +49,9 @@ DECODE_TILES = {
 
 
 # Causal overrides of FWD_TILES (tiles on the diagonal cost a mask; registers differ with the mask code).
-FWD_TILES_CAUSAL: dict[int, FwdTile] = {}
+FWD_TILES_CAUSAL: dict[int, FwdTile] = {
+    128: FwdTile(128, 32, 4),  # 32-key tiles: less masked work on the diagonal
+}
 
 
 def fwd_tile(headdim: int, causal: bool) -> FwdTile:
@@ -58,13 +64,16 @@ def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
     return (tile.block_m + 4 * tile.block_n) * (headdim + SMEM_ROW_PAD) * ELEM_BYTES
 
 
-def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None) -> KernelSpec:
+def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None,
+             exp_variant: int = 0) -> KernelSpec:
+    """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder)."""
     if tile is None:
         tile = DECODE_TILES[headdim] if split else fwd_tile(headdim, causal)
     smem = fwd_smem_bytes(headdim, tile)
+    extra = f", {exp_variant}, {tile.kunroll}" if tile.kunroll else f", {exp_variant}" if exp_variant else ""
     name = (
         f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}>"
+        f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}{extra}>"
     )
     return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
 
@@ -158,15 +167,18 @@ class BwdTile:
     block_n: int  # KV rows per thread block = 16 * nwarps / dsplit
     nwarps: int
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
-    kunroll: int = 0  # "2d" partition: k16 steps unrolled per loop trip in its products (0: all)
+    kunroll: int = 0  # k16 steps unrolled per loop trip in the smem-operand products (0: all; see BWD_TILES)
 
 
+# kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
+# memory (0: all). Head dims 96-256 need it in the KV partition: fully unrolled, NVRTC 13.0 (the H200 image's
+# compiler) spills 8-48 B at 255 registers there, although NVRTC 13.5 does not.
 BWD_TILES = {
     32: BwdTile(64, 128, 8, 1),
     64: BwdTile(64, 128, 8, 1),
-    96: BwdTile(64, 128, 8, 1),
-    128: BwdTile(32, 128, 8, 1),  # 64-row Q tiles spill at head dim 128 (dK, dV: 128 fp32 registers)
-    256: BwdTile(32, 64, 8, 2),
+    96: BwdTile(64, 128, 8, 1, 2),
+    128: BwdTile(32, 128, 8, 1, 4),  # 64-row Q tiles spill at head dim 128 (dK, dV: 128 fp32 registers)
+    256: BwdTile(32, 64, 8, 2, 2),
 }
 # Warp partitions of the backward main kernel (cuda_src/flash_bwd.cu, template argument PARTITION):
 # "kv" (the default) uses BWD_TILES, "q" BWD_TILES_Q, "2d" BWD_TILES_2D.

@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import threading
+import warnings
 from pathlib import Path
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
@@ -112,6 +113,12 @@ def get_function(filename: str, name_expression: str, device_id: int):
                     fn.kernel  # force compile + load now, so errors carry the NVRTC log here
                 except cupy.cuda.compiler.CompileException as e:
                     raise RuntimeError(f"cuflash: NVRTC failed on {filename} [{name_expression}]:\n{e}") from e
+            if fn.local_size_bytes:  # register spills: correct, but slower than the configuration was tuned for
+                from cupy.cuda import nvrtc
+
+                warnings.warn(f"cuflash: {name_expression} uses {fn.local_size_bytes} B of local memory per thread "
+                              f"({fn.num_regs} registers) under NVRTC {'.'.join(map(str, nvrtc.getVersion()))}: "
+                              f"register spills, expect it to run slower than measured", RuntimeWarning, stacklevel=2)
             _modules[key] = fn
     return fn
 

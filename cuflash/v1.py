@@ -56,6 +56,7 @@ class V1Tile:
     block_m: int  # Q rows per inner step
     block_n: int  # keys per KV tile
     nwarps: int  # split-K: warps split block_n (block_n / nwarps keys each); split-Q: warps split block_m
+    kunroll: int = 0  # backward: k16 steps of S^T, dP^T unrolled per loop trip (0: all; flash_v1.cu KUNROLL)
 
 
 # Forward tiles. Split-K follows V1's own kernels: 16 query rows per step, 4 warps splitting 256 keys
@@ -67,7 +68,8 @@ FWD_TILES = {
 # Backward tiles: warp w owns 16 KV rows (block_n = 16 * nwarps). The V2 backward's tile sizes, so the
 # ladder compares algorithms, not tiles, except head dim 96 (32-row Q tiles: with V1's extra O_i / dQ_i
 # tiles 64 rows spill on sm_90); 64-row Q tiles would spill at head dim 128 (dK, dV: 128 fp32 registers).
-BWD_TILES = {32: V1Tile(64, 128, 8), 64: V1Tile(64, 128, 8), 96: V1Tile(32, 128, 8), 128: V1Tile(32, 128, 8)}
+# Head dims 96 and 128 unroll 4 k16 steps per trip: fully unrolled, NVRTC 13.0 (the H200 image's) spills there.
+BWD_TILES = {32: V1Tile(64, 128, 8), 64: V1Tile(64, 128, 8), 96: V1Tile(32, 128, 8, 4), 128: V1Tile(32, 128, 8, 4)}
 CONVERT_THREADS = 256
 
 
@@ -112,7 +114,7 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: V1Tile | None = None)
     tile = tile or BWD_TILES[headdim]
     smem = bwd_smem_bytes(headdim, tile)
     name = (f"cuflash::flash_v1_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
-            f"{'true' if causal else 'false'}, {smem}>")
+            f"{'true' if causal else 'false'}, {smem}{f', {tile.kunroll}' if tile.kunroll else ''}>")
     return KernelSpec(FILENAME, name, tile.nwarps * 32, smem)
 
 

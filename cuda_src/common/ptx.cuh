@@ -35,6 +35,16 @@ __device__ __forceinline__ void cp_async_16_full(uint32_t dst_smem, const void* 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_smem), "l"(src_gmem));
 }
 // 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
+// blockIdx read through volatile asm: the compiler can neither merge it with an earlier read nor hoist it,
+// so a kernel can re-derive its block coordinates after a long loop instead of keeping them live across it.
+__device__ __forceinline__ uint3 block_idx_reread() {
+  uint3 b;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b.x));
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b.y));
+  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(b.z));
+  return b;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

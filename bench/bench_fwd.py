@@ -155,6 +155,42 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
     return recs
 
 
+def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4096), ("float16", 128, False, 8192),
+                        ("bfloat16", 128, False, 8192), ("float16", 128, True, 2048), ("float16", 64, True, 1024),
+                        ("bfloat16", 64, False, 1024)), rounds=8,
+                extra_tiles={128: (FwdTile(128, 64, 4, 4), FwdTile(128, 32, 4))}):
+    """The grid points nearest 1.0x, timed A, B, A, B, ...: each round is one time_ms (median of 20 event
+    timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only) and of SDPA FLASH, in
+    turn, so that clock drift between loops lands on both sides. One record per round and provider; the ratio
+    to FLASH is formed per round (field `round`)."""
+    from cuflash import flash
+    from cuflash._validate import check_qkv
+
+    recs = []
+    for dtype, d, causal, s in points:
+        h, b = HIDDEN // d, TOKENS // s
+        q, k, v = _inputs(b, s, h, d, dtype)
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        qa, ka, va = check_qkv(q, k, v)
+        tiles = [fwd_tile(d, causal)] + [t for t in extra_tiles.get(d, ()) if not causal and t != fwd_tile(d, causal)]
+        fa = sdpa("flash")
+        ratios = {tile_label(t): [] for t in tiles}
+        for rnd in range(rounds):
+            fl_ms = time_ms(lambda: fa(qt, kt, vt, causal))
+            recs.append(record("flash", "sdpa", "fwd", dtype, b, h, s, s, d, causal, fl_ms, round=rnd))
+            for t in tiles:
+                ms = time_ms(lambda: flash.forward(qa, ka, va, None, causal, tile=t))
+                recs.append(record("cuflash", tile_label(t), "fwd", dtype, b, h, s, s, d, causal, ms, round=rnd,
+                                   configured=(t == fwd_tile(d, causal))))
+                ratios[tile_label(t)].append(fl_ms / ms)
+        summary = "  ".join(f"{lab}: median {sorted(r)[len(r) // 2]:.3f} [{min(r):.3f}, {max(r):.3f}]"
+                            for lab, r in ratios.items())
+        print(f"interleaved {dtype} d={d} s={s} causal={causal}: {summary}", flush=True)
+        del q, k, v, qt, kt, vt
+        gc.collect()
+    return recs
+
+
 def peak_memory(seqlens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), h=16, d=128):
     import torch
 

@@ -60,6 +60,30 @@ def simple_table(records, section, cols, title):
     return "\n".join(lines) + "\n"
 
 
+def interleaved_table(records):
+    """Section fwd_interleaved (bench/bench_fwd.py: interleaved): per point and tile, the ratio to SDPA FLASH
+    formed within each round (FLASH timed right before), median and range over the rounds."""
+    rs = [r for r in records if r.get("section") == "fwd_interleaved" and r.get("provider") != "error"]
+    if not rs:
+        return ""
+    flash = {(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["call"] if "call" in r else 0, r["round"]): r["ms"]
+             for r in rs if r["provider"] == "flash"}
+    ratios = defaultdict(list)
+    for r in rs:
+        if r["provider"] == "cuflash":
+            key = (r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["call"] if "call" in r else 0, r["round"])
+            ratios[(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["algo"], bool(r.get("configured")))].append(
+                flash[key] / r["ms"])
+    lines = ["### Forward, interleaved timing: cuflash / SDPA FLASH per round (FLASH timed just before)", "",
+             "| dtype | hdim | causal | seqlen | tile | configured | rounds | median | min | max |",
+             "|" + "---|" * 10]
+    for (dt, d, c, sq, algo, conf), v in sorted(ratios.items(), key=str):
+        v = sorted(v)
+        lines.append(f"| {dt} | {d} | {c} | {sq} | {algo} | {conf} | {len(v)} | {v[len(v) // 2]:.3f} | {v[0]:.3f} | "
+                     f"{v[-1]:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def partition_table(records):
     """Section bwd_partition (bench/bench_bwd.py): the backward's warp partitions, TFLOP/s per seqlen and each
     one's ratio to "kv". Empty when the section is absent."""
@@ -138,6 +162,7 @@ def markdown(head, records) -> str:
                               "Grid order: Q tile in grid x vs (batch, head) in grid x"))
     parts.append(simple_table(records, "tile_sweep", ["headdim", "seqlen_q", "causal", "algo", "configured", "ms",
                                                       "tflops"], "Forward tile sweep (fp16)"))
+    parts.append(interleaved_table(records))
     parts.append(simple_table(records, "memory", ["provider", "seqlen_q", "peak_bytes"],
                               "Peak device memory of one forward (batch 1, 16 heads, hdim 128), bytes"))
     for sec, cols, title in EXTRA_TABLES:

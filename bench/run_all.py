@@ -26,6 +26,7 @@ def _sections():
         "fwd": bench_fwd.fa2_grid,
         "grid_order": bench_fwd.grid_order,
         "tile_sweep": bench_fwd.tile_sweep,
+        "fwd_interleaved": bench_fwd.interleaved,
         "layout": bench_fwd.layout,
         "memory": bench_fwd.peak_memory,
         "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),

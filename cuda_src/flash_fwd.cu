@@ -25,9 +25,10 @@
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
 //              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
-//   KUNROLL    k16 steps of S = Q K^T unrolled per loop trip (0: all). Head dim 128 needs 4: fully unrolled,
-//              NVRTC 13.0's ptxas (the H200 image's) hoists later steps' ldmatrix and spills 16-24 B at 255
-//              registers; NVRTC 13.5 fits it in 243 (cuflash/_configs.py: FwdTile.kunroll).
+//   KUNROLL    k16 steps of S = Q K^T unrolled per loop trip (0: all; cuflash/_configs.py: FwdTile.kunroll).
+//              Fully unrolled, ptxas hoists later steps' ldmatrix; with 64-key tiles at head dim 128 that runs
+//              out of 255 registers. On sm_80 at most 2 steps per trip: 4 spill 8 B there (NVRTC 13.0), while on
+//              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, session 5).
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
@@ -72,6 +73,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   constexpr int KD = D / 16;                // k16 steps of Q K^T
   constexpr int KN = BLOCK_N / 16;          // k16 steps of P V
   constexpr int LDS = PaddedRow<D>::LDS;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr int KU = KUNROLL > 2 ? 2 : KUNROLL;  // sm_80: see KUNROLL above
+#else
+  constexpr int KU = KUNROLL;
+#endif
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
@@ -137,7 +143,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // S = Q K^T  [WARP_M, BLOCK_N] per warp. B operand (K^T, col-major) = rows of K: plain ldmatrix;
   // one x4 gives b0, b1 of two adjacent n8 fragments.
   auto compute_s = [&](float (&s)[MF][NF][4], uint32_t k_addr) {
-    gemm_abt_x4<T, MF, NF, KD, (KUNROLL && KUNROLL < KD ? KUNROLL : KD)>(
+    gemm_abt_x4<T, MF, NF, KD, (KU && KU < KD ? KU : KD)>(
         s,
         [&](uint32_t (&a)[4], int mf, int kd) {
           if constexpr (Q_IN_REGS) {

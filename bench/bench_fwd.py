@@ -158,7 +158,7 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
 def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4096), ("float16", 128, False, 8192),
                         ("bfloat16", 128, False, 8192), ("float16", 128, True, 2048), ("float16", 64, True, 1024),
                         ("bfloat16", 64, False, 1024)), rounds=8,
-                extra_tiles={128: (FwdTile(128, 64, 4, 4), FwdTile(128, 32, 4))}):
+                extra_tiles={128: (FwdTile(128, 32, 4),)}):
     """The grid points nearest 1.0x, timed A, B, A, B, ...: each round is one time_ms (median of 20 event
     timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only) and of SDPA FLASH, in
     turn, so that clock drift between loops lands on both sides. One record per round and provider; the ratio

@@ -66,14 +66,16 @@ def interleaved_table(records):
     rs = [r for r in records if r.get("section") == "fwd_interleaved" and r.get("provider") != "error"]
     if not rs:
         return ""
-    flash = {(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["call"] if "call" in r else 0, r["round"]): r["ms"]
-             for r in rs if r["provider"] == "flash"}
+
+    def round_key(r):  # one round of one point in one call
+        return r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r.get("call", 0), r["round"]
+
+    flash = {round_key(r): r["ms"] for r in rs if r["provider"] == "flash"}
     ratios = defaultdict(list)
     for r in rs:
         if r["provider"] == "cuflash":
-            key = (r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["call"] if "call" in r else 0, r["round"])
             ratios[(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["algo"], bool(r.get("configured")))].append(
-                flash[key] / r["ms"])
+                flash[round_key(r)] / r["ms"])
     lines = ["### Forward, interleaved timing: cuflash / SDPA FLASH per round (FLASH timed just before)", "",
              "| dtype | hdim | causal | seqlen | tile | configured | rounds | median | min | max |",
              "|" + "---|" * 10]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 
 def main(argv):
@@ -37,6 +38,25 @@ def main(argv):
                         ("autograd", auto, 1), ("autograd x10 per event pair", loop10(auto), 10),
                         ("direct x10 per event pair", loop10(direct), 10)):
         print(f"{name:32s} {time_ms(fn, rep=10) / n:.3f} ms", flush=True)
+    qt, kt, vt, dt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, dout))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        fo = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+    flash = lambda: torch.autograd.grad(fo, (qt, kt, vt), dt, retain_graph=True)  # noqa: E731
+    print(f"{'SDPA FLASH autograd':32s} {time_ms(flash, rep=10):.3f} ms", flush=True)
+
+    def host_us(fn, n=30):  # wall time of the call itself (launches are asynchronous), GPU idle before it
+        ts = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return sorted(ts)[n // 2] * 1e6
+
+    for name, fn in (("host: direct backward()", direct), ("host: flash_attn_backward", api),
+                     ("host: autograd", auto), ("host: SDPA FLASH autograd", flash)):
+        print(f"{name:32s} {host_us(fn):.1f} us", flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     for name, fn in (("direct", direct), ("autograd", auto)):

@@ -114,6 +114,7 @@ def install_fakes(record=False):
     driver.launchKernel = launch
     driver.occupancyMaxActiveBlocksPerMultiprocessor = lambda func, threads, smem: 2
     runtime.getDevice = lambda: 0
+    driver.ctxGetCurrent = lambda: 1  # a context is current (cuflash._interop.ensure_context)
     from cuflash import _loader
 
     def get_function(filename, name, device):
@@ -144,6 +145,10 @@ FWD_CASES = {
     "fwd b1 h8 s128 d64 causal": (1, 128, 8, 8, 64, dict(causal=True)),
     "fwd b2 h16 s1k d128": (2, 1024, 16, 16, 128, {}),
     "fwd b2 h32 hk8 s1k d128 (GQA)": (2, 1024, 32, 8, 128, {}),
+}
+BWD_CASES = {  # flash_attn_backward: (b, s, h, hk, d, kwargs)
+    "bwd b1 h8 s128 d64": (1, 128, 8, 8, 64, {}),
+    "bwd b8 h16 s2k d128 causal": (8, 2048, 16, 16, 128, {"causal": True}),
 }
 
 
@@ -194,6 +199,15 @@ def measure(calls=20000, repeats=5, kernels=(None,)):
 
         def fn():
             return cuflash.flash_attn_func(q, k, v, **kw)
+
+        rows.append((name, None, *_time(fn, calls, repeats)))
+    for name, (b, s, h, hk, d, kw) in BWD_CASES.items():
+        q, o, do = (torch.Tensor((b, s, h, d), torch.float16) for _ in range(3))
+        k, v = torch.Tensor((b, s, hk, d), torch.float16), torch.Tensor((b, s, hk, d), torch.float16)
+        lse = torch.Tensor((b, h, s), torch.float32)
+
+        def fn():  # the autograd backward's path (FlashAttnFunction.backward) without torch's engine
+            return cuflash.flash_attn_backward(do, q, k, v, o, lse, **kw)
 
         rows.append((name, None, *_time(fn, calls, repeats)))
     return rows

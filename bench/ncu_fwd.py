@@ -10,11 +10,33 @@ from __future__ import annotations
 import sys
 
 
+def pair(s=4096, d=128, causal=False):
+    """cuflash's forward, then SDPA FLASH's (FlashAttention-2's flash_fwd_kernel) on the same inputs, each launched
+    twice: with -k regex:flash_fwd_kernel, launches 1 and 3 are the warm calls of each."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cuflash
+
+    h, b = 2048 // d, 16384 // s
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    for _ in range(2):
+        cuflash.flash_attn_func(q, k, v, causal=causal)
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for _ in range(2):
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    torch.cuda.synchronize()
+
+
 def main(argv):
     import torch
 
     import cuflash
 
+    if argv and argv[0] == "pair":  # python -m bench.ncu_fwd pair [seqlen [headdim [causal]]]
+        a = argv[1:]
+        return pair(int(a[0]) if a else 4096, int(a[1]) if len(a) > 1 else 128, len(a) > 2 and a[2] == "causal")
     s = int(argv[0]) if argv else 4096
     for d in (64, 128):
         h, b = 2048 // d, 16384 // s

@@ -153,7 +153,10 @@ def markdown(head, records) -> str:
              f"NVRTC {head.get('nvrtc')}, {head.get('date')}.\n"]
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
     parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
-    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid (one call per timing)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_grid",), title="Backward, FlashAttention-2 grid, default "
+                            "dQ strategy (atomic), seqlen 1k-16k (one call per timing; section bwd_grid)"))
+    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid, every dQ strategy (one call per "
+                            "timing; sections bwd / bwd_quick)"))
     parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "
                             "timing (host latency overlapped; section bwd_loop)"))
     parts.append(partition_table(records))

@@ -48,6 +48,8 @@ def _sections():
         secs["decode_quick"] = lambda: secs["decode"](batches=(1, 8), cache_lens=(32768, 131072), kv_heads=(8, 1))
     if "bwd" in secs:
         secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16", "bfloat16"), seqlens=(1024, 4096, 16384))
+        # the default strategy on the grid points of the backward's target (seqlen >= 2k) and 1k
+        secs["bwd_grid"] = lambda: secs["bwd"](seqlens=(1024, 2048, 4096, 8192, 16384), strategies=("atomic",))
     return secs
 
 

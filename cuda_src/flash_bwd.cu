@@ -73,6 +73,15 @@
 //             the convert kernel sums the buffers (deterministic; memory x number of KV tiles).
 //   2 loop:   one block per (KV head, batch) walks all KV tiles itself, so it is the only writer of
 //             its dQ rows: plain read-add-write, no atomics, deterministic.
+//
+// Layout of the fp32 dQ accumulator: fragment-tiled, not row-major. Per (split, batch, head) it holds
+// seqlen_q_pad x D floats as [seqlen_q_pad / 16][D / 8][32 lanes][4]: one m16n8 accumulator fragment (16 rows x
+// 8 columns) is 128 consecutive floats, lane l = 4 g + t owning its 4 values (row g: columns 2t, 2t+1; row g + 8:
+// the same) at [4 l, 4 l + 4). So a warp adds one whole fragment with one 16-byte RED per lane, 512 contiguous
+// bytes (4 cache lines); row-major, the same fragment took two 8-byte REDs per lane, each touching 8 rows = 8
+// lines, and those requests queued up in the load/store unit (Nsight's "LG throttle" stalls). Element (r, c) sits
+// at (r / 16) 16 D + (c / 8) 128 + 4 (4 (r % 8) + (c % 8) / 2) + 2 ((r / 8) % 2) + c % 2;
+// a band of 16 rows is still the same 16 D floats, so zeroing rows and the buffer's size are unchanged.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
@@ -86,75 +95,106 @@ enum BwdPartition { PART_KV = 0, PART_Q = 1, PART_2D = 2 };
 // The largest dynamic shared memory a block may opt into on sm_80 (163 KB): every configuration must fit it.
 constexpr int SM80_MAX_SMEM = 163 * 1024;
 
-// One warp per row of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32
-// dQ accumulator row. Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that
-// the main kernel's exp2(S - lse_log2) is 0 there instead of exp2(-inf + inf) = NaN.
+// Threads of the preprocess kernel per row: a power of two >= D / 8, each reading 8 columns (16 bytes) of O and dO.
+template <int D>
+__host__ __device__ constexpr int bwd_pre_lanes_per_row() { return D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32; }
+
+// LANES_PER_ROW threads per row of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
+// accumulator (the row's D floats in memory order; over all rows of a 16-row band that is the whole band, whatever
+// the layout inside it). Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that the main
+// kernel's exp2(S - lse_log2) is 0 there instead of exp2(-inf + inf) = NaN.
 template <typename T, int D>
 __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
+  constexpr int LPR = bwd_pre_lanes_per_row<D>();
+  static_assert(LPR * 8 >= D && LPR <= 32, "preprocess: lanes per row");
   const int64_t rows = p.batch * p.nheads * p.seqlen_q_pad;
-  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t row = tid / LPR;
+  const int c = (int)(tid % LPR) * 8;  // this thread's columns [c, c + 8), if c < D
+  const bool live = row < rows && c < D;  // no early return: every lane takes part in the shuffles below
   const int64_t i = row % p.seqlen_q_pad, bh = row / p.seqlen_q_pad;
-  const int64_t h = bh % p.nheads, b = bh / p.nheads;
   float dsum = 0.f;
-  if (i < p.seqlen_q) {
-    const T* o = reinterpret_cast<const T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
-    const T* dout =
-        reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride;
-    for (int c = 2 * lane; c < D; c += 64) {
-      const float2 a = unpack2<T>(*reinterpret_cast<const uint32_t*>(o + c));
-      const float2 g = unpack2<T>(*reinterpret_cast<const uint32_t*>(dout + c));
-      dsum += a.x * g.x + a.y * g.y;
-    }
+  if (live && i < p.seqlen_q) {
+    const int64_t h = bh % p.nheads, b = bh / p.nheads;
+    const uint4 o = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.o) + b * p.o_batch_stride +
+                                                     i * p.o_row_stride + h * p.o_head_stride + c);
+    const uint4 g = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride +
+                                                     i * p.do_row_stride + h * p.do_head_stride + c);
+    const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = unpack2<T>(ow[e]), d = unpack2<T>(gw[e]);
+      dsum += a.x * d.x + a.y * d.y;
+    }
   }
-  if (lane == 0) {
+#pragma unroll
+  for (int off = LPR / 2; off > 0; off /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
+  if (!live) return;
+  if (c == 0) {
     const float log2e = 1.4426950408889634f;
     const float lse = i < p.seqlen_q ? p.lse[bh * p.seqlen_q + i] : -INFINITY;
     p.delta[row] = dsum;
     p.lse_log2[row] = lse == -INFINITY ? INFINITY : lse * log2e;
   }
-  if (p.dq_strategy != DQ_SEQPAR)
-    for (int c = lane; c < D; c += 32) p.dq_accum[row * D + c] = 0.f;
+  if (p.dq_strategy != DQ_SEQPAR) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + row * D + c);
+    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
-// dQ = softmax_scale * sum of the fp32 partials; one thread per pair of elements. For "seqpar" only the
-// KV tiles a row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq).
+// dQ = softmax_scale * sum of the fp32 partials. One thread per 16-byte slot of the fragment-tiled accumulator
+// (coalesced float4 reads): rows g and g + 8 of a band, columns 2t and 2t + 1. For "seqpar" only the KV tiles a
+// row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq).
 template <typename T, int D, int BLOCK_N, bool CAUSAL>
 __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
-  const int64_t pairs = p.batch * p.nheads * p.seqlen_q * (D / 2);
+  const int64_t slots = p.batch * p.nheads * p.seqlen_q_pad * (D / 4);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= pairs) return;
-  const int c = (int)(idx % (D / 2)) * 2;
-  const int64_t r = idx / (D / 2);
-  const int64_t i = r % p.seqlen_q, bh = r / p.seqlen_q;
+  if (idx >= slots) return;
+  const int l = (int)(idx % 32), c = (int)(idx / 32 % (D / 8)) * 8 + 2 * (l % 4);
+  const int64_t band = idx / (32 * (D / 8));
+  const int64_t bh = band / (p.seqlen_q_pad / 16);
+  const int64_t i0 = (band % (p.seqlen_q_pad / 16)) * 16 + l / 4;  // rows i0 and i0 + 8
+  if (i0 >= p.seqlen_q) return;
   const int64_t h = bh % p.nheads, b = bh / p.nheads;
-  int64_t splits = p.num_dq_splits;
+  int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits;
   if (CAUSAL && p.dq_strategy == DQ_SEQPAR) {
-    const int64_t last_key = i + p.seqlen_k - p.seqlen_q;
-    splits = last_key < 0 ? 0 : min(splits, last_key / BLOCK_N + 1);
+    const int64_t last0 = i0 + p.seqlen_k - p.seqlen_q, last8 = last0 + 8;
+    splits0 = last0 < 0 ? 0 : min(splits0, last0 / BLOCK_N + 1);
+    splits8 = last8 < 0 ? 0 : min(splits8, last8 / BLOCK_N + 1);
   }
   const int64_t split_stride = p.batch * p.nheads * p.seqlen_q_pad * D;
-  const float* acc = p.dq_accum + (bh * p.seqlen_q_pad + i) * D + c;
-  float2 sum = make_float2(0.f, 0.f);
-  for (int64_t s = 0; s < splits; ++s) {
-    const float2 x = *reinterpret_cast<const float2*>(acc + s * split_stride);
-    sum.x += x.x;
-    sum.y += x.y;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum) + idx;
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t s = 0; s < splits8; ++s) {  // splits8 >= splits0
+    const float4 x = acc[s * (split_stride / 4)];
+    if (s < splits0) {
+      sum.x += x.x;
+      sum.y += x.y;
+    }
+    sum.z += x.z;
+    sum.w += x.w;
   }
   const float scale = (float)p.softmax_scale;
-  T* dq = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride + c;
+  T* dq = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + i0 * p.dq_row_stride + h * p.dq_head_stride + c;
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
+  if (i0 + 8 < p.seqlen_q)
+    *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum.z * scale, sum.w * scale);
 }
 
-__device__ __forceinline__ void atomic_add_f2(float* addr, float x, float y) {
+// x, re-read so that the compiler cannot keep values derived from it alive through a loop (it recomputes them).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
+// acc[0..3] += v[0..3] at a 16-byte aligned fp32 address, atomically per element.
+__device__ __forceinline__ void atomic_add_f4(float* addr, const float (&v)[4]) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(x, y));  // one vector RED.E.ADD.F32x2 on sm_90
+  atomicAdd(reinterpret_cast<float4*>(addr), make_float4(v[0], v[1], v[2], v[3]));  // one RED.E.ADD.F32x4
 #else
-  atomicAdd(addr, x);
-  atomicAdd(addr + 1, y);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) atomicAdd(addr + e, v[e]);
 #endif
 }
 
@@ -291,35 +331,38 @@ __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_
     cp_async_16(smem_addr(delta_dst + (tid - BLOCK_M / 4) * 4), p.delta + row0 + (tid - BLOCK_M / 4) * 4, true);
 }
 
-// The fp32 dQ accumulator row `row` of (query head hq) for the buffer this KV tile writes (seqpar: its own).
+// This lane's slot of the first fragment of the 16-row band starting at `row0` (a multiple of 16) of (query head
+// hq)'s fp32 dQ accumulator, in the buffer this KV tile writes (seqpar: its own). Fragment (band + mf, column
+// block c / 8) is at + mf 16 D + 16 c (dq_frag_offset).
 template <int D>
-__device__ __forceinline__ float* dq_accum_row(const BwdParams& p, int n_block, int batch, int hq, int row) {
+__device__ __forceinline__ float* dq_accum_band(const BwdParams& p, int n_block, int batch, int hq, int row0,
+                                                int lane) {
   const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
-  return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row) * D;
+  return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * lane;
 }
+template <int D>
+__device__ __forceinline__ constexpr int dq_frag_offset(int mf, int c) { return mf * 16 * D + 16 * c; }
 
-// A warp's fp32 dQ fragments [16, 8 NF] into the accumulator; `a0` = the element of fragment row g, column 2t
-// of the first fragment (padded rows: always in bounds).
-// The strategy test sits outside the loops: one branch per call, then straight-line stores.
+// A warp's fp32 dQ fragments [16, 8 NF] (columns c0 + 8 df) into the accumulator; `a0` = this lane's slot of the
+// first one (dq_accum_band + dq_frag_offset; padded rows: always in bounds). Fragment df is 128 floats further.
+// The strategy test sits outside the loops: one branch per call, then straight-line 16-byte accesses.
 template <int D, int NF>
 __device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, const float (&acc)[NF][4]) {
   if (p.dq_strategy == DQ_ATOMIC) {
 #pragma unroll
-    for (int df = 0; df < NF; ++df)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) atomic_add_f2(a0 + h * 8 * D + df * 8, acc[df][2 * h], acc[df][2 * h + 1]);
+    for (int df = 0; df < NF; ++df) atomic_add_f4(a0 + df * 128, acc[df]);
   } else if (p.dq_strategy == DQ_SEQPAR) {
 #pragma unroll
     for (int df = 0; df < NF; ++df)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(a0 + h * 8 * D + df * 8) = make_float2(acc[df][2 * h], acc[df][2 * h + 1]);
-  } else {  // DQ_LOOP: this thread is the only writer of these two floats
+        *reinterpret_cast<float2*>(a0 + df * 128 + 2 * h) = make_float2(acc[df][2 * h], acc[df][2 * h + 1]);
+  } else {  // DQ_LOOP: this lane is the only writer of its slot
 #pragma unroll
     for (int df = 0; df < NF; ++df)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float2* a = reinterpret_cast<float2*>(a0 + h * 8 * D + df * 8);
+        float2* a = reinterpret_cast<float2*>(a0 + df * 128 + 2 * h);
         const float2 old = *a;
         *a = make_float2(old.x + acc[df][2 * h], old.y + acc[df][2 * h + 1]);
       }
@@ -544,11 +587,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         float acc_dq[DQF][4];
         zero_frags(acc_dq);
         gemm_smem_at_b<T, KN, DQF, U_N>(acc_dq, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, lane);
-        const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
-        dq_accumulate<D>(p,
-                         p.dq_accum +
-                             (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_rb * 16 + g) * D +
-                             dq_cb * DQ_COLS + 2 * t,  // padded rows: always in bounds
+        dq_accumulate<D>(p, dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_rb * 16, lane) +
+                                dq_frag_offset<D>(0, dq_cb * DQ_COLS),
                          acc_dq);
       } else if constexpr (QPART) {
         // ----------------------------------------------------------------- Q partition: 16 Q rows / warp
@@ -604,13 +644,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           store_a_frags(ds_smem, LDS_PS, r0, dsa, lane);
           // (5) dQ_w += dS K_j: warp-local (A = dS in registers, B = K [KV, D] via ldmatrix.trans), written
           // out DQ_CHUNK columns at a time straight from the accumulator fragments.
-          float* dq_row = dq_accum_row<D>(p, n_block, batch, hq, m0 + r0 + g) + 2 * t;
+          float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + r0, lane);
 #pragma unroll
           for (int c0 = 0; c0 < D; c0 += DQ_CHUNK) {
             float acc_dq[DQ_CHUNK / 8][4];
             zero_frags(acc_dq);
             gemm_a_regs_b_trans<T, KN, DQ_CHUNK / 8>(acc_dq, dsa, k_smem, LDS, c0, lane);
-            dq_accumulate<D>(p, dq_row + c0, acc_dq);
+            dq_accumulate<D>(p, dq_band + dq_frag_offset<D>(0, c0), acc_dq);
           }
         } else {  // P = dS = 0 for all 16 rows: write the zeros the dK/dV phase reads
           constexpr int CHUNKS = 16 * BLOCK_N / 8;  // 16-byte chunks per 16-row band
@@ -714,7 +754,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         // in front of the next tile's loads: rows [dq_r0, +16 MFQ) x columns [dq_c0, +DQC); A = dS (plain
         // ldmatrix), B = K via ldmatrix.trans.
         const int dq_r0 = (warp / WD_Q) * 16 * MFQ, dq_c0 = (warp % WD_Q) * DQC;
-        float* dq_row = dq_accum_row<D>(p, n_block, batch, hq, m0 + dq_r0 + g) + dq_c0 + 2 * t;
+        float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_r0, opaque(lane));
 #pragma unroll
         for (int c0 = 0; c0 < DQC; c0 += DQ_CH) {
           float acc_dq[MFQ][DQ_CH / 8][4];
@@ -724,7 +764,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
 #pragma unroll
-          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D>(p, dq_row + mf * 16 * D + c0, acc_dq[mf]);
+          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D>(p, dq_band + dq_frag_offset<D>(mf, dq_c0 + c0), acc_dq[mf]);
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
@@ -749,7 +789,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
 #pragma unroll
     for (int r = 0; r < RBW; ++r)
-      store_dkdv<T, DFO>(p, batch, kv_head, n0 + (band0 + r) * 16, cband * DCOLS, seqlen_k, acc_dk[r], acc_dv[r], lane);
+      store_dkdv<T, DFO>(p, batch, kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS, seqlen_k,
+                         acc_dk[r], acc_dv[r], lane);
     __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
   }
 }

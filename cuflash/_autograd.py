@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import flash
-from .backward import backward
+from .backward import backward_memo
 from ._interop import wrap
 from ._validate import check_layout, check_qkv
 
@@ -34,22 +34,30 @@ class FlashAttnFunction(torch.autograd.Function):
             ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros for the (non-differentiable) LSE's gradient
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *ml = ctx.saved_tensors
         softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
-        qa, ka, va = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-        da = _grad_view(dout, q, "dout")
-        oa, la = wrap(out, "out"), wrap(lse, "softmax_lse")
+        if dout is None:  # only the LSE was used: no gradient flows (set_materialize_grads(False))
+            return None, None, None, None, None, None, None, None, None, None
         if algorithm == "v1":
             from .v1 import backward as v1_backward
 
-            dq, dk, dv = v1_backward(da, qa, ka, va, oa, wrap(ml[0], "m"), wrap(ml[1], "l"), softmax_scale, causal)
+            qa, ka, va = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+            da = _grad_view(dout, q, "dout")
+            dq, dk, dv = v1_backward(da, qa, ka, va, wrap(out, "out"), wrap(ml[0], "m"), wrap(ml[1], "l"),
+                                     softmax_scale, causal)
         else:
-            dq, dk, dv = backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic,
-                                  warp_partition=warp_partition)
+            args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition)
+            try:
+                dq, dk, dv = backward_memo(dout, *args)
+            except ValueError:  # autograd may hand in a gradient with any strides (expanded, transposed)
+                if dout.is_contiguous():
+                    raise
+                dq, dk, dv = backward_memo(dout.contiguous(), *args)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

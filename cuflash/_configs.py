@@ -207,7 +207,14 @@ BWD_TILES_2D = {
 BWD_AUTO_PARTITION = {64: "2d", 128: "2d"}
 SM80_MAX_SMEM = 163 * 1024  # every configuration must fit one sm_80 block (flash_bwd.cu: SM80_MAX_SMEM)
 BWD_ROW_PAD = 128  # fp32 row buffers (lse_log2, D, dQ accumulator) are padded to this many rows
-BWD_PRE_ROWS_PER_BLOCK = 4
+BWD_PRE_THREADS = 256  # preprocess: bwd_pre_lanes_per_row(d) threads per row, 16 bytes of O and dO each
+
+
+def bwd_pre_lanes_per_row(headdim: int) -> int:
+    """flash_bwd.cu's bwd_pre_lanes_per_row: a power of two >= headdim / 8."""
+    return 4 if headdim <= 32 else 8 if headdim <= 64 else 16 if headdim <= 128 else 32
+
+
 BWD_CONVERT_THREADS = 256
 
 
@@ -251,7 +258,7 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None
 
 def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
     return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_preprocess_kernel<{CTYPE[dtype]}, {headdim}>",
-                      32 * BWD_PRE_ROWS_PER_BLOCK, 0)
+                      BWD_PRE_THREADS, 0)
 
 
 def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int) -> KernelSpec:

@@ -165,6 +165,24 @@ def get_device() -> int:
     return _get_device_fn()
 
 
+_ctx_current = None
+_set_device = None
+
+
+def ensure_context() -> None:
+    """Make the current device's primary context current in this thread when no context is. The driver's
+    cuLaunchKernel needs one, and a thread that has not used the CUDA runtime yet has none: a user's fresh thread,
+    or torch's autograd device thread when no torch kernel ran there before cuflash's backward (torch only calls
+    cudaSetDevice when the device changes)."""
+    global _ctx_current, _set_device
+    if _ctx_current is None:
+        from cupy.cuda import driver, runtime
+
+        _ctx_current, _set_device = driver.ctxGetCurrent, runtime.setDevice
+    if not _ctx_current():
+        _set_device(get_device())
+
+
 def device_guard(device: int):
     """Make `device` current for a launch (a no-op in the common single-device case)."""
     from cupy.cuda import runtime

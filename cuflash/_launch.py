@@ -11,6 +11,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from ._interop import ensure_context
+
 # Field order of cuflash::FwdParams (cuda_src/common/params.cuh): P = pointer, q = int64, d = double.
 FWD_PARAMS = (
     ("q", "P"), ("k", "P"), ("v", "P"), ("o", "P"), ("lse", "P"), ("o_accum", "P"), ("lse_accum", "P"),
@@ -95,6 +97,7 @@ class Launcher:
         from cupy.cuda import driver
 
         buf, argv_addr, _ = _scratch()
+        ensure_context()
         struct.pack_into(fmt, buf, 0, *values)
         driver.launchKernel(self.ptr, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem, stream, argv_addr, 0)
 

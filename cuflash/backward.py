@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import math
+import struct
+import sys
 import warnings
 
 from . import _interop
-from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_PRE_ROWS_PER_BLOCK, BWD_ROW_PAD, bwd_convert_spec,
-                       bwd_preprocess_spec, bwd_spec, bwd_tiles)
-from ._launch import BWD_FORMAT, get_launcher
-from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same
+from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, bwd_convert_spec,
+                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tiles)
+from ._interop import desc, ensure_context, launch_fn
+from ._launch import BWD_FORMAT, _scratch, get_launcher
+from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
 LOG2E = math.log2(math.e)
@@ -84,12 +87,55 @@ def check_backward_inputs(dout, q, k, v, out, lse):
     return da, qa, ka, va, oa, la
 
 
-def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
-             warp_partition="auto"):
-    """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
+class _BwdPlan:
+    """A V2 backward for fixed (dtypes, shapes, strides, devices, options), validated once: `run` allocates dq, dk,
+    dv and one fp32 workspace (lse_log2, delta, dQ accumulator), packs the kernel parameters once and launches
+    preprocess, main and dQ-convert kernels with them."""
 
-    warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
-    overrides that partition's configured tile (benchmark sweeps)."""
+    __slots__ = ("kind", "device", "tdevice", "odtype", "dq_shape", "dkv_shape", "ws_floats", "ws_off", "tail",
+                 "launches", "strategy")
+
+    def run(self, dp, qp, kp, vp, op, lp):
+        kind, dev = self.kind, self.device
+        if kind == _interop.TORCH:
+            torch = sys.modules["torch"]
+            dq = torch.empty(self.dq_shape, dtype=self.odtype, device=self.tdevice)
+            dk = torch.empty(self.dkv_shape, dtype=self.odtype, device=self.tdevice)
+            dv = torch.empty(self.dkv_shape, dtype=self.odtype, device=self.tdevice)
+            ws = torch.empty((self.ws_floats,), dtype=torch.float32, device=self.tdevice)
+            if _interop.POISON:
+                for x in (dq, dk, dv, ws):
+                    x.fill_(float("nan"))
+            ptrs = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr()
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+        else:
+            import cupy
+
+            with _interop.device_guard(dev):
+                dq = cupy.empty(self.dq_shape, dtype=self.odtype)
+                dk = cupy.empty(self.dkv_shape, dtype=self.odtype)
+                dv = cupy.empty(self.dkv_shape, dtype=self.odtype)
+                ws = cupy.empty((self.ws_floats,), dtype="float32")
+            if _interop.POISON:
+                for x in (dq, dk, dv, ws):
+                    x.fill(float("nan"))
+            ptrs = dq.data.ptr, dk.data.ptr, dv.data.ptr, ws.data.ptr
+            stream = cupy.cuda.get_current_stream(dev).ptr
+        w = ptrs[3]
+        o_lse, o_delta, o_acc = self.ws_off
+        buf, argv, _ = _scratch()  # one parameter block for all three kernels (the driver copies it per launch)
+        struct.pack_into(BWD_FORMAT, buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, *ptrs[:3],
+                         *self.tail)
+        launch = launch_fn()
+        ensure_context()
+        with _interop.device_guard(dev):
+            for fn, gx, gy, gz, threads, smem in self.launches:
+                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+        return dq, dk, dv
+
+
+def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile, warp_partition):
+    """The plan of validated views (every strategy; "seqpar" checks free memory when the plan is made)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     check_warp_partition(warp_partition, d)
@@ -101,32 +147,67 @@ def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, de
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
     strategy = choose_dq_strategy(dq_strategy, deterministic,
                                   seqpar_extra_bytes(b, h, sq, sk, d, tile), qa.device)
-    code = DQ_STRATEGIES[strategy]
     splits = n_blocks if strategy == "seqpar" else 1
-    dq = _interop.empty(qa, (b, sq, h, d), qa.dtype)
-    dk = _interop.empty(qa, (b, sk, hk, d), qa.dtype)
-    dv = _interop.empty(qa, (b, sk, hk, d), qa.dtype)
-    lse_log2 = _interop.empty(qa, (b, h, sq_pad), "float32")
-    delta = _interop.empty(qa, (b, h, sq_pad), "float32")
-    dq_accum = _interop.empty(qa, (splits, b, h, sq_pad, d), "float32")
-    ptr = _interop.data_ptr
-    values = (
-        qa.ptr, ka.ptr, va.ptr, oa.ptr, da.ptr, la.ptr, ptr(lse_log2), ptr(delta), ptr(dq_accum), ptr(dq), ptr(dk),
-        ptr(dv), *qa.strides[:3], *ka.strides[:3], *va.strides[:3], *oa.strides[:3], *da.strides[:3],
+    p = _BwdPlan()
+    p.kind, p.device, p.strategy = qa.kind, qa.device, strategy
+    p.tdevice = qa.obj.device if qa.kind == _interop.TORCH else None
+    p.odtype = qa.obj.dtype
+    p.dq_shape, p.dkv_shape = (b, sq, h, d), (b, sk, hk, d)
+    rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
+    p.ws_floats, p.ws_off = rows * (2 + splits * d), (0, 4 * rows, 8 * rows)
+    p.tail = (
+        *qa.strides[:3], *ka.strides[:3], *va.strides[:3], *oa.strides[:3], *da.strides[:3],
         sq * h * d, h * d, d, sk * hk * d, hk * d, d, sk * hk * d, hk * d, d,  # dq, dk, dv: contiguous
-        b, h, h // hk, sq, sk, sq_pad, code, splits, softmax_scale * LOG2E, softmax_scale,
+        b, h, h // hk, sq, sk, sq_pad, DQ_STRATEGIES[strategy], splits, softmax_scale * LOG2E, softmax_scale,
     )
-    stream = _interop.current_stream(qa)
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
     main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n), dev)
-    with _interop.device_guard(dev):
-        pre.launch((-(-b * h * sq_pad // BWD_PRE_ROWS_PER_BLOCK), 1, 1), stream, BWD_FORMAT, *values)
-        main.launch((1 if strategy == "loop" else n_blocks, hk, b), stream, BWD_FORMAT, *values)
-        pairs = b * h * sq * (d // 2)
-        conv.launch((-(-pairs // conv.threads), 1, 1), stream, BWD_FORMAT, *values)
-    return dq, dk, dv
+    slots = b * h * sq_pad * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
+    p.launches = tuple((lau.ptr, *grid, lau.threads, lau.smem) for lau, grid in (
+        (pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1)),
+        (main, (1 if strategy == "loop" else n_blocks, hk, b)),
+        (conv, (-(-slots // conv.threads), 1, 1)),
+    ))
+    return p
+
+
+def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
+             warp_partition="auto"):
+    """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
+
+    warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
+    overrides that partition's configured tile (benchmark sweeps)."""
+    plan = _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile,
+                      warp_partition)
+    return plan.run(da.ptr, qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr)
+
+
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+
+
+def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition):
+    """`backward` on raw arrays through a memoized plan: a call whose arrays (dtypes, shapes, strides, devices) and
+    options match a validated one skips validation and set-up. "seqpar" plans are not kept (their strategy
+    depends on the free memory when made)."""
+    ptrs, keys = zip(*(desc(x) for x in (dout, q, k, v, out, lse)))
+    plan = key = None
+    if None not in keys:
+        key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition)
+        try:
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable argument: validate (and maybe fail) below
+            key = None
+    if plan is None or (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        check_warp_partition(warp_partition)
+        views = check_backward_inputs(dout, q, k, v, out, lse)
+        plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition)
+        if plan.strategy != "seqpar":
+            _interop.remember(_PLANS, key, plan, _MAX_PLANS)
+        ptrs = tuple(a.ptr for a in views)
+    return plan.run(*ptrs)
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, deterministic=False, *,
@@ -146,10 +227,10 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, cau
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
     check_warp_partition(warp_partition, algorithm=algorithm)
-    da, qa, ka, va, oa, la = check_backward_inputs(dout, q, k, v, out, softmax_lse)
     if algorithm == "v1":
         from .v1 import backward_from_lse
 
-        return backward_from_lse(da, qa, ka, va, oa, la, softmax_scale, causal)
-    return backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic,
-                    warp_partition=warp_partition)
+        return backward_from_lse(*check_backward_inputs(dout, q, k, v, out, softmax_lse), softmax_scale, causal)
+    check_softmax_scale(softmax_scale)
+    return backward_memo(dout, q, k, v, out, softmax_lse, softmax_scale, causal, dq_strategy, deterministic,
+                         warp_partition)

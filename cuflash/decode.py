@@ -200,6 +200,7 @@ class _Plan:
         else:
             oa = buf.data_ptr() if kind == _interop.TORCH else buf.data.ptr
             la = oa + self.lse_accum_offset
+        _interop.ensure_context()
         if _get_device() == dev:
             self._launch(stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la)
         else:

@@ -15,7 +15,7 @@ import sys
 
 from . import _interop
 from ._configs import DECODE_TILES, combine_spec, fwd_spec, fwd_tile
-from ._interop import desc, get_device, launch_fn
+from ._interop import desc, ensure_context, get_device, launch_fn
 from ._launch import FWD_FORMAT, _scratch, get_launcher
 from ._validate import check_qkv, check_softmax_scale, check_unsupported
 from .backward import check_warp_partition
@@ -171,6 +171,7 @@ class _FwdPlan:
         lau, (gx, gy, gz) = self.lau, self.grid
         buf, argv, _ = _scratch()
         struct.pack_into(FWD_FORMAT, buf, 0, qp, kp, vp, op, lp, 0, 0, 0, *self.tail)
+        ensure_context()
         if get_device() == dev:
             launch_fn()(lau.ptr, gx, gy, gz, lau.threads, 1, 1, lau.smem, stream, argv, 0)
         else:

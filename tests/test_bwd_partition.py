@@ -204,16 +204,31 @@ def load_tile(smem, tile, rows, row0, nrows, ROWS, D, LDS):  # load_tile_async: 
 
 
 def dq_accumulate(p, a0, acc, D, NF):
+    """a0: each lane's 16-byte slot of the first fragment (fragment-tiled accumulator, flash_bwd.cu "Layout")."""
     for df in range(NF):
-        for h in range(2):
-            a = a0 + h * 8 * D + df * 8
-            assert len(set(a.tolist())) == 32 and (a + 1 < p.dq_accum.size).all()
-            for off, e in ((0, 2 * h), (1, 2 * h + 1)):
-                if p.dq_strategy == 1:  # seqpar: plain stores, each element of a buffer written once
-                    assert np.isnan(p.dq_accum[a + off]).all(), "seqpar buffer element written twice"
-                    p.dq_accum[a + off] = acc[df][:, e]
-                else:  # atomic / loop: add
-                    p.dq_accum[a + off] += acc[df][:, e]
+        a = a0 + df * 128
+        assert len(set(a.tolist())) == 32 and (a % 4 == 0).all() and (a + 3 < p.dq_accum.size).all()
+        for e in range(4):
+            if p.dq_strategy == 1:  # seqpar: plain stores, each element of a buffer written once
+                assert np.isnan(p.dq_accum[a + e]).all(), "seqpar buffer element written twice"
+                p.dq_accum[a + e] = acc[df][:, e]
+            else:  # atomic / loop: add
+                p.dq_accum[a + e] += acc[df][:, e]
+
+
+def dq_band(p, split, batch, hq, row0, D):
+    """dq_accum_band: each lane's slot in the first fragment of the 16-row band at row0."""
+    assert row0 % 16 == 0
+    return (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * LANE
+
+
+def dq_untile(acc, D):
+    """[..., sq_pad * D] fragment-tiled -> [..., sq_pad, D] row-major: (band, col block, g, t, row half, x)."""
+    lead = acc.shape[:-1]
+    x = acc.reshape(*lead, -1, D // 8, 8, 4, 2, 2)  # band, cb, g, t, hh, x
+    n = x.ndim
+    x = np.moveaxis(x, (n - 6, n - 2, n - 4, n - 5, n - 3, n - 1), range(n - 6, n))  # band, hh, g, cb, t, x
+    return x.reshape(*lead, -1, D)
 
 
 def store_dkdv(p, batch, kv_head, j0, c0, dk, dv, NF):
@@ -349,14 +364,13 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
                         gemm_smem(acc_dk[warp], smem, ds_smem + band0 * 16, LDS_PS, q_tile + cband * DCOLS, LDS, 2, DFO,
                                   KQ, True, True)
                         dq_r0, dq_c0 = (warp // WD_Q) * 16 * MFQ, (warp % WD_Q) * DQC
-                        dq_row = ((((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_r0 + G) * D
-                                  + dq_c0 + 2 * T)
+                        band = dq_band(p, split, batch, hq, m0 + dq_r0, D)
                         for c0 in range(0, DQC, DQ_CH):
                             acc_dq = [zeros(DQ_CH // 8) for _ in range(MFQ)]
                             gemm_smem(acc_dq, smem, ds_smem + dq_r0 * LDS_PS, LDS_PS, k_smem + dq_c0 + c0, LDS, MFQ,
                                       DQ_CH // 8, KN, False, True)
                             for mf in range(MFQ):
-                                dq_accumulate(p, dq_row + mf * 16 * D + c0, acc_dq[mf], D, DQ_CH // 8)
+                                dq_accumulate(p, band + mf * 16 * D + 16 * (dq_c0 + c0), acc_dq[mf], D, DQ_CH // 8)
                 elif not QPART:
                     NFQ = BLOCK_M // 8
                     ds_smem = xc_smem
@@ -390,8 +404,7 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
                         dq_rb, dq_cb = warp % DQ_ROW_BANDS, warp // DQ_ROW_BANDS
                         acc_dq = zeros(DQF)
                         gemm_smem_at_b(acc_dq, smem, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, KN, DQF)
-                        a0 = ((((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_rb * 16 + G) * D
-                              + dq_cb * DQ_COLS + 2 * T)
+                        a0 = dq_band(p, split, batch, hq, m0 + dq_rb * 16, D) + 16 * dq_cb * DQ_COLS
                         dq_accumulate(p, a0, acc_dq, D, DQF)
                 else:
                     NFK = BLOCK_N // 8
@@ -423,12 +436,11 @@ def emulate_kernel(p, grid_x, D, BLOCK_M, BLOCK_N, NWARPS, DSPLIT, CAUSAL, PARTI
                                 acc[nf][:, 3] = smem[p_g8 + nf * 8 + 1] * (acc[nf][:, 3] - dl_g8)
                             dsa = frags_to_a(acc, KN)
                             store_a_frags(smem, ds_smem, LDS_PS, r0, dsa, KN)
-                            dq_row = ((((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + m0 + r0 + G) * D
-                                      + 2 * T)
+                            band = dq_band(p, split, batch, hq, m0 + r0, D)
                             for c0 in range(0, D, DQ_CHUNK):
                                 acc_dq = zeros(DQ_CHUNK // 8)
                                 gemm_a_regs_b_trans(acc_dq, dsa, smem, k_smem, LDS, c0, KN, DQ_CHUNK // 8)
-                                dq_accumulate(p, dq_row + c0, acc_dq, D, DQ_CHUNK // 8)
+                                dq_accumulate(p, band + 16 * c0, acc_dq, D, DQ_CHUNK // 8)
                         else:
                             for c in range(16 * BLOCK_N // 8):
                                 off = (r0 + c // (BLOCK_N // 8)) * LDS_PS + (c % (BLOCK_N // 8)) * 8
@@ -474,7 +486,7 @@ def emulate_backward(q, k, v, dout, causal, tile, partition, dq_strategy):
     p.dk, p.dv = np.full((b, sk, hk, d), np.nan), np.full((b, sk, hk, d), np.nan)
     emulate_kernel(p, 1 if dq_strategy == 2 else n_blocks, d, tile.block_m, tile.block_n, tile.nwarps, tile.dsplit,
                    causal, partition)
-    acc = p.dq_accum.reshape(splits, b, h, sq_pad, d)
+    acc = dq_untile(p.dq_accum.reshape(splits, b, h, sq_pad * d), d)
     dq = np.zeros((b, sq, h, d))
     for i in range(sq):  # flash_bwd_convert_dq_kernel: seqpar + causal reads only the tiles row i sees
         n = splits

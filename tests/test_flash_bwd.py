@@ -198,3 +198,70 @@ def test_grad_of_noncontiguous_dout():
     lowp = grads_lowp(q, k, v, dout.contiguous(), 0.125, False)
     for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), lowp, ref):
         assert_close_to_ref(name, ours, lp, r)
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+def test_backward_plan_memo(kind):
+    """The memoized backward plan (cuflash.backward.backward_memo): calls that hit a plan made for other arrays of
+    the same layout use the new arrays' data; a misaligned view with a memoized key is validated (and refused);
+    an option change makes a new plan."""
+    import torch
+
+    b, sq, sk, h, hk, d = 2, 150, 211, 4, 2, 64
+    bwd_mod._PLANS.clear()
+    for it in range(3):
+        q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), "float16")
+        dout = torch.randn_like(q)
+        causal = it == 2  # the third call: another option, another plan
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        args = (dout, q, k, v, out, lse)
+        if kind == "cupy":
+            import cupy
+
+            args = tuple(cupy.from_dlpack(x) for x in args)
+        dq, dk, dv = cuflash.flash_attn_backward(*args, causal=causal)
+        assert len(bwd_mod._PLANS) == (1 if it < 2 else 2)
+        ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), d ** -0.5, causal)
+        lowp = grads_lowp(q, k, v, dout, d ** -0.5, causal)
+        for name, ours, lp, r in zip(("dq", "dk", "dv"), (dq, dk, dv), lowp, ref):
+            assert_close_to_ref(f"{name} (call {it})", ours, lp, r)
+    # same shape and strides as the memoized q, 2 bytes off the 16-byte alignment the kernels need
+    base = torch.empty(q.numel() + 8, dtype=q.dtype, device=q.device)
+    q_off = base[1:1 + q.numel()].view(q.shape)
+    with pytest.raises(ValueError, match="16-byte"):
+        cuflash.flash_attn_backward(dout, q_off, k, v, out, lse, causal=True)
+
+
+def test_launch_from_a_thread_without_a_cuda_context():
+    """A thread that has not used the CUDA runtime has no current context, and cuLaunchKernel then fails
+    (CUDA_ERROR_INVALID_CONTEXT): a user's fresh thread, or torch's autograd device thread when no torch kernel ran
+    there before cuflash's backward. cuflash makes the device's primary context current before it launches."""
+    import threading
+
+    import torch
+
+    q, k, v = torch_inputs((2, 200, 4, 64), (2, 300, 2, 64), "float16")
+    dout = torch.randn_like(q)
+
+    def run():
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        grads = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        return out, *grads
+
+    want = run()  # also leaves every buffer size in torch's caching allocator: the thread allocates from it
+    torch.cuda.synchronize()
+    got, errors = [], []
+
+    def worker():
+        try:
+            got.extend(run())
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors, errors
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), name  # deterministic kernels, same inputs: bitwise equal

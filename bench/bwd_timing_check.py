@@ -15,7 +15,8 @@ def main(argv):
     import cuflash
     from cuflash import backward as bwd_mod
 
-    from .harness import time_ms
+    from .bench_bwd import _grad_fn, _sdpa_inputs
+    from .harness import sdpa, time_ms
 
     s = int(argv[0]) if argv else 1024
     d = int(argv[1]) if len(argv) > 1 else 128
@@ -29,7 +30,7 @@ def main(argv):
     views = bwd_mod.check_backward_inputs(dout, q.detach(), k.detach(), v.detach(), o2, lse)
     direct = lambda: bwd_mod.backward(*views, None, False, "atomic")  # noqa: E731
     api = lambda: cuflash.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(), o2, lse)  # noqa: E731
-    auto = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    auto = _grad_fn(out, (q, k, v), dout)
 
     def loop10(fn):
         return lambda: [fn() for _ in range(10)]
@@ -38,10 +39,8 @@ def main(argv):
                         ("autograd", auto, 1), ("autograd x10 per event pair", loop10(auto), 10),
                         ("direct x10 per event pair", loop10(direct), 10)):
         print(f"{name:32s} {time_ms(fn, rep=10) / n:.3f} ms", flush=True)
-    qt, kt, vt, dt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, dout))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        fo = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
-    flash = lambda: torch.autograd.grad(fo, (qt, kt, vt), dt, retain_graph=True)  # noqa: E731
+    qt, kt, vt, dt = _sdpa_inputs(q, k, v, dout)
+    flash = _grad_fn(sdpa("flash")(qt, kt, vt), (qt, kt, vt), dt)
     print(f"{'SDPA FLASH autograd':32s} {time_ms(flash, rep=10):.3f} ms", flush=True)
 
     def host_us(fn, n=30):  # wall time of the call itself (launches are asynchronous), GPU idle before it

@@ -26,14 +26,12 @@ def main(argv):
         for _ in range(2):
             out = cuflash.flash_attn_func(q, k, v, causal=causal, warp_partition=part)
             torch.autograd.grad(out, (q, k, v), dout)
-    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-    dt = dout.transpose(1, 2).contiguous()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from .bench_bwd import _sdpa_inputs
+    from .harness import sdpa
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        for _ in range(2):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            torch.autograd.grad(out, (qt, kt, vt), dt)
+    qt, kt, vt, dt = _sdpa_inputs(q, k, v, dout)
+    for _ in range(2):
+        torch.autograd.grad(sdpa("flash")(qt, kt, vt, causal), (qt, kt, vt), dt)
     torch.cuda.synchronize()
 
 

@@ -14,18 +14,18 @@ def pair(s=4096, d=128, causal=False):
     """cuflash's forward, then SDPA FLASH's (FlashAttention-2's flash_fwd_kernel) on the same inputs, each launched
     twice: with -k regex:flash_fwd_kernel, launches 1 and 3 are the warm calls of each."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import cuflash
+
+    from .harness import sdpa
 
     h, b = 2048 // d, 16384 // s
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
     for _ in range(2):
         cuflash.flash_attn_func(q, k, v, causal=causal)
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        for _ in range(2):
-            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    for _ in range(2):
+        sdpa("flash")(qt, kt, vt, causal)
     torch.cuda.synchronize()
 
 

@@ -95,18 +95,14 @@ enum BwdPartition { PART_KV = 0, PART_Q = 1, PART_2D = 2 };
 // The largest dynamic shared memory a block may opt into on sm_80 (163 KB): every configuration must fit it.
 constexpr int SM80_MAX_SMEM = 163 * 1024;
 
-// Threads of the preprocess kernel per row: a power of two >= D / 8, each reading 8 columns (16 bytes) of O and dO.
-template <int D>
-__host__ __device__ constexpr int bwd_pre_lanes_per_row() { return D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32; }
-
-// LANES_PER_ROW threads per row of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
+// LPR threads per row (the host's _configs.bwd_pre_lanes_per_row: a power of two >= D / 8, each thread reading 8
+// columns, 16 bytes, of O and dO) of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
 // accumulator (the row's D floats in memory order; over all rows of a 16-row band that is the whole band, whatever
 // the layout inside it). Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that the main
 // kernel's exp2(S - lse_log2) is 0 there instead of exp2(-inf + inf) = NaN.
-template <typename T, int D>
+template <typename T, int D, int LPR>
 __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
-  constexpr int LPR = bwd_pre_lanes_per_row<D>();
-  static_assert(LPR * 8 >= D && LPR <= 32, "preprocess: lanes per row");
+  static_assert(LPR * 8 >= D && LPR <= 32 && (LPR & (LPR - 1)) == 0, "preprocess: lanes per row");
   const int64_t rows = p.batch * p.nheads * p.seqlen_q_pad;
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t row = tid / LPR;
@@ -180,12 +176,6 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
   if (i0 + 8 < p.seqlen_q)
     *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum.z * scale, sum.w * scale);
-}
-
-// x, re-read so that the compiler cannot keep values derived from it alive through a loop (it recomputes them).
-__device__ __forceinline__ int opaque(int x) {
-  asm volatile("mov.b32 %0, %0;" : "+r"(x));
-  return x;
 }
 
 // acc[0..3] += v[0..3] at a 16-byte aligned fp32 address, atomically per element.

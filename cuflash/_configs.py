@@ -211,7 +211,7 @@ BWD_PRE_THREADS = 256  # preprocess: bwd_pre_lanes_per_row(d) threads per row, 1
 
 
 def bwd_pre_lanes_per_row(headdim: int) -> int:
-    """flash_bwd.cu's bwd_pre_lanes_per_row: a power of two >= headdim / 8."""
+    """Threads per row of the preprocess kernel (its template argument LPR): a power of two >= headdim / 8."""
     return 4 if headdim <= 32 else 8 if headdim <= 64 else 16 if headdim <= 128 else 32
 
 
@@ -257,7 +257,8 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None
 
 
 def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
-    return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_preprocess_kernel<{CTYPE[dtype]}, {headdim}>",
+    return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_preprocess_kernel<{CTYPE[dtype]}, {headdim}, "
+                      f"{bwd_pre_lanes_per_row(headdim)}>",
                       BWD_PRE_THREADS, 0)
 
 

@@ -220,8 +220,8 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, cau
     "loop" (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar"
     (falling back to "loop" when its buffers do not fit) if deterministic.
     warp_partition (V2): "auto" (default: the partition tuned per head dim, cuflash._configs.BWD_AUTO_PARTITION),
-    "kv" (warps split the KV rows of a tile; dS^T goes through shared memory for dQ), "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head dims as
-    cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five products, P and
+    "kv" (warps split the KV rows of a tile; dS^T goes through shared memory for dQ), "q" (warps split the Q
+    rows; P and dS go through shared memory for dK, dV; head dims as cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five products, P and
     dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
     """
     if algorithm not in ("v2", "v1"):

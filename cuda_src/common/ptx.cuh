@@ -34,7 +34,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src_g
 __device__ __forceinline__ void cp_async_16_full(uint32_t dst_smem, const void* src_gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_smem), "l"(src_gmem));
 }
-// 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 // blockIdx read through volatile asm: the compiler can neither merge it with an earlier read nor hoist it,
 // so a kernel can re-derive its block coordinates after a long loop instead of keeping them live across it.
 __device__ __forceinline__ uint3 block_idx_reread() {
@@ -45,6 +44,14 @@ __device__ __forceinline__ uint3 block_idx_reread() {
   return b;
 }
 
+// x through a volatile move: the compiler cannot keep values it derives from x alive through a loop in place of
+// deriving them again after it (the same trick as block_idx_reread, for any value).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
+// 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -151,8 +151,8 @@ def _bwd_sweep_tiles():
     from cuflash._configs import BwdTile
 
     return {
-        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4))],
-        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 2))],
+        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(128, 128, 8, 1, 4, dq_bulk=True))],
+        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4, dq_bulk=True))],
     }
 
 
@@ -186,9 +186,10 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
                 t = t or bwd_tiles(part)[d]
                 ms = time_ms(lambda: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
                                                       warp_partition=part), rep=10)
-                recs.append(record("cuflash", f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}", "bwd",
+                label = f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
+                recs.append(record("cuflash", label, "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll],
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk)],
                                    configured=(t == bwd_tiles(part)[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,

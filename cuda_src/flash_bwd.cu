@@ -386,7 +386,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
 // Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
 // dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
 // tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
-template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM>
+// DQ_BULK (2D, sm_90): + BLOCK_M x D fp32 staging for the dQ tile (cp.reduce.async.bulk reads it).
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, bool DQ_BULK = false>
 struct BwdSmem {
   static constexpr int LDS = PaddedRow<D>::LDS;
   static constexpr int EXCHANGE = PARTITION != PART_KV ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
@@ -395,7 +396,8 @@ struct BwdSmem {
     return (2 * BLOCK_N + (2 + do_stages) * BLOCK_M) * LDS * ELEM + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);
   }
   static constexpr int DO_STAGES = PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
-  static constexpr int BYTES = bytes(DO_STAGES);
+  static constexpr int STAGING = DQ_BULK ? BLOCK_M * D * (int)sizeof(float) : 0;
+  static constexpr int BYTES = bytes(DO_STAGES) + STAGING;
 };
 
 // ------------------------------------------------------------------------------------------------------
@@ -406,8 +408,11 @@ struct BwdSmem {
 //   all; cuflash/_configs.py: BwdTile). Fully unrolled, ptxas hoists the ldmatrix of later steps; where the
 //   dK/dV accumulators already take most of the 255 registers that spills (the KV partition at head dims
 //   96-256 with NVRTC 13.0, the H200 image's compiler). Register-operand loops always unroll fully.
+//   DQ_BULK (2D partition, sm_90, "atomic" dQ): each warp stores its dQ tile to shared memory and one lane adds it
+//   to the accumulator with cp.reduce.async.bulk (the TMA unit's reduction), so no RED holds the accumulator
+//   registers (their write-after-read waits: bench/NOTES.md, session 6). Other strategies use dq_accumulate.
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION, int KUNROLL = 0>
+          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -430,8 +435,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
   static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
                 "every (KV row band, column band) of dK/dV is owned by exactly one warp");
-  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>::BYTES,
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>::BYTES,
                 "host smem size must match the layout below");
+  static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -445,7 +451,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int DQ_CHUNK = D < 32 ? D : 32;
   static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
-  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T)>;
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>;
   constexpr int DO_STAGES = Smem::DO_STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);        // [BLOCK_N][LDS]
@@ -457,6 +463,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int LDS_PS = PaddedRow<BLOCK_N>::LDS;
   float* lse_smem = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xc_smem) + Smem::EXCHANGE);  // [2][Bm]
   float* delta_smem = lse_smem + 2 * BLOCK_M;                                                             // [2][Bm]
+  float* dq_stage = delta_smem + 2 * BLOCK_M;  // DQ_BULK: [NWARPS][the warp's dQ tile, fragment-tiled]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(!DQ_BULK, "DQ_BULK needs sm_90 (cp.reduce.async.bulk)");
+#endif
+  const bool dq_bulk = DQ_BULK && p.dq_strategy == DQ_ATOMIC;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -745,6 +756,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         // ldmatrix), B = K via ldmatrix.trans.
         const int dq_r0 = (warp / WD_Q) * 16 * MFQ, dq_c0 = (warp % WD_Q) * DQC;
         float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_r0, opaque(lane));
+        if (dq_bulk) {  // the previous tile's reductions have read the staging
+          if (lane == 0) bulk_wait_group_read<0>();
+          __syncwarp();
+        }
 #pragma unroll
         for (int c0 = 0; c0 < DQC; c0 += DQ_CH) {
           float acc_dq[MFQ][DQ_CH / 8][4];
@@ -753,8 +768,33 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_N>(
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
+          if (dq_bulk) {  // this lane's slots of the staged tile [mf][column block]
+            float* st = dq_stage + warp * (16 * MFQ * DQC) + 4 * lane;
 #pragma unroll
-          for (int mf = 0; mf < MFQ; ++mf) dq_accumulate<D>(p, dq_band + dq_frag_offset<D>(mf, dq_c0 + c0), acc_dq[mf]);
+            for (int mf = 0; mf < MFQ; ++mf)
+#pragma unroll
+              for (int df = 0; df < DQ_CH / 8; ++df)
+                *reinterpret_cast<float4*>(st + (mf * (DQC / 8) + c0 / 8 + df) * 128) =
+                    make_float4(acc_dq[mf][df][0], acc_dq[mf][df][1], acc_dq[mf][df][2], acc_dq[mf][df][3]);
+          } else {
+#pragma unroll
+            for (int mf = 0; mf < MFQ; ++mf)
+              dq_accumulate<D>(p, dq_band + dq_frag_offset<D>(mf, dq_c0 + c0), acc_dq[mf]);
+          }
+        }
+        if (dq_bulk) {
+          // Each 16-row band of the warp's tile is DQC / 8 consecutive fragments, in shared memory as in the
+          // accumulator: one bulk reduction per band. The lanes' stores must reach the async proxy first.
+          fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) {
+#pragma unroll
+            for (int mf = 0; mf < MFQ; ++mf)
+              bulk_reduce_add_f32(dq_band - 4 * lane + dq_frag_offset<D>(mf, dq_c0),
+                                  smem_addr(dq_stage + warp * (16 * MFQ * DQC) + mf * (DQC / 8) * 128),
+                                  (DQC / 8) * 128 * (int)sizeof(float));
+            bulk_commit_group();
+          }
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
@@ -782,6 +822,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       store_dkdv<T, DFO>(p, batch, kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS, seqlen_k,
                          acc_dk[r], acc_dv[r], lane);
     __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
+  }
+  if constexpr (DQ_BULK) {  // the last reductions must have read the staging before the block's smem goes away
+    if (lane == 0) bulk_wait_group_read<0>();
   }
 }
 

@@ -6,7 +6,7 @@ sm_80 and sm_90 and rejects spills.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._launch import KernelSpec
 
@@ -168,6 +168,7 @@ class BwdTile:
     nwarps: int
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
     kunroll: int = 0  # k16 steps unrolled per loop trip in the smem-operand products (0: all; see BWD_TILES)
+    dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -225,7 +226,7 @@ def bwd_tiles(warp_partition: str = "kv") -> dict:
 
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
     """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES)."""
-    if warp_partition == "2d" and _bwd_smem(headdim, tile, warp_partition, 2) > SM80_MAX_SMEM:
+    if warp_partition == "2d" and _bwd_smem(headdim, replace(tile, dq_bulk=False), warp_partition, 2) > SM80_MAX_SMEM:
         return 1
     return 2
 
@@ -236,8 +237,9 @@ def _bwd_smem(headdim, tile, warp_partition, do_stages):
         exchange = 2 * tile.block_m * (tile.block_n + SMEM_ROW_PAD)
     else:
         exchange = tile.block_n * (tile.block_m + SMEM_ROW_PAD)
+    staging = tile.block_m * headdim * 4 if tile.dq_bulk else 0  # not part of the sm_80 fit (DO_STAGES)
     return (((2 * tile.block_n + (2 + do_stages) * tile.block_m) * lds + exchange) * ELEM_BYTES
-            + 4 * tile.block_m * 4)
+            + 4 * tile.block_m * 4 + staging)
 
 
 def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
@@ -252,7 +254,7 @@ def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}>")
+            f"{tile.kunroll}{', true' if tile.dq_bulk else ''}>")
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
 
 

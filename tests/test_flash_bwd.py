@@ -265,3 +265,29 @@ def test_launch_from_a_thread_without_a_cuda_context():
     assert not errors, errors
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(a, b), name  # deterministic kernels, same inputs: bitwise equal
+
+
+@pytest.mark.parametrize("d,tile", [(64, (128, 128, 8, 1, 4)), (128, (64, 128, 8, 1, 4))])
+@pytest.mark.parametrize("strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(17, 300), (300, 17), (1000, 700)])
+def test_dq_bulk_tile_matches_reference(d, tile, strategy, causal, sq, sk):
+    """The 2D tile with dq_bulk (sm_90: dQ staged in shared memory, added by cp.reduce.async.bulk; other strategies
+    keep their own writes) through cuflash.backward.backward with that tile."""
+    import cupy
+    import torch
+
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("dq_bulk needs sm_90")
+    from cuflash._configs import BwdTile
+
+    t = BwdTile(*tile, dq_bulk=True)
+    q, k, v = torch_inputs((2, sq, 2, d), (2, sk, 1, d), "bfloat16")
+    dout = torch.randn_like(q)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    views = bwd_mod.check_backward_inputs(dout, q, k, v, out, lse)
+    dq, dk, dv = bwd_mod.backward(*views, None, causal, strategy, tile=t, warp_partition="2d")
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), d ** -0.5, causal)
+    lowp = grads_lowp(q, k, v, dout, d ** -0.5, causal)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (dq, dk, dv), lowp, ref):
+        assert_close_to_ref(f"{name} (dq_bulk, {strategy})", ours, lp, r)

@@ -53,6 +53,33 @@ __device__ __forceinline__ int opaque(int x) {
 
 // 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// sm_90 bulk (TMA) reduction of shared memory into global memory: dst[i] += src[i] for bytes / 4 floats (both
+// 16-byte aligned, bytes a multiple of 16), completed through bulk async-groups. Generic-proxy writes to the
+// source must be fenced (fence_proxy_async_shared) before the issuing thread starts the reduction.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit_group() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>  // until at most N bulk groups of this thread are still reading their shared-memory sources
+__device__ __forceinline__ void bulk_wait_group_read() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

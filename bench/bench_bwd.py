@@ -117,6 +117,7 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 
     import cuflash
     from cuflash._configs import bwd_tiles
+    from cuflash._loader import device_cc
 
     recs = []
     dt = getattr(torch, dtype)
@@ -127,12 +128,12 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
             q, k, v, dout = _inputs(b, s, h, d, dt)
             for causal in (False, True):
                 for part in partitions:
-                    t = bwd_tiles(part)[d]
+                    t = bwd_tiles(part, device_cc(0))[d]
                     out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy="atomic", warp_partition=part)
                     ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
                     recs.append(record("cuflash", f"v2-{part}", "bwd", dtype, b, h, s, s, d, causal, ms,
                                        dq_strategy="atomic", warp_partition=part,
-                                       tile=f"{t.block_m}x{t.block_n}x{t.nwarps}w"))
+                                       tile=_tile_desc(t)))
                     del out
                 print(f"bwd_partition d={d} s={s} causal={causal}: " + "  ".join(
                     f"{r['warp_partition']} ({r['tile']}) {r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s"
@@ -144,16 +145,27 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 
 
 # Candidate tiles of the backward main kernel per head dim: (warp partition, tile); None = that partition's
-# configured tile. BwdTile(block_m, block_n, nwarps, dsplit, kunroll): kunroll = k16 steps unrolled per loop
-# trip in the "2d" partition's products (0 = all). Also measured in session 4 and removed since (bench/NOTES.md;
-# code at commit eb51616): a second dO buffer, scalar dQ atomics, a rotated Q-tile order.
+# configured tile. BwdTile(block_m, block_n, nwarps, dsplit, kunroll, dq_bulk, do_stages): kunroll = k16 steps
+# unrolled per loop trip in the "2d" partition's products (0 = all); dq_bulk and do_stages=2 are sm_90 options
+# (flash_bwd.cu: DQ_BULK, DO_ST). Also measured in session 4 and removed since (bench/NOTES.md; code at commit
+# eb51616): scalar dQ atomics, a rotated Q-tile order. The "kv" partition lost at both head dims in sessions 4-6.
 def _bwd_sweep_tiles():
     from cuflash._configs import BwdTile
 
-    return {
-        64: [("kv", None), ("2d", BwdTile(128, 128, 8, 1, 4)), ("2d", BwdTile(128, 128, 8, 1, 4, dq_bulk=True))],
-        128: [("kv", None), ("2d", BwdTile(64, 128, 8, 1, 4)), ("2d", BwdTile(64, 128, 8, 1, 4, dq_bulk=True))],
-    }
+    def variants(bm, u90):  # the sm_80 tile, the sm_90 tile (bulk dQ + two dO buffers), each with P in registers
+        return [("2d", BwdTile(bm, 128, 8, 1, u, bulk, st, p_regs)) for u, bulk, st in ((4, False, 0), (u90, True, 2))
+                for p_regs in (False, True)]
+
+    return {64: variants(128, 4), 128: variants(64, 0)}
+
+
+def _tile_desc(t):
+    return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
+            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else ""))
+
+
+def _tile_label(part, t):
+    return f"v2-{part}-{_tile_desc(t)}"
 
 
 def sweep_specs():
@@ -172,6 +184,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
     import cuflash
     from cuflash import backward as bwd_mod
     from cuflash._configs import bwd_tiles
+    from cuflash._loader import device_cc
 
     recs = []
     sweep = _bwd_sweep_tiles()
@@ -183,14 +196,13 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
             views = bwd_mod.check_backward_inputs(dout, q.detach(), k.detach(), v.detach(), out, lse)
             n0 = len(recs)
             for part, t in tiles:
-                t = t or bwd_tiles(part)[d]
+                t = t or bwd_tiles(part, device_cc(0))[d]
                 ms = time_ms(lambda: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
                                                       warp_partition=part), rep=10)
-                label = f"v2-{part}-{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
-                recs.append(record("cuflash", label, "bwd",
+                recs.append(record("cuflash", _tile_label(part, t), "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk)],
-                                   configured=(t == bwd_tiles(part)[d])))
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk), t.do_stages, int(t.p_regs)],
+                                   configured=(t == bwd_tiles(part, device_cc(0))[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,
                                time_ms(_grad_fn(fo, (qt, kt, vt), doutt), rep=10)))

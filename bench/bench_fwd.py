@@ -17,15 +17,17 @@ TOKENS, HIDDEN = 16384, 2048
 # 59a4131), with their numbers: bench/NOTES.md.
 # Head dim 128: 64-key tiles (FlashAttention-2's 128 x 64 x 4w) fit 255 registers without spills only with the
 # Q K^T loop unrolled 4 or 2 k16 steps per trip (kunroll); 32-key tiles fit fully unrolled.
-SWEEP_TILES = {
-    64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8)],
+SWEEP_TILES = {  # FwdTile(block_m, block_n, nwarps, kunroll, load_at)
+    64: [FwdTile(128, 64, 4), FwdTile(256, 64, 8), FwdTile(128, 64, 4, 0, 1), FwdTile(128, 64, 4, 0, 2)],
     128: [FwdTile(128, 32, 4), FwdTile(128, 32, 4, 4), FwdTile(128, 64, 4, 4), FwdTile(128, 64, 4, 2),
-          FwdTile(256, 32, 8)],
+          FwdTile(256, 32, 8), FwdTile(128, 64, 4, 4, 1), FwdTile(128, 64, 4, 4, 2), FwdTile(128, 32, 4, 0, 1),
+          FwdTile(128, 32, 4, 0, 2)],
 }
 
 
 def tile_label(t: FwdTile) -> str:
-    return f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w" + (f"-u{t.kunroll}" if t.kunroll else "")
+    return (f"v2-tile-{t.block_m}x{t.block_n}x{t.nwarps}w" + (f"-u{t.kunroll}" if t.kunroll else "")
+            + (f"-load{t.load_at}" if t.load_at else ""))
 
 
 def sweep_specs():
@@ -158,11 +160,14 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
 def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4096), ("float16", 128, False, 8192),
                         ("bfloat16", 128, False, 8192), ("float16", 128, True, 2048), ("float16", 64, True, 1024),
                         ("bfloat16", 64, False, 1024)), rounds=8,
-                extra_tiles={128: (FwdTile(128, 32, 4),)}):
+                extra_tiles={}, load_at=(0, 3)):
     """The grid points nearest 1.0x, timed A, B, A, B, ...: each round is one time_ms (median of 20 event
-    timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only) and of SDPA FLASH, in
-    turn, so that clock drift between loops lands on both sides. One record per round and provider; the ratio
-    to FLASH is formed per round (field `round`)."""
+    timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only), of the configured tile
+    with each `load_at` (where the next K / V tile's cp.async is issued) and of SDPA FLASH, in turn, so that clock
+    drift between loops lands on both sides. One record per round and provider; the ratio to FLASH is formed per
+    round (field `round`). 128x32x4w, an extra tile at d128 until session 6, lost at every point (0.95-0.99)."""
+    from dataclasses import replace
+
     from cuflash import flash
     from cuflash._validate import check_qkv
 
@@ -173,6 +178,7 @@ def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         qa, ka, va = check_qkv(q, k, v)
         tiles = [fwd_tile(d, causal)] + [t for t in extra_tiles.get(d, ()) if not causal and t != fwd_tile(d, causal)]
+        tiles += [replace(fwd_tile(d, causal), load_at=la) for la in load_at if la != fwd_tile(d, causal).load_at]
         fa = sdpa("flash")
         ratios = {tile_label(t): [] for t in tiles}
         for rnd in range(rounds):

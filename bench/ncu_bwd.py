@@ -1,5 +1,6 @@
 """One backward per provider for Nsight Compute to profile: cuflash's configured kernel (and the "kv" partition)
-next to SDPA FLASH's backward on the same inputs (fp16, head dim 128, 4k tokens x 4, 16 heads).
+next to SDPA FLASH's backward on the same inputs (fp16; default head dim 128, 4k tokens x 4, 16 heads;
+`python -m bench.ncu_bwd SEQLEN [causal|nc] [HEADDIM]`: batch x seqlen = 16k tokens, hidden 2048).
 
     ncu --clock-control none -k regex:"flash_bwd_kernel|dq_dk_dv" --launch-skip 0 \\
         --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats \\
@@ -18,7 +19,8 @@ def main(argv):
 
     s = int(argv[0]) if argv else 4096
     causal = len(argv) > 1 and argv[1] == "causal"
-    d, h, b = 128, 16, 16384 // s
+    d = int(argv[2]) if len(argv) > 2 else 128
+    h, b = 2048 // d, 16384 // s
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
     for x in (q, k, v):
         x.requires_grad_()

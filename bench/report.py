@@ -129,11 +129,11 @@ def bwd_sweep_table(records):
         cell[(r["headdim"], r["causal"], r["provider"] if r["provider"] != "cuflash" else r["algo"])][r["seqlen_q"]] = \
             r.get("tflops")
     lines = ["### Backward tile sweep (fp16, atomic dQ; TFLOP/s, and / SDPA FLASH of the same loop)", "",
-             "Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all); in session-4 records also "
-             "-do(dO buffers), -scalar (scalar dQ atomics), -rot (rotated Q-tile order): options measured and "
-             "removed (code at commit eb51616); in session-6 records -late (dQ after dV, FlashAttention-2's order; "
-             "measured and removed, bench/NOTES.md session 6). cuflash is called directly (no autograd), FLASH "
-             "through autograd.", "",
+             "Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all), then the options: "
+             "-bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; sm_90), -do2 (two dO buffers beyond "
+             "sm_80's shared memory), -pregs (dS takes P from registers; fp16 only). In older records (history/): "
+             "session 4's -do, -scalar, -rot and session 6's -late (dQ after dV), measured and removed "
+             "(bench/NOTES.md). cuflash is called directly (no autograd), FLASH through autograd.", "",
              "| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
              "|" + "---|" * (3 + len(seqlens))]
     for key in sorted(cell, key=lambda k: (k[0], k[1], k[2] == "flash", k[2])):

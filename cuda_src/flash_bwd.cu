@@ -387,7 +387,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
 // dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
 // tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
 // DQ_BULK (2D, sm_90): + BLOCK_M x D fp32 staging for the dQ tile (cp.reduce.async.bulk reads it).
-template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, bool DQ_BULK = false>
+// DO_ST = 2 (sm_90 tiles): dO double-buffered even where that does not fit sm_80 (0: the rule above).
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, bool DQ_BULK = false, int DO_ST = 0>
 struct BwdSmem {
   static constexpr int LDS = PaddedRow<D>::LDS;
   static constexpr int EXCHANGE = PARTITION != PART_KV ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
@@ -395,7 +396,7 @@ struct BwdSmem {
   __host__ __device__ static constexpr int bytes(int do_stages) {  // K, V, 2 x Q, do_stages x dO, exchange, 2 x (lse, D) rows
     return (2 * BLOCK_N + (2 + do_stages) * BLOCK_M) * LDS * ELEM + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);
   }
-  static constexpr int DO_STAGES = PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
+  static constexpr int DO_STAGES = DO_ST ? DO_ST : PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
   static constexpr int STAGING = DQ_BULK ? BLOCK_M * D * (int)sizeof(float) : 0;
   static constexpr int BYTES = bytes(DO_STAGES) + STAGING;
 };
@@ -411,8 +412,12 @@ struct BwdSmem {
 //   DQ_BULK (2D partition, sm_90, "atomic" dQ): each warp stores its dQ tile to shared memory and one lane adds it
 //   to the accumulator with cp.reduce.async.bulk (the TMA unit's reduction), so no RED holds the accumulator
 //   registers (their write-after-read waits: bench/NOTES.md, session 6). Other strategies use dq_accumulate.
+//   P_REGS (2D partition): dS = P * (dP - D) takes P from its packed 16-bit fragments kept in registers across
+//   the dP product, instead of reading back the words this thread stored to shared memory (2 LDS per n8 block:
+//   they queue with MUFU.EX2 in the MIO pipe). Costs NFS * 4 registers. fp16 only: with bf16 the tiles it
+//   was measured on spill 24-64 B under NVRTC 13.0 (the bf16 -> fp32 unpack), so bf16 keeps the read-back.
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false>
+          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -435,9 +440,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
   static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
                 "every (KV row band, column band) of dK/dV is owned by exactly one warp");
-  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>::BYTES,
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK, DO_ST>::BYTES,
                 "host smem size must match the layout below");
   static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
+  static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
+  constexpr bool P_IN_REGS = P_REGS && IsHalf<T>::value;  // see P_REGS above
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -451,7 +458,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int DQ_CHUNK = D < 32 ? D : 32;
   static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
-  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>;
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK, DO_ST>;
   constexpr int DO_STAGES = Smem::DO_STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);        // [BLOCK_N][LDS]
@@ -466,6 +473,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   float* dq_stage = delta_smem + 2 * BLOCK_M;  // DQ_BULK: [NWARPS][the warp's dQ tile, fragment-tiled]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   static_assert(!DQ_BULK, "DQ_BULK needs sm_90 (cp.reduce.async.bulk)");
+  static_assert(SMEM_BYTES <= SM80_MAX_SMEM, "this tile needs sm_90's shared memory");
 #endif
   const bool dq_bulk = DQ_BULK && p.dq_strategy == DQ_ATOMIC;
 
@@ -713,6 +721,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 if (c >= klim || (CAUSAL && c > r + dlim)) acc[mf][nf][e] = -INFINITY;
               }
         }
+        uint32_t pa[2][NFS / 2][4];  // P, packed (P_REGS: kept for dS; else only live per mf)
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) {
           const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
@@ -721,9 +730,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
 #pragma unroll
             for (int e = 0; e < 4; ++e)
               acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -(e / 2 ? lse_g8 : lse_g)));
-          uint32_t pa[NFS / 2][4];
-          frags_to_a<T>(acc[mf], pa);
-          store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa, lane);
+          frags_to_a<T>(acc[mf], pa[mf]);
+          store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
         }
         // (3) dP = dO V^T, same block.
 #pragma unroll
@@ -739,7 +747,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           const uint32_t* p_g8 = p_g + 8 * LDS_PS / 2;  // row g + 8
 #pragma unroll
           for (int nf = 0; nf < NFS; ++nf) {
-            const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);  // +8 columns = +4 words
+            // the A fragment of k16 step nf / 2 holds (row g, row g + 8) of n8 block nf in words 2 (nf % 2) + (0, 1)
+            const float2 p01 = unpack2<T>(P_IN_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);  // +8 columns = +4 words
+            const float2 p23 = unpack2<T>(P_IN_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
             acc[mf][nf][0] = p01.x * (acc[mf][nf][0] - dl_g);
             acc[mf][nf][1] = p01.y * (acc[mf][nf][1] - dl_g);
             acc[mf][nf][2] = p23.x * (acc[mf][nf][2] - dl_g8);

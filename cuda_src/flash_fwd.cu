@@ -29,6 +29,11 @@
 //              Fully unrolled, ptxas hoists later steps' ldmatrix; with 64-key tiles at head dim 128 that runs
 //              out of 255 registers. On sm_80 at most 2 steps per trip: 4 spill 8 B there (NVRTC 13.0), while on
 //              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, session 5).
+//   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
+//              S = Q K^T, 2 after the softmax (before P V), 3 K after S and V after the softmax (two commit
+//              groups; the next step's wait covers both). Later issue keeps the S registers live across the
+//              copies, so ptxas cannot hand the copies' address registers to S (the zeroing of S then waits
+//              for the copies to read them: bench/NOTES.md, session 6), at the cost of less time in flight.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
@@ -63,7 +68,7 @@ __device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num
 }
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0>
+          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -76,7 +81,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr int KU = KUNROLL > 2 ? 2 : KUNROLL;  // sm_80: see KUNROLL above
 #else
-  constexpr int KU = KUNROLL;
+  // EXP_PRECISE (a V1-ladder rung: libdevice expf) needs registers that 4 steps per trip with LOAD_AT = 1
+  // do not leave (16 B of spills under NVRTC 13.0): it gets 2, like sm_80.
+  constexpr int KU = EXP_VARIANT == EXP_PRECISE && KUNROLL > 2 ? 2 : KUNROLL;
 #endif
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
@@ -274,16 +281,25 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       cp_async_wait<0>();
       __syncthreads();
       if (i == 0 && warp_has_rows) load_q_frags();
-      if (i + 1 < num_tiles) {
-        k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-        v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-        cp_async_commit();
+      // every thread issues K and V of the next tile once per step, where LOAD_AT says
+      auto issue_next = [&](bool k, bool v) {
+        if (i + 1 < num_tiles) {
+          if (k) k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          if (v) v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          cp_async_commit();
+        }
+      };
+      if (LOAD_AT == 0) issue_next(true, true);
+      if (!warp_active(i)) {
+        if (LOAD_AT != 0) issue_next(true, true);
+        continue;
       }
-      if (!warp_active(i)) continue;
       compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
+      if (LOAD_AT == 1 || LOAD_AT == 3) issue_next(true, LOAD_AT == 1);
       mask_s(s_a, tile_n(i));
       if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
       softmax_p(s_a);
+      if (LOAD_AT == 2 || LOAD_AT == 3) issue_next(LOAD_AT == 2, true);
       accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
     }
   }

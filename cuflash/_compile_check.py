@@ -19,25 +19,38 @@ from collections import defaultdict
 ARCHS = (80, 90)
 
 
-def specs_by_file(specs=None):
+def specs_by_file(specs=None, arch=None):
+    """{filename: [name expressions]}; with `arch`, only the specs that compile for sm_<arch> (min_arch)."""
     if specs is None:
         from ._configs import all_specs
 
         specs = all_specs()
     by_file = defaultdict(list)
     for s in specs:
+        if arch is not None and s.min_arch > arch:
+            continue
         if s.name not in by_file[s.filename]:
             by_file[s.filename].append(s.name)
     return by_file
 
 
 def resource_report(arch: int, specs=None) -> dict:
-    """{name_expression: {"regs", "stack", "spill_st", "spill_ld", "lowered"}} for one arch."""
+    """{name_expression: {"regs", "stack", "spill_st", "spill_ld", "lowered"[, "alone"]}} for one arch.
+
+    One NVRTC program per source file (fast), then every kernel that spilled or used local memory there again in
+    a program of its own, as the run-time loader compiles it (one name expression per program): ptxas can
+    allocate the same kernel differently in the two (e.g. 255 registers and 16 B of stack in the file-wide
+    program, 254 and none alone). The second report ("alone": True) is the one the GPU runs, so it counts."""
     from ._loader import compile_offline
 
     report = {}
-    for filename, names in specs_by_file(specs).items():
-        report.update(compile_offline(filename, names, arch)["kernels"])
+    for filename, names in specs_by_file(specs, arch).items():
+        kernels = compile_offline(filename, names, arch)["kernels"]
+        for name in names:
+            info = kernels.get(name, {})
+            if info.get("stack", 1) or info.get("spill_st", 1) or info.get("spill_ld", 1):
+                kernels[name] = dict(compile_offline(filename, [name], arch)["kernels"][name], alone=True)
+        report.update(kernels)
     return report
 
 

@@ -23,19 +23,23 @@ class FwdTile:
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
     kunroll: int = 0  # k16 steps of S = Q K^T unrolled per loop trip (0: all; cuda_src/flash_fwd.cu KUNROLL)
+    load_at: int = 0  # where a KV step issues the next tile's cp.async (cuda_src/flash_fwd.cu LOAD_AT)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
 FWD_TILES = {
     32: FwdTile(128, 64, 4),
-    64: FwdTile(128, 64, 4),
+    64: FwdTile(128, 64, 4, 0, 1),
     96: FwdTile(128, 64, 8),
     # FlashAttention-2's tile: two 16-row fragments per warp (each K/V ldmatrix feeds 4 mma), 64 keys per stage
     # (ldmatrix of Q per key halved against 32-key tiles); Q K^T unrolled 4 of its 8 k16 steps per trip to fit
     # 255 registers without spills (the kernel caps it at 2 on sm_80, where 4 spill; flash_fwd.cu KUNROLL).
-    128: FwdTile(128, 64, 4, 4),
+    128: FwdTile(128, 64, 4, 4, 1),
     256: FwdTile(64, 32, 4),
 }
+# load_at=1 (head dims 64, 128): the next K / V tile's cp.async issued after S = Q K^T, not before it
+# (flash_fwd.cu LOAD_AT; bench/results, section fwd_interleaved, session 7: +1-3% at every point measured).
+# Head dims 32, 96, 256 keep 0 (not measured).
 
 # Split-KV (decoding) tiles: 4 warps share the loads of each K/V tile; a warp whose 16 query rows are
 # all past seqlen_q (decoding has 1..16 rows per KV head) skips the math.
@@ -50,7 +54,7 @@ DECODE_TILES = {
 
 # Causal overrides of FWD_TILES (tiles on the diagonal cost a mask; registers differ with the mask code).
 FWD_TILES_CAUSAL: dict[int, FwdTile] = {
-    128: FwdTile(128, 32, 4),  # 32-key tiles: less masked work on the diagonal
+    128: FwdTile(128, 32, 4, 0, 1),  # 32-key tiles: less masked work on the diagonal
 }
 
 
@@ -70,7 +74,10 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     if tile is None:
         tile = DECODE_TILES[headdim] if split else fwd_tile(headdim, causal)
     smem = fwd_smem_bytes(headdim, tile)
-    extra = f", {exp_variant}, {tile.kunroll}" if tile.kunroll else f", {exp_variant}" if exp_variant else ""
+    if tile.load_at:
+        extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}"
+    else:
+        extra = f", {exp_variant}, {tile.kunroll}" if tile.kunroll else f", {exp_variant}" if exp_variant else ""
     name = (
         f"cuflash::flash_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
         f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}{extra}>"
@@ -169,6 +176,8 @@ class BwdTile:
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
     kunroll: int = 0  # k16 steps unrolled per loop trip in the smem-operand products (0: all; see BWD_TILES)
     dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
+    do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
+    p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -219,13 +228,31 @@ def bwd_pre_lanes_per_row(headdim: int) -> int:
 BWD_CONVERT_THREADS = 256
 
 
-def bwd_tiles(warp_partition: str = "kv") -> dict:
-    """The tile table of one backward warp partition ("kv" or "q")."""
-    return {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
+# sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the two sm_90 options:
+# the dQ tile staged in shared memory and added by the bulk (TMA) reduction instead of per-lane REDs, and dO
+# double-buffered (no barrier before the next dO load). bench/results, section bwd_tile_sweep (session 7): +1-4%
+# over the sm_80 tile at d64 (k16 loops unrolled 4 per trip; with P kept in registers for dS, another +0.5-3%),
+# +2-7% at d128 with the k16 loops fully unrolled (what the sm_80 tile cannot afford: it spills there).
+BWD_TILES_2D_SM90 = {
+    64: replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True),
+    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2),
+}
+
+
+def bwd_tiles(warp_partition: str = "kv", arch: int = 80) -> dict:
+    """The tile table of one backward warp partition ("kv", "q" or "2d") for a device of compute capability
+    `arch` (e.g. 90; the sm_80 tables unless the partition has sm_90 tiles)."""
+    table = {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
+    if arch >= 90 and warp_partition == "2d":
+        return {**table, **BWD_TILES_2D_SM90}
+    return table
 
 
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
-    """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES)."""
+    """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES),
+    unless the tile sets do_stages."""
+    if tile.do_stages:
+        return tile.do_stages
     if warp_partition == "2d" and _bwd_smem(headdim, replace(tile, dq_bulk=False), warp_partition, 2) > SM80_MAX_SMEM:
         return 1
     return 2
@@ -248,14 +275,29 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
     return _bwd_smem(headdim, tile, warp_partition, bwd_do_stages(headdim, tile, warp_partition))
 
 
+def _bwd_name_extras(tile: BwdTile) -> str:
+    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, written only when not the defaults."""
+    if tile.p_regs:
+        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}, true"
+    if tile.do_stages:
+        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}"
+    return ", true" if tile.dq_bulk else ""
+
+
+def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:
+    """Whether a backward tile needs sm_90 (the bulk reduction, or more shared memory than sm_80's)."""
+    return tile.dq_bulk or bwd_smem_bytes(headdim, tile, warp_partition) > SM80_MAX_SMEM
+
+
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
              warp_partition: str = "kv") -> KernelSpec:
     tile = tile or bwd_tiles(warp_partition)[headdim]
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}{', true' if tile.dq_bulk else ''}>")
-    return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem)
+            f"{tile.kunroll}{_bwd_name_extras(tile)}>")
+    min_arch = 90 if sm90_only(headdim, tile, warp_partition) else 80
+    return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem, min_arch)
 
 
 def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
@@ -284,6 +326,8 @@ def all_specs():
                 for part in BWD_PARTITIONS:
                     if d in bwd_tiles(part):
                         specs.append(bwd_spec(dt, d, causal, warp_partition=part))
+                        if part == "2d" and d in BWD_TILES_2D_SM90:
+                            specs.append(bwd_spec(dt, d, causal, BWD_TILES_2D_SM90[d], part))
                         conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n)
                         if conv not in specs:
                             specs.append(conv)

@@ -74,6 +74,7 @@ class KernelSpec:
     name: str  # template name expression, e.g. cuflash::flash_fwd_kernel<__half, 128, ...>
     threads: int
     smem: int  # dynamic shared memory bytes
+    min_arch: int = 80  # the oldest sm_<arch> it compiles for (90: sm_90-only PTX or more than sm_80's smem)
 
 
 class Launcher:

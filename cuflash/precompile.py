@@ -31,6 +31,10 @@ def main(argv=None):
         except ImportError:
             sweep_specs = list
         specs += [s for s in sweep_specs() if s not in specs]
+    from ._loader import device_cc
+
+    arch = device_cc(0)
+    specs = [s for s in specs if s.min_arch <= arch]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
         for name, regs, local, dt in ex.map(_compile, specs):

@@ -84,6 +84,32 @@ def test_every_partition_config_is_listed_and_fits(part):
     assert set(bwd_tiles("q")) == set(_configs.HEADDIMS)
 
 
+def test_sm90_tiles_are_listed_and_fit_sm90_only():
+    """BWD_TILES_2D_SM90: what bwd_tiles("2d", 90) returns (sm_80 keeps BWD_TILES_2D); listed in all_specs() with
+    min_arch 90, so CI compiles them for sm_90 only, and within sm_90's 227 KB of shared memory."""
+    specs = _configs.all_specs()
+    assert bwd_tiles("2d", 80) == _configs.BWD_TILES_2D and bwd_tiles("2d", 86) == _configs.BWD_TILES_2D
+    assert bwd_tiles("kv", 90) == _configs.BWD_TILES and bwd_tiles("q", 90) == _configs.BWD_TILES_Q
+    t90 = bwd_tiles("2d", 90)
+    assert set(t90) == set(_configs.BWD_TILES_2D)
+    for d, tile in _configs.BWD_TILES_2D_SM90.items():
+        assert t90[d] == tile and tile.dq_bulk and tile.do_stages == 2
+        base = _configs.BWD_TILES_2D[d]
+        assert (tile.block_m, tile.block_n, tile.nwarps) == (base.block_m, base.block_n, base.nwarps)
+        for dt in _configs.DTYPES:
+            for causal in (False, True):
+                s = bwd_spec(dt, d, causal, tile, "2d")
+                assert s in specs and s.min_arch == 90 and s.smem <= 227 * 1024
+                # staging (block_m x d fp32) + a second dO buffer on top of the sm_80 layout
+                s80 = bwd_spec(dt, d, causal, base, "2d")
+                assert s80.min_arch == 80
+                extra_do = (tile.block_m * (d + _configs.SMEM_ROW_PAD) * 2
+                            if _configs.bwd_do_stages(d, base, "2d") == 1 else 0)
+                assert s.smem == s80.smem + tile.block_m * d * 4 + extra_do
+                assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}, true, 2{', true' if tile.p_regs else ''}>")
+    assert all(s.min_arch == 80 for s in specs if s.smem <= SM80_MAX_SMEM and "true, 2>" not in s.name)
+
+
 def test_auto_partition_resolves_per_head_dim():
     for d in _configs.HEADDIMS:
         part = bwd_mod.resolve_warp_partition("auto", d)

@@ -8,7 +8,6 @@
   the kernels read was written first, every output row is written.
 """
 import math
-from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -20,20 +19,16 @@ SM80_MAX_SMEM = 163 * 1024  # opt-in dynamic shared memory per block on sm_80 (s
 
 
 def _v1_bench_specs():
+    """The ladder's kernels beyond the package's own: V1 tiles, and the V2 forward's exp variants."""
     from bench import bench_v1
 
-    return [s for s in bench_v1.sweep_specs() if s.filename == v1.FILENAME and s not in v1.specs()]
+    return [s for s in bench_v1.sweep_specs() if s.filename in (v1.FILENAME, "flash_fwd.cu") and s not in v1.specs()]
 
 
 @pytest.mark.parametrize("arch", _compile_check.ARCHS)
 def test_v1_kernels_compile_without_spills(arch):
-    specs = v1.specs() + _v1_bench_specs()  # the package's configurations and the ladder's extra tiles
-    by_file = defaultdict(list)
-    for s in specs:
-        by_file[s.filename].append(s.name)
-    report = {}
-    for filename, names in by_file.items():
-        report.update(_loader.compile_offline(filename, names, arch)["kernels"])
+    specs = v1.specs() + _v1_bench_specs()  # the package's configurations and the ladder's extra kernels
+    report = _compile_check.resource_report(arch, specs)  # as the run-time loader compiles them
     for s in specs:
         info = report[s.name]
         assert "regs" in info, f"no ptxas report for {s.name}"

@@ -144,6 +144,14 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 template <typename T>
+struct IsHalf {  // fp16 (true) or bf16 (false)
+  static constexpr bool value = false;
+};
+template <>
+struct IsHalf<__half> {
+  static constexpr bool value = true;
+};
+template <typename T>
 __device__ __forceinline__ float2 unpack2(uint32_t x);
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {

@@ -160,7 +160,7 @@ def tile_sweep(seqlens=(1024, 4096, 16384)):
 def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4096), ("float16", 128, False, 8192),
                         ("bfloat16", 128, False, 8192), ("float16", 128, True, 2048), ("float16", 64, True, 1024),
                         ("bfloat16", 64, False, 1024)), rounds=8,
-                extra_tiles={}, load_at=(0, 3)):
+                extra_tiles=None, load_at=(0, 3)):
     """The grid points nearest 1.0x, timed A, B, A, B, ...: each round is one time_ms (median of 20 event
     timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only), of the configured tile
     with each `load_at` (where the next K / V tile's cp.async is issued) and of SDPA FLASH, in turn, so that clock
@@ -177,7 +177,8 @@ def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4
         q, k, v = _inputs(b, s, h, d, dtype)
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         qa, ka, va = check_qkv(q, k, v)
-        tiles = [fwd_tile(d, causal)] + [t for t in extra_tiles.get(d, ()) if not causal and t != fwd_tile(d, causal)]
+        tiles = [fwd_tile(d, causal)] + [t for t in (extra_tiles or {}).get(d, ())
+                                         if not causal and t != fwd_tile(d, causal)]
         tiles += [replace(fwd_tile(d, causal), load_at=la) for la in load_at if la != fwd_tile(d, causal).load_at]
         fa = sdpa("flash")
         ratios = {tile_label(t): [] for t in tiles}

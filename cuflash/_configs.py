@@ -38,8 +38,8 @@ FWD_TILES = {
     256: FwdTile(64, 32, 4),
 }
 # load_at=1 (head dims 64, 128): the next K / V tile's cp.async issued after S = Q K^T, not before it
-# (flash_fwd.cu LOAD_AT; bench/results, section fwd_interleaved, session 7: +1-3% at every point measured).
-# Head dims 32, 96, 256 keep 0 (not measured).
+# (flash_fwd.cu LOAD_AT; section fwd_interleaved, session 7, two calls: +2-6% at non-causal d128, +1-4% at causal
+# d128 2k, -0.7 to +1.5% at d64). Head dims 32, 96, 256 keep 0 (not measured).
 
 # Split-KV (decoding) tiles: 4 warps share the loads of each K/V tile; a warp whose 16 query rows are
 # all past seqlen_q (decoding has 1..16 rows per KV head) skips the math.

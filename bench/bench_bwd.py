@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 
 from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
-from .harness import SDPA_PROVIDERS, record, sdpa, time_ms
+from .harness import SDPA_PROVIDERS, record, sdpa, time_ms, time_rounds
 
 
 def _inputs(b, s, h, d, dt):
@@ -44,7 +44,10 @@ def _grad_fn(out, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
-def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop")):
+def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop"),
+        rounds=1, providers=SDPA_PROVIDERS):
+    """rounds > 1: the strategies and the SDPA `providers` timed in turn `rounds` times per point, the median per
+    provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid)."""
     import torch
 
     import cuflash
@@ -54,25 +57,30 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
         for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
             for causal in (False, True):
                 n0 = len(recs)
+                fns = {}  # timed name -> backward call (the forward graph kept for the whole point)
                 for strat in strategies:
                     if strat != "atomic" and dtype != "float16":
                         continue  # the strategies are compared in fp16; bf16 runs the default one
                     if strat == "loop" and s > 2048:
                         continue  # one block per (batch, head): seconds per call at long seqlen
                     out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
-                    ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
-                    recs.append(record("cuflash", f"v2-{strat}", "bwd", dtype, b, h, s, s, d, causal, ms,
-                                       dq_strategy=strat))
-                    del out
-                for prov in SDPA_PROVIDERS:
+                    fns[strat] = _grad_fn(out, (q, k, v), dout)
+                for prov in providers:
                     try:
-                        out = sdpa(prov)(qt, kt, vt, causal)
-                        ms = time_ms(_grad_fn(out, (qt, kt, vt), doutt), rep=10)
-                        del out
+                        fns[prov] = _grad_fn(sdpa(prov)(qt, kt, vt, causal), (qt, kt, vt), doutt)
                     except RuntimeError as e:
-                        ms = None
+                        fns[prov] = None
                         print(f"sdpa {prov} bwd failed: {e}")
-                    recs.append(record(prov, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms))
+                timed = time_rounds({n: f for n, f in fns.items() if f is not None}, rounds, rep=10)
+                for name in fns:
+                    ms, per = timed.get(name, (None, []))
+                    extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
+                    if name in providers:
+                        recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **extra))
+                    else:
+                        recs.append(record("cuflash", f"v2-{name}", "bwd", dtype, b, h, s, s, d, causal, ms,
+                                           dq_strategy=name, **extra))
+                del fns, timed
                 print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
             del q, k, v, qt, kt, vt, dout, doutt
     return recs
@@ -201,7 +209,8 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
                                                       warp_partition=part), rep=10)
                 recs.append(record("cuflash", _tile_label(part, t), "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk), t.do_stages, int(t.p_regs)],
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
+                                         t.do_stages, int(t.p_regs)],
                                    configured=(t == bwd_tiles(part, device_cc(0))[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,

@@ -7,7 +7,7 @@ import gc
 
 from cuflash._configs import FwdTile, fwd_spec, fwd_tile
 
-from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms
+from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms, time_rounds
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
@@ -43,8 +43,11 @@ def _inputs(b, s, h, d, dtype):
     return q, k, v
 
 
-def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, naive=("float16",)):
-    """naive: the dtypes for which the naive baseline is timed too (it is slow at long seqlen)."""
+def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, naive=("float16",), rounds=1,
+             providers=SDPA_PROVIDERS):
+    """naive: the dtypes for which the naive baseline is timed too (it is slow at long seqlen). rounds > 1: cuflash
+    and the SDPA `providers` timed in turn `rounds` times per point, the median per provider recorded (with every
+    round's ms in `round_ms`): the grid's ratios then do not depend on which provider a clock change hit."""
     import cuflash
 
     recs = []
@@ -56,16 +59,12 @@ def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS
                 q, k, v = _inputs(b, s, h, d, dtype)
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # SDPA's [b, h, s, d]
                 for causal in (False, True):
-                    ms = time_ms(lambda: cuflash.flash_attn_func(q, k, v, causal=causal))
-                    recs.append(record("cuflash", "v2", "fwd", dtype, b, h, s, s, d, causal, ms))
-                    for prov in SDPA_PROVIDERS:
-                        fn = sdpa(prov)
-                        try:
-                            ms = time_ms(lambda: fn(qt, kt, vt, causal))
-                        except RuntimeError as e:  # backend refuses this case
-                            ms = None
-                            print(f"sdpa {prov} failed: {e}")
-                        recs.append(record(prov, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms))
+                    fns = {"cuflash": lambda: cuflash.flash_attn_func(q, k, v, causal=causal)}
+                    fns.update({prov: (lambda fn=sdpa(prov): fn(qt, kt, vt, causal)) for prov in providers})
+                    for name, (ms, per) in time_rounds(fns, rounds).items():
+                        extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
+                        recs.append(record(name, "v2" if name == "cuflash" else "sdpa", "fwd", dtype, b, h, s, s, d,
+                                           causal, ms, **extra))
                     if naive and dtype in naive:
                         try:
                             ms = time_ms(lambda: cuflash.naive_attention(q, k, v, causal=causal), rep=5)
@@ -73,7 +72,7 @@ def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS
                             ms = None
                             print(f"naive failed at s={s}: {type(e).__name__}")
                         recs.append(record("naive", "naive", "fwd", dtype, b, h, s, s, d, causal, ms))
-                    print(_line(recs[-5:] if naive and dtype in naive else recs[-4:]))
+                    print(_line(recs[-(len(fns) + bool(naive and dtype in naive)):]))
                 del q, k, v, qt, kt, vt
                 gc.collect()
     return recs

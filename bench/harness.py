@@ -53,6 +53,24 @@ def host_us_per_call(fn, n=200) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def time_rounds(fns: dict, rounds: int = 1, **kw) -> dict:
+    """{name: (median ms over the rounds, [ms per round])} of time_ms(fn, **kw) for each fn of `fns`, timed in
+    turn in each round (A, B, C, A, B, C, ...), so that clock drift between loops lands on every provider alike.
+    A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, [])."""
+    per = {name: [] for name in fns}
+    failed = set()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name in failed:
+                continue
+            try:
+                per[name].append(time_ms(fn, **kw))
+            except RuntimeError as e:
+                failed.add(name)
+                print(f"{name} failed: {e}")
+    return {name: (sorted(ms)[len(ms) // 2] if ms and name not in failed else None, ms) for name, ms in per.items()}
+
+
 def sdpa(provider: str):
     """fn(q, k, v, causal, scale) calling torch SDPA pinned to one backend; layout [b, h, s, d]."""
     import torch

@@ -155,8 +155,13 @@ def markdown(head, records) -> str:
              f"NVRTC {head.get('nvrtc')}, {head.get('date')}.\n"]
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
     parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
+    parts.append(grid_table(records, "fwd", sections=("fwd_rounds",), title="Forward, FlashAttention-2 grid, "
+                            "cuflash / FLASH / cuDNN timed in turn, median of 3 rounds (section fwd_rounds)"))
     parts.append(grid_table(records, "bwd", sections=("bwd_grid",), title="Backward, FlashAttention-2 grid, default "
                             "dQ strategy (atomic), seqlen 1k-16k (one call per timing; section bwd_grid)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_rounds",), title="Backward, FlashAttention-2 grid, "
+                            "default dQ strategy, cuflash / FLASH / cuDNN timed in turn, median of 3 rounds (section "
+                            "bwd_rounds)"))
     parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid, every dQ strategy (one call per "
                             "timing; sections bwd / bwd_quick)"))
     parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "

@@ -30,6 +30,9 @@ def _sections():
         "layout": bench_fwd.layout,
         "memory": bench_fwd.peak_memory,
         "fwd_quick": lambda: bench_fwd.fa2_grid(dtypes=("float16",), seqlens=(1024, 4096, 16384), naive=False),
+        # the grid with cuflash, FLASH and cuDNN timed in turn, 3 rounds, medians (seqlen >= 1k: the target's points)
+        "fwd_rounds": lambda: bench_fwd.fa2_grid(seqlens=(1024, 2048, 4096, 8192, 16384), naive=(), rounds=3,
+                                                 providers=("flash", "cudnn")),
     }
     for mod, names in (("bench_bwd", ("bwd", "bwd_loop", "bwd_partition", "bwd_tile_sweep", "dq_memory")), ("bench_decode", ("decode", "decode_sweep", "decode_big_gqa")),
                        ("bench_micro", ("micro",)), ("bench_v1", ("v1_ladder",)),
@@ -50,6 +53,9 @@ def _sections():
         secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16", "bfloat16"), seqlens=(1024, 4096, 16384))
         # the default strategy on the grid points of the backward's target (seqlen >= 2k) and 1k
         secs["bwd_grid"] = lambda: secs["bwd"](seqlens=(1024, 2048, 4096, 8192, 16384), strategies=("atomic",))
+        # the same with cuflash, FLASH and cuDNN timed in turn, 3 rounds, medians
+        secs["bwd_rounds"] = lambda: secs["bwd"](seqlens=(2048, 4096, 8192, 16384), strategies=("atomic",), rounds=3,
+                                                 providers=("flash", "cudnn"))
     return secs
 
 

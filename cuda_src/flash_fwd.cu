@@ -30,10 +30,10 @@
 //              out of 255 registers. On sm_80 at most 2 steps per trip: 4 spill 8 B there (NVRTC 13.0), while on
 //              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, session 5).
 //   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
-//              S = Q K^T, 2 after the softmax (before P V), 3 K after S and V after the softmax (two commit
-//              groups; the next step's wait covers both). Later issue keeps the S registers live across the
-//              copies, so ptxas cannot hand the copies' address registers to S (the zeroing of S then waits
-//              for the copies to read them: bench/NOTES.md, session 6), at the cost of less time in flight.
+//              S = Q K^T. Later issue keeps the S registers live across the copies, so ptxas cannot hand the
+//              copies' address registers to S (the zeroing of S then waited for the copies to read them:
+//              bench/NOTES.md, sessions 6-7). Issuing after the softmax, or K after S and V after the softmax,
+//              was measured too (session 7) and removed.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/params.cuh"
@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // do not leave (16 B of spills under NVRTC 13.0): it gets 2, like sm_80.
   constexpr int KU = EXP_VARIANT == EXP_PRECISE && KUNROLL > 2 ? 2 : KUNROLL;
 #endif
+  static_assert(LOAD_AT == 0 || LOAD_AT == 1, "LOAD_AT: 0 or 1");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
@@ -282,24 +283,23 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       __syncthreads();
       if (i == 0 && warp_has_rows) load_q_frags();
       // every thread issues K and V of the next tile once per step, where LOAD_AT says
-      auto issue_next = [&](bool k, bool v) {
+      auto issue_next = [&]() {
         if (i + 1 < num_tiles) {
-          if (k) k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
-          if (v) v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          k_loader.copy(k_stage(i + 1), tile_n(i + 1) * BLOCK_N);
+          v_loader.copy(v_stage(i + 1), tile_n(i + 1) * BLOCK_N);
           cp_async_commit();
         }
       };
-      if (LOAD_AT == 0) issue_next(true, true);
+      if (LOAD_AT == 0) issue_next();
       if (!warp_active(i)) {
-        if (LOAD_AT != 0) issue_next(true, true);
+        if (LOAD_AT != 0) issue_next();
         continue;
       }
       compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
-      if (LOAD_AT == 1 || LOAD_AT == 3) issue_next(true, LOAD_AT == 1);
+      if (LOAD_AT == 1) issue_next();
       mask_s(s_a, tile_n(i));
       if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
       softmax_p(s_a);
-      if (LOAD_AT == 2 || LOAD_AT == 3) issue_next(LOAD_AT == 2, true);
       accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
     }
   }

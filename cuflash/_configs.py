@@ -23,7 +23,7 @@ class FwdTile:
     block_n: int  # keys per KV tile
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
     kunroll: int = 0  # k16 steps of S = Q K^T unrolled per loop trip (0: all; cuda_src/flash_fwd.cu KUNROLL)
-    load_at: int = 0  # where a KV step issues the next tile's cp.async (cuda_src/flash_fwd.cu LOAD_AT)
+    load_at: int = 0  # where a KV step issues the next tile's cp.async: 0 or 1 (cuda_src/flash_fwd.cu LOAD_AT)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).

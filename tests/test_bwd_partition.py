@@ -107,7 +107,7 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
                             if _configs.bwd_do_stages(d, base, "2d") == 1 else 0)
                 assert s.smem == s80.smem + tile.block_m * d * 4 + extra_do
                 assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}, true, 2{', true' if tile.p_regs else ''}>")
-    assert all(s.min_arch == 80 for s in specs if s.smem <= SM80_MAX_SMEM and "true, 2>" not in s.name)
+    assert all(s.smem <= SM80_MAX_SMEM for s in specs if s.min_arch == 80)  # what sm_80 compiles fits it
 
 
 def test_auto_partition_resolves_per_head_dim():

@@ -160,16 +160,18 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 def _bwd_sweep_tiles():
     from cuflash._configs import BwdTile
 
-    def variants(bm, u90):  # the sm_80 tile, the sm_90 tile (bulk dQ + two dO buffers), each with P in registers
-        return [("2d", BwdTile(bm, 128, 8, 1, u, bulk, st, p_regs)) for u, bulk, st in ((4, False, 0), (u90, True, 2))
-                for p_regs in (False, True)]
+    from dataclasses import replace
 
-    return {64: variants(128, 4), 128: variants(64, 0)}
+    from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
+
+    # the sm_80 tile, the sm_90 tile, and the sm_90 tile with its dQ reduction deferred to the next step
+    return {d: [("2d", BWD_TILES_2D[d]), ("2d", BWD_TILES_2D_SM90[d]), ("2d", replace(BWD_TILES_2D_SM90[d], dq_defer=True))]
+            for d in (64, 128)}
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
-            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else ""))
+            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + ("-defer" if t.dq_defer else ""))
 
 
 def _tile_label(part, t):
@@ -210,7 +212,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
                 recs.append(record("cuflash", _tile_label(part, t), "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
                                    tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs)],
+                                         t.do_stages, int(t.p_regs), int(t.dq_defer)],
                                    configured=(t == bwd_tiles(part, device_cc(0))[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,

@@ -383,6 +383,19 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
   }
 }
 
+// The 2D partition's warp tiling (used by its branch of flash_bwd_kernel, and by DQ_DEFER at the loop top).
+// S, dP [BLOCK_M, BLOCK_N]: WM_S x WN_S warps of 32 Q rows x KW keys. dQ [BLOCK_M, D]: WM_Q x WD_Q warps of
+// 16 MFQ Q rows x DQC columns (32-row tiles unless the columns would not split into k16 multiples, then 16-row
+// tiles), DQ_CH columns per pass (bounds its accumulator registers).
+template <int D, int BLOCK_M, int BLOCK_N, int NWARPS>
+struct Tiling2D {
+  static constexpr int WM_S = BLOCK_M / 32 > 0 ? BLOCK_M / 32 : 1, WN_S = NWARPS / WM_S, KW = BLOCK_N / WN_S;
+  static constexpr int NFS = KW / 8;
+  static constexpr int WM_Q = (D / (NWARPS / WM_S)) % 16 == 0 ? WM_S : BLOCK_M / 16;
+  static constexpr int WD_Q = NWARPS / WM_Q, MFQ = BLOCK_M / (16 * WM_Q), DQC = D / WD_Q;
+  static constexpr int DQ_CH = DQC > 64 ? 64 : DQC;
+};
+
 // Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
 // dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
 // tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
@@ -416,8 +429,12 @@ struct BwdSmem {
 //   the dP product, instead of reading back the words this thread stored to shared memory (2 LDS per n8 block:
 //   they queue with MUFU.EX2 in the MIO pipe). Costs NFS * 4 registers. fp16 only: with bf16 the tiles it
 //   was measured on spill 24-64 B under NVRTC 13.0 (the bf16 -> fp32 unpack), so bf16 keeps the read-back.
+//   DQ_DEFER (with DQ_BULK): the dQ tile staged in step i is reduced at the top of step i + 1, after its
+//   cp_async_wait<0> and barrier and before it requests the next tiles: the proxy fence in front of the
+//   reduction then has no cp.async of this thread to wait for (bench/NOTES.md, session 7).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false>
+          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
+          bool DQ_DEFER = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -444,6 +461,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "host smem size must match the layout below");
   static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
   static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
+  static_assert(!DQ_DEFER || DQ_BULK, "DQ_DEFER: an option of DQ_BULK");
   constexpr bool P_IN_REGS = P_REGS && IsHalf<T>::value;  // see P_REGS above
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
@@ -476,6 +494,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   static_assert(SMEM_BYTES <= SM80_MAX_SMEM, "this tile needs sm_90's shared memory");
 #endif
   const bool dq_bulk = DQ_BULK && p.dq_strategy == DQ_ATOMIC;
+  using TD = Tiling2D<D, BLOCK_M, BLOCK_N, NWARPS>;
+  // DQ_BULK: add this warp's staged dQ tile to the accumulator; `dst` = its first row's band at its first column
+  // (lane 0's slot). Each 16-row band is DQC / 8 consecutive fragments, in shared memory as in the accumulator:
+  // one bulk reduction per band. The lanes' stores must reach the async proxy first.
+  auto dq_bulk_reduce = [&](float* dst, int warp_) {
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int mf = 0; mf < TD::MFQ; ++mf)
+        bulk_reduce_add_f32(dst + mf * 16 * D, smem_addr(dq_stage + (warp_ * TD::MFQ + mf) * 16 * TD::DQC),
+                            (TD::DQC / 8) * 128 * (int)sizeof(float));
+      bulk_commit_group();
+    }
+  };
+  float* dq_pending = nullptr;  // DQ_DEFER: the band the staged tile still has to be added to
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -527,6 +561,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
+      if constexpr (DQ_DEFER) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
+        if (dq_pending) dq_bulk_reduce(dq_pending, warp);
+        dq_pending = nullptr;
+      }
       if (it + 1 < total) {
         const int nst = stage ^ 1;
         const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
@@ -683,14 +721,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       } else {
         // ------------------------------------------------- 2D partition: 32-row warp tiles in every product
         // S, dP [BLOCK_M, BLOCK_N]: WM_S x WN_S warps of 32 Q rows x KW keys.
-        constexpr int WM_S = BLOCK_M / 32, WN_S = NWARPS / WM_S, KW = BLOCK_N / WN_S, NFS = KW / 8;
-        // dQ [BLOCK_M, D]: WM_Q x WD_Q warps of 16 MFQ Q rows x DQC columns (32-row tiles unless the columns
-        // would not split into k16 multiples, then 16-row tiles).
-        constexpr int WM_Q = (D / (NWARPS / WM_S)) % 16 == 0 ? WM_S : BLOCK_M / 16;
-        constexpr int WD_Q = NWARPS / WM_Q, MFQ = BLOCK_M / (16 * WM_Q), DQC = D / WD_Q;
-        constexpr int DQ_CH = DQC > 64 ? 64 : DQC;  // dQ columns per pass (bounds its accumulator registers)
+        constexpr int WM_S = TD::WM_S, WN_S = TD::WN_S, KW = TD::KW, NFS = TD::NFS;  // Tiling2D
+        constexpr int WD_Q = TD::WD_Q, MFQ = TD::MFQ, DQC = TD::DQC, DQ_CH = TD::DQ_CH;
+        static_assert(WM_S == BLOCK_M / 32, "2D: 32-row S tiles");
         static_assert(WM_S * WN_S == NWARPS && KW % 16 == 0, "2D: S / dP warp tiles");
-        static_assert(WM_Q * WD_Q == NWARPS && DQC % 16 == 0 && DQC % DQ_CH == 0, "2D: dQ warp tiles");
+        static_assert(TD::WM_Q * WD_Q == NWARPS && DQC % 16 == 0 && DQC % DQ_CH == 0, "2D: dQ warp tiles");
         T* p_smem = xc_smem;                      // [BLOCK_M][LDS_PS]  P of the current Q tile
         T* ds_smem = xc_smem + BLOCK_M * LDS_PS;  // [BLOCK_M][LDS_PS]  dS
         // Shared addresses of the tiles (bytes): the kernel's smem base + compile-time offsets (+ the stage).
@@ -778,7 +813,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_N>(
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
-          if (dq_bulk) {  // this lane's slots of the staged tile [mf][column block]
+          if (dq_bulk) {  // this lane's slots of the staged tile [mf][column block] (dq_bulk_reduce reads it)
             float* st = dq_stage + warp * (16 * MFQ * DQC) + 4 * lane;
 #pragma unroll
             for (int mf = 0; mf < MFQ; ++mf)
@@ -793,18 +828,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           }
         }
         if (dq_bulk) {
-          // Each 16-row band of the warp's tile is DQC / 8 consecutive fragments, in shared memory as in the
-          // accumulator: one bulk reduction per band. The lanes' stores must reach the async proxy first.
-          fence_proxy_async_shared();
-          __syncwarp();
-          if (lane == 0) {
-#pragma unroll
-            for (int mf = 0; mf < MFQ; ++mf)
-              bulk_reduce_add_f32(dq_band - 4 * lane + dq_frag_offset<D>(mf, dq_c0),
-                                  smem_addr(dq_stage + warp * (16 * MFQ * DQC) + mf * (DQC / 8) * 128),
-                                  (DQC / 8) * 128 * (int)sizeof(float));
-            bulk_commit_group();
-          }
+          float* dst = dq_band - 4 * lane + dq_frag_offset<D>(0, dq_c0);
+          if constexpr (DQ_DEFER)
+            dq_pending = dst;
+          else
+            dq_bulk_reduce(dst, warp);
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
@@ -826,6 +854,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       }
     }
 
+    if constexpr (DQ_DEFER) {  // the last Q tile's dQ
+      if (dq_pending) dq_bulk_reduce(dq_pending, warp);
+      dq_pending = nullptr;
+    }
     // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
 #pragma unroll
     for (int r = 0; r < RBW; ++r)

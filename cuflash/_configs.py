@@ -178,6 +178,7 @@ class BwdTile:
     dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
     do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
+    dq_defer: bool = False  # with dq_bulk: step i's dQ reduced at the top of step i + 1 (flash_bwd.cu DQ_DEFER)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -276,7 +277,10 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
 
 
 def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, written only when not the defaults."""
+    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_DEFER, written only when not the
+    defaults."""
+    if tile.dq_defer:
+        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}, {'true' if tile.p_regs else 'false'}, true"
     if tile.p_regs:
         return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}, true"
     if tile.do_stages:

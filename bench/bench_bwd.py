@@ -164,14 +164,20 @@ def _bwd_sweep_tiles():
 
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
 
-    # the sm_80 tile, the sm_90 tile, and the sm_90 tile with its dQ reduction deferred to the next step
-    return {d: [("2d", BWD_TILES_2D[d]), ("2d", BWD_TILES_2D_SM90[d]), ("2d", replace(BWD_TILES_2D_SM90[d], dq_defer=True))]
-            for d in (64, 128)}
+    # the sm_90 tile as configured; its bulk reductions issued from warp-uniform operands (dq_issue 1) and deferred
+    # to the next step (2), each also with the next Q tile requested after S = QK^T (load_at 1); at d64 also without
+    # P in registers (bf16 ran without until session 8)
+    sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
+                                                  for a in (0, 1) for i in (1, 2)]
+             for d in (64, 128)}
+    sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
+    return sweep
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
-            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + ("-defer" if t.dq_defer else ""))
+            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + (f"-issue{t.dq_issue}" if t.dq_issue else "")
+            + (f"-load{t.load_at}" if t.load_at else ""))
 
 
 def _tile_label(part, t):
@@ -212,7 +218,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
                 recs.append(record("cuflash", _tile_label(part, t), "bwd",
                                    dtype, b, h, s, s, d, causal, ms, warp_partition=part,
                                    tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs), int(t.dq_defer)],
+                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at],
                                    configured=(t == bwd_tiles(part, device_cc(0))[d])))
             fo = sdpa("flash")(qt, kt, vt, causal)
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,

@@ -427,14 +427,20 @@ struct BwdSmem {
 //   registers (their write-after-read waits: bench/NOTES.md, session 6). Other strategies use dq_accumulate.
 //   P_REGS (2D partition): dS = P * (dP - D) takes P from its packed 16-bit fragments kept in registers across
 //   the dP product, instead of reading back the words this thread stored to shared memory (2 LDS per n8 block:
-//   they queue with MUFU.EX2 in the MIO pipe). Costs NFS * 4 registers. fp16 only: with bf16 the tiles it
-//   was measured on spill 24-64 B under NVRTC 13.0 (the bf16 -> fp32 unpack), so bf16 keeps the read-back.
-//   DQ_DEFER (with DQ_BULK): the dQ tile staged in step i is reduced at the top of step i + 1, after its
-//   cp_async_wait<0> and barrier and before it requests the next tiles: the proxy fence in front of the
+//   they queue with MUFU.EX2 in the MIO pipe). Costs NFS * 4 registers (bf16 fits only since unpack2 takes
+//   bf16 apart with a shift and a mask: through __bfloat1622float2 the d64 tile spilled 24-64 B, NVRTC 13.0).
+//   DQ_ISSUE (with DQ_BULK): how the bulk reductions are issued. 0: by lane 0 with addresses built from per-lane
+//   values (ptxas wraps each in an ELECT loop that moves them to uniform registers); 1: from warp-uniform values
+//   (the warp index broadcast by __shfl_sync, as CUTLASS's canonical_warp_idx_sync does), so the operands can be
+//   built in uniform registers; 2: as 1, and the dQ tile staged in step i is reduced at the top of step i + 1,
+//   after its cp_async_wait<0> and barrier and before it requests the next tiles: the proxy fence in front of the
 //   reduction then has no cp.async of this thread to wait for (bench/NOTES.md, session 7).
+//   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
+//   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
+//   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
-          bool DQ_DEFER = false>
+          int DQ_ISSUE = 0, int LOAD_AT = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -461,9 +467,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "host smem size must match the layout below");
   static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
   static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
-  static_assert(!DQ_DEFER || DQ_BULK, "DQ_DEFER: an option of DQ_BULK");
-  constexpr bool P_IN_REGS = P_REGS && IsHalf<T>::value;  // see P_REGS above
-  // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
+  static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 2), "DQ_ISSUE: an option of DQ_BULK");
+  constexpr bool DQ_DEFER = DQ_ISSUE == 2;
+  static_assert(LOAD_AT == 0 || (LOAD_AT == 1 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
+    // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
   constexpr int U_N = KUNROLL && KUNROLL < KN ? KUNROLL : KN;
@@ -509,7 +516,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       bulk_commit_group();
     }
   };
-  float* dq_pending = nullptr;  // DQ_DEFER: the band the staged tile still has to be added to
+  // DQ_ISSUE >= 1: the same from warp-uniform values only (batch, query head, first row of the Q tile, KV tile).
+  const int warp_u = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+  auto dq_bulk_reduce_u = [&](int n_block_, int batch_, int hq_, int m0_) {
+    dq_bulk_reduce(dq_accum_band<D>(p, n_block_, batch_, hq_, m0_ + (warp_u / TD::WD_Q) * 16 * TD::MFQ, 0) +
+                       dq_frag_offset<D>(0, (warp_u % TD::WD_Q) * TD::DQC),
+                   warp_u);
+  };
+  int dq_pending_hq = -1, dq_pending_m0 = 0;  // DQ_DEFER: the Q tile whose staged dQ still has to be added
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -562,17 +576,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
       if constexpr (DQ_DEFER) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
-        if (dq_pending) dq_bulk_reduce(dq_pending, warp);
-        dq_pending = nullptr;
+        if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
+        dq_pending_hq = -1;
       }
-      if (it + 1 < total) {
-        const int nst = stage ^ 1;
-        const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
-        load_q_tile<T, D, BLOCK_M, NT, P2D, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS, do_smem + nst * BLOCK_M * LDS,
-                                                       lse_smem + nst * BLOCK_M, delta_smem + nst * BLOCK_M, batch,
-                                                       hq_next, m0_next, seqlen_q, tid);
-        cp_async_commit();
-      }
+      // the next iteration's Q, dO, lse and D rows into the other stage (every warp is done with it)
+      auto request_next = [&]() {
+        if (it + 1 < total) {
+          const int nst = stage ^ 1;
+          const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
+          load_q_tile<T, D, BLOCK_M, NT, P2D, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS,
+                                                              do_smem + nst * BLOCK_M * LDS, lse_smem + nst * BLOCK_M,
+                                                              delta_smem + nst * BLOCK_M, batch, hq_next, m0_next,
+                                                              seqlen_q, tid);
+          cp_async_commit();
+        }
+      };
+      if constexpr (LOAD_AT == 0) request_next();
       const T* q_tile = q_smem + stage * BLOCK_M * LDS;    // [BLOCK_M][LDS]
       const T* do_tile = do_smem + (DO_STAGES == 2 ? stage : 0) * BLOCK_M * LDS;  // [BLOCK_M][LDS]
       const float* lse_tile = lse_smem + stage * BLOCK_M;
@@ -741,6 +760,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
         gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, q_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
                                                              k_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
+        if constexpr (LOAD_AT == 1) request_next();
         // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
         // In block-local indices (row r, key c): c must be < klim, and (causal) c <= r + dlim.
         const int klim = seqlen_k - (n0 + kc0), dlim = m0 + qr0 + diag - (n0 + kc0);
@@ -783,8 +803,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
 #pragma unroll
           for (int nf = 0; nf < NFS; ++nf) {
             // the A fragment of k16 step nf / 2 holds (row g, row g + 8) of n8 block nf in words 2 (nf % 2) + (0, 1)
-            const float2 p01 = unpack2<T>(P_IN_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);  // +8 columns = +4 words
-            const float2 p23 = unpack2<T>(P_IN_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
+            const float2 p01 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);  // +8 columns = +4 words
+            const float2 p23 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
             acc[mf][nf][0] = p01.x * (acc[mf][nf][0] - dl_g);
             acc[mf][nf][1] = p01.y * (acc[mf][nf][1] - dl_g);
             acc[mf][nf][2] = p23.x * (acc[mf][nf][2] - dl_g8);
@@ -828,11 +848,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           }
         }
         if (dq_bulk) {
-          float* dst = dq_band - 4 * lane + dq_frag_offset<D>(0, dq_c0);
-          if constexpr (DQ_DEFER)
-            dq_pending = dst;
-          else
-            dq_bulk_reduce(dst, warp);
+          if constexpr (DQ_DEFER) {
+            dq_pending_hq = hq;
+            dq_pending_m0 = m0;
+          } else if constexpr (DQ_ISSUE == 1) {
+            dq_bulk_reduce_u(n_block, batch, hq, m0);
+          } else {
+            dq_bulk_reduce(dq_band - 4 * lane + dq_frag_offset<D>(0, dq_c0), warp);
+          }
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
@@ -855,8 +878,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     }
 
     if constexpr (DQ_DEFER) {  // the last Q tile's dQ
-      if (dq_pending) dq_bulk_reduce(dq_pending, warp);
-      dq_pending = nullptr;
+      if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
+      dq_pending_hq = -1;
     }
     // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
 #pragma unroll

@@ -178,7 +178,8 @@ class BwdTile:
     dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
     do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
-    dq_defer: bool = False  # with dq_bulk: step i's dQ reduced at the top of step i + 1 (flash_bwd.cu DQ_DEFER)
+    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1 (flash_bwd.cu DQ_ISSUE)
+    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0) or after S = QK^T (1) (LOAD_AT)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -277,15 +278,14 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
 
 
 def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_DEFER, written only when not the
-    defaults."""
-    if tile.dq_defer:
-        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}, {'true' if tile.p_regs else 'false'}, true"
-    if tile.p_regs:
-        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}, true"
-    if tile.do_stages:
-        return f", {'true' if tile.dq_bulk else 'false'}, {tile.do_stages}"
-    return ", true" if tile.dq_bulk else ""
+    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, written up to the last
+    one that is not its default."""
+    args = ["true" if tile.dq_bulk else "false", str(tile.do_stages), "true" if tile.p_regs else "false",
+            str(tile.dq_issue), str(tile.load_at)]
+    defaults = ["false", "0", "false", "0", "0"]
+    while args and args[-1] == defaults[len(args) - 1]:
+        args.pop()
+    return "".join(", " + a for a in args)
 
 
 def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:

@@ -144,14 +144,6 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 template <typename T>
-struct IsHalf {  // fp16 (true) or bf16 (false)
-  static constexpr bool value = false;
-};
-template <>
-struct IsHalf<__half> {
-  static constexpr bool value = true;
-};
-template <typename T>
 __device__ __forceinline__ float2 unpack2(uint32_t x);
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
@@ -159,7 +151,8 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
 }
 template <>
 __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
+  // bf16 is the top half of an fp32: one shift and one mask (IMAD.U32 / LOP3), no conversion instruction
+  return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
 }
 
 // ------------------------------------------------------------------------------------------- exp2

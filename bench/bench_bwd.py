@@ -164,11 +164,11 @@ def _bwd_sweep_tiles():
 
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
 
-    # the sm_90 tile as configured; its bulk reductions issued from warp-uniform operands (dq_issue 1) and deferred
-    # to the next step (2), each also with the next Q tile requested after S = QK^T (load_at 1); at d64 also without
-    # P in registers (bf16 ran without until session 8)
+    # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
+    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
+    # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
-                                                  for a in (0, 1) for i in (1, 2)]
+                                                  for i, a in ((0, 0), (1, 1))]
              for d in (64, 128)}
     sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
     return sweep

@@ -230,14 +230,18 @@ def bwd_pre_lanes_per_row(headdim: int) -> int:
 BWD_CONVERT_THREADS = 256
 
 
-# sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the two sm_90 options:
-# the dQ tile staged in shared memory and added by the bulk (TMA) reduction instead of per-lane REDs, and dO
+# sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the sm_90 options: the dQ
+# tile staged in shared memory and added by the bulk (TMA) reduction instead of per-lane REDs, and dO
 # double-buffered (no barrier before the next dO load). bench/results, section bwd_tile_sweep (session 7): +1-4%
 # over the sm_80 tile at d64 (k16 loops unrolled 4 per trip; with P kept in registers for dS, another +0.5-3%),
 # +2-7% at d128 with the k16 loops fully unrolled (what the sm_80 tile cannot afford: it spills there).
+# Session 8 (bwd_tile_sweep, fp16 and bf16): the bulk reductions of step i issued at the top of step i + 1 from
+# warp-uniform operands (dq_issue=2) with the next Q tile requested after S = QK^T (load_at=1): d128 +2-7% at
+# 4k-16k (16k non-causal fp16 302 -> 314, bf16 299 -> 321 TFLOP/s), d64 +0-4% (bf16 16k 268 -> 279); either
+# alone lost (deferred without load_at: -3-6%). bf16 keeps P in registers too since session 8 (+0-2%).
 BWD_TILES_2D_SM90 = {
-    64: replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True),
-    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2),
+    64: replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1),
+    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, dq_issue=2, load_at=1),
 }
 
 

@@ -106,8 +106,23 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
                 extra_do = (tile.block_m * (d + _configs.SMEM_ROW_PAD) * 2
                             if _configs.bwd_do_stages(d, base, "2d") == 1 else 0)
                 assert s.smem == s80.smem + tile.block_m * d * 4 + extra_do
-                assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}, true, 2{', true' if tile.p_regs else ''}>")
+                assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}, true, 2, {'true' if tile.p_regs else 'false'}, "
+                                       f"{tile.dq_issue}, {tile.load_at}>")
     assert all(s.smem <= SM80_MAX_SMEM for s in specs if s.min_arch == 80)  # what sm_80 compiles fits it
+
+
+def test_bwd_name_extras_trim_trailing_defaults():
+    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT) are written up
+    to the last one that differs from its default, so each configuration has exactly one name."""
+    from dataclasses import replace
+
+    base = _configs.BwdTile(128, 128, 8, 1, 4)
+    assert _configs._bwd_name_extras(base) == ""
+    assert _configs._bwd_name_extras(replace(base, dq_bulk=True)) == ", true"
+    assert _configs._bwd_name_extras(replace(base, do_stages=2)) == ", false, 2"
+    assert _configs._bwd_name_extras(replace(base, p_regs=True)) == ", false, 0, true"
+    assert _configs._bwd_name_extras(replace(base, dq_bulk=True, dq_issue=2)) == ", true, 0, false, 2"
+    assert _configs._bwd_name_extras(replace(base, do_stages=2, load_at=1)) == ", false, 2, false, 0, 1"
 
 
 def test_auto_partition_resolves_per_head_dim():

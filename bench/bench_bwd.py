@@ -165,19 +165,22 @@ def _bwd_sweep_tiles():
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
 
     # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
-    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
-    # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
+    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1),
+    # with dQ in 16-row warp tiles (dq_r16: one bulk reduction per warp); at d64 also without P in registers.
+    # Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
                                                   for i, a in ((0, 0), (1, 1))]
+                + [("2d", replace(BWD_TILES_2D_SM90[d], dq_r16=True))]
              for d in (64, 128)}
-    sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
+    sweep[64] += [("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)),
+                  ("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False, dq_r16=True))]
     return sweep
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
             + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + (f"-issue{t.dq_issue}" if t.dq_issue else "")
-            + (f"-load{t.load_at}" if t.load_at else ""))
+            + (f"-load{t.load_at}" if t.load_at else "") + ("-r16" if t.dq_r16 else ""))
 
 
 def _tile_label(part, t):
@@ -191,10 +194,12 @@ def sweep_specs():
             for part, t in ts for c in (False, True) for dt in ("float16", "bfloat16")]
 
 
-def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
+def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headdims=(64, 128), keep=None):
     """Every candidate backward tile (atomic dQ) on the FA2 grid subset, next to SDPA FLASH's backward measured
     in the same loop. The cuflash kernels are timed through cuflash.backward.backward (preprocess + main +
-    convert, no autograd), FLASH through autograd like section `bwd`."""
+    convert, no autograd), FLASH through autograd like section `bwd`. rounds > 1: the candidates and FLASH timed
+    in turn `rounds` times per point (harness.time_rounds), the median recorded, every round's ms in `round_ms`.
+    keep: a predicate on the candidate tiles (None: all)."""
     import torch
 
     import cuflash
@@ -203,27 +208,34 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16"):
     from cuflash._loader import device_cc
 
     recs = []
-    sweep = _bwd_sweep_tiles()
+    sweep = {d: [(part, t) for part, t in ts if keep is None or keep(t)]
+             for d, ts in _bwd_sweep_tiles().items() if d in headdims}
     for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(sweep, seqlens, getattr(torch, dtype)):
-        tiles = sweep[d]
         for causal in (False, True):
             with torch.no_grad():
                 out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
             views = bwd_mod.check_backward_inputs(dout, q.detach(), k.detach(), v.detach(), out, lse)
             n0 = len(recs)
-            for part, t in tiles:
+            fns, tiles = {}, {}
+            for part, t in sweep[d]:
                 t = t or bwd_tiles(part, device_cc(0))[d]
-                ms = time_ms(lambda: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
-                                                      warp_partition=part), rep=10)
-                recs.append(record("cuflash", _tile_label(part, t), "bwd",
-                                   dtype, b, h, s, s, d, causal, ms, warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at],
-                                   configured=(t == bwd_tiles(part, device_cc(0))[d])))
+                name = _tile_label(part, t)
+                tiles[name] = (part, t)
+                fns[name] = (lambda t=t, part=part: bwd_mod.backward(*views, None, causal, "atomic", tile=t,
+                                                                       warp_partition=part))
             fo = sdpa("flash")(qt, kt, vt, causal)
-            recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal,
-                               time_ms(_grad_fn(fo, (qt, kt, vt), doutt), rep=10)))
-            del fo, out, lse, views
+            fns["flash"] = _grad_fn(fo, (qt, kt, vt), doutt)
+            timed = time_rounds(fns, rounds, rep=10)
+            extra = lambda name: dict(rounds=rounds, round_ms=timed[name][1]) if rounds > 1 else {}  # noqa: E731
+            for name, (part, t) in tiles.items():
+                recs.append(record("cuflash", name, "bwd", dtype, b, h, s, s, d, causal, timed[name][0],
+                                   warp_partition=part,
+                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
+                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at, int(t.dq_r16)],
+                                   configured=(t == bwd_tiles(part, device_cc(0))[d]), **extra(name)))
+            recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal, timed["flash"][0],
+                               **extra("flash")))
+            del fo, out, lse, views, fns
             print(f"bwd_tile_sweep d={d} s={s} causal={causal}: " + " ".join(
                 f"{r['algo']}={r['tflops']:.0f}" for r in recs[n0:]), flush=True)
         del q, k, v, dout, qt, kt, vt, doutt

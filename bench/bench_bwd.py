@@ -165,22 +165,20 @@ def _bwd_sweep_tiles():
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
 
     # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
-    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1),
-    # with dQ in 16-row warp tiles (dq_r16: one bulk reduction per warp); at d64 also without P in registers.
-    # Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
+    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
+    # at d64 also without P in registers. Measured in session 8 and not kept (bench/NOTES.md): dq_issue 1 or 2
+    # with load_at 0; dQ in 16-row warp tiles (one bulk reduction per warp: 1.5-4% slower).
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
                                                   for i, a in ((0, 0), (1, 1))]
-                + [("2d", replace(BWD_TILES_2D_SM90[d], dq_r16=True))]
              for d in (64, 128)}
-    sweep[64] += [("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)),
-                  ("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False, dq_r16=True))]
+    sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
     return sweep
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
             + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + (f"-issue{t.dq_issue}" if t.dq_issue else "")
-            + (f"-load{t.load_at}" if t.load_at else "") + ("-r16" if t.dq_r16 else ""))
+            + (f"-load{t.load_at}" if t.load_at else ""))
 
 
 def _tile_label(part, t):
@@ -231,7 +229,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headd
                 recs.append(record("cuflash", name, "bwd", dtype, b, h, s, s, d, causal, timed[name][0],
                                    warp_partition=part,
                                    tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at, int(t.dq_r16)],
+                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at],
                                    configured=(t == bwd_tiles(part, device_cc(0))[d]), **extra(name)))
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal, timed["flash"][0],
                                **extra("flash")))

@@ -118,9 +118,18 @@ def partition_table(records):
     return "\n".join(lines) + "\n"
 
 
-def bwd_sweep_table(records):
-    """Section bwd_tile_sweep: every candidate backward tile next to SDPA FLASH measured in the same loop (fp16)."""
-    rs = [r for r in records if r.get("section") == "bwd_tile_sweep"]
+_BWD_SWEEP_TITLES = {
+    "bwd_tile_sweep": "Backward tile sweep (fp16, atomic dQ; TFLOP/s, and / SDPA FLASH of the same loop)",
+    "bwd_tile_sweep_bf16": "Backward tile sweep, bf16 (section bwd_tile_sweep_bf16)",
+    "bwd_tile_rounds": "Backward tile sweep, candidates and FLASH timed in turn, median of 3 rounds (fp16; section "
+                       "bwd_tile_rounds)",
+}
+
+
+def bwd_sweep_table(records, section="bwd_tile_sweep"):
+    """Sections bwd_tile_sweep(_bf16) / bwd_tile_rounds: every candidate backward tile next to SDPA FLASH measured in
+    the same loop."""
+    rs = [r for r in records if r.get("section") == section]
     if not rs:
         return ""
     seqlens = sorted({r["seqlen_q"] for r in rs})
@@ -128,14 +137,18 @@ def bwd_sweep_table(records):
     for r in rs:
         cell[(r["headdim"], r["causal"], r["provider"] if r["provider"] != "cuflash" else r["algo"])][r["seqlen_q"]] = \
             r.get("tflops")
-    lines = ["### Backward tile sweep (fp16, atomic dQ; TFLOP/s, and / SDPA FLASH of the same loop)", "",
-             "Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all), then the options: "
-             "-bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; sm_90), -do2 (two dO buffers beyond "
-             "sm_80's shared memory), -pregs (dS takes P from registers; fp16 only). In older records (history/): "
-             "session 4's -do, -scalar, -rot and session 6's -late (dQ after dV), measured and removed "
-             "(bench/NOTES.md). cuflash is called directly (no autograd), FLASH through autograd.", "",
-             "| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
-             "|" + "---|" * (3 + len(seqlens))]
+    lines = [f"### {_BWD_SWEEP_TITLES[section]}", ""]
+    if section == "bwd_tile_sweep":
+        lines += ["Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all), then the options: "
+                  "-bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; sm_90), -do2 (two dO buffers "
+                  "beyond sm_80's shared memory), -pregs (dS takes P from registers), -issue1 (the bulk reductions "
+                  "issued from warp-uniform operands), -issue2 (the same, deferred to the top of the next step), "
+                  "-load1 (the next Q tile requested after S = QK^T). In older records (history/): session 4's -do, "
+                  "-scalar, -rot, session 6's -late (dQ after dV) and session 8's -r16 (16-row dQ warp tiles), "
+                  "measured and removed (bench/NOTES.md). cuflash is called directly (no autograd), FLASH through "
+                  "autograd (its ~0.4 ms of host latency per call inside its timing).", ""]
+    lines += ["| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
+              "|" + "---|" * (3 + len(seqlens))]
     for key in sorted(cell, key=lambda k: (k[0], k[1], k[2] == "flash", k[2])):
         row, fl = cell[key], cell.get((key[0], key[1], "flash"), {})
         vals = [_fmt(row.get(s)) + (f" ({row[s] / fl[s]:.2f})" if key[2] != "flash" and row.get(s) and fl.get(s)
@@ -167,7 +180,7 @@ def markdown(head, records) -> str:
     parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "
                             "timing (host latency overlapped; section bwd_loop)"))
     parts.append(partition_table(records))
-    parts.append(bwd_sweep_table(records))
+    parts += [bwd_sweep_table(records, sec) for sec in _BWD_SWEEP_TITLES]
     parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
                               "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
     parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],

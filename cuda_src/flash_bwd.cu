@@ -383,17 +383,15 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
   }
 }
 
-// The 2D partition's warp tiling (used by its branch of flash_bwd_kernel, and by DQ_ISSUE's reductions).
+// The 2D partition's warp tiling (used by its branch of flash_bwd_kernel, and by DQ_DEFER at the loop top).
 // S, dP [BLOCK_M, BLOCK_N]: WM_S x WN_S warps of 32 Q rows x KW keys. dQ [BLOCK_M, D]: WM_Q x WD_Q warps of
-// 16 MFQ Q rows x DQC columns (32-row tiles unless the columns would not split into k16 multiples, or DQ_R16
-// asks for 16-row tiles: then each warp's dQ tile is one 16-row band across all D columns, one contiguous
-// run of the accumulator, so one bulk reduction per warp), DQ_CH columns per pass (bounds its accumulator
-// registers).
-template <int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool DQ_R16 = false>
+// 16 MFQ Q rows x DQC columns (32-row tiles unless the columns would not split into k16 multiples, then 16-row
+// tiles), DQ_CH columns per pass (bounds its accumulator registers).
+template <int D, int BLOCK_M, int BLOCK_N, int NWARPS>
 struct Tiling2D {
   static constexpr int WM_S = BLOCK_M / 32 > 0 ? BLOCK_M / 32 : 1, WN_S = NWARPS / WM_S, KW = BLOCK_N / WN_S;
   static constexpr int NFS = KW / 8;
-  static constexpr int WM_Q = !DQ_R16 && (D / (NWARPS / WM_S)) % 16 == 0 ? WM_S : BLOCK_M / 16;
+  static constexpr int WM_Q = (D / (NWARPS / WM_S)) % 16 == 0 ? WM_S : BLOCK_M / 16;
   static constexpr int WD_Q = NWARPS / WM_Q, MFQ = BLOCK_M / (16 * WM_Q), DQC = D / WD_Q;
   static constexpr int DQ_CH = DQC > 64 ? 64 : DQC;
 };
@@ -440,10 +438,9 @@ struct BwdSmem {
 //   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
 //   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
 //   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu).
-//   DQ_R16 (2D partition): dQ in 16-row warp tiles across all D columns (Tiling2D).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
-          int DQ_ISSUE = 0, int LOAD_AT = 0, bool DQ_R16 = false>
+          int DQ_ISSUE = 0, int LOAD_AT = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -473,7 +470,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 2), "DQ_ISSUE: an option of DQ_BULK");
   constexpr bool DQ_DEFER = DQ_ISSUE == 2;
   static_assert(LOAD_AT == 0 || (LOAD_AT == 1 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
-  static_assert(!DQ_R16 || P2D, "DQ_R16: the 2D partition's option");
     // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -505,7 +501,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   static_assert(SMEM_BYTES <= SM80_MAX_SMEM, "this tile needs sm_90's shared memory");
 #endif
   const bool dq_bulk = DQ_BULK && p.dq_strategy == DQ_ATOMIC;
-  using TD = Tiling2D<D, BLOCK_M, BLOCK_N, NWARPS, DQ_R16>;
+  using TD = Tiling2D<D, BLOCK_M, BLOCK_N, NWARPS>;
   // DQ_BULK: add this warp's staged dQ tile to the accumulator; `dst` = its first row's band at its first column
   // (lane 0's slot). Each 16-row band is DQC / 8 consecutive fragments, in shared memory as in the accumulator:
   // one bulk reduction per band. The lanes' stores must reach the async proxy first.

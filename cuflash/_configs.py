@@ -180,7 +180,6 @@ class BwdTile:
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
     dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1 (flash_bwd.cu DQ_ISSUE)
     load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0) or after S = QK^T (1) (LOAD_AT)
-    dq_r16: bool = False  # 2D: dQ in 16-row warp tiles across all columns (flash_bwd.cu DQ_R16, Tiling2D)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -283,11 +282,11 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
 
 
 def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, DQ_R16, written up to the
-    last one that is not its default."""
+    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, written up to the last
+    one that is not its default."""
     args = ["true" if tile.dq_bulk else "false", str(tile.do_stages), "true" if tile.p_regs else "false",
-            str(tile.dq_issue), str(tile.load_at), "true" if tile.dq_r16 else "false"]
-    defaults = ["false", "0", "false", "0", "0", "false"]
+            str(tile.dq_issue), str(tile.load_at)]
+    defaults = ["false", "0", "false", "0", "0"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)

@@ -112,7 +112,7 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
 
 
 def test_bwd_name_extras_trim_trailing_defaults():
-    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, DQ_R16) are written up
+    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT) are written up
     to the last one that differs from its default, so each configuration has exactly one name."""
     from dataclasses import replace
 
@@ -123,7 +123,6 @@ def test_bwd_name_extras_trim_trailing_defaults():
     assert _configs._bwd_name_extras(replace(base, p_regs=True)) == ", false, 0, true"
     assert _configs._bwd_name_extras(replace(base, dq_bulk=True, dq_issue=2)) == ", true, 0, false, 2"
     assert _configs._bwd_name_extras(replace(base, do_stages=2, load_at=1)) == ", false, 2, false, 0, 1"
-    assert _configs._bwd_name_extras(replace(base, dq_r16=True)) == ", false, 0, false, 0, 0, true"
 
 
 def test_auto_partition_resolves_per_head_dim():

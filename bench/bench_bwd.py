@@ -152,22 +152,20 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
     return recs
 
 
-# Candidate tiles of the backward main kernel per head dim: (warp partition, tile); None = that partition's
-# configured tile. BwdTile(block_m, block_n, nwarps, dsplit, kunroll, dq_bulk, do_stages): kunroll = k16 steps
-# unrolled per loop trip in the "2d" partition's products (0 = all); dq_bulk and do_stages=2 are sm_90 options
-# (flash_bwd.cu: DQ_BULK, DO_ST). Also measured in session 4 and removed since (bench/NOTES.md; code at commit
-# eb51616): scalar dQ atomics, a rotated Q-tile order. The "kv" partition lost at both head dims in sessions 4-6.
+# Candidate tiles of the backward main kernel per head dim: (warp partition, BwdTile). The options (BwdTile,
+# cuflash/_configs.py): kunroll = k16 steps unrolled per loop trip (0 = all); dq_bulk, do_stages=2, dq_issue and
+# load_at are sm_90 options of the "2d" partition (flash_bwd.cu: DQ_BULK, DO_ST, DQ_ISSUE, LOAD_AT); p_regs keeps P
+# in registers for dS. Also measured and removed since (bench/NOTES.md): session 4's scalar dQ atomics and rotated
+# Q-tile order (code at commit eb51616), session 8's 16-row dQ warp tiles (commit ccb5638). The "kv" partition
+# lost at both head dims in sessions 4-6.
 def _bwd_sweep_tiles():
-    from cuflash._configs import BwdTile
-
     from dataclasses import replace
 
-    from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90
+    from cuflash._configs import BWD_TILES_2D_SM90
 
     # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
     # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
-    # at d64 also without P in registers. Measured in session 8 and not kept (bench/NOTES.md): dq_issue 1 or 2
-    # with load_at 0; dQ in 16-row warp tiles (one bulk reduction per warp: 1.5-4% slower).
+    # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
                                                   for i, a in ((0, 0), (1, 1))]
              for d in (64, 128)}
@@ -177,8 +175,8 @@ def _bwd_sweep_tiles():
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
-            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "") + (f"-issue{t.dq_issue}" if t.dq_issue else "")
-            + (f"-load{t.load_at}" if t.load_at else ""))
+            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "")
+            + (f"-issue{t.dq_issue}" if t.dq_issue else "") + (f"-load{t.load_at}" if t.load_at else ""))
 
 
 def _tile_label(part, t):
@@ -186,9 +184,9 @@ def _tile_label(part, t):
 
 
 def sweep_specs():
-    from cuflash._configs import bwd_spec, bwd_tiles
+    from cuflash._configs import bwd_spec
 
-    return [bwd_spec(dt, d, c, t or bwd_tiles(part)[d], part) for d, ts in _bwd_sweep_tiles().items()
+    return [bwd_spec(dt, d, c, t, part) for d, ts in _bwd_sweep_tiles().items()
             for part, t in ts for c in (False, True) for dt in ("float16", "bfloat16")]
 
 
@@ -216,7 +214,6 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headd
             n0 = len(recs)
             fns, tiles = {}, {}
             for part, t in sweep[d]:
-                t = t or bwd_tiles(part, device_cc(0))[d]
                 name = _tile_label(part, t)
                 tiles[name] = (part, t)
                 fns[name] = (lambda t=t, part=part: bwd_mod.backward(*views, None, causal, "atomic", tile=t,

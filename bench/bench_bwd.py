@@ -166,8 +166,9 @@ def _bwd_sweep_tiles():
     # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
     # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
     # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
+    # dq_issue=3 (one bulk reduction per block and step, written after session 8's device time; not measured yet)
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
-                                                  for i, a in ((0, 0), (1, 1))]
+                                                  for i, a in ((0, 0), (1, 1), (3, 1))]
              for d in (64, 128)}
     sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
     return sweep

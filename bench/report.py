@@ -123,6 +123,7 @@ _BWD_SWEEP_TITLES = {
     "bwd_tile_sweep_bf16": "Backward tile sweep, bf16 (section bwd_tile_sweep_bf16)",
     "bwd_tile_rounds": "Backward tile sweep, candidates and FLASH timed in turn, median of 3 rounds (fp16; section "
                        "bwd_tile_rounds)",
+    "bwd_tile_rounds_bf16": "The same in bf16 (section bwd_tile_rounds_bf16)",
 }
 
 

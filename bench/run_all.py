@@ -52,9 +52,13 @@ def _sections():
     if "bwd" in secs:
         secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16", "bfloat16"), seqlens=(1024, 4096, 16384))
         secs["bwd_tile_sweep_bf16"] = lambda: secs["bwd_tile_sweep"](dtype="bfloat16")
-        # the session-8 tile and its open alternative at d64 (P in registers or not), 3 rounds
+        # the session-8 tile and its open alternatives (P in registers or not at d64, one bulk dQ reduction per
+        # block), 3 rounds; fp16 and bf16
         secs["bwd_tile_rounds"] = lambda: secs["bwd_tile_sweep"](seqlens=(4096, 16384), rounds=3,
-                                                                 keep=lambda t: t.dq_issue == 2)
+                                                                 keep=lambda t: t.dq_issue >= 2)
+        secs["bwd_tile_rounds_bf16"] = lambda: secs["bwd_tile_sweep"](seqlens=(4096, 16384), rounds=3,
+                                                                      dtype="bfloat16",
+                                                                      keep=lambda t: t.dq_issue >= 2)
         # the default strategy on the grid points of the backward's target (seqlen >= 2k) and 1k
         secs["bwd_grid"] = lambda: secs["bwd"](seqlens=(1024, 2048, 4096, 8192, 16384), strategies=("atomic",))
         # the same with cuflash, FLASH and cuDNN timed in turn, 3 rounds, medians

@@ -178,7 +178,7 @@ class BwdTile:
     dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
     do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
-    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1 (flash_bwd.cu DQ_ISSUE)
+    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1, 3 one per block (DQ_ISSUE)
     load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0) or after S = QK^T (1) (LOAD_AT)
 
 

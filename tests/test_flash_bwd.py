@@ -271,7 +271,8 @@ def test_launch_from_a_thread_without_a_cuda_context():
 @pytest.mark.parametrize("bulk,do_stages,p_regs,issue,load_at", [
     (False, 0, False, 0, 0), (True, 0, False, 0, 0), (False, 2, False, 0, 0), (True, 2, False, 0, 0),
     (False, 0, True, 0, 0), (True, 2, True, 0, 0), (True, 2, False, 1, 0), (True, 2, True, 1, 0),
-    (True, 2, False, 2, 0), (True, 2, True, 2, 1), (False, 2, False, 0, 1), (True, 2, True, 1, 1)])
+    (True, 2, False, 2, 0), (True, 2, True, 2, 1), (False, 2, False, 0, 1), (True, 2, True, 1, 1),
+    (True, 2, True, 3, 1), (True, 2, False, 3, 0)])
 @pytest.mark.parametrize("strategy", ["atomic", "seqpar", "loop"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(17, 300), (300, 17), (1000, 700)])
@@ -279,7 +280,8 @@ def test_2d_tile_options_match_reference(d, tile, bulk, do_stages, p_regs, issue
                                          sq, sk):
     """The 2D tile as sm_80 runs it (the H200 runs BWD_TILES_2D_SM90 by default) and with its sm_90 options, through
     cuflash.backward.backward: dq_bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; other strategies
-    keep their own writes; `issue`: 1 from warp-uniform operands, 2 also one step later), the next Q tile
+    keep their own writes; `issue`: 1 from warp-uniform operands, 2 also one step later, 3 one reduction per
+    block and step), the next Q tile
     requested after S = QK^T (`load_at`), a second dO buffer beyond sm_80's smem, and P kept in
     registers for dS."""
     import cupy

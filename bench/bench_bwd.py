@@ -166,18 +166,23 @@ def _bwd_sweep_tiles():
     # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
     # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
     # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
-    # dq_issue=3 (one bulk reduction per block and step, written after session 8's device time; not measured yet)
+    # dq_issue=3 (one bulk reduction per block and step). At d64 (session 9) also: without P in registers, the k16
+    # loops fully unrolled, the next Q tile requested after P (load_at=2) or after dS (3), P's exps interleaved
+    # with the dP product (exp_il).
     sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
                                                   for i, a in ((0, 0), (1, 1), (3, 1))]
              for d in (64, 128)}
-    sweep[64].append(("2d", replace(BWD_TILES_2D_SM90[64], p_regs=False)))
+    t64 = BWD_TILES_2D_SM90[64]
+    sweep[64] += [("2d", replace(t64, **kw)) for kw in (dict(p_regs=False), dict(kunroll=0), dict(load_at=2),
+                                                          dict(load_at=3), dict(exp_il=True))]
     return sweep
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
             + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "")
-            + (f"-issue{t.dq_issue}" if t.dq_issue else "") + (f"-load{t.load_at}" if t.load_at else ""))
+            + (f"-issue{t.dq_issue}" if t.dq_issue else "") + (f"-load{t.load_at}" if t.load_at else "")
+            + ("-expil" if t.exp_il else ""))
 
 
 def _tile_label(part, t):
@@ -227,7 +232,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headd
                 recs.append(record("cuflash", name, "bwd", dtype, b, h, s, s, d, causal, timed[name][0],
                                    warp_partition=part,
                                    tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at],
+                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at, int(t.exp_il)],
                                    configured=(t == bwd_tiles(part, device_cc(0))[d]), **extra(name)))
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal, timed["flash"][0],
                                **extra("flash")))

@@ -441,10 +441,15 @@ struct BwdSmem {
 //   ahead of the next staging stores). One bulk reduction per block and step instead of 2 per warp.
 //   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
 //   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
-//   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu).
+//   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu); 2: after P is
+//   computed and stored (before dP = dO V^T); 3: after dS is stored, before barrier 2 (FlashAttention-2's Q
+//   position).
+//   EXP_IL (2D, P_REGS): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it,
+//   1 / KD of the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block
+//   (S and dP accumulators both live; P kept in registers for dS).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
-          int DQ_ISSUE = 0, int LOAD_AT = 0>
+          int DQ_ISSUE = 0, int LOAD_AT = 0, bool EXP_IL = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -474,7 +479,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 3), "DQ_ISSUE: an option of DQ_BULK");
   constexpr bool DQ_DEFER = DQ_ISSUE >= 2;
   constexpr bool DQ_BLOCK = DQ_ISSUE == 3;  // one reduction per block and step
-  static_assert(LOAD_AT == 0 || (LOAD_AT == 1 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
+  static_assert(LOAD_AT == 0 || (LOAD_AT <= 3 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
+  static_assert(!EXP_IL || (P2D && P_REGS), "EXP_IL: the 2D partition with P in registers");
     // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -799,22 +805,60 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
               }
         }
         uint32_t pa[2][NFS / 2][4];  // P, packed (P_REGS: kept for dS; else only live per mf)
+        if constexpr (EXP_IL) {
+          // (2) + (3) interleaved: dP = dO V^T one k16 step at a time into acc_p; after step ks, the exps of
+          // the S fragments [ks FPS, +FPS) (fragment f = (mf, nf) = (f / NFS, f % NFS)); each 16-row band's
+          // P is packed and stored once its last fragment is done.
+          constexpr int FPS = 2 * NFS / KD;  // S fragments per k16 step of dP
+          static_assert(FPS >= 1 && FPS * KD == 2 * NFS && NFS % FPS == 0, "EXP_IL: fragments per k16 step");
+          float acc_p[2][NFS][4];
 #pragma unroll
-        for (int mf = 0; mf < 2; ++mf) {
-          const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
+          for (int mf = 0; mf < 2; ++mf) zero_frags(acc_p[mf]);
+          const float lse_r[4] = {lse_tile[qr0 + g], lse_tile[qr0 + g + 8], lse_tile[qr0 + 16 + g],
+                                  lse_tile[qr0 + 24 + g]};
+          const uint32_t a_do = do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane);
+          const uint32_t b_v = v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane);
 #pragma unroll
-          for (int nf = 0; nf < NFS; ++nf)
+          for (int ks = 0; ks < KD; ++ks) {
+            gemm_smem<T, 2, NFS, 1, false, false, LDS, LDS, 1>(acc_p, a_do + 2 * 16 * ks, b_v + 2 * 16 * ks);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -(e / 2 ? lse_g8 : lse_g)));
-          frags_to_a<T>(acc[mf], pa[mf]);
-          store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
+            for (int f = ks * FPS; f < (ks + 1) * FPS; ++f) {
+              const int mf = f / NFS, nf = f % NFS;
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -lse_r[2 * mf + e / 2]));
+              if (nf % 2 == 1)  // k16 step nf / 2 of this band's A fragments
+                frag_to_a<T>(acc[mf], nf / 2, pa[mf][nf / 2]);
+            }
+#pragma unroll
+            for (int mf = 0; mf < 2; ++mf)
+              if ((ks + 1) * FPS == (mf + 1) * NFS) store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
+          }
+#pragma unroll
+          for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+            for (int nf = 0; nf < NFS; ++nf)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mf][nf][e] = acc_p[mf][nf][e];
+        } else {
+#pragma unroll
+          for (int mf = 0; mf < 2; ++mf) {
+            const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
+#pragma unroll
+            for (int nf = 0; nf < NFS; ++nf)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -(e / 2 ? lse_g8 : lse_g)));
+            frags_to_a<T>(acc[mf], pa[mf]);
+            store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
+          }
+          if constexpr (LOAD_AT == 2) request_next();
+          // (3) dP = dO V^T, same block.
+#pragma unroll
+          for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
+          gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
+                                                               v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         }
-        // (3) dP = dO V^T, same block.
-#pragma unroll
-        for (int mf = 0; mf < 2; ++mf) zero_frags(acc[mf]);
-        gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
-                                                             v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         // (4) dS = P * (dP - D[row]) -> smem. P from its 16-bit copy (the values dV uses), read back from the
         // words this thread stored (cheaper in registers than keeping P across (3)).
 #pragma unroll
@@ -836,6 +880,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           frags_to_a<T>(acc[mf], dsa);
           store_a_frags(ds_smem + kc0, LDS_PS, qr0 + mf * 16, dsa, lane);
         }
+        if constexpr (LOAD_AT == 3) request_next();
         if constexpr (DQ_BLOCK) {  // the reduction issued at the top has read the staging (stores follow barrier 2)
           if (dq_bulk && tid == 0) bulk_wait_group_read<0>();
         }

@@ -179,7 +179,8 @@ class BwdTile:
     do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
     dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1, 3 one per block (DQ_ISSUE)
-    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0) or after S = QK^T (1) (LOAD_AT)
+    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0), S = QK^T (1), P (2), dS (3) (LOAD_AT)
+    exp_il: bool = False  # 2D with p_regs: P's exps interleaved with the k16 steps of dP = dO V^T (flash_bwd.cu EXP_IL)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -282,11 +283,11 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
 
 
 def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, written up to the last
-    one that is not its default."""
+    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, EXP_IL, written up to
+    the last one that is not its default."""
     args = ["true" if tile.dq_bulk else "false", str(tile.do_stages), "true" if tile.p_regs else "false",
-            str(tile.dq_issue), str(tile.load_at)]
-    defaults = ["false", "0", "false", "0", "0"]
+            str(tile.dq_issue), str(tile.load_at), "true" if tile.exp_il else "false"]
+    defaults = ["false", "0", "false", "0", "0", "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)

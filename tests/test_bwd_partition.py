@@ -123,6 +123,7 @@ def test_bwd_name_extras_trim_trailing_defaults():
     assert _configs._bwd_name_extras(replace(base, p_regs=True)) == ", false, 0, true"
     assert _configs._bwd_name_extras(replace(base, dq_bulk=True, dq_issue=2)) == ", true, 0, false, 2"
     assert _configs._bwd_name_extras(replace(base, do_stages=2, load_at=1)) == ", false, 2, false, 0, 1"
+    assert _configs._bwd_name_extras(replace(base, p_regs=True, exp_il=True)) == ", false, 0, true, 0, 0, true"
 
 
 def test_auto_partition_resolves_per_head_dim():

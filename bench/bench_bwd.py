@@ -174,7 +174,10 @@ def _bwd_sweep_tiles():
              for d in (64, 128)}
     t64 = BWD_TILES_2D_SM90[64]
     sweep[64] += [("2d", replace(t64, **kw)) for kw in (dict(p_regs=False), dict(kunroll=0), dict(load_at=2),
-                                                          dict(load_at=3), dict(exp_il=True))]
+                                                          dict(load_at=3), dict(exp_il=True),
+                                                          dict(exp_il=True, kunroll=0), dict(exp_il=True, load_at=2),
+                                                          dict(exp_il=True, kunroll=0, load_at=2),
+                                                          dict(kunroll=0, load_at=2))]
     return sweep
 
 

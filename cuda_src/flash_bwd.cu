@@ -442,7 +442,7 @@ struct BwdSmem {
 //   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
 //   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
 //   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu); 2: after P is
-//   computed and stored (before dP = dO V^T); 3: after dS is stored, before barrier 2 (FlashAttention-2's Q
+//   computed and stored (before dP = dO V^T; with EXP_IL after the interleaved dP and exps); 3: after dS is stored, before barrier 2 (FlashAttention-2's Q
 //   position).
 //   EXP_IL (2D, P_REGS): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it,
 //   1 / KD of the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block
@@ -840,6 +840,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
             for (int nf = 0; nf < NFS; ++nf)
 #pragma unroll
               for (int e = 0; e < 4; ++e) acc[mf][nf][e] = acc_p[mf][nf][e];
+          if constexpr (LOAD_AT == 2) request_next();  // P is stored and dP done
         } else {
 #pragma unroll
           for (int mf = 0; mf < 2; ++mf) {

@@ -136,7 +136,7 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
             q, k, v, dout = _inputs(b, s, h, d, dt)
             for causal in (False, True):
                 for part in partitions:
-                    t = bwd_tiles(part, device_cc(0))[d]
+                    t = bwd_tiles(part, device_cc(0), dtype)[d]
                     out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy="atomic", warp_partition=part)
                     ms = time_ms(_grad_fn(out, (q, k, v), dout), rep=10)
                     recs.append(record("cuflash", f"v2-{part}", "bwd", dtype, b, h, s, s, d, causal, ms,
@@ -161,24 +161,19 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 def _bwd_sweep_tiles():
     from dataclasses import replace
 
-    from cuflash._configs import BWD_TILES_2D_SM90
+    from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90, BWD_TILES_2D_SM90_DTYPE
 
-    # the sm_90 tile as configured (session 8: dq_issue=2, load_at=1), as session 7 shipped it (dq_issue=0,
-    # load_at=0), with its bulk reductions issued from warp-uniform operands at the end of the step (dq_issue=1);
-    # at d64 also without P in registers. Measured in session 8 and not kept: dq_issue 1 or 2 with load_at 0.
-    # dq_issue=3 (one bulk reduction per block and step). At d64 (session 9) also: without P in registers, the k16
-    # loops fully unrolled, the next Q tile requested after P (load_at=2) or after dS (3), P's exps interleaved
-    # with the dP product (exp_il).
-    sweep = {d: [("2d", BWD_TILES_2D_SM90[d])] + [("2d", replace(BWD_TILES_2D_SM90[d], dq_issue=i, load_at=a))
-                                                  for i, a in ((0, 0), (1, 1), (3, 1))]
-             for d in (64, 128)}
-    t64 = BWD_TILES_2D_SM90[64]
-    sweep[64] += [("2d", replace(t64, **kw)) for kw in (dict(p_regs=False), dict(kunroll=0), dict(load_at=2),
-                                                          dict(load_at=3), dict(exp_il=True),
-                                                          dict(exp_il=True, kunroll=0), dict(exp_il=True, load_at=2),
-                                                          dict(exp_il=True, kunroll=0, load_at=2),
-                                                          dict(kunroll=0, load_at=2))]
-    return sweep
+    # the sm_90 tile as configured; d128: as session 7 shipped it (dq_issue=0, load_at=0) and with its bulk
+    # reductions issued from warp-uniform operands at the end of the step (dq_issue=1). d64 (session 9): the bf16
+    # tile (P read back), session 8's tile (k16 loops unrolled 4 per trip, next Q tile after S, exps as one block
+    # before dP) and the configured one without exp_il. Measured and not kept (bench/NOTES.md): dq_issue 1 / 2 with
+    # load_at 0 (session 8); one bulk dQ reduction per block and step, the next Q tile after dS (session 9).
+    t64, t128 = BWD_TILES_2D_SM90[64], BWD_TILES_2D_SM90[128]
+    s8 = replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1)
+    return {
+        64: [("2d", t) for t in (t64, BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], s8, replace(t64, exp_il=False))],
+        128: [("2d", t128)] + [("2d", replace(t128, dq_issue=i, load_at=a)) for i, a in ((0, 0), (1, 1))],
+    }
 
 
 def _tile_desc(t):
@@ -236,7 +231,7 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headd
                                    warp_partition=part,
                                    tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
                                          t.do_stages, int(t.p_regs), t.dq_issue, t.load_at, int(t.exp_il)],
-                                   configured=(t == bwd_tiles(part, device_cc(0))[d]), **extra(name)))
+                                   configured=(t == bwd_tiles(part, device_cc(0), dtype)[d]), **extra(name)))
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal, timed["flash"][0],
                                **extra("flash")))
             del fo, out, lse, views, fns

@@ -52,21 +52,16 @@ def _sections():
     if "bwd" in secs:
         secs["bwd_quick"] = lambda: secs["bwd"](dtypes=("float16", "bfloat16"), seqlens=(1024, 4096, 16384))
         secs["bwd_tile_sweep_bf16"] = lambda: secs["bwd_tile_sweep"](dtype="bfloat16")
-        # the session-8 tile and its open alternatives (P in registers or not at d64, one bulk dQ reduction per
-        # block), 3 rounds; fp16 and bf16
+        # the configured tiles and their alternatives (bench_bwd._bwd_sweep_tiles) with dq_issue 2, 3 rounds
         secs["bwd_tile_rounds"] = lambda: secs["bwd_tile_sweep"](seqlens=(4096, 16384), rounds=3,
                                                                  keep=lambda t: t.dq_issue >= 2)
         secs["bwd_tile_rounds_bf16"] = lambda: secs["bwd_tile_sweep"](seqlens=(4096, 16384), rounds=3,
                                                                       dtype="bfloat16",
                                                                       keep=lambda t: t.dq_issue >= 2)
-        # session 9's d64 candidates: P's exps interleaved with dP (exp_il), full unrolling, the next Q tile after P
-        def _s9(t):
-            from cuflash._configs import BWD_TILES_2D_SM90
-            base = BWD_TILES_2D_SM90[64]
-            return t == base or (t.exp_il or (t.kunroll == 0 and t.load_at == 2)) and t.p_regs and t.dq_issue == 2
+        # session 9: the d64 candidates at 2k, 4k, 16k, 3 rounds
         for dt, suffix in (("float16", ""), ("bfloat16", "_bf16")):
             secs["bwd_tile_rounds_d64" + suffix] = lambda dt=dt: secs["bwd_tile_sweep"](
-                seqlens=(2048, 4096, 16384), rounds=3, dtype=dt, headdims=(64,), keep=_s9)
+                seqlens=(2048, 4096, 16384), rounds=3, dtype=dt, headdims=(64,))
         # the default strategy on the grid points of the backward's target (seqlen >= 2k) and 1k
         secs["bwd_grid"] = lambda: secs["bwd"](seqlens=(1024, 2048, 4096, 8192, 16384), strategies=("atomic",))
         # the same with cuflash, FLASH and cuDNN timed in turn, 3 rounds, medians

@@ -434,19 +434,14 @@ struct BwdSmem {
 //   (the warp index broadcast by __shfl_sync, as CUTLASS's canonical_warp_idx_sync does), so the operands can be
 //   built in uniform registers; 2: as 1, and the dQ tile staged in step i is reduced at the top of step i + 1,
 //   after its cp_async_wait<0> and barrier and before it requests the next tiles: the proxy fence in front of the
-//   reduction then has no cp.async of this thread to wait for (bench/NOTES.md, session 7); 3: as 2, but the
-//   warps stage their dQ tiles as the accumulator lays out the block's [BLOCK_M, D] tile (one contiguous run:
-//   its 16-row bands follow each other), and thread 0 adds the whole tile with one reduction after barrier 1
-//   (every thread fences its staging stores before that barrier; thread 0 waits for the read before barrier 2,
-//   ahead of the next staging stores). One bulk reduction per block and step instead of 2 per warp.
+//   reduction then has no cp.async of this thread to wait for (bench/NOTES.md, session 7).
 //   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
 //   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
 //   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu); 2: after P is
-//   computed and stored (before dP = dO V^T; with EXP_IL after the interleaved dP and exps); 3: after dS is stored, before barrier 2 (FlashAttention-2's Q
-//   position).
-//   EXP_IL (2D, P_REGS): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it,
-//   1 / KD of the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block
-//   (S and dP accumulators both live; P kept in registers for dS).
+//   computed and stored, before dP = dO V^T (with EXP_IL: after the interleaved dP and exps).
+//   EXP_IL (2D): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it, 1 / KD of
+//   the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block queued behind
+//   the ldmatrix of dP in the MIO pipe (S and dP accumulators both live during dP).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
           int DQ_ISSUE = 0, int LOAD_AT = 0, bool EXP_IL = false>
@@ -476,11 +471,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "host smem size must match the layout below");
   static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
   static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
-  static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 3), "DQ_ISSUE: an option of DQ_BULK");
-  constexpr bool DQ_DEFER = DQ_ISSUE >= 2;
-  constexpr bool DQ_BLOCK = DQ_ISSUE == 3;  // one reduction per block and step
-  static_assert(LOAD_AT == 0 || (LOAD_AT <= 3 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
-  static_assert(!EXP_IL || (P2D && P_REGS), "EXP_IL: the 2D partition with P in registers");
+  static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 2), "DQ_ISSUE: an option of DQ_BULK");
+  constexpr bool DQ_DEFER = DQ_ISSUE == 2;
+  static_assert(LOAD_AT == 0 || (LOAD_AT <= 2 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
+  static_assert(!EXP_IL || P2D, "EXP_IL: the 2D partition's option");
     // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -535,15 +529,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                    warp_u);
   };
   int dq_pending_hq = -1, dq_pending_m0 = 0;  // DQ_DEFER: the Q tile whose staged dQ still has to be added
-  // DQ_BLOCK: the block's staged [BLOCK_M, D] tile into the accumulator rows [m0_, +BLOCK_M) of head hq_ (thread 0,
-  // after a barrier behind every thread's fence_proxy_async_shared).
-  auto dq_block_reduce = [&](int n_block_, int batch_, int hq_, int m0_) {
-    if (threadIdx.x == 0) {
-      bulk_reduce_add_f32(dq_accum_band<D>(p, n_block_, batch_, hq_, m0_, 0), smem_addr(dq_stage),
-                          BLOCK_M * D * (int)sizeof(float));
-      bulk_commit_group();
-    }
-  };
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -592,19 +577,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     }
     for (int it = 0, stage = 0; it < total; ++it, stage ^= 1) {
       cp_async_wait<0>();  // iteration it's tiles (and K, V) have landed for this thread ...
-      if constexpr (DQ_BLOCK) {  // the previous step's staging stores, to the async proxy before the barrier
-        if (dq_pending_hq >= 0) fence_proxy_async_shared();
-      }
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
       if constexpr (DQ_DEFER) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
-        if (dq_pending_hq >= 0) {
-          if constexpr (DQ_BLOCK)
-            dq_block_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
-          else
-            dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
-        }
+        if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
         dq_pending_hq = -1;
       }
       // the next iteration's Q, dO, lse and D rows into the other stage (every warp is done with it)
@@ -881,10 +858,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           frags_to_a<T>(acc[mf], dsa);
           store_a_frags(ds_smem + kc0, LDS_PS, qr0 + mf * 16, dsa, lane);
         }
-        if constexpr (LOAD_AT == 3) request_next();
-        if constexpr (DQ_BLOCK) {  // the reduction issued at the top has read the staging (stores follow barrier 2)
-          if (dq_bulk && tid == 0) bulk_wait_group_read<0>();
-        }
         __syncthreads();  // barrier 2: P and dS of every warp are in smem
 
         // (5) dQ_i += dS K_j first, so that its atomics drain under the dV and dK products instead of queueing
@@ -892,7 +865,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         // ldmatrix), B = K via ldmatrix.trans.
         const int dq_r0 = (warp / WD_Q) * 16 * MFQ, dq_c0 = (warp % WD_Q) * DQC;
         float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_r0, opaque(lane));
-        if (dq_bulk && !DQ_BLOCK) {  // the previous tile's reductions have read the staging
+        if (dq_bulk) {  // the previous tile's reductions have read the staging
           if (lane == 0) bulk_wait_group_read<0>();
           __syncwarp();
         }
@@ -904,16 +877,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           gemm_smem<T, MFQ, DQ_CH / 8, KN, false, true, LDS_PS, LDS, U_N>(
               acc_dq, ds_addr + 2 * dq_r0 * LDS_PS + lane_off_a<false, LDS_PS>(lane),
               k_addr + 2 * (dq_c0 + c0) + lane_off_b<true, LDS>(lane));
-          if (dq_bulk) {  // this lane's slots of the staged tile [mf][column block] (dq_bulk_reduce reads it);
-                          // DQ_BLOCK: of the block's tile, laid out as the accumulator ([16-row band][D / 8][128])
-            float* st = DQ_BLOCK ? dq_stage + dq_frag_offset<D>(dq_r0 / 16, dq_c0) + 4 * lane
-                                 : dq_stage + warp * (16 * MFQ * DQC) + 4 * lane;
-            constexpr int MF_STRIDE = DQ_BLOCK ? D / 8 : DQC / 8;  // fragments from one 16-row band to the next
+          if (dq_bulk) {  // this lane's slots of the staged tile [mf][column block] (dq_bulk_reduce reads it)
+            float* st = dq_stage + warp * (16 * MFQ * DQC) + 4 * lane;
 #pragma unroll
             for (int mf = 0; mf < MFQ; ++mf)
 #pragma unroll
               for (int df = 0; df < DQ_CH / 8; ++df)
-                *reinterpret_cast<float4*>(st + (mf * MF_STRIDE + c0 / 8 + df) * 128) =
+                *reinterpret_cast<float4*>(st + (mf * (DQC / 8) + c0 / 8 + df) * 128) =
                     make_float4(acc_dq[mf][df][0], acc_dq[mf][df][1], acc_dq[mf][df][2], acc_dq[mf][df][3]);
           } else {
 #pragma unroll
@@ -952,15 +922,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     }
 
     if constexpr (DQ_DEFER) {  // the last Q tile's dQ
-      if (dq_pending_hq >= 0) {
-        if constexpr (DQ_BLOCK) {
-          fence_proxy_async_shared();
-          __syncthreads();  // every warp's staging stores, fenced
-          dq_block_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
-        } else {
-          dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
-        }
-      }
+      if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
       dq_pending_hq = -1;
     }
     // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
@@ -971,7 +933,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
     __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
   }
   if constexpr (DQ_BULK) {  // the last reductions must have read the staging before the block's smem goes away
-    if (lane == 0) bulk_wait_group_read<0>();  // (DQ_BLOCK: thread 0's)
+    if (lane == 0) bulk_wait_group_read<0>();
   }
 }
 

@@ -178,9 +178,9 @@ class BwdTile:
     dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
     do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
-    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1, 3 one per block (DQ_ISSUE)
-    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0), S = QK^T (1), P (2), dS (3) (LOAD_AT)
-    exp_il: bool = False  # 2D with p_regs: P's exps interleaved with the k16 steps of dP = dO V^T (flash_bwd.cu EXP_IL)
+    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1 (flash_bwd.cu DQ_ISSUE)
+    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0), S = QK^T (1), P and dP (2) (LOAD_AT)
+    exp_il: bool = False  # 2D: P's exps interleaved with the k16 steps of dP = dO V^T (flash_bwd.cu EXP_IL)
 
 
 # kunroll (every partition): k16 steps unrolled per loop trip in the products with both operands in shared
@@ -240,18 +240,28 @@ BWD_CONVERT_THREADS = 256
 # warp-uniform operands (dq_issue=2) with the next Q tile requested after S = QK^T (load_at=1): d128 +2-7% at
 # 4k-16k (16k non-causal fp16 302 -> 314, bf16 299 -> 321 TFLOP/s), d64 +0-4% (bf16 16k 268 -> 279); either
 # alone lost (deferred without load_at: -3-6%). bf16 keeps P in registers too since session 8 (+0-2%).
+# Session 9 (bwd_tile_rounds_d64, 3 rounds): at d64 P's exps interleaved with the k16 steps of dP = dO V^T
+# (exp_il), with the k16 loops fully unrolled and the next Q tile requested after that (load_at=2): +9-11% in fp16
+# (16k non-causal 271 -> 300 TFLOP/s, 2k 233 -> 259); exp_il alone +4-7%, u0 + load_at=2 without it +3-5%.
+# bf16 spills 8 B with P in registers there, so bf16 reads P back (BWD_TILES_2D_SM90_DTYPE; spill-free).
 BWD_TILES_2D_SM90 = {
-    64: replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1),
+    64: replace(BWD_TILES_2D[64], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,
+                exp_il=True),
     128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, dq_issue=2, load_at=1),
+}
+# per-dtype exceptions to BWD_TILES_2D_SM90 (where a tile spills in one dtype only, under the GPU's NVRTC 13.0)
+BWD_TILES_2D_SM90_DTYPE = {
+    "bfloat16": {64: replace(BWD_TILES_2D_SM90[64], p_regs=False)},
 }
 
 
-def bwd_tiles(warp_partition: str = "kv", arch: int = 80) -> dict:
+def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = None) -> dict:
     """The tile table of one backward warp partition ("kv", "q" or "2d") for a device of compute capability
-    `arch` (e.g. 90; the sm_80 tables unless the partition has sm_90 tiles)."""
+    `arch` (e.g. 90; the sm_80 tables unless the partition has sm_90 tiles) and inputs of `dtype` ("float16" or
+    "bfloat16"; None: the fp16 table)."""
     table = {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
     if arch >= 90 and warp_partition == "2d":
-        return {**table, **BWD_TILES_2D_SM90}
+        return {**table, **BWD_TILES_2D_SM90, **BWD_TILES_2D_SM90_DTYPE.get(dtype, {})}
     return table
 
 
@@ -336,7 +346,7 @@ def all_specs():
                     if d in bwd_tiles(part):
                         specs.append(bwd_spec(dt, d, causal, warp_partition=part))
                         if part == "2d" and d in BWD_TILES_2D_SM90:
-                            specs.append(bwd_spec(dt, d, causal, BWD_TILES_2D_SM90[d], part))
+                            specs.append(bwd_spec(dt, d, causal, bwd_tiles(part, 90, dt)[d], part))
                         conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n)
                         if conv not in specs:
                             specs.append(conv)

@@ -142,7 +142,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    tile = tile or bwd_tiles(warp_partition, _loader.device_cc(qa.device))[d]
+    tile = tile or bwd_tiles(warp_partition, _loader.device_cc(qa.device), qa.dtype)[d]
     n_blocks = -(-sk // tile.block_n)
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
     strategy = choose_dq_strategy(dq_strategy, deterministic,

@@ -91,12 +91,14 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
     assert bwd_tiles("2d", 80) == _configs.BWD_TILES_2D and bwd_tiles("2d", 86) == _configs.BWD_TILES_2D
     assert bwd_tiles("kv", 90) == _configs.BWD_TILES and bwd_tiles("q", 90) == _configs.BWD_TILES_Q
     t90 = bwd_tiles("2d", 90)
-    assert set(t90) == set(_configs.BWD_TILES_2D)
-    for d, tile in _configs.BWD_TILES_2D_SM90.items():
-        assert t90[d] == tile and tile.dq_bulk and tile.do_stages == 2
-        base = _configs.BWD_TILES_2D[d]
-        assert (tile.block_m, tile.block_n, tile.nwarps) == (base.block_m, base.block_n, base.nwarps)
-        for dt in _configs.DTYPES:
+    assert set(t90) == set(_configs.BWD_TILES_2D) and t90 == bwd_tiles("2d", 90, "float16")
+    for dt in _configs.DTYPES:
+        for d in _configs.BWD_TILES_2D_SM90:
+            tile = bwd_tiles("2d", 90, dt)[d]
+            assert tile == _configs.BWD_TILES_2D_SM90_DTYPE.get(dt, {}).get(d, _configs.BWD_TILES_2D_SM90[d])
+            assert tile.dq_bulk and tile.do_stages == 2
+            base = _configs.BWD_TILES_2D[d]
+            assert (tile.block_m, tile.block_n, tile.nwarps) == (base.block_m, base.block_n, base.nwarps)
             for causal in (False, True):
                 s = bwd_spec(dt, d, causal, tile, "2d")
                 assert s in specs and s.min_arch == 90 and s.smem <= 227 * 1024
@@ -106,8 +108,8 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
                 extra_do = (tile.block_m * (d + _configs.SMEM_ROW_PAD) * 2
                             if _configs.bwd_do_stages(d, base, "2d") == 1 else 0)
                 assert s.smem == s80.smem + tile.block_m * d * 4 + extra_do
-                assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}, true, 2, {'true' if tile.p_regs else 'false'}, "
-                                       f"{tile.dq_issue}, {tile.load_at}>")
+                assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}{_configs._bwd_name_extras(tile)}>")
+                assert _configs._bwd_name_extras(tile).startswith(", true, 2, ")
     assert all(s.smem <= SM80_MAX_SMEM for s in specs if s.min_arch == 80)  # what sm_80 compiles fits it
 
 

@@ -172,7 +172,11 @@ def _bwd_sweep_tiles():
     s8 = replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1)
     return {
         64: [("2d", t) for t in (t64, BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], s8, replace(t64, exp_il=False))],
-        128: [("2d", t128)] + [("2d", replace(t128, dq_issue=i, load_at=a)) for i, a in ((0, 0), (1, 1))],
+        128: [("2d", t128)] + [("2d", replace(t128, dq_issue=i, load_at=a)) for i, a in ((0, 0), (1, 1))]
+        # not measured yet (compiled spill-free under NVRTC 13.0): d64's session-9 options at d128
+        + [("2d", replace(t128, **kw)) for kw in (dict(exp_il=True), dict(exp_il=True, load_at=2),
+                                                  dict(exp_il=True, p_regs=True), dict(exp_il=True, p_regs=True, load_at=2),
+                                                  dict(load_at=2))],
     }
 
 

@@ -124,6 +124,12 @@ _BWD_SWEEP_TITLES = {
     "bwd_tile_rounds": "Backward tile sweep, candidates and FLASH timed in turn, median of 3 rounds (fp16; section "
                        "bwd_tile_rounds)",
     "bwd_tile_rounds_bf16": "The same in bf16 (section bwd_tile_rounds_bf16)",
+    "bwd_tile_rounds_d64": "Backward tile candidates at head dim 64 (session 9), timed in turn, median of 3 rounds (fp16; "
+                           "section bwd_tile_rounds_d64)",
+    "bwd_tile_rounds_d64_bf16": "The same in bf16 (section bwd_tile_rounds_d64_bf16)",
+    "bwd_tile_rounds_d128": "Backward tile candidates at head dim 128, timed in turn, median of 3 rounds (fp16; section "
+                            "bwd_tile_rounds_d128)",
+    "bwd_tile_rounds_d128_bf16": "The same in bf16 (section bwd_tile_rounds_d128_bf16)",
 }
 
 
@@ -144,8 +150,10 @@ def bwd_sweep_table(records, section="bwd_tile_sweep"):
                   "-bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; sm_90), -do2 (two dO buffers "
                   "beyond sm_80's shared memory), -pregs (dS takes P from registers), -issue1 (the bulk reductions "
                   "issued from warp-uniform operands), -issue2 (the same, deferred to the top of the next step), "
-                  "-load1 (the next Q tile requested after S = QK^T). In older records (history/): session 4's -do, "
-                  "-scalar, -rot, session 6's -late (dQ after dV) and session 8's -r16 (16-row dQ warp tiles), "
+                  "-load1 / -load2 (the next Q tile requested after S = QK^T / after P and dP), -expil (P's exps "
+                  "interleaved with the k16 steps of dP). In older records (history/ and the session-9 rounds tables): "
+                  "session 4's -do, -scalar, -rot, session 6's -late (dQ after dV), session 8's -r16 (16-row dQ warp "
+                  "tiles), session 9's -issue3 (one bulk reduction per block) and -load3 (next Q tile after dS), "
                   "measured and removed (bench/NOTES.md). cuflash is called directly (no autograd), FLASH through "
                   "autograd (its ~0.4 ms of host latency per call inside its timing).", ""]
     lines += ["| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",

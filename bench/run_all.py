@@ -58,10 +58,11 @@ def _sections():
         secs["bwd_tile_rounds_bf16"] = lambda: secs["bwd_tile_sweep"](seqlens=(4096, 16384), rounds=3,
                                                                       dtype="bfloat16",
                                                                       keep=lambda t: t.dq_issue >= 2)
-        # session 9: the d64 candidates at 2k, 4k, 16k, 3 rounds
-        for dt, suffix in (("float16", ""), ("bfloat16", "_bf16")):
-            secs["bwd_tile_rounds_d64" + suffix] = lambda dt=dt: secs["bwd_tile_sweep"](
-                seqlens=(2048, 4096, 16384), rounds=3, dtype=dt, headdims=(64,))
+        # session 9: the candidates of one head dim at 2k, 4k, 16k, 3 rounds (bwd_tile_rounds_d64, ..._d128_bf16)
+        for hd in (64, 128):
+            for dt, suffix in (("float16", ""), ("bfloat16", "_bf16")):
+                secs[f"bwd_tile_rounds_d{hd}" + suffix] = lambda dt=dt, hd=hd: secs["bwd_tile_sweep"](
+                    seqlens=(2048, 4096, 16384), rounds=3, dtype=dt, headdims=(hd,))
         # the default strategy on the grid points of the backward's target (seqlen >= 2k) and 1k
         secs["bwd_grid"] = lambda: secs["bwd"](seqlens=(1024, 2048, 4096, 8192, 16384), strategies=("atomic",))
         # the same with cuflash, FLASH and cuDNN timed in turn, 3 rounds, medians

@@ -791,8 +791,6 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           float acc_p[2][NFS][4];
 #pragma unroll
           for (int mf = 0; mf < 2; ++mf) zero_frags(acc_p[mf]);
-          const float lse_r[4] = {lse_tile[qr0 + g], lse_tile[qr0 + g + 8], lse_tile[qr0 + 16 + g],
-                                  lse_tile[qr0 + 24 + g]};
           const uint32_t a_do = do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane);
           const uint32_t b_v = v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane);
 #pragma unroll
@@ -802,8 +800,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
             for (int f = ks * FPS; f < (ks + 1) * FPS; ++f) {
               const int mf = f / NFS, nf = f % NFS;
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -lse_r[2 * mf + e / 2]));
+              for (int e = 0; e < 4; ++e)  // lse read where used (held in 4 registers, bf16 spilled under NVRTC 13.5)
+                acc[mf][nf][e] =
+                    exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]));
               if (nf % 2 == 1)  // k16 step nf / 2 of this band's A fragments
                 frag_to_a<T>(acc[mf], nf / 2, pa[mf][nf / 2]);
             }

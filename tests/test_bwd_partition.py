@@ -574,3 +574,43 @@ def test_emulated_kernel_matches_reference(case):
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert not np.isnan(x).any(), f"{name}: element never written"
         np.testing.assert_allclose(x, r, rtol=0, atol=1e-10, err_msg=name)
+
+
+_BWD_TILE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, ROOT)
+from bench import host_overhead as ho
+torch = ho.install_fakes(record=True)  # device compute capability 9.0, launches recorded, nothing compiled
+import cuflash
+res = []
+for dt in ("float16", "bfloat16"):
+    for d in (64, 128):
+        for causal in (False, True):
+            q, o, do = (torch.Tensor((2, 300, 4, d), getattr(torch, dt)) for _ in range(3))
+            k, v = torch.Tensor((2, 300, 2, d), getattr(torch, dt)), torch.Tensor((2, 300, 2, d), getattr(torch, dt))
+            lse = torch.Tensor((2, 4, 300), torch.float32)
+            ho.LAUNCHES.clear()
+            cuflash.flash_attn_backward(do, q, k, v, o, lse, causal=causal)
+            res.append([dt, d, causal, [r[0] for r in ho.LAUNCHES]])
+print(json.dumps(res))
+"""
+
+
+def test_backward_launches_the_dtype_tile_on_sm90():
+    """On an sm_90 device the backward's main kernel is the sm_90 tile of the inputs' dtype (bf16 has its own at
+    head dim 64: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the GPU,
+    bench/host_overhead.py, in a subprocess)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _BWD_TILE_SCRIPT.replace("ROOT", repr(root))], capture_output=True,
+                         text=True, cwd=root, check=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    assert len(res) == 8
+    for dt, d, causal, names in res:
+        want = bwd_spec(dt, d, causal, bwd_tiles("2d", 90, dt)[d], "2d").name
+        assert want in names, (dt, d, causal, names)
+    assert bwd_tiles("2d", 90, "bfloat16")[64] != bwd_tiles("2d", 90, "float16")[64]

@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr bool DQ_DEFER = DQ_ISSUE == 2;
   static_assert(LOAD_AT == 0 || (LOAD_AT <= 2 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
   static_assert(!EXP_IL || P2D, "EXP_IL: the 2D partition's option");
-    // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
+  // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
   constexpr int U_N = KUNROLL && KUNROLL < KN ? KUNROLL : KN;
@@ -836,8 +836,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
           gemm_smem<T, 2, NFS, KD, false, false, LDS, LDS, U_D>(acc, do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane),
                                                                v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         }
-        // (4) dS = P * (dP - D[row]) -> smem. P from its 16-bit copy (the values dV uses), read back from the
-        // words this thread stored (cheaper in registers than keeping P across (3)).
+        // (4) dS = P * (dP - D[row]) -> smem. P from its 16-bit copy (the values dV uses): kept in registers
+        // across (3) (P_REGS), or read back from the words this thread stored.
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) {
           const float dl_g = delta_tile[qr0 + mf * 16 + g], dl_g8 = delta_tile[qr0 + mf * 16 + g + 8];

@@ -163,20 +163,19 @@ def _bwd_sweep_tiles():
 
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90, BWD_TILES_2D_SM90_DTYPE
 
-    # the sm_90 tile as configured; d128: as session 7 shipped it (dq_issue=0, load_at=0) and with its bulk
-    # reductions issued from warp-uniform operands at the end of the step (dq_issue=1). d64 (session 9): the bf16
-    # tile (P read back), session 8's tile (k16 loops unrolled 4 per trip, next Q tile after S, exps as one block
-    # before dP) and the configured one without exp_il. Measured and not kept (bench/NOTES.md): dq_issue 1 / 2 with
-    # load_at 0 (session 8); one bulk dQ reduction per block and step, the next Q tile after dS (session 9).
+    # the sm_90 tile as configured, per dtype. d64 (session 9): session 8's tile (k16 loops unrolled 4 per trip,
+    # next Q tile after S, exps as one block before dP) and the configured one without exp_il. d128 (session 10):
+    # session 9's tile (next Q tile after S, exps as one block, P read back for dS) and session 7's (its bulk
+    # reductions issued at the end of the step, next Q tile right after the barrier). Measured and not kept
+    # (bench/NOTES.md): dq_issue 1 / 2 with load_at 0 (session 8); one bulk dQ reduction per block and step, the
+    # next Q tile after dS (session 9); at d128 exp_il without P in registers, load_at=2 without exp_il (session 10).
     t64, t128 = BWD_TILES_2D_SM90[64], BWD_TILES_2D_SM90[128]
     s8 = replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1)
+    s9 = replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, dq_issue=2, load_at=1)
+    bf16 = BWD_TILES_2D_SM90_DTYPE["bfloat16"]
     return {
-        64: [("2d", t) for t in (t64, BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], s8, replace(t64, exp_il=False))],
-        128: [("2d", t128)] + [("2d", replace(t128, dq_issue=i, load_at=a)) for i, a in ((0, 0), (1, 1))]
-        # not measured yet (compiled spill-free under NVRTC 13.0): d64's session-9 options at d128
-        + [("2d", replace(t128, **kw)) for kw in (dict(exp_il=True), dict(exp_il=True, load_at=2),
-                                                  dict(exp_il=True, p_regs=True), dict(exp_il=True, p_regs=True, load_at=2),
-                                                  dict(load_at=2))],
+        64: [("2d", t) for t in (t64, bf16[64], s8, replace(t64, exp_il=False))],
+        128: [("2d", t) for t in (t128, bf16[128], s9, replace(s9, dq_issue=0, load_at=0))],
     }
 
 

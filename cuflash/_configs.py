@@ -244,14 +244,21 @@ BWD_CONVERT_THREADS = 256
 # (exp_il), with the k16 loops fully unrolled and the next Q tile requested after that (load_at=2): +9-11% in fp16
 # (16k non-causal 271 -> 300 TFLOP/s, 2k 233 -> 259); exp_il alone +4-7%, u0 + load_at=2 without it +3-5%.
 # bf16 spills 8 B with P in registers there, so bf16 reads P back (BWD_TILES_2D_SM90_DTYPE; spill-free).
+# Session 10 (bwd_tile_rounds_d128 / _bf16, 3 rounds): the same options at d128, with P in registers for dS:
+# fp16 with load_at=2 best at 5 of 6 points (16k non-causal 311 -> 318, causal 303 -> 314; 2k 267 -> 268), bf16
+# best with load_at=1 (16k non-causal 317 -> 325, 2k 273 -> 281; with load_at=2 270 at 2k). 247-254 registers,
+# spill-free under NVRTC 13.0 and 13.5.
 BWD_TILES_2D_SM90 = {
     64: replace(BWD_TILES_2D[64], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,
                 exp_il=True),
-    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, dq_issue=2, load_at=1),
+    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,
+                 exp_il=True),
 }
-# per-dtype exceptions to BWD_TILES_2D_SM90 (where a tile spills in one dtype only, under the GPU's NVRTC 13.0)
+# per-dtype exceptions to BWD_TILES_2D_SM90: bf16 d64 spills with P in registers (under the GPU's NVRTC 13.0);
+# bf16 d128 is faster with the next Q tile requested after S (load_at=1) than after P.
 BWD_TILES_2D_SM90_DTYPE = {
-    "bfloat16": {64: replace(BWD_TILES_2D_SM90[64], p_regs=False)},
+    "bfloat16": {64: replace(BWD_TILES_2D_SM90[64], p_regs=False),
+                 128: replace(BWD_TILES_2D_SM90[128], load_at=1)},
 }
 
 

@@ -598,7 +598,7 @@ print(json.dumps(res))
 
 def test_backward_launches_the_dtype_tile_on_sm90():
     """On an sm_90 device the backward's main kernel is the sm_90 tile of the inputs' dtype (bf16 has its own at
-    head dim 64: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the GPU,
+    head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the GPU,
     bench/host_overhead.py, in a subprocess)."""
     import json
     import os
@@ -613,4 +613,5 @@ def test_backward_launches_the_dtype_tile_on_sm90():
     for dt, d, causal, names in res:
         want = bwd_spec(dt, d, causal, bwd_tiles("2d", 90, dt)[d], "2d").name
         assert want in names, (dt, d, causal, names)
-    assert bwd_tiles("2d", 90, "bfloat16")[64] != bwd_tiles("2d", 90, "float16")[64]
+    for d in (64, 128):
+        assert bwd_tiles("2d", 90, "bfloat16")[d] != bwd_tiles("2d", 90, "float16")[d]

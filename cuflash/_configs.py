@@ -246,7 +246,7 @@ BWD_CONVERT_THREADS = 256
 # bf16 spills 8 B with P in registers there, so bf16 reads P back (BWD_TILES_2D_SM90_DTYPE; spill-free).
 # Session 10 (bwd_tile_rounds_d128 / _bf16, 3 rounds): the same options at d128, with P in registers for dS:
 # fp16 with load_at=2 best at 5 of 6 points (16k non-causal 311 -> 318, causal 303 -> 314; 2k 267 -> 268), bf16
-# best with load_at=1 (16k non-causal 317 -> 325, 2k 273 -> 281; with load_at=2 270 at 2k). 247-254 registers,
+# best with load_at=1 (16k non-causal 317 -> 325, 2k 273 -> 281; with load_at=2 270 at 2k). 247-255 registers,
 # spill-free under NVRTC 13.0 and 13.5.
 BWD_TILES_2D_SM90 = {
     64: replace(BWD_TILES_2D[64], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,

@@ -1,8 +1,9 @@
 """Merge the results.json of several device calls into one: python -m bench.merge_results OUT_DIR SRC[:sections] ...
 
 Each SRC is a results.json (or the folder holding it), optionally followed by ':' and a comma list of the
-sections to take from it. Records keep their own call's header under `call` (a ratio to SDPA is only ever
-formed inside one call), and the report (results.md, plots) is written for the merged set."""
+sections to take from it; `name=new` takes section `name` and files it as section `new` (a repeat of a section
+in a later call, kept next to the first). Records keep their own call's header under `call` (a ratio to SDPA is
+only ever formed inside one call), and the report (results.md, plots) is written for the merged set."""
 from __future__ import annotations
 
 import json
@@ -15,8 +16,14 @@ def load(src: str):
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
     data = json.load(open(path))
-    want = set(secs.split(",")) if secs else None
-    return data["header"], [r for r in data["records"] if want is None or r.get("section") in want]
+    rename = dict(s.partition("=")[::2] for s in secs.split(",")) if secs else None
+    recs = []
+    for r in data["records"]:
+        if rename is None:
+            recs.append(r)
+        elif r.get("section") in rename:
+            recs.append(dict(r, section=rename[r["section"]] or r["section"]))
+    return data["header"], recs
 
 
 def main(argv):

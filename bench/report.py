@@ -184,6 +184,8 @@ def markdown(head, records) -> str:
     parts.append(grid_table(records, "bwd", sections=("bwd_rounds",), title="Backward, FlashAttention-2 grid, "
                             "default dQ strategy, cuflash / FLASH / cuDNN timed in turn, median of 3 rounds (section "
                             "bwd_rounds)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_rounds_repeat",), title="The same, repeated in a later "
+                            "call with the same code (section bwd_rounds, filed as bwd_rounds_repeat)"))
     parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid, every dQ strategy (one call per "
                             "timing; sections bwd / bwd_quick)"))
     parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "

@@ -46,3 +46,25 @@ def test_report_renders_the_rounds_sections(mode, section):
     table = md[md.index(title):]
     name = f"cuflash-{recs[0]['algo']}"
     assert f"**{name} / flash** | 1.25" in table and f"**{name} / cudnn** | 0.50" in table
+
+
+def test_merge_results_takes_and_renames_sections(tmp_path):
+    """bench.merge_results: `SRC:a,b` keeps only those sections; `SRC:a=c` files section a as c (a repeat of a
+    section from a later call, kept next to the first); each record keeps its own call."""
+    import json
+
+    from bench import merge_results
+
+    def write(name, secs):
+        p = tmp_path / name
+        recs = [dict(section=s, provider="flash", mode="x", ms=float(i)) for i, s in enumerate(secs)]
+        p.write_text(json.dumps(dict(header=dict(gpu="g", date=name), records=recs)))
+        return str(p)
+
+    a = write("a.json", ["bwd_rounds", "bwd_quick", "ceilings"])
+    b = write("b.json", ["bwd_rounds", "fwd"])
+    merge_results.main([str(tmp_path / "out"), a + ":bwd_rounds,ceilings", b + ":bwd_rounds=bwd_rounds_repeat"])
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    got = [(r["section"], r["call"], r["ms"]) for r in out["records"]]
+    assert got == [("bwd_rounds", 0, 0.0), ("ceilings", 0, 2.0), ("bwd_rounds_repeat", 1, 0.0)]
+    assert [c["date"] for c in out["header"]["calls"]] == ["a.json", "b.json"]

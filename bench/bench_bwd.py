@@ -155,9 +155,9 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 # Candidate tiles of the backward main kernel per head dim: (warp partition, BwdTile). The options (BwdTile,
 # cuflash/_configs.py): kunroll = k16 steps unrolled per loop trip (0 = all); dq_bulk, do_stages=2, dq_issue and
 # load_at are sm_90 options of the "2d" partition (flash_bwd.cu: DQ_BULK, DO_ST, DQ_ISSUE, LOAD_AT); p_regs keeps P
-# in registers for dS; exp_il interleaves P's exps with the dP product (EXP_IL). Also measured and removed since (bench/NOTES.md): session 4's scalar dQ atomics and rotated
-# Q-tile order (code at commit eb51616), session 8's 16-row dQ warp tiles (commit ccb5638). The "kv" partition
-# lost at both head dims in sessions 4-6.
+# in registers for dS; exp_il interleaves P's exps with the dP product (EXP_IL). Also measured and removed since
+# (bench/NOTES.md): session 4's scalar dQ atomics and rotated Q-tile order (code at commit eb51616), session 8's
+# 16-row dQ warp tiles (commit ccb5638). The "kv" partition lost at both head dims in sessions 4-6.
 def _bwd_sweep_tiles():
     from dataclasses import replace
 

@@ -127,8 +127,8 @@ _BWD_SWEEP_TITLES = {
     "bwd_tile_rounds_d64": "Backward tile candidates at head dim 64 (session 9), timed in turn, median of 3 rounds (fp16; "
                            "section bwd_tile_rounds_d64)",
     "bwd_tile_rounds_d64_bf16": "The same in bf16 (section bwd_tile_rounds_d64_bf16)",
-    "bwd_tile_rounds_d128": "Backward tile candidates at head dim 128, timed in turn, median of 3 rounds (fp16; section "
-                            "bwd_tile_rounds_d128)",
+    "bwd_tile_rounds_d128": "Backward tile candidates at head dim 128 (session 10), timed in turn, median of 3 rounds "
+                            "(fp16; section bwd_tile_rounds_d128)",
     "bwd_tile_rounds_d128_bf16": "The same in bf16 (section bwd_tile_rounds_d128_bf16)",
 }
 

@@ -114,8 +114,8 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
 
 
 def test_bwd_name_extras_trim_trailing_defaults():
-    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT) are written up
-    to the last one that differs from its default, so each configuration has exactly one name."""
+    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, EXP_IL) are
+    written up to the last one that differs from its default, so each configuration has exactly one name."""
     from dataclasses import replace
 
     base = _configs.BwdTile(128, 128, 8, 1, 4)
@@ -598,8 +598,8 @@ print(json.dumps(res))
 
 def test_backward_launches_the_dtype_tile_on_sm90():
     """On an sm_90 device the backward's main kernel is the sm_90 tile of the inputs' dtype (bf16 has its own at
-    head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the GPU,
-    bench/host_overhead.py, in a subprocess)."""
+    head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the
+    GPU, bench/host_overhead.py, in a subprocess)."""
     import json
     import os
     import subprocess

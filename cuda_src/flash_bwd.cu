@@ -84,7 +84,7 @@
 // a band of 16 rows is still the same 16 D floats, so zeroing rows and the buffer's size are unchanged.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "common/params.cuh"
+#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
 
 namespace cuflash {

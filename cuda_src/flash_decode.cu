@@ -63,11 +63,11 @@
 //   STAGES     depth of each warp's cp.async ring (>= 2)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //
-// Parameters: cuflash::FwdParams (common/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
+// Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "common/params.cuh"
+#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
 
 namespace cuflash {

@@ -36,7 +36,7 @@
 //              was measured too (session 7) and removed.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "common/params.cuh"
+#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
 
 namespace cuflash {

@@ -40,53 +40,9 @@
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
 
 namespace cuflash {
-
-// Parameter block of the V1 forward kernel, passed by value. Every field is 8 bytes wide, in this order
-// (cuflash/v1.py: FWD_PARAMS lists the same fields in the same order).
-struct V1FwdParams {
-  const void* q;   // [b, sq, h, d]   (strides below, in elements; last dim contiguous)
-  const void* k;   // [b, sk, hk, d]
-  const void* v;   // [b, sk, hk, d]
-  void* o;         // [b, sq, h, d]   the output, input dtype (written by the last KV tile of each row)
-  float* o_accum;  // [b, h, sq, d]   fp32 running O_i (normalised by l_i), read and written per (j, i)
-  float* m;        // [b, h, sq]      running row max of the scaled scores (natural units)
-  float* l;        // [b, h, sq]      running row sum of exp(scale * s - m)
-  float* lse;      // [b, h, sq]      m + log(l), natural log; -inf for rows that see no key
-  int64_t q_batch_stride, q_row_stride, q_head_stride;
-  int64_t k_batch_stride, k_row_stride, k_head_stride;
-  int64_t v_batch_stride, v_row_stride, v_head_stride;
-  int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k;
-  double scale_log2;  // softmax_scale * log2(e)
-};
-
-// Parameter block of the V1 backward kernels (main, dQ convert); cuflash/v1.py: BWD_PARAMS.
-struct V1BwdParams {
-  const void* q;     // [b, sq, h, d]
-  const void* k;     // [b, sk, hk, d]
-  const void* v;     // [b, sk, hk, d]
-  const void* o;     // [b, sq, h, d]  forward output
-  const void* dout;  // [b, sq, h, d]  dL/dO
-  const float* m;    // [b, h, sq]     forward row max (natural units of the scaled scores), or the LSE
-  const float* l;    // [b, h, sq]     forward row sum, or ones (P = exp(S - LSE) / 1 is the same P)
-  float* dq_accum;   // [b, h, sq_pad, d] fp32, zero-initialised: sum over KV tiles of dS K (unscaled)
-  void* dq;          // [b, sq, h, d]
-  void* dk;          // [b, sk, hk, d]
-  void* dv;          // [b, sk, hk, d]
-  int64_t q_batch_stride, q_row_stride, q_head_stride;
-  int64_t k_batch_stride, k_row_stride, k_head_stride;
-  int64_t v_batch_stride, v_row_stride, v_head_stride;
-  int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int64_t do_batch_stride, do_row_stride, do_head_stride;
-  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
-  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
-  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
-  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k, seqlen_q_pad;  // seqlen_q_pad: multiple of BLOCK_M
-  double scale_log2;     // softmax_scale * log2(e)
-  double softmax_scale;
-};
 
 enum WarpSplit { SPLIT_K = 0, SPLIT_Q = 1 };
 

@@ -1,6 +1,7 @@
-"""Backward benchmarks: the FlashAttention-2 grid for each dQ strategy next to SDPA FLASH / CUDNN /
-EFFICIENT backward (the backward timed alone, graph retained; FLOPs x2.5), the two warp partitions of the
-main kernel (section bwd_partition), and the extra memory of the dQ strategies."""
+"""Backward benchmarks (suites bwd, bwd_rounds, bwd_loop, bwd_partition, bwd_tiles, dq_memory): the
+FlashAttention-2 grid for each dQ strategy next to SDPA FLASH / CUDNN / EFFICIENT backward (the backward timed
+alone, graph retained; FLOPs x2.5), the warp partitions of the main kernel, the candidate backward tiles,
+and the extra memory of the dQ strategies."""
 from __future__ import annotations
 
 import gc
@@ -89,8 +90,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
 def bwd_loop(dtypes=("float16",), headdims=(64, 128), seqlens=(1024, 4096, 16384), calls=10):
     """Like `bwd` (autograd, default dQ strategy and partition, next to SDPA FLASH) but each timing spans `calls`
     back-to-back backward calls, so that the host-side latency of a call (torch's autograd engine handing the
-    graph to its device thread, then cuflash's Python autograd.Function: ~0.37 ms, bench/bwd_timing_check.py)
-    overlaps the previous call's kernels, as in a training step; `bwd` times one call per event pair."""
+    graph to its device thread, then cuflash's Python autograd.Function: ~0.37 ms)
+    overlaps the previous call's kernels, as in a training step; `bwd` times one call per event pair.
+    (host latency: bench/diag/bwd_timing_check.py)"""
     import torch
 
     import cuflash
@@ -153,41 +155,53 @@ def bwd_partition(dtype="float16", headdims=(64, 128), seqlens=PARTITION_SEQLENS
 
 
 # Candidate tiles of the backward main kernel per head dim: (warp partition, BwdTile). The options (BwdTile,
-# cuflash/_configs.py): kunroll = k16 steps unrolled per loop trip (0 = all); dq_bulk, do_stages=2, dq_issue and
-# load_at are sm_90 options of the "2d" partition (flash_bwd.cu: DQ_BULK, DO_ST, DQ_ISSUE, LOAD_AT); p_regs keeps P
-# in registers for dS; exp_il interleaves P's exps with the dP product (EXP_IL). Also measured and removed since
-# (bench/NOTES.md): session 4's scalar dQ atomics and rotated Q-tile order (code at commit eb51616), session 8's
-# 16-row dQ warp tiles (commit ccb5638). The "kv" partition lost at both head dims in sessions 4-6.
+# cuflash/_configs.py): kunroll = k16 steps unrolled per loop trip (0 = all); dq_bulk (sm_90, "2d" partition:
+# dQ staged in shared memory and added by a bulk reduction deferred to the next step, two dO buffers); load_at =
+# where the next Q tile is requested (1: after S = QK^T, 2: after P and dP); p_regs keeps P in registers for dS;
+# exp_il interleaves P's exps with the k16 steps of dP (flash_bwd.cu: DQ_BULK, LOAD_AT, P_REGS, EXP_IL).
+# Candidates measured and removed since, with their numbers: bench/NOTES.md, "Backward tiles" and "dQ".
 def _bwd_sweep_tiles():
+    """The sm_90 "2d" tiles as configured (fp16 and bf16 entries) and their nearest alternatives: at d64 the
+    bulk tile with the k16 loops unrolled 4 per trip, the next Q tile after S and the exps as one block before
+    dP, and the configured tile without exp_il; at d128 the bulk tile with the next Q tile after S, the exps as
+    one block and P read back from shared memory for dS."""
     from dataclasses import replace
 
     from cuflash._configs import BWD_TILES_2D, BWD_TILES_2D_SM90, BWD_TILES_2D_SM90_DTYPE
 
-    # the sm_90 tile as configured, per dtype. d64 (session 9): session 8's tile (k16 loops unrolled 4 per trip,
-    # next Q tile after S, exps as one block before dP) and the configured one without exp_il. d128 (session 10):
-    # session 9's tile (next Q tile after S, exps as one block, P read back for dS) and session 7's (its bulk
-    # reductions issued at the end of the step, next Q tile right after the barrier). Measured and not kept
-    # (bench/NOTES.md): dq_issue 1 / 2 with load_at 0 (session 8); one bulk dQ reduction per block and step, the
-    # next Q tile after dS (session 9); at d128 exp_il without P in registers, load_at=2 without exp_il (session 10).
     t64, t128 = BWD_TILES_2D_SM90[64], BWD_TILES_2D_SM90[128]
-    s8 = replace(BWD_TILES_2D[64], dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=1)
-    s9 = replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, dq_issue=2, load_at=1)
+    u4_load1 = replace(BWD_TILES_2D[64], dq_bulk=True, p_regs=True, load_at=1)
+    u0_load1 = replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, load_at=1)
     bf16 = BWD_TILES_2D_SM90_DTYPE["bfloat16"]
     return {
-        64: [("2d", t) for t in (t64, bf16[64], s8, replace(t64, exp_il=False))],
-        128: [("2d", t) for t in (t128, bf16[128], s9, replace(s9, dq_issue=0, load_at=0))],
+        64: [("2d", t) for t in _unique((t64, bf16[64], u4_load1, replace(t64, exp_il=False)))],
+        128: [("2d", t) for t in _unique((t128, bf16[128], u0_load1))],
     }
+
+
+def _unique(ts):
+    out = []
+    for t in ts:
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def _tile_desc(t):
     return (f"{t.block_m}x{t.block_n}x{t.nwarps}w-u{t.kunroll}" + ("-bulk" if t.dq_bulk else "")
-            + (f"-do{t.do_stages}" if t.do_stages else "") + ("-pregs" if t.p_regs else "")
-            + (f"-issue{t.dq_issue}" if t.dq_issue else "") + (f"-load{t.load_at}" if t.load_at else "")
-            + ("-expil" if t.exp_il else ""))
+            + ("-pregs" if t.p_regs else "") + (f"-load{t.load_at}" if t.load_at else "")
+            + ("-expil" if getattr(t, "exp_il", False) else ""))
 
 
 def _tile_label(part, t):
     return f"v2-{part}-{_tile_desc(t)}"
+
+
+def _tile_fields(t):
+    """The tile's options by name (robust to BwdTile gaining or losing fields)."""
+    from dataclasses import asdict
+
+    return {k: (int(v) if isinstance(v, bool) else v) for k, v in asdict(t).items()}
 
 
 def sweep_specs():
@@ -197,12 +211,19 @@ def sweep_specs():
             for part, t in ts for c in (False, True) for dt in ("float16", "bfloat16")]
 
 
-def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headdims=(64, 128), keep=None):
+def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtypes=("float16",), rounds=1, headdims=(64, 128), keep=None):
     """Every candidate backward tile (atomic dQ) on the FA2 grid subset, next to SDPA FLASH's backward measured
     in the same loop. The cuflash kernels are timed through cuflash.backward.backward (preprocess + main +
     convert, no autograd), FLASH through autograd like section `bwd`. rounds > 1: the candidates and FLASH timed
     in turn `rounds` times per point (harness.time_rounds), the median recorded, every round's ms in `round_ms`.
     keep: a predicate on the candidate tiles (None: all)."""
+    recs = []
+    for dtype in dtypes:
+        recs += _bwd_tile_sweep(seqlens, dtype, rounds, headdims, keep)
+    return recs
+
+
+def _bwd_tile_sweep(seqlens, dtype, rounds, headdims, keep):
     import torch
 
     import cuflash
@@ -232,13 +253,12 @@ def bwd_tile_sweep(seqlens=(1024, 4096, 16384), dtype="float16", rounds=1, headd
             for name, (part, t) in tiles.items():
                 recs.append(record("cuflash", name, "bwd", dtype, b, h, s, s, d, causal, timed[name][0],
                                    warp_partition=part,
-                                   tile=[t.block_m, t.block_n, t.nwarps, t.dsplit, t.kunroll, int(t.dq_bulk),
-                                         t.do_stages, int(t.p_regs), t.dq_issue, t.load_at, int(t.exp_il)],
+                                   tile=_tile_fields(t),
                                    configured=(t == bwd_tiles(part, device_cc(0), dtype)[d]), **extra(name)))
             recs.append(record("flash", "sdpa", "bwd", dtype, b, h, s, s, d, causal, timed["flash"][0],
                                **extra("flash")))
             del fo, out, lse, views, fns
-            print(f"bwd_tile_sweep d={d} s={s} causal={causal}: " + " ".join(
+            print(f"bwd_tiles {dtype} d={d} s={s} causal={causal}: " + " ".join(
                 f"{r['algo']}={r['tflops']:.0f}" for r in recs[n0:]), flush=True)
         del q, k, v, dout, qt, kt, vt, doutt
     return recs

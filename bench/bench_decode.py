@@ -6,7 +6,7 @@ prefill kernel cut into splits, kernel="fwd_split", heuristic splits) and SDPA F
 
 Two times per case: `us` = median CUDA-event time of one call made from Python (includes the host time
 when it exceeds the GPU time, as a caller sees it), and `graph_us` = GPU time per call of GRAPH_CALLS calls
-captured in one CUDA graph (the device time, host overhead removed; cuflash and SDPA FLASH only)."""
+captured in one CUDA graph (the GPU time, host overhead removed; cuflash and SDPA FLASH only)."""
 from __future__ import annotations
 
 import gc
@@ -69,8 +69,8 @@ def _cache_case(b, s, hk, h, d, bw):
 
 
 def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128,
-           budget_s=240.0):
-    """Every case in the issue's grid, in order of kv_heads, batch, cache length; cases left when `budget_s`
+           time_limit_s=240.0):
+    """Every case of the decoding grid, in order of kv_heads, batch, cache length; cases left when `time_limit_s`
     seconds have passed are recorded as skipped (the small-step latency case runs first)."""
     import time
 
@@ -88,8 +88,8 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 kv_bytes = 2 * b * s * hk * d * 2
                 if kv_bytes > MAX_KV_BYTES:
                     continue
-                if time.perf_counter() - t_start > budget_s:
-                    print(f"decode hk={hk} b={b} s={s}: skipped (section time budget of {budget_s:.0f} s spent)")
+                if time.perf_counter() - t_start > time_limit_s:
+                    print(f"decode hk={hk} b={b} s={s}: skipped (the section's time limit of {time_limit_s:.0f} s reached)")
                     recs.append(record("cuflash", "skipped", "decode", "float16", b, h, 1, s, d, False, None,
                                        heads_k=hk, kv_bytes=kv_bytes, skipped=True))
                     continue

@@ -1,4 +1,5 @@
-"""Forward benchmarks: the FlashAttention-2 grid (cuflash V2 vs SDPA FLASH / CUDNN / EFFICIENT and the
+"""Forward benchmarks (suites fwd, fwd_rounds, grid_order, layout, fwd_tiles, fwd_interleaved, memory, latency):
+the FlashAttention-2 grid (cuflash V2 vs SDPA FLASH / CUDNN / EFFICIENT and the
 naive baseline), the grid-order comparison, the forward tile sweep, peak memory vs seqlen, and per-call
 latency on a small shape."""
 from __future__ import annotations
@@ -13,8 +14,8 @@ SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
 
 # Candidate tiles of the configured (plain) KV loop. Earlier candidates, and the KV-loop drivers measured
-# and removed (software pipeline: session 2; FlashAttention-3 ping-pong: session 3; code at commit
-# 59a4131), with their numbers: bench/NOTES.md.
+# and removed (software pipeline, FlashAttention-3 ping-pong; the code is in git history, commit 59a4131),
+# with their numbers: bench/NOTES.md, "Forward tiles and loop".
 # Head dim 128: 64-key tiles (FlashAttention-2's 128 x 64 x 4w) fit 255 registers without spills only with the
 # Q K^T loop unrolled 4 or 2 k16 steps per trip (kunroll); 32-key tiles fit fully unrolled.
 SWEEP_TILES = {  # FwdTile(block_m, block_n, nwarps, kunroll, load_at)
@@ -163,7 +164,7 @@ def interleaved(points=(("float16", 128, False, 1024), ("float16", 128, False, 4
     timings) of cuflash's configured tile, of the extra candidate tiles (non-causal only), of the configured tile
     with each `load_at` (where the next K / V tile's cp.async is issued) and of SDPA FLASH, in turn, so that clock
     drift between loops lands on both sides. One record per round and provider; the ratio to FLASH is formed per
-    round (field `round`). 128x32x4w, an extra tile at d128 until session 6, lost at every point (0.95-0.99)."""
+    round (field `round`). 128x32x4w, once an extra tile at d128, lost at every point (0.95-0.99)."""
     from dataclasses import replace
 
     from cuflash import flash

@@ -1,4 +1,4 @@
-"""Instruction-level microbenchmarks (issue 6): why the attention kernels are shaped the way they are.
+"""Instruction-level microbenchmarks (suite micro): why the attention kernels are shaped the way they are.
 
 Kernels: cuda_src/micro/micro.cu. Every item is measured two ways:
   latency     one warp runs one long dependent chain; clock64 cycles / instructions (cycles per instruction)
@@ -8,7 +8,7 @@ Kernels: cuda_src/micro/micro.cu. Every item is measured two ways:
 Every record names the kernel it timed and carries a SASS check of that kernel (the instruction it claims to
 measure is there, no local memory), from one offline NVRTC compile of all kernels + `cuobjdump -sass`.
 
-    PYTHONPATH=. python -c "import bench.bench_micro as m; m.micro()"
+    python -m bench micro --out DIR
 
 micro() -> list of records (harness.record, provider "micro"); sweep_specs() -> every KernelSpec it launches.
 """
@@ -34,7 +34,7 @@ ILPS = (1, 2, 4, 8)  # independent chains per thread (template argument)
 BLOCKS_PER_SM = (1, 2, 4, 8)  # x 4 warps = 4..32 warps per SM (run time)
 TARGET_MS = 10.0  # length of one timed launch
 REP = 5  # timed launches per point (median)
-TIME_BUDGET_S = 52.0  # sweeps stop early past this (micro() must stay under a minute)
+TIME_LIMIT_S = 52.0  # sweeps stop early past this (micro() must stay under a minute)
 COUNT_N = 16  # SASS count kernels: <Op, N> and <Op, 2N>
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -537,7 +537,7 @@ def _sweep(ctx, point, ilps, bpsms, lau_of):
                 skipped.append(dict(ilp=ilp, blocks_per_sm=bpsm, reason=f"occupancy {occ} blocks/SM"))
                 break
             if time.time() > ctx.deadline and pts:
-                skipped.append(dict(ilp=ilp, blocks_per_sm=bpsm, reason="time budget"))
+                skipped.append(dict(ilp=ilp, blocks_per_sm=bpsm, reason="time limit"))
                 break
             p = point(ilp, bpsm, lau)
             pts.append(p)
@@ -802,8 +802,8 @@ def _count_records(sass):
 
 # ------------------------------------------------------------------------------------------ entry point
 def _start_background(specs, arch):
-    """Parallel precompile of every launched kernel (fills CuPy's disk cache; a no-op when run_all's precompile
-    already did) and the offline SASS analysis, in spawned processes. Returns (pool, sass future)."""
+    """Parallel precompile of every launched kernel (fills CuPy's disk cache; a no-op after the precompile of
+    `python -m bench all`) and the offline SASS analysis, in spawned processes. Returns (pool, sass future)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -834,7 +834,7 @@ def micro() -> list:
     except Exception:  # noqa: BLE001
         traceback.print_exc()
     print(f"  micro: kernels ready in {time.time() - t_start:.1f}s", flush=True)
-    ctx = _Ctx(deadline=t_start + TIME_BUDGET_S)
+    ctx = _Ctx(deadline=t_start + TIME_LIMIT_S)
     for bench in (lambda: bench_chains(ctx, recs, CHAIN_ITEMS[:3]), lambda: bench_chains(ctx, recs, CHAIN_ITEMS[3:]),
                   lambda: bench_exp_accuracy(ctx, recs), lambda: bench_ldmatrix(ctx, recs),
                   lambda: bench_copy(ctx, recs), lambda: bench_atomics(ctx, recs)):

@@ -1,4 +1,4 @@
-"""Measured device-memory traffic of the V1 -> V2 ladder (issue 7): Nsight Compute's `dram__bytes` next to
+"""Measured device-memory traffic of the V1 -> V2 ladder (suite traffic): Nsight Compute's `dram__bytes` next to
 the bytes bench_v1 counts (`bench_v1.DRAM_BYTES`) and the kernel time.
 
 Two halves:
@@ -13,7 +13,7 @@ Two halves:
   (an NVTX range with the tag is pushed around the measured call too, for people opening a report in the
   GUI). The worker writes nothing to stdout (ncu's CSV goes there); it reports one status line per version
   on stderr (`CUFLASH_TRAFFIC_STATUS {json}`).
-* driver `traffic()` (the run_all section "traffic"): one ncu process per grid point,
+* driver `traffic()` (suite "traffic" of `python -m bench`): one ncu process per grid point,
 
       ncu --clock-control none --cache-control all --replay-mode kernel --target-processes all --csv
           --print-units base --print-metric-name name
@@ -26,8 +26,8 @@ Two halves:
   bytes and measured / counted. A missing ncu, a failed or timed-out run, or a version the worker could not
   run becomes a record with `error` set, never an exception.
 
-Profiler settings: `--clock-control none` keeps the clocks the GPU runs at (required on the lent machine: the
-profiler must not lock or change clocks). `--cache-control all` (ncu's default, kept on purpose) flushes and
+Profiler settings: `--clock-control none` keeps the clocks the GPU runs at (the profiler must not lock or
+change the machine's clock settings). `--cache-control all` (ncu's default, kept on purpose) flushes and
 invalidates the caches before every kernel (and every replay pass): each kernel starts with a cold L2, as
 the analytic count assumes for the first touch of every tensor, and what a version moves does not depend on
 what the warm-up or the previous kernel left in L2. Re-reads that L2 catches within a kernel are not device
@@ -58,7 +58,7 @@ from .harness import record
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 READ, WRITE, DURATION = METRICS
 DTYPE = "float16"
-# Grid points: (head dim, seqlen, causal); the first ones are the most telling, so a time budget that
+# Grid points: (head dim, seqlen, causal); the first ones are the most telling, so a time limit that
 # runs out drops the causal points first.
 GRID = ((64, 2048, False), (128, 2048, False), (128, 2048, True), (64, 8192, False), (128, 8192, False),
         (128, 8192, True))
@@ -66,7 +66,7 @@ MARK_BEGIN = "cuflash_traffic_begin__"
 MARK_END = "cuflash_traffic_end"
 STATUS_PREFIX = "CUFLASH_TRAFFIC_STATUS "
 TIMEOUT_S = 80.0  # one ncu process (one grid point, every version)
-BUDGET_S = 90.0  # no new grid point is started past this (the section's time guard)
+TIME_LIMIT_S = 90.0  # no new grid point is started past this (the section's time guard)
 NCU_CANDIDATES = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
 
 
@@ -447,9 +447,9 @@ def case_records(case: dict, rc, out: str, err: str, timed_out=False, elapsed_s=
     return recs
 
 
-def traffic(out_records=None, grid=GRID, versions=None, ncu=None, timeout_s=TIMEOUT_S, budget_s=BUDGET_S,
+def traffic(out_records=None, grid=GRID, versions=None, ncu=None, timeout_s=TIMEOUT_S, time_limit_s=TIME_LIMIT_S,
             raw_dir=None) -> list[dict]:
-    """The run_all section "traffic": measured vs counted device-memory traffic of every ladder version at
+    """Suite "traffic": measured vs counted device-memory traffic of every ladder version at
     each grid point. Appends to out_records (if given) and returns the list. Never raises for ncu trouble:
     the reason lands in the records' `error`. raw_dir (or $CUFLASH_TRAFFIC_RAW_DIR): keep ncu's raw
     stdout / stderr per grid point there."""
@@ -464,7 +464,7 @@ def traffic(out_records=None, grid=GRID, versions=None, ncu=None, timeout_s=TIME
             recs += case_records(c, None, "", "", error="not measured: ncu not found")
         return recs
     raw_dir = raw_dir or os.environ.get("CUFLASH_TRAFFIC_RAW_DIR")
-    if "torch" in sys.modules:  # run_all: hand the earlier sections' cached blocks back before the workers start
+    if "torch" in sys.modules:  # python -m bench all: hand the earlier suites' cached blocks back before the workers start
         try:
             sys.modules["torch"].cuda.empty_cache()
         except Exception:  # noqa: BLE001 - best effort
@@ -472,10 +472,10 @@ def traffic(out_records=None, grid=GRID, versions=None, ncu=None, timeout_s=TIME
     t0 = time.time()
     for c in todo:
         label = f"d={c['headdim']} s={c['seqlen']} causal={c['causal']}"
-        if time.time() - t0 > budget_s:
-            msg = f"skipped: the section's time budget ({budget_s:.0f} s) ran out"
+        if time.time() - t0 > time_limit_s:
+            msg = f"skipped: the section's time limit ({time_limit_s:.0f} s) reached"
             recs += case_records(c, None, "", "", error=msg)
-            print(f"traffic {label}: skipped (budget)", flush=True)
+            print(f"traffic {label}: skipped (time limit)", flush=True)
             continue
         cmd = ncu_command(path, c)
         t1 = time.time()

@@ -1,16 +1,41 @@
-"""One benchmark harness: CUDA-event medians after warm-up, FlashAttention-2's FLOP formula
-(cuflash.reference.attention_flops), torch SDPA backends measured in the same run, and a results file
-with the GPU, clocks and library versions recorded."""
+"""The one benchmark harness.
+
+* `time_ms`: median of CUDA-event timings of a call, after warm-up.
+* `time_rounds`: several providers timed in turn (A, B, C, A, B, C, ...), the median per provider, so that a
+  clock change between loops lands on every provider alike.
+* `host_us_per_call`: wall-clock microseconds per call of a loop of calls (small, latency-bound shapes).
+* `sdpa`: torch SDPA pinned to one backend (FLASH, CUDNN, EFFICIENT, MATH), the reference in every grid.
+* `record` / `flops`: one record per measurement, TFLOP/s by FlashAttention-2's formula
+  (`cuflash.reference.attention_flops`: 4 * B * H * Sq * Sk * D, halved for causal, x2.5 for the backward;
+  the only definition, every benchmark goes through `record`), and the kernel path of a cuflash record in
+  its `backend` field.
+* `header`: GPU, driver, clocks and library versions of a results file.
+
+Nothing here imports torch or CuPy at module level: `import bench` works on a machine without a GPU."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
 
-from cuflash.reference import attention_flops
-
 SDPA_PROVIDERS = ("flash", "cudnn", "efficient")
+FLOP_MODES = ("fwd", "bwd", "fwd_bwd")
+
+
+def flops(batch, heads, seqlen_q, seqlen_k, headdim, causal=False, mode="fwd") -> float:
+    """FlashAttention-2's FLOP count of one call (cuflash.reference.attention_flops)."""
+    from cuflash.reference import attention_flops
+
+    return attention_flops(batch, heads, seqlen_q, seqlen_k, headdim, causal=causal, mode=mode)
+
+
+def tflops(ms, batch, heads, seqlen_q, seqlen_k, headdim, causal=False, mode="fwd"):
+    """TFLOP/s of a call taking `ms` milliseconds (None when ms is missing)."""
+    if not ms or mode not in FLOP_MODES:
+        return None
+    return flops(batch, heads, seqlen_q, seqlen_k, headdim, causal, mode) / (ms * 1e-3) / 1e12
 
 
 def time_ms(fn, warmup=3, rep=20, min_warmup_ms=20.0) -> float:
@@ -53,10 +78,16 @@ def host_us_per_call(fn, n=200) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def time_rounds(fns: dict, rounds: int = 1, **kw) -> dict:
-    """{name: (median ms over the rounds, [ms per round])} of time_ms(fn, **kw) for each fn of `fns`, timed in
-    turn in each round (A, B, C, A, B, C, ...), so that clock drift between loops lands on every provider alike.
-    A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, [])."""
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def time_rounds(fns: dict, rounds: int = 1, timer=None, **kw) -> dict:
+    """{name: (median over the rounds, [one value per round])} of timer(fn, **kw) (default: time_ms) for each fn of
+    `fns`, timed in turn in each round (A, B, C, A, B, C, ...), so that clock drift between loops lands on every
+    provider alike. A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, [])."""
+    timer = timer or time_ms
     per = {name: [] for name in fns}
     failed = set()
     for _ in range(rounds):
@@ -64,16 +95,15 @@ def time_rounds(fns: dict, rounds: int = 1, **kw) -> dict:
             if name in failed:
                 continue
             try:
-                per[name].append(time_ms(fn, **kw))
+                per[name].append(timer(fn, **kw))
             except RuntimeError as e:
                 failed.add(name)
                 print(f"{name} failed: {e}")
-    return {name: (sorted(ms)[len(ms) // 2] if ms and name not in failed else None, ms) for name, ms in per.items()}
+    return {name: (median(ms) if ms and name not in failed else None, ms) for name, ms in per.items()}
 
 
 def sdpa(provider: str):
     """fn(q, k, v, causal, scale) calling torch SDPA pinned to one backend; layout [b, h, s, d]."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -87,12 +117,24 @@ def sdpa(provider: str):
     return call
 
 
-def record(provider, algo, mode, dtype, batch, heads, seqlen_q, seqlen_k, headdim, causal, ms, **extra):
-    fl = attention_flops(batch, heads, seqlen_q, seqlen_k, headdim, causal=causal, mode=mode) if mode in (
-        "fwd", "bwd", "fwd_bwd") else 0.0
+def backend_of(algo) -> str:
+    """The kernel path of a cuflash record, from its algo label: "v1" (FlashAttention-1 kernels), "decode" (the
+    dedicated decode kernel), "sm80" (the mma.sync kernels: V2 forward and backward, the split-KV forward)."""
+    a = str(algo or "")
+    if a.startswith("v1"):
+        return "v1"
+    if a.startswith("decode"):
+        return "decode"
+    return "sm80"
+
+
+def record(provider, algo, mode, dtype, batch, heads, seqlen_q, seqlen_k, headdim, causal, ms, backend=None, **extra):
+    """One measurement. TFLOP/s for modes fwd / bwd / fwd_bwd by `flops`; cuflash records carry `backend`."""
     r = dict(provider=provider, algo=algo, mode=mode, dtype=dtype, batch=batch, heads=heads, seqlen_q=seqlen_q,
              seqlen_k=seqlen_k, headdim=headdim, causal=causal, ms=ms,
-             tflops=(fl / (ms * 1e-3) / 1e12) if (ms and fl) else None)
+             tflops=tflops(ms, batch, heads, seqlen_q, seqlen_k, headdim, causal, mode))
+    if provider == "cuflash" or backend is not None:
+        r["backend"] = backend or backend_of(algo)
     r.update(extra)
     return r
 
@@ -105,7 +147,33 @@ def _smi(query: str) -> str:
         return f"n/a ({e})"
 
 
+def _version(mod: str):
+    try:
+        return __import__(mod).__version__
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+def git_commit(path=None):
+    """HEAD of the checkout at `path` (default: this repository), or None. A tree exported without git (e.g.
+    `git archive REV | tar -x`) names its commit in a file COMMIT at its root, which wins; a checkout with
+    uncommitted changes to cuflash/ or cuda_src/ gets "+dirty"."""
+    path = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    marker = os.path.join(str(path), "COMMIT")
+    if os.path.isfile(marker):
+        return open(marker).read().strip() or None
+    try:
+        d = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "cuflash", "cuda_src"],
+                           capture_output=True, text=True, timeout=10)
+        dirty = "+dirty" if d.returncode == 0 and d.stdout.strip() else ""
+        p = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return (p.stdout.strip() + dirty) or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def header() -> dict:
+    """GPU, clocks, driver and library versions (torch, CUDA, CuPy, NVRTC, triton) of this run."""
     import cupy
     import torch
 
@@ -115,7 +183,8 @@ def header() -> dict:
         clocks=_smi("clocks.sm,clocks.max.sm,clocks.mem"), driver=_smi("driver_version"),
         torch=torch.__version__, torch_cuda=torch.version.cuda, cupy=cupy.__version__,
         cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), nvrtc=".".join(map(str, cupy.cuda.nvrtc.getVersion())),
-        python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        triton=_version("triton"), python=platform.python_version(), commit=git_commit(),
+        date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     )
 
 

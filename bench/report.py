@@ -1,39 +1,53 @@
-"""Markdown tables and plots from results.json (regenerate: python -m bench.report bench/results)."""
+"""Markdown tables and plots from a results.json, and the README's result blocks.
+
+    python -m bench.report --results bench/results/results.json [--readme README.md] [--plots-dir DIR] [--md FILE]
+
+writes results.md (every table; default: next to the results file) and the plots (default: the results
+file's folder), and with --readme replaces the text between the marker lines `<!-- results:NAME -->` and
+`<!-- /results:NAME -->` with a freshly rendered table (NAME: one of README_BLOCKS). matplotlib is imported only
+inside the plotting functions; without it the plots are skipped with a note."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
-MMA_SYNC_PEAK = 647.0  # TFLOP/s, measured mma.sync m16n8k16 peak on the H200 (shared/ANCHORS.md)
+MMA_SYNC_PEAK = 647.0  # TFLOP/s, measured mma.sync m16n8k16 peak on the H200 (section micro)
 
 
 def _fmt(x, nd=0):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def grid_table(records, mode, algo_of_cuflash=("v2",), title="", sections=None):
+def _sec(records, *sections, mode=None):
+    return [r for r in records if r.get("section") in sections and r.get("provider") not in ("error", "skipped")
+            and (mode is None or r.get("mode") == mode)]
+
+
+def _name(r):
+    return r["provider"] if r["provider"] != "cuflash" else f"cuflash-{r['algo']}"
+
+
+def grid_table(records, mode, title="", sections=None):
     """TFLOP/s per (dtype, hdim, causal, provider) x seqlen, then cuflash's ratios to flash and cudnn."""
-    sections = sections or (mode, mode + "_quick")
-    rs = [r for r in records if r.get("section") in sections and r.get("mode") == mode]
+    rs = _sec(records, *(sections or (mode,)), mode=mode)
     if not rs:
         return ""
     seqlens = sorted({r["seqlen_q"] for r in rs})
     keyed = defaultdict(dict)
     for r in rs:
-        name = r["provider"] if r["provider"] != "cuflash" else f"cuflash-{r['algo']}"
-        keyed[(r["dtype"], r["headdim"], r["causal"], name)][r["seqlen_q"]] = r.get("tflops")
+        keyed[(r["dtype"], r["headdim"], r["causal"], _name(r))][r["seqlen_q"]] = r.get("tflops")
     lines = [f"### {title or mode} TFLOP/s", "", "| dtype | hdim | causal | provider | " +
              " | ".join(str(s) for s in seqlens) + " |", "|" + "---|" * (4 + len(seqlens))]
-    groups = sorted({k[:3] for k in keyed})
-    for g in groups:
+    for g in sorted({k[:3] for k in keyed}):
         provs = sorted(p for (*gg, p) in keyed if tuple(gg) == g)
         for p in provs:
             row = keyed[g + (p,)]
             lines.append(f"| {g[0]} | {g[1]} | {g[2]} | {p} | " + " | ".join(_fmt(row.get(s)) for s in seqlens) + " |")
-        cu = [p for p in provs if p.startswith("cuflash")]
-        for c in cu:
+        for c in [p for p in provs if p.startswith("cuflash")]:
             for base in ("flash", "cudnn"):
                 if base in provs:
                     a, b = keyed[g + (c,)], keyed[g + (base,)]
@@ -46,8 +60,309 @@ def grid_table(records, mode, algo_of_cuflash=("v2",), title="", sections=None):
     return "\n".join(lines) + "\n"
 
 
+def headline_table(records, section, mode, second=None):
+    """The README's headline: per (dtype, hdim, causal) and seqlen, cuflash TFLOP/s (ratio to SDPA FLASH /
+    cuDNN of the same rounds); `second`: a later run of the same suite, its ratio to FLASH after a semicolon."""
+    rs = _sec(records, section, mode=mode)
+    if not rs:
+        return ""
+
+    def cells(rows):
+        c = defaultdict(dict)
+        for r in rows:
+            c[(r["dtype"], r["headdim"], r["causal"])].setdefault(r["seqlen_q"], {})[r["provider"]] = r.get("tflops")
+        return c
+
+    main, again = cells(rs), cells(_sec(records, second, mode=mode)) if second else {}
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    lines = ["| dtype | hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for key in sorted(main, key=lambda k: (k[0] != "float16", k[1], k[2])):
+        vals = []
+        for s in seqlens:
+            p = main[key].get(s, {})
+            cu, fl, cd = p.get("cuflash"), p.get("flash"), p.get("cudnn")
+            if cu is None:
+                vals.append("-")
+                continue
+            ratios = [f"{cu / x:.2f}" if x else "-" for x in (fl, cd)]
+            q = again.get(key, {}).get(s, {})
+            tail = f"; {q['cuflash'] / q['flash']:.2f}" if q.get("cuflash") and q.get("flash") else ""
+            vals.append(f"{cu:.0f} ({' / '.join(ratios)}{tail})")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def strategies_table(records, section="bwd_strategies"):
+    """Every dQ strategy: TFLOP/s (cuflash / FLASH) per seqlen."""
+    rs = _sec(records, section, mode="bwd")
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    fl = {(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"]): r.get("tflops") for r in rs if r["provider"] == "flash"}
+    cell = defaultdict(dict)
+    for r in rs:
+        if r["provider"] == "cuflash":
+            cell[(r["dtype"], r["headdim"], r["causal"], r.get("dq_strategy"))][r["seqlen_q"]] = r.get("tflops")
+    order = {"atomic": 0, "seqpar": 1, "loop": 2}
+    lines = ["| dtype | hdim | causal | strategy | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (4 + len(seqlens))]
+    for key in sorted(cell, key=lambda k: (k[0] != "float16", k[1], k[2], order.get(k[3], 9))):
+        vals = []
+        for s in seqlens:
+            t, f = cell[key].get(s), fl.get(key[:3] + (s,))
+            vals.append("-" if t is None else f"{t:.0f} ({t / f:.2f})" if f else f"{t:.0f}")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | `{key[3]}` | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pair_table(records, section, mode, a="cuflash", b="flash", by=None):
+    """hdim | causal | per seqlen: A / B TFLOP/s (A / B); by: the field that names the two (default provider)."""
+    rs = _sec(records, section, mode=mode)
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    cell = defaultdict(dict)
+    for r in rs:
+        cell[(r["dtype"], r["headdim"], r["causal"])][(r.get(by) if by else r["provider"], r["seqlen_q"])] = r.get("tflops")
+    multi = len({k[0] for k in cell}) > 1
+    lines = [("| dtype " if multi else "") + "| hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (2 + multi + len(seqlens))]
+    for key in sorted(cell):
+        vals = []
+        for s in seqlens:
+            x, y = cell[key].get((a, s)), cell[key].get((b, s))
+            vals.append(f"{_fmt(x)} / {_fmt(y)}" + (f" ({x / y:.2f})" if x and y and by is None else ""))
+        lines.append((f"| {key[0]} " if multi else "") + f"| {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def latency_table(records, section="latency"):
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    provs = [p for p in ("cuflash", "flash", "cudnn", "efficient") if any(r["provider"] == p for r in rs)]
+    names = {"cuflash": "cuflash", "flash": "SDPA flash", "cudnn": "SDPA cudnn", "efficient": "SDPA efficient"}
+    lines = ["| causal | " + " | ".join(names[p] for p in provs) + " |", "|" + "---|" * (1 + len(provs))]
+    for causal in sorted({r["causal"] for r in rs}):
+        us = {r["provider"]: r.get("us_per_call") for r in rs if r["causal"] == causal}
+        lines.append(f"| {causal} | " + " | ".join(f"{us[p]:.1f} us" if us.get(p) else "-" for p in provs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def memory_table(records, section="memory"):
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    provs = [p for p in ("cuflash", "flash", "naive") if any(r["provider"] == p for r in rs)]
+    names = {"cuflash": "cuflash", "flash": "SDPA flash", "naive": "naive"}
+    lines = ["| seqlen | " + " | ".join(names[p] for p in provs) + " |", "|" + "---|" * (1 + len(provs))]
+    for s in sorted({r["seqlen_q"] for r in rs}):
+        b = {r["provider"]: r.get("peak_bytes") for r in rs if r["seqlen_q"] == s}
+        lines.append(f"| {s} | " + " | ".join(f"{b[p] / 2 ** 20:.0f} MiB" if b.get(p) is not None else "-"
+                                             for p in provs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_table(records, section="decode", big="decode_big_gqa"):
+    """One row per decoding case: cuflash's decode kernel (event us / GPU us, splits, % of copy bandwidth),
+    unsplit and the split-KV prefill path in GPU time, SDPA FLASH and cuDNN, cuflash's speed-up over FLASH.
+    Rows marked * come from `big` (FLASH with native GQA next to cuflash in one loop)."""
+    rs = _sec(records, section, mode="decode")
+    if not rs:
+        return ""
+    cases = defaultdict(dict)
+    for r in rs + [dict(x, _big=True) for x in _sec(records, big, mode="decode")]:
+        key = (r.get("heads_k"), r["batch"], r["seqlen_k"])
+        name = r["algo"] if r["provider"] == "cuflash" else r["provider"]
+        if r.get("_big") or name not in cases[key]:
+            cases[key][name] = r
+    lines = ["| KV heads | batch | cache | K/V MB | floor us | cuflash decode: us / GPU us (splits) | % of copy bw (GPU) "
+             "| unsplit GPU us | previous path GPU us | SDPA flash: us / GPU us | SDPA cudnn us | vs flash (us, GPU) |",
+             "|" + "---|" * 12]
+
+    def k(n):
+        return f"{n // 1024}k" if n >= 1024 else str(n)
+
+    for key in sorted(cases, key=lambda x: (-x[0], x[1], x[2])):
+        c = cases[key]
+        cu, fl = c.get("decode-split"), c.get("flash")
+        if cu is None or cu.get("skipped"):
+            continue
+        star = "*" if cu.get("_big") else ""
+        splits = cu.get("num_splits")
+        unsplit, prev, cd = c.get("decode-unsplit"), c.get("fwd_split-split"), c.get("cudnn")
+        gbw = cu.get("graph_bw_fraction")
+        vs = "-"
+        if fl and fl.get("us") and cu.get("us"):
+            g = f"{fl['graph_us'] / cu['graph_us']:.2f}x" if fl.get("graph_us") and cu.get("graph_us") else "-"
+            vs = f"{fl['us'] / cu['us']:.2f}x, {g}"
+        lines.append(
+            f"| {key[0]} | {key[1]} | {k(key[2])}{star} | {cu.get('kv_bytes', 0) / 1e6:.0f} | {_fmt(cu.get('floor_us'))} | "
+            f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}) | "
+            f"{f'{gbw:.0%}' if gbw else '-'} | {_fmt((unsplit or {}).get('graph_us'))} | "
+            f"{_fmt((prev or {}).get('graph_us'))} | {_fmt((fl or {}).get('us'))} / {_fmt((fl or {}).get('graph_us'))} | "
+            f"{_fmt((cd or {}).get('us'))} | {vs} |")
+    lat = [r for r in _sec(records, section) if r.get("mode") == "decode_latency"]
+    if lat:
+        lines += ["", "Small step (a loop of calls from Python, batch 1, 8 heads, 8 KV heads, 4k cache): " + ", ".join(
+            f"{r['algo'] if r['provider'] == 'cuflash' else 'SDPA ' + r['provider']} {r['us']:.1f} us" for r in lat) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def partition_readme_table(records, section="bwd_partition"):
+    """hdim | causal | per seqlen: TFLOP/s of the partitions "kv" / "q" / "2d"."""
+    rs = [r for r in _sec(records, section) if r["provider"] == "cuflash"]
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    parts = [p for p in ("kv", "q", "2d") if any(r.get("warp_partition") == p for r in rs)]
+    cell = defaultdict(dict)
+    for r in rs:
+        cell[(r["headdim"], r["causal"])][(r.get("warp_partition"), r["seqlen_q"])] = r.get("tflops")
+    lines = ["| hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |", "|" + "---|" * (2 + len(seqlens))]
+    for key in sorted(cell):
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+            " / ".join(_fmt(cell[key].get((p, s))) for p in parts) for s in seqlens) + " |")
+    return "\n".join(lines) + "\n"
+
+
+MICRO_ROWS = (  # (figure, measured: format with the readme_numbers placeholders, reference)
+    ("HMMA.16816 f16 -> f32 latency", "{{mma_f16_latency}} clk", "-"),
+    ("mma.sync f16 -> f32 / bf16 -> f32 / f16 -> f16", "{{mma_f16_tflops}} / {{mma_bf16_tflops}} / "
+     "{{mma_f16acc_tflops}} TFLOP/s", "647 (anchor), cuBLAS bf16 this run"),
+    ("mma.sync f16 -> f32 per SM", "{{mma_flop_per_clk}} FLOP/clk/SM", "2476"),
+    ("ldmatrix x1 / x4 latency", "{{ldsm_x1_latency}} / {{ldsm_x4_latency}} clk", "-"),
+    ("K tile via ldmatrix.x4, padded / unpadded rows", "{{smem_padded_bw}} / {{smem_unpadded_bw}} B/clk/SM", "128"),
+    ("global -> smem at 1 block/SM: cp.async 4 stages / ldg 16 / ldg 4 per thread",
+     "{{cp_async_gbs}} / {{ldg_gbs}} / {{ldg4_gbs}} GB/s", "copy bandwidth this run"),
+    ("ex2.approx latency / throughput", "{{ex2_latency}} clk / {{ex2_per_clk}} per clk/SM", "- / 16"),
+    ("expf throughput, instructions per call", "{{expf_per_clk}} per clk/SM, {{expf_instr}}", "16"),
+    ("__expf instructions per call", "{{expfast_instr}}", "2"),
+    ("max rel. error ex2.approx / __expf on [-30, 0]", "{{ex2_rel_err}} / {{expfast_rel_err}}", "2.4e-7 / 3.1e-6"),
+    ("FFMA vs FADD + FMUL latency per score", "{{fold_ffma_latency}} / {{fold_unfolded_latency}} clk", "-"),
+    ("red.f32 / red.v4.f32 into one dQ tile", "{{red_f32_dq}} / {{red_v4_dq}} G elements/s", "plain v4 stores"),
+    ("red.f32, own tile per block", "{{red_f32_own}} G elements/s", "plain v4 stores"),
+    ("SHFL.BFLY latency / throughput", "{{shfl_latency}} clk / {{shfl_per_clk}} lanes/clk/SM", "- / 32"),
+)
+
+
+def micro_table(records, section="micro"):
+    """The README's numbers table of the microbenchmarks (bench_micro.readme_numbers)."""
+    rs = [r for r in records if r.get("section") == section]
+    if not rs:
+        return ""
+    from .bench_micro import readme_numbers
+
+    nums = readme_numbers(rs)
+    lines = ["| figure | measured | reference |", "|---|---|---|"]
+    for fig, measured, ref in MICRO_ROWS:
+        for key, val in nums.items():
+            measured = measured.replace(key, val)
+        lines.append(f"| {fig} | {measured} | {ref} |")
+    return "\n".join(lines) + "\n"
+
+
+def ladder_tables(records, section="ladder"):
+    """Forward and backward TFLOP/s of every rung (non-causal / causal), then the error table (head dim 128)."""
+    rs = [r for r in _sec(records, section) if r.get("kind") == "time"]
+    if not rs:
+        return ""
+    out = []
+    for mode, title in (("fwd", "Forward"), ("bwd", "Backward")):
+        sub = [r for r in rs if r["mode"] == mode]
+        if not sub:
+            continue
+        seqlens = sorted({r["seqlen_q"] for r in sub})
+        cell = defaultdict(dict)
+        for r in sub:
+            cell[(r["headdim"], r.get("rung") or 0, r["algo"])][(r["seqlen_q"], r["causal"])] = r.get("tflops")
+        lines = [f"{title}, TFLOP/s (non-causal / causal):", "", "| rung | d | " + " | ".join(map(str, seqlens)) + " |",
+                 "|" + "---|" * (2 + len(seqlens))]
+        for d, rung, algo in sorted(cell):
+            c = cell[(d, rung, algo)]
+            lines.append(f"| {rung} {algo} | {d} | " + " | ".join(
+                f"{_fmt(c.get((s, False)))} / {_fmt(c.get((s, True)))}" for s in seqlens) + " |")
+        out.append("\n".join(lines) + "\n")
+    errs = [r for r in _sec(records, section) if r.get("kind") == "error" and r["headdim"] == 128 and not r["causal"]]
+    if errs:
+        cell = defaultdict(dict)
+        for r in errs:
+            cell[r["algo"]][(r["mode"], r["dtype"])] = (r.get("err_rel"), r.get("err_max"))
+        cols = [("fwd", "float16"), ("fwd", "bfloat16"), ("bwd", "float16"), ("bwd", "bfloat16")]
+        lines = ["Error against float64 (head dim 128, non-causal; relative Frobenius norm / max abs):", "",
+                 "| version | fwd fp16 | fwd bf16 | bwd fp16 | bwd bf16 |", "|---|---|---|---|---|"]
+        for algo in sorted(cell):
+            lines.append(f"| {algo} | " + " | ".join(
+                f"{cell[algo][c][0]:.1e} / {cell[algo][c][1]:.1e}" if c in cell[algo] else "-" for c in cols) + " |")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def traffic_readme_table(records, section="traffic"):
+    """Measured / counted GB per rung and (head dim, seqlen), non-causal."""
+    rs = [r for r in _sec(records, section) if r.get("kind") == "traffic" and not r.get("causal")]
+    if not rs:
+        return ""
+    pts = sorted({(r["headdim"], r["seqlen_q"]) for r in rs})
+    cell = defaultdict(dict)
+    for r in rs:
+        cell[(r["mode"] != "fwd", r.get("rung") or 0, r["mode"], r["algo"])][(r["headdim"], r["seqlen_q"])] = r
+    lines = ["| rung | " + " | ".join(f"d={d}, s={s} measured / counted" for d, s in pts) + " |",
+             "|" + "---|" * (1 + len(pts))]
+    for key in sorted(cell):
+        vals = []
+        for p in pts:
+            r = cell[key].get(p)
+            vals.append("-" if r is None else f"{_gb(r.get('dram_bytes_measured'))} / {_gb(r.get('dram_bytes_counted'))}")
+        lines.append(f"| {key[2]} {key[1]} {key[3]} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# The README's result blocks: <!-- results:NAME --> ... <!-- /results:NAME -->
+README_BLOCKS = {
+    "fwd": lambda rs: headline_table(rs, "fwd", "fwd"),
+    "bwd": lambda rs: headline_table(rs, "bwd", "bwd", second="bwd_run2"),
+    "bwd_strategies": strategies_table,
+    "bwd_loop": lambda rs: pair_table(rs, "bwd_loop", "bwd"),
+    "bwd_partition": partition_readme_table,
+    "latency": latency_table,
+    "grid_order": lambda rs: pair_table(rs, "grid_order", "fwd", a="qtile", b="bh", by="grid_order"),
+    "memory": memory_table,
+    "decode": decode_table,
+    "micro": micro_table,
+    "ladder": ladder_tables,
+    "traffic": traffic_readme_table,
+}
+_MARKER = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def fill_readme(text: str, records, blocks=None) -> tuple[str, list, list]:
+    """Replace every block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` (each marker on its own
+    line) with the rendered table of NAME. Returns (new text, names filled, names unknown or without records;
+    those blocks are left as they were)."""
+    blocks = README_BLOCKS if blocks is None else blocks
+    filled, skipped = [], []
+
+    def repl(m):
+        name = m.group("name")
+        fn = blocks.get(name)
+        body = fn(records) if fn else ""
+        if not body:
+            skipped.append(name)
+            return m.group(0)
+        filled.append(name)
+        return m.group(1) + body.rstrip("\n") + "\n" + m.group(4)
+
+    new = _MARKER.sub(repl, text)
+    opened = set(re.findall(r"<!-- results:([\w.-]+) -->", text))
+    closed = set(re.findall(r"<!-- /results:([\w.-]+) -->", text))
+    skipped += sorted((opened ^ closed) - set(skipped))  # a marker without its partner
+    return new, filled, skipped
+
+
 def simple_table(records, section, cols, title):
-    rs = [r for r in records if r.get("section") == section and r.get("provider") != "error"]
+    rs = _sec(records, section)
     if not rs:
         return ""
     lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -61,28 +376,28 @@ def simple_table(records, section, cols, title):
 
 
 def interleaved_table(records):
-    """Section fwd_interleaved (bench/bench_fwd.py: interleaved): per point and tile, the ratio to SDPA FLASH
+    """Suite fwd_interleaved (bench/bench_fwd.py: interleaved): per point and tile, the ratio to SDPA FLASH
     formed within each round (FLASH timed right before), median and range over the rounds."""
-    rs = [r for r in records if r.get("section") == "fwd_interleaved" and r.get("provider") != "error"]
+    rs = _sec(records, "fwd_interleaved")
     if not rs:
         return ""
 
-    def round_key(r):  # one round of one point in one call
-        return r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r.get("call", 0), r["round"]
+    def round_key(r):  # one round of one point in one run
+        return r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r.get("run", 0), r["round"]
 
     flash = {round_key(r): r["ms"] for r in rs if r["provider"] == "flash"}
     ratios = defaultdict(list)
     for r in rs:
         if r["provider"] == "cuflash":
-            ratios[(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["algo"], bool(r.get("configured")))].append(
-                flash[round_key(r)] / r["ms"])
+            ratios[(r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["algo"], bool(r.get("configured")),
+                    r.get("run", 0))].append(flash[round_key(r)] / r["ms"])
     lines = ["### Forward, interleaved timing: cuflash / SDPA FLASH per round (FLASH timed just before)", "",
-             "| dtype | hdim | causal | seqlen | tile | configured | rounds | median | min | max |",
-             "|" + "---|" * 10]
-    for (dt, d, c, sq, algo, conf), v in sorted(ratios.items(), key=str):
+             "| dtype | hdim | causal | seqlen | tile | configured | run | rounds | median | min | max |",
+             "|" + "---|" * 11]
+    for (dt, d, c, sq, algo, conf, run), v in sorted(ratios.items(), key=str):
         v = sorted(v)
-        lines.append(f"| {dt} | {d} | {c} | {sq} | {algo} | {conf} | {len(v)} | {v[len(v) // 2]:.3f} | {v[0]:.3f} | "
-                     f"{v[-1]:.3f} |")
+        lines.append(f"| {dt} | {d} | {c} | {sq} | {algo} | {conf} | {run} | {len(v)} | {v[len(v) // 2]:.3f} | "
+                     f"{v[0]:.3f} | {v[-1]:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -118,86 +433,83 @@ def partition_table(records):
     return "\n".join(lines) + "\n"
 
 
-_BWD_SWEEP_TITLES = {
-    "bwd_tile_sweep": "Backward tile sweep (fp16, atomic dQ; TFLOP/s, and / SDPA FLASH of the same loop)",
-    "bwd_tile_sweep_bf16": "Backward tile sweep, bf16 (section bwd_tile_sweep_bf16)",
-    "bwd_tile_rounds": "Backward tile sweep, candidates and FLASH timed in turn, median of 3 rounds (fp16; section "
-                       "bwd_tile_rounds)",
-    "bwd_tile_rounds_bf16": "The same in bf16 (section bwd_tile_rounds_bf16)",
-    "bwd_tile_rounds_d64": "Backward tile candidates at head dim 64 (session 9), timed in turn, median of 3 rounds (fp16; "
-                           "section bwd_tile_rounds_d64)",
-    "bwd_tile_rounds_d64_bf16": "The same in bf16 (section bwd_tile_rounds_d64_bf16)",
-    "bwd_tile_rounds_d128": "Backward tile candidates at head dim 128 (session 10), timed in turn, median of 3 rounds "
-                            "(fp16; section bwd_tile_rounds_d128)",
-    "bwd_tile_rounds_d128_bf16": "The same in bf16 (section bwd_tile_rounds_d128_bf16)",
-}
+
+BWD_TILE_LEGEND = (
+    "Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all), then its options: -bulk (sm_90: "
+    "dQ staged in shared memory, added by cp.reduce.async.bulk, deferred to the next step, two dO buffers), "
+    "-pregs (dS takes P from registers), -load1 / -load2 (the next Q tile requested after S = QK^T / after P "
+    "and dP), -expil (P's exps interleaved with the k16 steps of dP). Older records also carry labels of options "
+    "measured and removed since (-do2, -issue0..3, -load3, -r16, ...; bench/NOTES.md). cuflash is called "
+    "directly (no autograd), FLASH through autograd (its ~0.4 ms of host latency per call inside its timing). "
+    "configured: the tile the package ran by default when the record was made.")
 
 
-def bwd_sweep_table(records, section="bwd_tile_sweep"):
-    """Sections bwd_tile_sweep(_bf16) / bwd_tile_rounds: every candidate backward tile next to SDPA FLASH measured in
-    the same loop."""
-    rs = [r for r in records if r.get("section") == section]
+def bwd_sweep_table(records, section="bwd_tiles"):
+    """Suites bwd_tiles*: every candidate backward tile next to SDPA FLASH measured in the same loop."""
+    rs = _sec(records, section)
     if not rs:
         return ""
     seqlens = sorted({r["seqlen_q"] for r in rs})
+    rounds = max((r.get("rounds") or 1) for r in rs)
     cell = defaultdict(dict)
     for r in rs:
-        cell[(r["headdim"], r["causal"], r["provider"] if r["provider"] != "cuflash" else r["algo"])][r["seqlen_q"]] = \
-            r.get("tflops")
-    lines = [f"### {_BWD_SWEEP_TITLES[section]}", ""]
-    if section == "bwd_tile_sweep":
-        lines += ["Candidate: partition-block_m x block_n x warps-u(k16 steps unrolled, 0 = all), then the options: "
-                  "-bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; sm_90), -do2 (two dO buffers "
-                  "beyond sm_80's shared memory), -pregs (dS takes P from registers), -issue1 (the bulk reductions "
-                  "issued from warp-uniform operands), -issue2 (the same, deferred to the top of the next step), "
-                  "-load1 / -load2 (the next Q tile requested after S = QK^T / after P and dP), -expil (P's exps "
-                  "interleaved with the k16 steps of dP). In older records (history/ and the session-9 rounds tables): "
-                  "session 4's -do, -scalar, -rot, session 6's -late (dQ after dV), session 8's -r16 (16-row dQ warp "
-                  "tiles), session 9's -issue3 (one bulk reduction per block) and -load3 (next Q tile after dS), "
-                  "measured and removed (bench/NOTES.md). cuflash is called directly (no autograd), FLASH through "
-                  "autograd (its ~0.4 ms of host latency per call inside its timing).", ""]
-    lines += ["| hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
-              "|" + "---|" * (3 + len(seqlens))]
-    for key in sorted(cell, key=lambda k: (k[0], k[1], k[2] == "flash", k[2])):
-        row, fl = cell[key], cell.get((key[0], key[1], "flash"), {})
-        vals = [_fmt(row.get(s)) + (f" ({row[s] / fl[s]:.2f})" if key[2] != "flash" and row.get(s) and fl.get(s)
+        cell[(r["dtype"], r["headdim"], r["causal"], r["provider"] if r["provider"] != "cuflash" else r["algo"])][
+            r["seqlen_q"]] = r.get("tflops")
+    title = f"Backward tile candidates (section {section}; TFLOP/s, and / SDPA FLASH of the same loop" + (
+        f", timed in turn, median of {rounds} rounds)" if rounds > 1 else ")")
+    lines = [f"### {title}", "", "| dtype | hdim | causal | candidate | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (4 + len(seqlens))]
+    for key in sorted(cell, key=lambda k: (k[0], k[1], k[2], k[3] == "flash", k[3])):
+        row, fl = cell[key], cell.get(key[:3] + ("flash",), {})
+        vals = [_fmt(row.get(s)) + (f" ({row[s] / fl[s]:.2f})" if key[3] != "flash" and row.get(s) and fl.get(s)
                                    else "") for s in seqlens]
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vals) + " |")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(vals) + " |")
     return "\n".join(lines) + "\n"
 
 
 def errors(records):
     errs = [r for r in records if r.get("provider") == "error"]
-    return "".join(f"\n### section {r['section']} FAILED\n```\n{r['error']}\n```\n" for r in errs)
+    return "".join(f"\n### suite {r['section']} FAILED\n```\n{r['error']}\n```\n" for r in errs)
+
+
+def header_line(head) -> str:
+    line = (f"{head.get('gpu')} ({head.get('sms')} SMs), clocks {head.get('clocks')}, driver {head.get('driver')}, "
+            f"torch {head.get('torch')} (CUDA {head.get('torch_cuda')}), cupy {head.get('cupy')}, NVRTC "
+            f"{head.get('nvrtc')}" + (f", triton {head['triton']}" if head.get("triton") else "") + f", {head.get('date')}.")
+    runs = head.get("runs")
+    if runs:
+        line += (f" Merged from {len(runs)} runs (header `runs`; a record's `run` indexes its run, ratios are only "
+                 f"formed within one run), {min(r.get('date', '') for r in runs)} to {max(r.get('date', '') for r in runs)}.")
+    return line
 
 
 def markdown(head, records) -> str:
-    parts = [f"# cuflash results\n\n{head.get('gpu')} ({head.get('sms')} SMs), clocks {head.get('clocks')}, driver "
-             f"{head.get('driver')}, torch {head.get('torch')} (CUDA {head.get('torch_cuda')}), cupy {head.get('cupy')}, "
-             f"NVRTC {head.get('nvrtc')}, {head.get('date')}.\n"]
+    secs = {r.get("section") for r in records}
+    parts = [f"# cuflash results\n\n{header_line(head)}\n"]
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
-    parts.append(grid_table(records, "fwd", title="Forward, FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048)"))
-    parts.append(grid_table(records, "fwd", sections=("fwd_rounds",), title="Forward, FlashAttention-2 grid, "
-                            "cuflash / FLASH / cuDNN timed in turn, median of 3 rounds (section fwd_rounds)"))
-    parts.append(grid_table(records, "bwd", sections=("bwd_grid",), title="Backward, FlashAttention-2 grid, default "
-                            "dQ strategy (atomic), seqlen 1k-16k (one call per timing; section bwd_grid)"))
-    parts.append(grid_table(records, "bwd", sections=("bwd_rounds",), title="Backward, FlashAttention-2 grid, "
-                            "default dQ strategy, cuflash / FLASH / cuDNN timed in turn, median of 3 rounds (section "
-                            "bwd_rounds)"))
-    parts.append(grid_table(records, "bwd", sections=("bwd_rounds_repeat",), title="The same, repeated in a later "
-                            "call with the same code (section bwd_rounds, filed as bwd_rounds_repeat)"))
-    parts.append(grid_table(records, "bwd", title="Backward, FlashAttention-2 grid, every dQ strategy (one call per "
-                            "timing; sections bwd / bwd_quick)"))
+    parts.append(grid_table(records, "fwd", sections=("fwd",), title="Forward, FlashAttention-2 grid (batch x seqlen = "
+                            "16k, hidden 2048), cuflash / FLASH / cuDNN timed in turn, medians of the rounds (suite fwd)"))
+    parts.append(grid_table(records, "fwd", sections=("fwd_single",), title="Forward, FlashAttention-2 grid, one call "
+                            "per timing, with EFFICIENT and the naive baseline (suite fwd_single)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd",), title="Backward, FlashAttention-2 grid, default dQ "
+                            "strategy, cuflash / FLASH / cuDNN timed in turn, medians of the rounds (suite bwd)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_run2",), title="The same suite run again with the same "
+                            "code (section bwd_run2)"))
+    parts.append(grid_table(records, "bwd", sections=("bwd_strategies",), title="Backward, every dQ strategy (one call "
+                            "per timing; suite bwd_strategies)"))
     parts.append(grid_table(records, "bwd", sections=("bwd_loop",), title="Backward, 10 back-to-back calls per "
-                            "timing (host latency overlapped; section bwd_loop)"))
+                            "timing (host latency overlapped; suite bwd_loop)"))
     parts.append(partition_table(records))
-    parts += [bwd_sweep_table(records, sec) for sec in _BWD_SWEEP_TITLES]
+    tiles = sorted(s for s in secs if s and s.startswith("bwd_tiles"))
+    if tiles:
+        parts.append(BWD_TILE_LEGEND + "\n")
+        parts += [bwd_sweep_table(records, sec) for sec in tiles]
     parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
                               "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
     parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],
                               "Grid order: Q tile in grid x vs (batch, head) in grid x"))
-    parts.append(simple_table(records, "tile_sweep", ["headdim", "seqlen_q", "causal", "algo", "configured", "ms",
-                                                      "tflops"], "Forward tile sweep (fp16)"))
+    parts.append(simple_table(records, "fwd_tiles", ["headdim", "seqlen_q", "causal", "algo", "configured", "ms",
+                                                     "tflops"], "Forward tile sweep (fp16)"))
     parts.append(interleaved_table(records))
     parts.append(simple_table(records, "memory", ["provider", "seqlen_q", "peak_bytes"],
                               "Peak device memory of one forward (batch 1, 16 heads, hdim 128), bytes"))
@@ -222,8 +534,8 @@ EXTRA_TABLES = [
     ("layout", ["provider", "algo", "headdim", "seqlen_q", "causal", "memory_layout", "ms", "tflops"],
      "Same memory for both: forward on [b, s, h, d]- vs [b, h, s, d]-contiguous data (fp16)"),
     ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),
-    ("v1_ladder", ["algo", "mode", "dtype", "headdim", "seqlen_q", "causal", "ms", "tflops", "err_rel", "err_max",
-                   "dram_bytes"], "From V1 to V2"),
+    ("ladder", ["algo", "mode", "dtype", "headdim", "seqlen_q", "causal", "ms", "tflops", "err_rel", "err_max",
+                "dram_bytes"], "From V1 to V2"),
 ]
 
 
@@ -232,8 +544,8 @@ def _gb(x):
 
 
 def traffic_table(records):
-    """Section "traffic" (bench/bench_traffic.py): Nsight Compute's measured DRAM bytes of each V1 -> V2 ladder
-    version next to bench_v1's counted bytes and the time; the ladder's own CUDA-event time (section v1_ladder)
+    """Suite "traffic" (bench/bench_traffic.py): Nsight Compute's measured DRAM bytes of each V1 -> V2 ladder
+    version next to bench_v1's counted bytes and the time; the ladder's own CUDA-event time (section ladder)
     when that section is in the same results. Empty when the section is absent."""
     rs = [r for r in records if r.get("section") == "traffic" and r.get("provider") != "error"]
     if not rs:
@@ -241,12 +553,12 @@ def traffic_table(records):
     rows = [r for r in rs if r.get("kind") == "traffic"]
     general = [r for r in rs if r.get("kind") == "traffic_error"]
     ladder = {(r.get("algo"), r.get("mode"), r.get("dtype"), r.get("headdim"), r.get("seqlen_q"), r.get("causal")):
-              r.get("ms") for r in records if r.get("section") == "v1_ladder" and r.get("kind") == "time"}
+              r.get("ms") for r in records if r.get("section") == "ladder" and r.get("kind") == "time"}
     lines = ["### Device-memory traffic of the V1 -> V2 ladder (Nsight Compute, measured vs counted)", "",
              "`ncu --clock-control none --cache-control all` (L2 flushed before every kernel), metrics "
              "`dram__bytes_read.sum`, `dram__bytes_write.sum`, `gpu__time_duration.sum` summed over the kernels of "
              "one call after one warm-up; counted: bench_v1's analytic model (L2 assumed not to help). ncu ms: "
-             "kernel time under the profiler (cold L2, kernels serialized); ladder ms: the v1_ladder section's "
+             "kernel time under the profiler (cold L2, kernels serialized); ladder ms: the ladder suite's "
              "CUDA-event median. fp16, batch x seqlen = 16k, hidden 2048.", ""]
     if rows:
         lines += ["| version | dir | d | seqlen | causal | read GB | write GB | measured GB | counted GB | "
@@ -278,25 +590,43 @@ def traffic_table(records):
     return "\n".join(lines) + "\n"
 
 
-def plots(records, out_dir):
+_NOTED = []
+
+
+def _pyplot():
+    """matplotlib.pyplot with the Agg backend, or None (with a printed note, once) when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        if not _NOTED:
+            print("report: matplotlib not installed (pip install -e '.[bench]'): plots skipped", flush=True)
+            _NOTED.append(True)
+        return None
+    return plt
+
+
+def plots(records, out_dir):
+    """fwd_tflops.png, bwd_tflops.png: TFLOP/s vs seqlen per (dtype, hdim, causal), every provider."""
+    wanted = {"fwd": ("fwd",), "bwd": ("bwd",)}
+    if not any(_sec(records, *secs, mode=mode) for mode, secs in wanted.items()):
         return
-    for mode in ("fwd", "bwd"):
-        rs = [r for r in records if r.get("mode") == mode and r.get("section") in (mode, mode + "_quick") and r.get("tflops")]
+    plt = _pyplot()
+    if plt is None:
+        return
+    for mode, secs in wanted.items():
+        rs = [r for r in _sec(records, *secs, mode=mode) if r.get("tflops")]
         if not rs:
             continue
         groups = sorted({(r["dtype"], r["headdim"], r["causal"]) for r in rs})
-        fig, axes = plt.subplots(2, (len(groups) + 1) // 2, figsize=(4 * ((len(groups) + 1) // 2), 7), squeeze=False)
+        ncol = (len(groups) + 1) // 2
+        fig, axes = plt.subplots(2, ncol, figsize=(4 * ncol, 7), squeeze=False)
         for ax, g in zip(axes.flat, groups):
             sub = [r for r in rs if (r["dtype"], r["headdim"], r["causal"]) == g]
-            for p in sorted({r["provider"] + ("-" + r["algo"] if r["provider"] == "cuflash" else "") for r in sub}):
-                pts = sorted((r["seqlen_q"], r["tflops"]) for r in sub
-                             if r["provider"] + ("-" + r["algo"] if r["provider"] == "cuflash" else "") == p)
+            for p in sorted({_name(r) for r in sub}):
+                pts = sorted((r["seqlen_q"], r["tflops"]) for r in sub if _name(r) == p)
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{mode} {g[0]} d={g[1]} causal={g[2]}", fontsize=9)
@@ -310,13 +640,11 @@ def plots(records, out_dir):
 
 def micro_plots(records, out_dir):
     """Throughput sweeps of the microbenchmarks: work per clock per SM vs warps per SM, one line per ILP."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rs = [r for r in records if r.get("section") == "micro" and r.get("metric") == "throughput" and r.get("sweep")]
     if not rs:
+        return
+    plt = _pyplot()
+    if plt is None:
         return
     cols = 4
     rows = -(-len(rs) // cols)
@@ -338,14 +666,50 @@ def micro_plots(records, out_dir):
     plt.close(fig)
 
 
-def write_all(head, records, out_dir):
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
+def write_all(head, records, out_dir, md_path=None):
+    """results.md and the plots into out_dir."""
+    with open(md_path or os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(head, records))
     plots(records, out_dir)
     micro_plots(records, out_dir)
 
 
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="?", help="a results.json or the folder holding it (same as --results)")
+    ap.add_argument("--results", dest="results_opt", help="results.json (default: bench/results/results.json)")
+    ap.add_argument("--readme", help="README to update in place: the blocks between <!-- results:NAME --> markers")
+    ap.add_argument("--plots-dir", help="where the plots go (default: the results file's folder)")
+    ap.add_argument("--md", help="results.md to write (default: next to the results file); 'none' to skip")
+    args = ap.parse_args(argv)
+    path = args.results_opt or args.results or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                             "results.json")
+    if os.path.isdir(path):
+        path = os.path.join(path, "results.json")
+    with open(path) as f:
+        data = json.load(f)
+    head, records = data.get("header", {}), data["records"]
+    folder = os.path.dirname(os.path.abspath(path))
+    if args.md != "none":
+        md = args.md or os.path.join(folder, "results.md")
+        with open(md, "w") as f:
+            f.write(markdown(head, records))
+        print(f"report: {md}")
+    plots_dir = args.plots_dir or folder
+    plots(records, plots_dir)
+    micro_plots(records, plots_dir)
+    if args.readme:
+        with open(args.readme) as f:
+            text = f.read()
+        new, filled, skipped = fill_readme(text, records)
+        if new != text:
+            with open(args.readme, "w") as f:
+                f.write(new)
+        print(f"report: {args.readme}: blocks filled {filled or 'none'}"
+              + (f"; left as they were (unknown name, no records, or a marker without its partner): {skipped}"
+                 if skipped else ""))
+    return 0
+
+
 if __name__ == "__main__":
-    d = sys.argv[1]
-    data = json.load(open(os.path.join(d, "results.json")))
-    write_all(data["header"], data["records"], d)
+    sys.exit(main())

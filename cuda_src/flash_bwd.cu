@@ -84,8 +84,12 @@
 // a band of 16 rows is still the same 16 D floats, so zeroing rows and the buffer's size are unchanged.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
 
 namespace cuflash {
 
@@ -154,10 +158,10 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   if (i0 >= p.seqlen_q) return;
   const int64_t h = bh % p.nheads, b = bh / p.nheads;
   int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits;
-  if (CAUSAL && p.dq_strategy == DQ_SEQPAR) {
-    const int64_t last0 = i0 + p.seqlen_k - p.seqlen_q, last8 = last0 + 8;
-    splits0 = last0 < 0 ? 0 : min(splits0, last0 / BLOCK_N + 1);
-    splits8 = last8 < 0 ? 0 : min(splits8, last8 / BLOCK_N + 1);
+  if (CAUSAL && p.dq_strategy == DQ_SEQPAR) {  // the KV tiles rows i0 and i0 + 8 see (attn/block.cuh)
+    const Mask<CAUSAL> mask = seqinfo_fixed(p).mask<CAUSAL>();
+    splits0 = min(splits0, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 1)));
+    splits8 = min(splits8, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 9)));
   }
   const int64_t split_stride = p.batch * p.nheads * p.seqlen_q_pad * D;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum) + idx;
@@ -302,7 +306,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_str
 template <typename T, int D, int BLOCK_M, int NT, bool FAST>
 __device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, int batch, int hq, int m0, int seqlen_q,
                                              int tid) {
-  const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
+  const T* do_head = reinterpret_cast<const T*>(p.dout) + SeqInfo::offset(p.do_batch_stride, p.do_head_stride, batch, hq);
   load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid);
 }
 
@@ -311,7 +315,7 @@ __device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, int 
 template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool LOAD_DO = true>
 __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
                                             int batch, int hq, int m0, int seqlen_q, int tid) {
-  const T* q_head = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + hq * p.q_head_stride;
+  const T* q_head = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, hq);
   load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid);
   if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, batch, hq, m0, seqlen_q, tid);
   const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
@@ -366,8 +370,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
                                            const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
   const float scale = (float)p.softmax_scale;
   const int g = lane / 4, t = lane % 4;
-  T* dk_ptr = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-  T* dv_ptr = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+  T* dk_ptr = reinterpret_cast<T*>(p.dk) + SeqInfo::offset(p.dk_batch_stride, p.dk_head_stride, batch, kv_head);
+  T* dv_ptr = reinterpret_cast<T*>(p.dv) + SeqInfo::offset(p.dv_batch_stride, p.dv_head_stride, batch, kv_head);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int j = j0 + g + h * 8;
@@ -383,7 +387,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
   }
 }
 
-// The 2D partition's warp tiling (used by its branch of flash_bwd_kernel, and by DQ_DEFER at the loop top).
+// The 2D partition's warp tiling (used by its branch of flash_bwd_kernel, and by the DQ_BULK reduction at the
+// loop top).
 // S, dP [BLOCK_M, BLOCK_N]: WM_S x WN_S warps of 32 Q rows x KW keys. dQ [BLOCK_M, D]: WM_Q x WD_Q warps of
 // 16 MFQ Q rows x DQC columns (32-row tiles unless the columns would not split into k16 multiples, then 16-row
 // tiles), DQ_CH columns per pass (bounds its accumulator registers).
@@ -399,9 +404,9 @@ struct Tiling2D {
 // Shared-memory bytes of the main kernel's layout (the host computes the same: _configs.bwd_smem_bytes).
 // dO is double-buffered like Q, except in PART_2D when that would not fit sm_80 (DO_STAGES = 1: the next dO
 // tile is loaded once every warp is done with dV += P^T dO, behind one more barrier).
-// DQ_BULK (2D, sm_90): + BLOCK_M x D fp32 staging for the dQ tile (cp.reduce.async.bulk reads it).
-// DO_ST = 2 (sm_90 tiles): dO double-buffered even where that does not fit sm_80 (0: the rule above).
-template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, bool DQ_BULK = false, int DO_ST = 0>
+// DQ_BULK (2D, sm_90): + BLOCK_M x D fp32 staging for the dQ tile (cp.reduce.async.bulk reads it), and dO
+// double-buffered even where that does not fit sm_80.
+template <int D, int BLOCK_M, int BLOCK_N, int PARTITION, int ELEM, bool DQ_BULK = false>
 struct BwdSmem {
   static constexpr int LDS = PaddedRow<D>::LDS;
   static constexpr int EXCHANGE = PARTITION != PART_KV ? 2 * BLOCK_M * PaddedRow<BLOCK_N>::LDS * ELEM  // P, dS
@@ -409,7 +414,7 @@ struct BwdSmem {
   __host__ __device__ static constexpr int bytes(int do_stages) {  // K, V, 2 x Q, do_stages x dO, exchange, 2 x (lse, D) rows
     return (2 * BLOCK_N + (2 + do_stages) * BLOCK_M) * LDS * ELEM + EXCHANGE + 4 * BLOCK_M * (int)sizeof(float);
   }
-  static constexpr int DO_STAGES = DO_ST ? DO_ST : PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
+  static constexpr int DO_STAGES = DQ_BULK ? 2 : PARTITION == PART_2D && bytes(2) > SM80_MAX_SMEM ? 1 : 2;
   static constexpr int STAGING = DQ_BULK ? BLOCK_M * D * (int)sizeof(float) : 0;
   static constexpr int BYTES = bytes(DO_STAGES) + STAGING;
 };
@@ -424,18 +429,17 @@ struct BwdSmem {
 //   96-256 with NVRTC 13.0, the H200 image's compiler). Register-operand loops always unroll fully.
 //   DQ_BULK (2D partition, sm_90, "atomic" dQ): each warp stores its dQ tile to shared memory and one lane adds it
 //   to the accumulator with cp.reduce.async.bulk (the TMA unit's reduction), so no RED holds the accumulator
-//   registers (their write-after-read waits: bench/NOTES.md, session 6). Other strategies use dq_accumulate.
+//   registers (their write-after-read waits: bench/NOTES.md, dQ strategies). Other strategies use dq_accumulate.
+//   The reductions are issued from warp-uniform values (the warp index broadcast by __shfl_sync, as CUTLASS's
+//   canonical_warp_idx_sync does; built from per-lane values, ptxas wraps each in an ELECT loop), and the dQ
+//   tile staged in step i is reduced at the top of step i + 1, after its cp_async_wait<0> and barrier and before
+//   it requests the next tiles: the proxy fence in front of the reduction then has no cp.async of this thread to
+//   wait for. dO is double-buffered (sm_90's shared memory allows it at every 2D tile).
 //   P_REGS (2D partition): dS = P * (dP - D) takes P from its packed 16-bit fragments kept in registers across
 //   the dP product, instead of reading back the words this thread stored to shared memory (2 LDS per n8 block:
 //   they queue with MUFU.EX2 in the MIO pipe). Costs NFS * 4 registers (bf16 fits only since unpack2 takes
 //   bf16 apart with a shift and a mask: through __bfloat1622float2 the d64 tile spilled 24-64 B, NVRTC 13.0).
-//   DQ_ISSUE (with DQ_BULK): how the bulk reductions are issued. 0: by lane 0 with addresses built from per-lane
-//   values (ptxas wraps each in an ELECT loop that moves them to uniform registers); 1: from warp-uniform values
-//   (the warp index broadcast by __shfl_sync, as CUTLASS's canonical_warp_idx_sync does), so the operands can be
-//   built in uniform registers; 2: as 1, and the dQ tile staged in step i is reduced at the top of step i + 1,
-//   after its cp_async_wait<0> and barrier and before it requests the next tiles: the proxy fence in front of the
-//   reduction then has no cp.async of this thread to wait for (bench/NOTES.md, session 7).
-//   LOAD_AT (2D partition, dO double-buffered): where the next Q tile's copies are requested. 0: right after
+//   LOAD_AT (2D partition with DQ_BULK): where the next Q tile's copies are requested. 0: right after
 //   barrier 1; 1: after S = Q K^T, while S is live, so that ptxas cannot give the copies' address registers to
 //   the constants and accumulators of that product (the forward's LOAD_AT = 1, flash_fwd.cu); 2: after P is
 //   computed and stored, before dP = dO V^T (with EXP_IL: after the interleaved dP and exps).
@@ -443,8 +447,8 @@ struct BwdSmem {
 //   the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block queued behind
 //   the ldmatrix of dP in the MIO pipe (S and dP accumulators both live during dP).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
-          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, int DO_ST = 0, bool P_REGS = false,
-          int DQ_ISSUE = 0, int LOAD_AT = 0, bool EXP_IL = false>
+          int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, bool P_REGS = false, int LOAD_AT = 0,
+          bool EXP_IL = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
@@ -467,13 +471,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                 "KV: each warp (pair, with DSPLIT = 2) owns 16 KV rows; Q: each warp owns 16 Q rows");
   static_assert(RBW * 16 * (NWARPS / CB) == BLOCK_N && NWARPS % CB == 0 && DCOLS % 16 == 0 && KQ >= 1 && KN >= 1,
                 "every (KV row band, column band) of dK/dV is owned by exactly one warp");
-  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK, DO_ST>::BYTES,
+  static_assert(SMEM_BYTES == BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>::BYTES,
                 "host smem size must match the layout below");
   static_assert(!DQ_BULK || PARTITION == PART_2D, "DQ_BULK: the 2D partition's option");
   static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
-  static_assert(DQ_ISSUE == 0 || (DQ_BULK && DQ_ISSUE <= 2), "DQ_ISSUE: an option of DQ_BULK");
-  constexpr bool DQ_DEFER = DQ_ISSUE == 2;
-  static_assert(LOAD_AT == 0 || (LOAD_AT <= 2 && P2D && DO_ST == 2), "LOAD_AT: the 2D partition with two dO buffers");
+  static_assert(LOAD_AT == 0 || (LOAD_AT <= 2 && DQ_BULK), "LOAD_AT: an option of the DQ_BULK (sm_90) tiles");
   static_assert(!EXP_IL || P2D, "EXP_IL: the 2D partition's option");
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
@@ -488,7 +490,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
   constexpr int DQ_CHUNK = D < 32 ? D : 32;
   static_assert(D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ chunks");
 
-  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK, DO_ST>;
+  using Smem = BwdSmem<D, BLOCK_M, BLOCK_N, PARTITION, (int)sizeof(T), DQ_BULK>;
   constexpr int DO_STAGES = Smem::DO_STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);        // [BLOCK_N][LDS]
@@ -507,48 +509,45 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
 #endif
   const bool dq_bulk = DQ_BULK && p.dq_strategy == DQ_ATOMIC;
   using TD = Tiling2D<D, BLOCK_M, BLOCK_N, NWARPS>;
-  // DQ_BULK: add this warp's staged dQ tile to the accumulator; `dst` = its first row's band at its first column
-  // (lane 0's slot). Each 16-row band is DQC / 8 consecutive fragments, in shared memory as in the accumulator:
-  // one bulk reduction per band. The lanes' stores must reach the async proxy first.
-  auto dq_bulk_reduce = [&](float* dst, int warp_) {
+  // DQ_BULK: add this warp's staged dQ tile of (KV tile, batch, query head, Q tile at row m0) to the accumulator,
+  // from warp-uniform values only. Each 16-row band is DQC / 8 consecutive fragments, in shared memory as in the
+  // accumulator: one bulk reduction per band. The lanes' stores must reach the async proxy first.
+  const int warp_u = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+  auto dq_bulk_reduce = [&](int n_block_, int batch_, int hq_, int m0_) {
+    float* dst = dq_accum_band<D>(p, n_block_, batch_, hq_, m0_ + (warp_u / TD::WD_Q) * 16 * TD::MFQ, 0) +
+                 dq_frag_offset<D>(0, (warp_u % TD::WD_Q) * TD::DQC);
     fence_proxy_async_shared();
     __syncwarp();
     if (threadIdx.x % 32 == 0) {
 #pragma unroll
       for (int mf = 0; mf < TD::MFQ; ++mf)
-        bulk_reduce_add_f32(dst + mf * 16 * D, smem_addr(dq_stage + (warp_ * TD::MFQ + mf) * 16 * TD::DQC),
+        bulk_reduce_add_f32(dst + mf * 16 * D, smem_addr(dq_stage + (warp_u * TD::MFQ + mf) * 16 * TD::DQC),
                             (TD::DQC / 8) * 128 * (int)sizeof(float));
       bulk_commit_group();
     }
   };
-  // DQ_ISSUE >= 1: the same from warp-uniform values only (batch, query head, first row of the Q tile, KV tile).
-  const int warp_u = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
-  auto dq_bulk_reduce_u = [&](int n_block_, int batch_, int hq_, int m0_) {
-    dq_bulk_reduce(dq_accum_band<D>(p, n_block_, batch_, hq_, m0_ + (warp_u / TD::WD_Q) * 16 * TD::MFQ, 0) +
-                       dq_frag_offset<D>(0, (warp_u % TD::WD_Q) * TD::DQC),
-                   warp_u);
-  };
-  int dq_pending_hq = -1, dq_pending_m0 = 0;  // DQ_DEFER: the Q tile whose staged dQ still has to be added
+  int dq_pending_hq = -1, dq_pending_m0 = 0;  // DQ_BULK: the Q tile whose staged dQ still has to be added
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const uint32_t smem_base = smem_addr(smem_raw);
   const int band0 = (warp / CB) * RBW, cband = warp % CB;  // dK/dV: first KV row band, column band
   const int batch = blockIdx.z, kv_head = blockIdx.y;
-  const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;
+  const SeqInfo si = seqinfo_fixed(p);
+  const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int group = (int)p.heads_per_kv;
   const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const float scale_log2 = (float)p.scale_log2;
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
 
   // "loop": gridDim.x == 1 and this block walks every KV tile; otherwise one KV tile per block.
   for (int n_block = blockIdx.x; n_block < num_n_blocks; n_block += gridDim.x) {
     const int n0 = n_block * BLOCK_N;
-    int m_begin = 0;  // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped
-    if (CAUSAL && n0 - diag > 0) m_begin = (n0 - diag) / BLOCK_M;
+    // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
+    const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
     const int num_m = max(0, num_m_blocks - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
     // Iteration it works on (query head within the group, Q tile) = (cur_h, cur_m), stepped without divisions.
@@ -580,8 +579,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
-      if constexpr (DQ_DEFER) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
-        if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
+      if constexpr (DQ_BULK) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
+        if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
         dq_pending_hq = -1;
       }
       // the next iteration's Q, dO, lse and D rows into the other stage (every warp is done with it)
@@ -613,7 +612,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
         // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
         // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
-        const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
+        const bool need_mask = mask.needs_mask(m0, n0 + BLOCK_N - 1);
         uint32_t pa[KQ][4];
 #pragma unroll
         for (int nf = 0; nf < NFQ; ++nf) {
@@ -621,12 +620,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = acc[nf][e];
-            if (need_mask) {
-              const int j = n0 + wk * 16 + g + (e / 2) * 8;
-              const int i = m0 + nf * 8 + 2 * t + (e % 2);
-              if (j >= seqlen_k || (CAUSAL && j > i + diag)) x = -INFINITY;
-            }
-            acc[nf][e] = exp2_approx(fmaf(x, scale_log2, -(e % 2 ? lse.y : lse.x)));  // FFMA + MUFU.EX2
+            if (need_mask && mask.masked_t(n0 + wk * 16, m0, nf, e, lane)) x = -INFINITY;
+            acc[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           }
         }
         frags_to_a<T>(acc, pa);
@@ -668,26 +663,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
         T* ds_smem = xc_smem + BLOCK_M * LDS_PS;     // [BLOCK_M][LDS_PS]  dS
         const int r0 = warp * 16;                    // this warp's rows in the Q tile
         // Warp-uniform: do any of the warp's rows lie before seqlen_q and see a key of this KV tile?
-        const bool active = m0 + r0 < seqlen_q && !(CAUSAL && m0 + r0 + 15 + diag < n0);
+        const bool active = m0 + r0 < seqlen_q && !mask.above_diagonal(m0 + r0 + 15, n0);
         if (active) {
           // (1) S = Q_w K^T [16, BLOCK_N]: A = this warp's 16 Q rows, B = K^T = rows of K (plain ldmatrix).
           float acc[NFK][4];
           zero_frags(acc);
           gemm_rows_rows_t<T, KD, NFK, U_D>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
           // (2) P = exp2(S * scale_log2 - lse_log2[row]); rows g and g + 8 of the warp's band.
-          const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + r0 + diag);
+          const bool need_mask = mask.needs_mask(m0 + r0, n0 + BLOCK_N - 1);
           const float lse_g = lse_tile[r0 + g], lse_g8 = lse_tile[r0 + g + 8];
 #pragma unroll
           for (int nf = 0; nf < NFK; ++nf)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float x = acc[nf][e];
-              if (need_mask) {
-                const int j = n0 + nf * 8 + 2 * t + (e % 2);
-                const int i = m0 + r0 + g + (e / 2) * 8;
-                if (j >= seqlen_k || (CAUSAL && j > i + diag)) x = -INFINITY;
-              }
-              acc[nf][e] = exp2_approx(fmaf(x, scale_log2, -(e / 2 ? lse_g8 : lse_g)));
+              if (need_mask && mask.masked_c(m0 + r0, n0, nf, e, lane)) x = -INFINITY;
+              acc[nf][e] = softmax_p_from_lse(x, scale_log2, e / 2 ? lse_g8 : lse_g);
             }
           {
             uint32_t pa[KN][4];
@@ -767,20 +758,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
                                                              k_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         if constexpr (LOAD_AT == 1) request_next();
         // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
-        // In block-local indices (row r, key c): c must be < klim, and (causal) c <= r + dlim.
-        const int klim = seqlen_k - (n0 + kc0), dlim = m0 + qr0 + diag - (n0 + kc0);
-        const bool need_mask = KW > klim || (CAUSAL && KW - 1 > dlim);
-        if (need_mask) {  // a separate pass, so that unmasked tiles run none of it
-#pragma unroll
-          for (int mf = 0; mf < 2; ++mf)
-#pragma unroll
-            for (int nf = 0; nf < NFS; ++nf)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int c = nf * 8 + 2 * t + (e % 2), r = mf * 16 + g + (e / 2) * 8;
-                if (c >= klim || (CAUSAL && c > r + dlim)) acc[mf][nf][e] = -INFINITY;
-              }
-        }
+        // In warp-tile-local indices (row r, key c; attn/mask.cuh: Mask::local), as a separate pass, so that
+        // unmasked tiles run none of it.
+        const Mask<CAUSAL> wmask = mask.local(m0 + qr0, n0 + kc0);
+        if (wmask.needs_mask(0, KW - 1)) wmask.apply(acc, 0, 0, lane);
         uint32_t pa[2][NFS / 2][4];  // P, packed (P_REGS: kept for dS; else only live per mf)
         if constexpr (EXP_IL) {
           // (2) + (3) interleaved: dP = dO V^T one k16 step at a time into acc_p; after step ks, the exps of
@@ -801,8 +782,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
               const int mf = f / NFS, nf = f % NFS;
 #pragma unroll
               for (int e = 0; e < 4; ++e)  // lse read where used (held in 4 registers, bf16 spilled under NVRTC 13.5)
-                acc[mf][nf][e] =
-                    exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]));
+                acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]);
               if (nf % 2 == 1)  // k16 step nf / 2 of this band's A fragments
                 frag_to_a<T>(acc[mf], nf / 2, pa[mf][nf / 2]);
             }
@@ -825,7 +805,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
             for (int nf = 0; nf < NFS; ++nf)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                acc[mf][nf][e] = exp2_approx(fmaf(acc[mf][nf][e], scale_log2, -(e / 2 ? lse_g8 : lse_g)));
+                acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, e / 2 ? lse_g8 : lse_g);
             frags_to_a<T>(acc[mf], pa[mf]);
             store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
           }
@@ -890,15 +870,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
               dq_accumulate<D>(p, dq_band + dq_frag_offset<D>(mf, dq_c0 + c0), acc_dq[mf]);
           }
         }
-        if (dq_bulk) {
-          if constexpr (DQ_DEFER) {
-            dq_pending_hq = hq;
-            dq_pending_m0 = m0;
-          } else if constexpr (DQ_ISSUE == 1) {
-            dq_bulk_reduce_u(n_block, batch, hq, m0);
-          } else {
-            dq_bulk_reduce(dq_band - 4 * lane + dq_frag_offset<D>(0, dq_c0), warp);
-          }
+        if (dq_bulk) {  // reduced at the top of the next step (DQ_BULK above)
+          dq_pending_hq = hq;
+          dq_pending_m0 = m0;
         }
         // (6) dV_j += P^T dO_i: this warp's 32 KV rows [band0 * 16, +32) x DCOLS columns; A = P^T via
         // ldmatrix.trans of P, B = dO via ldmatrix.trans.
@@ -920,8 +894,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_con
       }
     }
 
-    if constexpr (DQ_DEFER) {  // the last Q tile's dQ
-      if (dq_pending_hq >= 0) dq_bulk_reduce_u(n_block, batch, dq_pending_hq, dq_pending_m0);
+    if constexpr (DQ_BULK) {  // the last Q tile's dQ
+      if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
       dq_pending_hq = -1;
     }
     // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.

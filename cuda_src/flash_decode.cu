@@ -19,8 +19,8 @@
 //     for each of its tiles:  S = Q K^T (mma.sync m16n8k16, fp32), online softmax in base 2
 //                             (one FFMA + one MUFU.EX2 per score), O += P V (P stays in registers)
 //   epilogue   one cross-warp combine of (m, l, O) through shared memory (the ring is reused):
-//                M = max_w m_w,  c_w = exp2((m_w - M) * scale_log2),  L = sum_w c_w l_w
-//                O = sum_w c_w O_w / L,   LSE = (M * scale_log2 + log2 L) * ln 2
+//                M = max_w m_w,  c_w = exp2(m_w - M),  L = sum_w c_w l_w   (m in log2 units, attn/softmax.cuh)
+//                O = sum_w c_w O_w / L,   LSE = (M + log2 L) * ln 2
 //              then either the fp32 partial of the split (o_accum [split, b, h, sq, d], lse_accum
 //              [split, b, h, sq]: exactly flash_fwd_kernel<SPLIT=true>'s format, combined by
 //              flash_combine_kernel) or, when p.o_accum is null (one split), O in the input dtype and
@@ -44,7 +44,7 @@
 // elements; blocks/SM from shared memory, the registers allow at least as many):
 //   D = 128: BLOCK_N 32, 4 warps, 2 stages: tile 16 KB, smem 140 KB/block (MF 1) -> 1 block/SM on
 //            sm_90 and sm_80: 1 x 4 x 1 x 16 KB = 64 KB in flight. (16 x 4 warps x 3 stages, 2 blocks/SM and
-//            128 KB in flight, measured 1-6% slower: bench/NOTES.md, session 3.)
+//            128 KB in flight, measured 1-6% slower: bench/NOTES.md, decode tiles.)
 //   D =  64: BLOCK_N 32, 4 warps, 3 stages: tile 8 KB, 110 KB/block -> 2 blocks/SM on sm_90 (228 KB/SM):
 //            2 x 4 x 2 x 8 KB = 128 KB in flight; sm_80 (164 KB/SM): 1 block, 64 KB.
 //   D =  96: BLOCK_N 16, 4 warps, 4 stages: tile 6 KB, 107 KB/block -> 2 x 4 x 3 x 6 KB = 144 KB.
@@ -67,8 +67,12 @@
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
 
 namespace cuflash {
 
@@ -163,25 +167,23 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   const int m0 = m_block * BLOCK_M;
   const int valid_rows = min(BLOCK_M, seqlen_q - m0);
 
-  const int seqlen_k =
-      max(0, p.seqlens_k ? min(p.seqlens_k[batch] + (int)p.seqlen_k_new, (int)p.seqlen_k) : (int)p.seqlen_k);
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const SeqInfo si = seqinfo(p, batch);
+  const int seqlen_k = si.seqlen_k;
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   // keys any valid row of this block may see: [0, kv_len)
-  const int kv_len = CAUSAL ? max(0, min(seqlen_k, m0 + valid_rows + diag)) : seqlen_k;
+  const int kv_len = max(0, kv_key_end(mask, m0 + valid_rows));
 
-  // This split's warp tiles [tile_begin, tile_end): whole rounds of NWARPS tiles per split.
+  // This split's warp tiles [tile_begin, tile_end): whole rounds of NWARPS tiles per split (attn/block.cuh).
   const int n_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
-  const int rounds = (n_tiles + num_splits * NWARPS - 1) / (num_splits * NWARPS);
-  const int tile_begin = split * rounds * NWARPS;
-  const int tile_end = min(n_tiles, tile_begin + rounds * NWARPS);
+  const BlockRange tiles = split_range(n_tiles, n_tiles, split, num_splits, NWARPS);
+  const int tile_begin = tiles.begin, tile_end = tiles.end;
 
-  const float LN2 = 0.6931471805599453f;
   const bool direct = p.o_accum == nullptr;  // one split: write O (input dtype) and the LSE directly
   float* o_acc_row0 = direct ? nullptr
                              : p.o_accum + (((int64_t)split * p.batch * p.nheads + bh) * seqlen_q + m0) * D;
   float* lse_row0 = direct ? (p.lse ? p.lse + bh * seqlen_q + m0 : nullptr)
                            : p.lse_accum + ((int64_t)split * p.batch * p.nheads + bh) * seqlen_q + m0;
-  T* o_row0 = direct ? reinterpret_cast<T*>(p.o) + (int64_t)batch * p.o_batch_stride + (int64_t)head * p.o_head_stride +
+  T* o_row0 = direct ? reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, head) +
                            (int64_t)m0 * p.o_row_stride
                      : nullptr;
 
@@ -197,11 +199,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     return;
   }
 
-  const T* q_ptr =
-      reinterpret_cast<const T*>(p.q) + (int64_t)batch * p.q_batch_stride + (int64_t)head * p.q_head_stride;
+  const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, head);
   const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA without the fold: shared K/V head, no copy
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + (int64_t)batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + (int64_t)batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
 
   // This warp's tiles: tile_begin + warp + i * NWARPS, i in [0, my_tiles). The lane's K and V pointers
   // walk them (one 64-bit add per tile); next_row is the first key of the next tile to load.
@@ -247,10 +248,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
       for (int kd = 0; kd < KD; ++kd) ldmatrix_x4(q_frag[mf][kd], q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
   }
 
-  // Per-thread softmax state: rows (g, g + 8) of each m16 fragment; row_sum is thread-partial.
+  // Per-thread state: O and the online softmax of rows (g, g + 8) of each m16 fragment (attn/softmax.cuh).
   float acc_o[MF][DF][4];
-  float row_max[MF][2], row_sum[MF][2];
-  init_softmax_state(acc_o, row_max, row_sum);
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) zero_frags(acc_o[mf]);
+  OnlineSoftmax<MF> softmax;
   const float scale_log2 = (float)p.scale_log2;
 
   int read_slot = 0, write_slot = STAGES - 1;
@@ -263,129 +265,39 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
     write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
-    // S = Q K^T  [BLOCK_M, BLOCK_N]: one ldmatrix.x4 gives b0, b1 of two adjacent n8 fragments.
+    // S = Q K^T  [BLOCK_M, BLOCK_N] (common/warp_gemm.cuh): Q fragments from registers or shared memory.
     float s[MF][NF][4];
+    gemm_abt_x4<T, MF, NF, KD>(
+        s,
+        [&](uint32_t (&a)[4], int mf, int kd) {
+          if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mf][nf][e] = 0.f;
-#pragma unroll
-    for (int kd = 0; kd < KD; ++kd) {
-      uint32_t qa[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        if constexpr (Q_IN_REGS) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qa[mf][e] = q_frag[mf][kd][e];
-        } else {
-          ldmatrix_x4(qa[mf], q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
-        }
-      }
-#pragma unroll
-      for (int nf = 0; nf < NF; nf += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2));
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          mma_m16n8k16<T>(s[mf][nf], qa[mf], b[0], b[1]);
-          mma_m16n8k16<T>(s[mf][nf + 1], qa[mf], b[2], b[3]);
-        }
-      }
-    }
+            for (int e = 0; e < 4; ++e) a[e] = q_frag[mf][kd][e];
+          } else {
+            ldmatrix_x4(a, q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
+          }
+        },
+        [&](int nf, int kd) { return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2); });
 
     // Mask only tiles that cross the end of the keys or the diagonal (warp-uniform branch).
     const int col0 = (first + i * NWARPS) * BLOCK_N;
-    const bool need_mask = col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + mf * 16 + g + (e / 2) * 8;
-            const int col = col0 + nf * 8 + 2 * t + (e % 2);
-            if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
-          }
-    }
+    if (mask.needs_mask(m0, col0 + BLOCK_N - 1)) mask.apply(s, m0, col0, lane);
 
-    // Online softmax (base 2), as flash_fwd_kernel: a row with no visible key so far has max -inf and
-    // uses 0 in the exponent; O and l are re-scaled only when some row of the warp has a new max.
-    float m_scaled[MF][2], row_max_new[MF][2];
-    bool max_moved = false;
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mf][h];
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-        mx = quad_max(mx);
-        m_scaled[mf][h] = mx == -INFINITY ? 0.f : mx * scale_log2;
-        max_moved |= mx != row_max[mf][h];
-        row_max_new[mf][h] = mx;
-      }
-    if (__any_sync(0xffffffffu, max_moved)) {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float alpha = exp2_approx(row_max[mf][h] * scale_log2 - m_scaled[mf][h]);
-          row_sum[mf][h] *= alpha;
-#pragma unroll
-          for (int df = 0; df < DF; ++df) {
-            acc_o[mf][df][2 * h] *= alpha;
-            acc_o[mf][df][2 * h + 1] *= alpha;
-          }
-          row_max[mf][h] = row_max_new[mf][h];
-        }
-    }
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float sum = 0.f;
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m_scaled[mf][h]));  // FFMA + MUFU.EX2
-            sum += s[mf][nf][e];
-          }
-        row_sum[mf][h] += sum;
-      }
+    // Online softmax (attn/softmax.cuh), as flash_fwd_kernel.
+    if (__any_sync(0xffffffffu, softmax.update_max(s, scale_log2))) softmax.rescale(acc_o);
+    softmax.exp_and_sum(s, scale_log2);
 
     // O += P V: the S accumulators packed to 16-bit pairs are the A operand; V via ldmatrix.trans.
-#pragma unroll
-    for (int kn = 0; kn < KN; ++kn) {
-      uint32_t a[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        a[mf][0] = pack2<T>(s[mf][2 * kn][0], s[mf][2 * kn][1]);
-        a[mf][1] = pack2<T>(s[mf][2 * kn][2], s[mf][2 * kn][3]);
-        a[mf][2] = pack2<T>(s[mf][2 * kn + 1][0], s[mf][2 * kn + 1][1]);
-        a[mf][3] = pack2<T>(s[mf][2 * kn + 1][2], s[mf][2 * kn + 1][3]);
-      }
-#pragma unroll
-      for (int df = 0; df < DF; df += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2));
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          mma_m16n8k16<T>(acc_o[mf][df], a[mf], b[0], b[1]);
-          mma_m16n8k16<T>(acc_o[mf][df + 1], a[mf], b[2], b[3]);
-        }
-      }
-    }
+    gemm_pv_x4<T, MF, KN, DF>(
+        acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
+        [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
   }
 
   // ---- Cross-warp combine. Every warp's ring is drained and read: reuse the rings for (m_w, l_w, O_w).
   cp_async_wait<0>();  // only empty groups can be pending here; keeps the smem reuse obviously safe
   __syncthreads();
   float* red_o = reinterpret_cast<float*>(ring);        // [NWARPS][BLOCK_M][RLD]  unnormalised O_w
-  float* red_m = red_o + NWARPS * BLOCK_M * RLD;        // [NWARPS][BLOCK_M]       m_w * scale_log2 (or -inf)
+  float* red_m = red_o + NWARPS * BLOCK_M * RLD;        // [NWARPS][BLOCK_M]       m_w, log2 units (or -inf)
   float* red_l = red_m + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       l_w
   float* red_c = red_l + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       c_w / L
 #pragma unroll
@@ -393,10 +305,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = mf * 16 + g + h * 8;
-      const float l = quad_sum(row_sum[mf][h]);
+      const float l = softmax.row_sum_total(mf, h);
       if (r < valid_rows) {
         if (t == 0) {
-          red_m[warp * BLOCK_M + r] = row_max[mf][h] == -INFINITY ? -INFINITY : row_max[mf][h] * scale_log2;
+          red_m[warp * BLOCK_M + r] = softmax.row_max[mf][h];
           red_l[warp * BLOCK_M + r] = l;
         }
         float* dst = red_o + (warp * BLOCK_M + r) * RLD + 2 * t;
@@ -406,21 +318,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
       }
     }
   __syncthreads();
-  if (tid < valid_rows) {  // per row: M, L, the weights c_w / L and the LSE
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, red_m[w * BLOCK_M + tid]);
-    const float base = mx == -INFINITY ? 0.f : mx;  // all -inf: every c_w = exp2(-inf) = 0
-    float c[NWARPS], l_tot = 0.f;
-#pragma unroll
-    for (int w = 0; w < NWARPS; ++w) {
-      c[w] = exp2_approx(red_m[w * BLOCK_M + tid] - base);
-      l_tot += c[w] * red_l[w * BLOCK_M + tid];
-    }
+  if (tid < valid_rows) {  // per row: M, L, the weights c_w / L and the LSE (attn/softmax.cuh: merge_partials)
+    float c[NWARPS], m_max;
+    const float l_tot = merge_partials<NWARPS>([&](int w) { return red_m[w * BLOCK_M + tid]; },
+                                               [&](int w) { return red_l[w * BLOCK_M + tid]; }, c, m_max);
     const float inv_l = l_tot > 0.f ? 1.f / l_tot : 0.f;
 #pragma unroll
     for (int w = 0; w < NWARPS; ++w) red_c[w * BLOCK_M + tid] = c[w] * inv_l;
-    if (lse_row0) lse_row0[tid] = l_tot > 0.f ? (base + __log2f(l_tot)) * LN2 : -INFINITY;
+    if (lse_row0) lse_row0[tid] = merged_lse(m_max, l_tot);
   }
   __syncthreads();
   for (int i = tid; i < valid_rows * (D / 4); i += NT) {  // O = sum_w (c_w / L) O_w, 4 columns per thread

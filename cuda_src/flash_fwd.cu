@@ -23,29 +23,27 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
-//   EXP_VARIANT how P = exp(scale * s - m) is computed. The default is the fast path; the others exist
-//              only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
+//   EXP_VARIANT how P = exp(scale * s - m) is computed (attn/softmax.cuh: ExpVariant). The default is the fast
+//              path; the others exist only so the V1 -> V2 ladder can measure what the instruction-level choices buy.
 //   KUNROLL    k16 steps of S = Q K^T unrolled per loop trip (0: all; cuflash/_configs.py: FwdTile.kunroll).
 //              Fully unrolled, ptxas hoists later steps' ldmatrix; with 64-key tiles at head dim 128 that runs
 //              out of 255 registers. On sm_80 at most 2 steps per trip: 4 spill 8 B there (NVRTC 13.0), while on
-//              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, session 5).
+//              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, forward tiles).
 //   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
 //              S = Q K^T. Later issue keeps the S registers live across the copies, so ptxas cannot hand the
 //              copies' address registers to S (the zeroing of S then waited for the copies to read them:
-//              bench/NOTES.md, sessions 6-7). Issuing after the softmax, or K after S and V after the softmax,
-//              was measured too (session 7) and removed.
+//              bench/NOTES.md, forward tiles). Issuing after the softmax, or K after S and V after the softmax,
+//              was measured too and removed.
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
-#include "attn/params.cuh"
 #include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
 
 namespace cuflash {
-
-enum ExpVariant {
-  EXP_FFMA_EX2 = 0,     // ex2.approx(fma(s, scale_log2, -m_scaled)): one FFMA + one MUFU.EX2
-  EXP_PRECISE = 1,      // expf(fma(s, scale, -m)): the accurate libdevice exp (FMUL, range reduction, ...)
-  EXP_SEPARATE_MUL = 2  // ex2.approx(s * scale_log2 - m_scaled) kept as FMUL + FADD (no FFMA folding)
-};
 
 // Block coordinates from the grid, in either grid order (see FwdParams::grid_order).
 struct FwdBlock {
@@ -102,35 +100,33 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);
   const int m0 = blk.m_block * BLOCK_M;
-  const int seqlen_k =
-      p.seqlens_k ? min(p.seqlens_k[blk.batch] + (int)p.seqlen_k_new, (int)p.seqlen_k) : (int)p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const SeqInfo si = seqinfo(p, blk.batch);
+  const int seqlen_k = si.seqlen_k;
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
 
-  const T* q_ptr = reinterpret_cast<const T*>(p.q) + blk.batch * p.q_batch_stride + blk.head * p.q_head_stride;
+  const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, blk.batch, blk.head);
   const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + blk.batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + blk.batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, blk.batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, blk.batch, kv_head);
 
-  // KV tiles this block visits: [n_begin, n_end). Causal: tiles entirely above the diagonal of the last
-  // row of this Q tile are never loaded.
-  int n_end = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
-  if (CAUSAL) n_end = min(n_end, (m0 + BLOCK_M + diag + BLOCK_N - 1) / BLOCK_N);
+  // KV tiles this block visits: [n_begin, n_end) (attn/block.cuh). Causal: tiles entirely above the diagonal of
+  // the last row of this Q tile are never loaded. Split-KV: this row's own KV tiles, cut into num_splits
+  // contiguous ranges (empty past the end).
+  int n_end = kv_block_end<BLOCK_N>(mask, m0 + BLOCK_M);
   int n_begin = 0;
-  if (SPLIT) {  // this row's own KV tiles, cut into num_splits contiguous ranges (empty past the end)
-    const int blocks_per_split = ((seqlen_k + BLOCK_N - 1) / BLOCK_N + (int)p.num_splits - 1) / (int)p.num_splits;
-    n_begin = blk.split * blocks_per_split;
-    n_end = min(n_end, n_begin + blocks_per_split);
+  if (SPLIT) {
+    const BlockRange r = split_range((seqlen_k + BLOCK_N - 1) / BLOCK_N, n_end, blk.split, (int)p.num_splits);
+    n_begin = r.begin;
+    n_end = r.end;
   }
 
-  // Per-thread state: rows (g, g + 8) of each of the warp's MF m16 fragments. row_max is the max the
-  // exponents are taken against, in the log2 domain (score * scale_log2); row_sum is thread-partial (the
-  // quad reduction happens once, at the end).
+  // Per-thread state: O, and the online softmax of rows (g, g + 8) of each of the warp's MF m16 fragments
+  // (attn/softmax.cuh: m in log2 units, lazy re-scaling, thread-partial l).
   float acc_o[MF][DF][4];
-  float row_max[MF][2], row_sum[MF][2];
-  init_softmax_state(acc_o, row_max, row_sum);
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) zero_frags(acc_o[mf]);
+  OnlineSoftmax<MF> softmax;
   const float scale_log2 = (float)p.scale_log2;
-  constexpr float LN2_F = 0.6931471805599453f;
-  const float scale_nat = scale_log2 * LN2_F;  // used by EXP_PRECISE only
   // Q fragments live in registers when they fit next to the S tile (<= 32 registers with an S tile at most
   // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles); otherwise they are re-read from shared
   // memory at every k16 step.
@@ -166,73 +162,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
   auto mask_s = [&](float (&s)[MF][NF][4], int n) {
     const int col0 = n * BLOCK_N;
-    if (col0 + BLOCK_N > seqlen_k || (CAUSAL && col0 + BLOCK_N - 1 > m0 + diag))
-      mask_scores<CAUSAL>(s, m0 + warp * WARP_M, col0, seqlen_k, diag, lane);
-  };
-  // Lazy re-scaling: a row keeps the max its exponents are taken against until a score exceeds it by
-  // more than RESCALE_LOG2 (2^8 = 256: P stays <= 256, far from overflow in fp16/bf16 and fp32), so after
-  // the first tiles O and l are almost never re-scaled. Exact either way: the same max divides out of
-  // O / l and is added back into the LSE. Returns whether some row of the thread moved its max.
-  constexpr float RESCALE_LOG2 = 8.f;
-  float row_max_new[MF][2];
-  auto update_max = [&](const float (&s)[MF][NF][4]) {
-    bool moved_any = false;
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-        mx = quad_max(mx) * scale_log2;  // scale_log2 > 0 (checked on the host)
-        const bool moved = mx > row_max[mf][h] + RESCALE_LOG2;
-        moved_any |= moved;
-        row_max_new[mf][h] = moved ? mx : row_max[mf][h];
-      }
-    return moved_any;
-  };
-  // O and l *= alpha = exp2(m_old - m_new) (1 exactly for rows that did not move; 0 for rows that had
-  // seen no key). Called under a warp-uniform branch, only when some row of the warp moved.
-  auto rescale = [&]() {
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = row_max_new[mf][h] == -INFINITY ? 0.f : row_max_new[mf][h];
-        const float alpha = exp2_approx(row_max[mf][h] - m_new);
-        row_sum[mf][h] *= alpha;
-#pragma unroll
-        for (int df = 0; df < DF; ++df) {
-          acc_o[mf][df][2 * h] *= alpha;
-          acc_o[mf][df][2 * h + 1] *= alpha;
-        }
-        row_max[mf][h] = row_max_new[mf][h];
-      }
-  };
-  // P = exp2(S * scale_log2 - m) (one FFMA + one MUFU.EX2 per score) in place, and the row sums.
-  // A row with no visible key so far has m = -inf: its exponent base is taken as 0 so that
-  // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-  auto softmax_p = [&](float (&s)[MF][NF][4]) {
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h];
-        float sum = 0.f;
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            if constexpr (EXP_VARIANT == EXP_PRECISE)
-              s[mf][nf][e] = expf(fmaf(s[mf][nf][e], scale_nat, -m * LN2_F));
-            else if constexpr (EXP_VARIANT == EXP_SEPARATE_MUL)
-              s[mf][nf][e] = exp2_approx(__fadd_rn(__fmul_rn(s[mf][nf][e], scale_log2), -m));
-            else
-              s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -m));  // FFMA + MUFU.EX2
-            sum += s[mf][nf][e];
-          }
-        row_sum[mf][h] += sum;
-      }
+    if (mask.needs_mask(m0, col0 + BLOCK_N - 1)) mask.apply(s, m0 + warp * WARP_M, col0, lane);
   };
   // acc_o += P V. A operand: P packed to 16 bits one k16 step at a time, straight from the accumulator
   // registers (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip). B operand
@@ -259,7 +189,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     // none of the tile's keys; the block visits the tile for the warps below).
     const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
     auto warp_active = [&](int i) {
-      return warp_has_rows && (!CAUSAL || tile_n(i) * BLOCK_N <= m0 + warp * WARP_M + WARP_M - 1 + diag);
+      return warp_has_rows && !mask.above_diagonal(m0 + warp * WARP_M + WARP_M - 1, tile_n(i) * BLOCK_N);
     };
     float s_a[MF][NF][4];
     auto load_q_frags = [&]() {
@@ -298,8 +228,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
       if (LOAD_AT == 1) issue_next();
       mask_s(s_a, tile_n(i));
-      if (__any_sync(0xffffffffu, update_max(s_a))) rescale();
-      softmax_p(s_a);
+      if (__any_sync(0xffffffffu, softmax.update_max(s_a, scale_log2))) softmax.rescale(acc_o);
+      softmax.exp_and_sum<EXP_VARIANT>(s_a, scale_log2);
       accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
     }
   }
@@ -308,27 +238,19 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // and split are derived again from a fresh read of blockIdx (cheap) rather than kept live across the KV
   // loop: at head dim 128 the loop uses all 255 registers, and NVRTC 13.0 otherwise spills them.
   const FwdBlock eblk = fwd_block_coords(p, num_m_blocks, block_idx_reread());
-  const float LN2 = 0.6931471805599453f;
   const int64_t bh = (int64_t)eblk.batch * p.nheads + eblk.head;
+  float lse[MF][2];
+  softmax.finalize(acc_o, lse);
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float l = quad_sum(row_sum[mf][h]);
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const float m_scaled = row_max[mf][h] == -INFINITY ? 0.f : row_max[mf][h];
-      const float lse = l > 0.f ? (m_scaled + __log2f(l)) * LN2 : -INFINITY;
-#pragma unroll
-      for (int df = 0; df < DF; ++df) {
-        acc_o[mf][df][2 * h] *= inv_l;
-        acc_o[mf][df][2 * h + 1] *= inv_l;
-      }
       const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
       if (t == 0 && row < seqlen_q) {
         if (SPLIT)
-          p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse;
+          p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse[mf][h];
         else if (p.lse)
-          p.lse[bh * seqlen_q + row] = lse;
+          p.lse[bh * seqlen_q + row] = lse[mf][h];
       }
     }
 
@@ -359,7 +281,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
             pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
   __syncwarp();
-  T* o_ptr = reinterpret_cast<T*>(p.o) + eblk.batch * p.o_batch_stride + eblk.head * p.o_head_stride;
+  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, eblk.batch, eblk.head);
   constexpr int CHUNKS = WARP_M * D / 8;
 #pragma unroll
   for (int c = lane; c < CHUNKS; c += 32) {

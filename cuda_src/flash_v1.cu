@@ -41,6 +41,10 @@
 #include "common/tile.cuh"
 #include "common/warp_gemm.cuh"
 #include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
 
 namespace cuflash {
 
@@ -173,19 +177,19 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int head = blockIdx.x, batch = blockIdx.y;
-  const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const SeqInfo si = seqinfo_fixed(p);
+  const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int num_m = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const int num_n = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
   const float scale_log2 = (float)p.scale_log2;
-  constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
   const int64_t bh = (int64_t)batch * p.nheads + head;
   const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
-  const T* q_ptr = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  T* o_ptr = reinterpret_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, head);
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
+  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, head);
   float* oacc_ptr = p.o_accum + bh * seqlen_q * D;  // [sq][D]
   float* m_ptr = p.m + bh * seqlen_q;               // [sq]
   float* l_ptr = p.l + bh * seqlen_q;
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
 
   // Q tiles that no KV tile visits (causal rows above the first key; or no keys at all) keep the
   // initial state of Algorithm 1: O = 0, l = 0, m = -inf, hence LSE = -inf. Written here, once.
-  const int m_first = num_n == 0 ? num_m : (CAUSAL && diag < 0 ? min(num_m, -diag / BLOCK_M) : 0);
+  const int m_first = num_n == 0 ? num_m : min(num_m, q_block_begin<BLOCK_M>(mask, 0));
   const int empty_rows = min(seqlen_q, m_first * BLOCK_M);
   for (int64_t c = tid; c < (int64_t)empty_rows * (D / 8); c += NT) {
     const int64_t r = c / (D / 8);
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
     const int n0 = n * BLOCK_N;
     // Causal: Q tiles whose last row lies above this KV tile's first key are skipped (m_begin is also the
     // first Q tile any KV tile visits, so every visited Q tile is visited by n = 0 first).
-    const int m_begin = (CAUSAL && n0 - diag > 0) ? (n0 - diag) / BLOCK_M : 0;
+    const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
     if (m_begin >= num_m) continue;  // (never: the last query row sees every key)
     __syncthreads();  // every warp is done with K_{j-1}, V_{j-1} and both Q stages before they are refilled
     load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid);
@@ -229,10 +233,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
       const int m0 = mb * BLOCK_M;
       const bool first = n == 0;  // first visit: O_i, m_i, l_i are the initial 0, -inf, 0 (not read)
       // The last KV tile that visits this Q tile writes the final O_i (input dtype) and LSE.
-      const int n_last = CAUSAL ? min(num_n - 1, (m0 + BLOCK_M - 1 + diag) / BLOCK_N) : num_n - 1;
-      const bool last = n == n_last;
+      const bool last = n == kv_block_end<BLOCK_N>(mask, m0 + BLOCK_M) - 1;
       // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
-      const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
+      const bool need_mask = mask.needs_mask(m0, n0 + BLOCK_N - 1);
 
       if constexpr (SPLITK) {
         // Combine-step ownership: thread -> row rc of the tile, float4 chunks ck + TPR c of that row. The
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
 #pragma unroll
         for (int c = 0; c < CPT; ++c) o_old[c] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (!first && row_ok) {
-          m_old2 = m_ptr[row_c] * LOG2E;
+          m_old2 = m_ptr[row_c] * LOG2E_F;
           l_old = l_ptr[row_c];
 #pragma unroll
           for (int c = 0; c < CPT; ++c)
@@ -257,36 +260,28 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
         const int key0 = warp * WARP_N;
         float s[MF][NF][4];
         v1::gemm_abt<T, MF, NF, KD, LDS>(s, q_tile, k_smem + key0 * LDS, lane);
-        if (need_mask) mask_scores<CAUSAL>(s, m0, n0 + key0, seqlen_k, diag, lane);
+        if (need_mask) mask.apply(s, m0, n0 + key0, lane);
 
         // This warp's partial statistics: m~_w = rowmax(S_w), P~_w = exp(S_w - m~_w), l~_w = rowsum(P~_w)
-        // (Algorithm 1 line 10 on the warp's slice). A row with no visible key in the slice has m~_w = -inf;
-        // its exponent base is taken as 0 so exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+        // (Algorithm 1 line 10 on the warp's slice): a fresh online-softmax state over one tile
+        // (attn/softmax.cuh; a row with no visible key in the slice keeps m~_w = -inf and l~_w = 0).
+        {
+          OnlineSoftmax<MF> part;
+          part.update_max(s, scale_log2);
+          part.set_max();
+          part.exp_and_sum(s, scale_log2);
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
+          for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-            mx = quad_max(mx);
-            const float m_part2 = mx * scale_log2;  // -inf stays -inf (scale > 0)
-            const float base = mx == -INFINITY ? 0.f : m_part2;
-            float sum = 0.f;
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-              for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -base));  // FFMA + MUFU.EX2
-                sum += s[mf][nf][e];
+            for (int h = 0; h < 2; ++h) {
+              const float sum = part.row_sum_total(mf, h);
+              if (t == 0) {
+                const int r = mf * 16 + g + h * 8;
+                mpart_smem[warp * BLOCK_M + r] = part.row_max[mf][h];
+                lpart_smem[warp * BLOCK_M + r] = sum;
               }
-            sum = quad_sum(sum);
-            if (t == 0) {
-              const int r = mf * 16 + g + h * 8;
-              mpart_smem[warp * BLOCK_M + r] = m_part2;
-              lpart_smem[warp * BLOCK_M + r] = sum;
             }
-          }
+        }
 
         // P~_w V_w  [BLOCK_M, D]: this warp's share of the P V contraction over the KV tile's keys.
         float acc[MF][DF][4];
@@ -308,21 +303,15 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
                   make_float2(acc[mf][df][2 * h], acc[mf][df][2 * h + 1]);
         __syncthreads();  // every warp's (m~_w, l~_w, P~_w V_w) is in smem
 
-        // Cross-warp reduction folded into Algorithm 1 lines 11-12, per row:
+        // Cross-warp reduction folded into Algorithm 1 lines 11-12, per row: a merge of NWARPS + 1 partial
+        // states (attn/softmax.cuh: merge_partials), partial 0 being (m_i, l_i, l_i O_i) from HBM:
         //   m_new = max(m_i, max_w m~_w),  a = l_i e^{m_i - m_new},  c_w = e^{m~_w - m_new}
         //   l_new = a + sum_w c_w l~_w,    O_i = (a O_i + sum_w c_w P~_w V_w) / l_new
-        float m_new2 = m_old2;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) m_new2 = fmaxf(m_new2, mpart_smem[w * BLOCK_M + rc]);
-        const float base = m_new2 == -INFINITY ? 0.f : m_new2;
-        const float a = l_old * exp2_approx(m_old2 - base);  // 0 on the first visit (l_i = 0, m_i = -inf)
-        float c_w[NWARPS];
-        float l_new = a;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {
-          c_w[w] = exp2_approx(mpart_smem[w * BLOCK_M + rc] - base);
-          l_new += c_w[w] * lpart_smem[w * BLOCK_M + rc];
-        }
+        float c_all[NWARPS + 1], m_new2;
+        const float l_new = merge_partials<NWARPS + 1>(
+            [&](int w) { return w == 0 ? m_old2 : mpart_smem[(w - 1) * BLOCK_M + rc]; },
+            [&](int w) { return w == 0 ? l_old : lpart_smem[(w - 1) * BLOCK_M + rc]; }, c_all, m_new2);
+        const float a = c_all[0] * l_old;  // 0 on the first visit (l_i = 0, m_i = -inf)
         const float inv_l = l_new > 0.f ? 1.f / l_new : 0.f;  // rows that saw no key yet: O_i = 0
         if (row_ok) {
 #pragma unroll
@@ -332,10 +321,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
 #pragma unroll
             for (int w = 0; w < NWARPS; ++w) {
               const float4 y = *reinterpret_cast<const float4*>(pv_smem + (w * BLOCK_M + rc) * LDR + col);
-              x.x = fmaf(c_w[w], y.x, x.x);
-              x.y = fmaf(c_w[w], y.y, x.y);
-              x.z = fmaf(c_w[w], y.z, x.z);
-              x.w = fmaf(c_w[w], y.w, x.w);
+              x.x = fmaf(c_all[w + 1], y.x, x.x);
+              x.y = fmaf(c_all[w + 1], y.y, x.y);
+              x.z = fmaf(c_all[w + 1], y.z, x.z);
+              x.w = fmaf(c_all[w + 1], y.w, x.w);
             }
             x = make_float4(x.x * inv_l, x.y * inv_l, x.z * inv_l, x.w * inv_l);
             if (last)  // final O_i in the input dtype: 4 elements, one 8-byte store
@@ -345,9 +334,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
               *reinterpret_cast<float4*>(oacc_ptr + (int64_t)row_c * D + col) = x;
           }
           if (ck == 0) {
-            m_ptr[row_c] = m_new2 * LN2;
+            m_ptr[row_c] = m_new2 * LN2_F;
             l_ptr[row_c] = l_new;
-            if (last) lse_ptr[row_c] = l_new > 0.f ? (base + __log2f(l_new)) * LN2 : -INFINITY;
+            if (last) lse_ptr[row_c] = merged_lse(m_new2, l_new);
           }
         }
       } else {
@@ -356,15 +345,21 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
         // 32-byte sector), before the products so the HBM latency overlaps them.
         const int r0 = warp * WARP_M;
         if (m0 + r0 < seqlen_q) {  // a warp whose rows all lie past seqlen_q has nothing to do
-          float acc[MF][DF][4], m_old2[MF][2], l_old[MF][2];
+          // The online softmax of Algorithm 1 lines 11-12 (attn/softmax.cuh), eager (RESCALE_LOG2 = 0: m is the
+          // running max, which is what HBM keeps), its state read from HBM: m_i in log2 units, l_i carried
+          // beside the tile's sums, O_i normalised; the rescale makes acc = diag(l_i) e^{m_i - m_new} O_i. The
+          // whole row is in this quad, so m_new is known before the exponentials: P = exp(S - m_new) directly
+          // (the paper's e^{m~ - m_new} P~ without the separate rescale).
+          float acc[MF][DF][4], l_carry[MF][2];
+          OnlineSoftmax<MF, 0> softmax;
 #pragma unroll
           for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int row = m0 + r0 + mf * 16 + g + h * 8;
               const bool ok = !first && row < seqlen_q;
-              m_old2[mf][h] = ok ? m_ptr[row] * LOG2E : -INFINITY;
-              l_old[mf][h] = ok ? l_ptr[row] : 0.f;
+              softmax.row_max[mf][h] = ok ? m_ptr[row] * LOG2E_F : -INFINITY;
+              l_carry[mf][h] = ok ? l_ptr[row] : 0.f;
 #pragma unroll
               for (int df = 0; df < DF; ++df) {
                 const float2 x = ok ? *reinterpret_cast<const float2*>(oacc_ptr + (int64_t)row * D + df * 8 + 2 * t)
@@ -377,61 +372,31 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
           // S = Q_w K_j^T  [WARP_M, BLOCK_N]
           float s[MF][NF][4];
           v1::gemm_abt<T, MF, NF, KD, LDS>(s, q_tile + r0 * LDS, k_smem, lane);
-          if (need_mask) mask_scores<CAUSAL>(s, m0 + r0, n0, seqlen_k, diag, lane);
-
-          // The whole row is in this quad, so m_new is known before the exponentials: P = exp(S - m_new)
-          // directly (the paper's e^{m~ - m_new} P~ without the separate rescale), and the stored
-          // normalised O_i is un-normalised in place: acc = diag(l_i) e^{m_i - m_new} O_i.
-          float l_new[MF][2], m_new2[MF][2], base[MF][2];
-#pragma unroll
-          for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float mx = -INFINITY;
-#pragma unroll
-              for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-              mx = quad_max(mx);
-              m_new2[mf][h] = fmaxf(m_old2[mf][h], mx * scale_log2);
-              base[mf][h] = m_new2[mf][h] == -INFINITY ? 0.f : m_new2[mf][h];
-              const float a = l_old[mf][h] * exp2_approx(m_old2[mf][h] - base[mf][h]);
-#pragma unroll
-              for (int df = 0; df < DF; ++df) {
-                acc[mf][df][2 * h] *= a;
-                acc[mf][df][2 * h + 1] *= a;
-              }
-              float sum = 0.f;
-#pragma unroll
-              for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                  s[mf][nf][e] = exp2_approx(fmaf(s[mf][nf][e], scale_log2, -base[mf][h]));  // FFMA + MUFU.EX2
-                  sum += s[mf][nf][e];
-                }
-              l_new[mf][h] = a + quad_sum(sum);
-            }
+          if (need_mask) mask.apply(s, m0 + r0, n0, lane);
+          softmax.step(s, acc, scale_log2, l_carry);
 
           // acc += P V_j, then O_i = acc / l_new (Algorithm 1 line 12).
           v1::gemm_pv<T, MF, KN, DF, LDS>(acc, s, v_smem, lane);
+          float l_new[MF][2];
+          softmax.normalize(acc, l_new, l_carry);
 #pragma unroll
           for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int row = m0 + r0 + mf * 16 + g + h * 8;
               if (row >= seqlen_q) continue;
-              const float inv_l = l_new[mf][h] > 0.f ? 1.f / l_new[mf][h] : 0.f;
 #pragma unroll
               for (int df = 0; df < DF; ++df) {
-                const float x = acc[mf][df][2 * h] * inv_l, y = acc[mf][df][2 * h + 1] * inv_l;
+                const float x = acc[mf][df][2 * h], y = acc[mf][df][2 * h + 1];
                 if (last)
                   *reinterpret_cast<uint32_t*>(o_ptr + (int64_t)row * p.o_row_stride + df * 8 + 2 * t) = pack2<T>(x, y);
                 else
                   *reinterpret_cast<float2*>(oacc_ptr + (int64_t)row * D + df * 8 + 2 * t) = make_float2(x, y);
               }
               if (t == 0) {
-                m_ptr[row] = m_new2[mf][h] * LN2;
+                m_ptr[row] = softmax.row_max[mf][h] * LN2_F;
                 l_ptr[row] = l_new[mf][h];
-                if (last)
-                  lse_ptr[row] = l_new[mf][h] > 0.f ? (base[mf][h] + __log2f(l_new[mf][h])) * LN2 : -INFINITY;
+                if (last) lse_ptr[row] = softmax.lse(mf, h, l_new[mf][h]);
               }
             }
         }
@@ -489,20 +454,20 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
   const int g = lane / 4, t = lane % 4;
   const int dq_rb = warp % DQ_ROW_BANDS, dq_cb = warp / DQ_ROW_BANDS;
   const int kv_head = blockIdx.x, batch = blockIdx.y;
-  const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;
+  const SeqInfo si = seqinfo_fixed(p);
+  const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int group = (int)p.heads_per_kv;
   const int num_n = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
   const int num_m = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const float scale_log2 = (float)p.scale_log2;
-  constexpr float LOG2E = 1.4426950408889634f;
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
 
   for (int n_block = 0; n_block < num_n; ++n_block) {  // outer loop: KV tile j
     const int n0 = n_block * BLOCK_N;
-    int m_begin = 0;  // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped
-    if (CAUSAL && n0 - diag > 0) m_begin = (n0 - diag) / BLOCK_M;
+    // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
+    const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
     const int num_mv = max(0, num_m - m_begin);
     const int total = group * num_mv;  // inner iterations: (query head of the group, Q tile)
 
@@ -520,9 +485,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
     // (4-byte copies; rows past seqlen_q read as m = l = 0, i.e. "no key").
     auto issue_loads = [&](int it, int stage) {
       const int hq = head_of(it), m0 = row0_of(it);
-      const T* q_head = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + hq * p.q_head_stride;
-      const T* do_head = reinterpret_cast<const T*>(p.dout) + batch * p.do_batch_stride + hq * p.do_head_stride;
-      const T* o_head = reinterpret_cast<const T*>(p.o) + batch * p.o_batch_stride + hq * p.o_head_stride;
+      const T* q_head = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, hq);
+      const T* do_head = reinterpret_cast<const T*>(p.dout) + SeqInfo::offset(p.do_batch_stride, p.do_head_stride, batch, hq);
+      const T* o_head = reinterpret_cast<const T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, hq);
       v1::load_tile_async_lean<BLOCK_M, D, NT>(q_smem + stage * BLOCK_M * LDS, q_head, p.q_row_stride, m0, seqlen_q, tid);
       v1::load_tile_async_lean<BLOCK_M, D, NT>(do_smem + stage * BLOCK_M * LDS, do_head, p.do_row_stride, m0, seqlen_q, tid);
       v1::load_tile_async_lean<BLOCK_M, D, NT>(o_smem + stage * BLOCK_M * LDS, o_head, p.o_row_stride, m0, seqlen_q, tid);
@@ -565,7 +530,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
       if (tid < BLOCK_M) {
         const float m = m2_tile[tid], l = il_tile[tid];
         const bool empty = !(l > 0.f) || m == -INFINITY;
-        m2_tile[tid] = empty ? INFINITY : m * LOG2E;
+        m2_tile[tid] = empty ? INFINITY : m * LOG2E_F;
         il_tile[tid] = empty ? 0.f : 1.f / l;
       }
 
@@ -600,16 +565,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
 
       // (2) P^T = diag(l_i)^-1 exp(S^T - m_i) (Algorithm 4 line 13): exp2(S^T scale_log2 - m2[q]) * (1/l)[q],
       // masked only on tiles that cross the end of the keys or the diagonal; kept as 16-bit A fragments.
-      const bool need_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > m0 + diag);
-      if (need_mask) {
+      if (mask.needs_mask(m0, n0 + BLOCK_N - 1)) {
 #pragma unroll
         for (int nf = 0; nf < NFQ; ++nf)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = n0 + warp * 16 + g + (e / 2) * 8;  // key (row of S^T)
-            const int i = m0 + nf * 8 + 2 * t + (e % 2);     // query (column of S^T)
-            if (j >= seqlen_k || (CAUSAL && j > i + diag)) acc[0][nf][e] = -INFINITY;
-          }
+          for (int e = 0; e < 4; ++e)  // rows of S^T are keys, columns are queries
+            if (mask.masked_t(n0 + warp * 16, m0, nf, e, lane)) acc[0][nf][e] = -INFINITY;
       }
 #pragma unroll
       for (int nf = 0; nf < NFQ; ++nf) {
@@ -617,7 +578,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
         const float2 il = *reinterpret_cast<const float2*>(il_tile + nf * 8 + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e)  // FFMA + MUFU.EX2 + FMUL
-          acc[0][nf][e] = exp2_approx(fmaf(acc[0][nf][e], scale_log2, -(e % 2 ? m2.y : m2.x))) * (e % 2 ? il.y : il.x);
+          acc[0][nf][e] = softmax_p_from_lse(acc[0][nf][e], scale_log2, e % 2 ? m2.y : m2.x) * (e % 2 ? il.y : il.x);
       }
       uint32_t pa[KQ][4];
       frags_to_a<T, KQ>(acc[0], pa);
@@ -690,8 +651,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
 
     // dK_j = softmax_scale * acc_dk, dV_j = acc_dv: this warp's 16 KV rows, written once (line 24).
     const float scale = (float)p.softmax_scale;
-    T* dk_ptr = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-    T* dv_ptr = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+    T* dk_ptr = reinterpret_cast<T*>(p.dk) + SeqInfo::offset(p.dk_batch_stride, p.dk_head_stride, batch, kv_head);
+    T* dv_ptr = reinterpret_cast<T*>(p.dv) + SeqInfo::offset(p.dv_batch_stride, p.dv_head_stride, batch, kv_head);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = n0 + warp * 16 + g + h * 8;

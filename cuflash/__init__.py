@@ -3,6 +3,21 @@
 Kernels live in cuda_src/*.cu and are compiled at run time through CuPy RawModule (NVRTC). Inputs are
 torch CUDA tensors or CuPy arrays (zero-copy); outputs are of the same kind. Nothing here imports CuPy or
 torch at import time, so `import cuflash` works on a machine without a GPU (references, compilation).
+
+Public API (flash-attn's names and keywords):
+
+* `flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, ..., return_attn_probs=False)`:
+  exact attention, forward and (torch autograd) backward; FlashAttention-2, or FlashAttention-1 with
+  algorithm="v1".
+* `flash_attn_backward(dout, q, k, v, out, softmax_lse, ...)`: its gradients without autograd (CuPy).
+* `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, ...)`: Flash-Decoding
+  against a KV cache, with an optional in-place append.
+* `naive_attention(q, k, v, softmax_scale=None, causal=False)`: the unfused baseline.
+* `reference`: float64 NumPy references of every algorithm (CPU).
+
+Layout: q [batch, seqlen_q, nheads, headdim], k / v [batch, seqlen_k, nheads_k, headdim], float16 or
+bfloat16, head dims 32, 64, 96, 128, 256. Every function validates its inputs before launching anything and
+raises TypeError / ValueError / NotImplementedError naming the offending argument.
 """
 from . import reference
 from .backward import flash_attn_backward

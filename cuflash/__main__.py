@@ -5,17 +5,42 @@ from __future__ import annotations
 import sys
 
 
-def main() -> int:
+NO_GPU = "no NVIDIA driver / GPU found"
+
+
+def _driver_loadable() -> bool:
+    """Whether the NVIDIA driver library (libcuda) can be loaded: without it no CUDA call can succeed, and
+    the CUDA runtime's own error for that case ("driver version is insufficient") misleads."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", ctypes.util.find_library("cuda")):
+        if name:
+            try:
+                ctypes.CDLL(name)
+                return True
+            except OSError:
+                pass
+    return False
+
+
+def gpu_count() -> tuple:
+    """(number of CUDA devices, why none) -- 0 with the reason when there is no usable GPU."""
+    if not _driver_loadable():
+        return 0, NO_GPU
     try:
         import cupy
 
-        ngpu = cupy.cuda.runtime.getDeviceCount()
+        n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - any failure here means: no usable GPU
-        ngpu, why = 0, f"{type(e).__name__}: {e}"
-    else:
-        why = "no CUDA device found"
+        return 0, f"{NO_GPU}: {type(e).__name__}: {e}"
+    return n, "" if n else NO_GPU
+
+
+def main() -> int:
+    ngpu, why = gpu_count()
     if ngpu == 0:
-        print(f"cuflash demo needs a CUDA GPU (sm_80 or newer) and found none ({why}).\n"
+        print(f"cuflash demo needs a CUDA GPU (sm_80 or newer): {why}.\n"
               "The CPU test suite (python -m pytest -q) still checks the references, compilation and validation.")
         return 2
     try:

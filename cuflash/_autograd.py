@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import flash
+from . import _fwd
 from .backward import backward_memo
 from ._interop import wrap
 from ._validate import check_layout, check_qkv
@@ -30,7 +30,7 @@ class FlashAttnFunction(torch.autograd.Function):
             out, lse, m, l = v1_forward(qa, ka, va, softmax_scale, causal)
             ctx.save_for_backward(q, k, v, out, lse, m, l)
         else:
-            out, lse = flash.forward(qa, ka, va, softmax_scale, causal, grid_order)
+            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order)
             ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
         ctx.mark_non_differentiable(lse)

@@ -1,8 +1,18 @@
-"""The one place that chooses kernel configurations: template arguments, threads, shared memory.
+"""The one place that chooses kernel configurations: tiles, template arguments, threads, shared memory.
 
-The kernels static_assert their invariants (tile divisibility, the shared-memory size computed here), so
-a wrong entry fails to compile -- in CI, which compiles every configuration listed by `all_specs()` for
-sm_80 and sm_90 and rejects spills.
+One function per kernel family picks its tile for a (head dim, mask / partition, architecture, dtype):
+
+* `fwd_tile(headdim, causal)`            V2 forward (cuda_src/flash_fwd.cu), every architecture
+* `split_tile(headdim)`                   the V2 forward's split-KV variant (kernel="fwd_split")
+* `decode_tile(headdim)`                  the Flash-Decoding kernel (cuda_src/flash_decode.cu)
+* `bwd_tile(headdim, partition, arch, dtype)`  V2 backward (cuda_src/flash_bwd.cu): sm_80 tables, sm_90 2D tiles
+* `v1_fwd_tile(headdim, warp_split)`, `v1_bwd_tile(headdim)`  FlashAttention-1 (cuda_src/flash_v1.cu)
+
+The tables below are their data, each entry with the reason it was chosen. `*_spec` functions turn a tile
+into a KernelSpec (the kernel's template name expression, threads, dynamic shared memory). The kernels
+static_assert their invariants (tile divisibility, the shared-memory size computed here), so a wrong entry
+fails to compile -- in CI, which compiles every configuration listed by `all_specs()` for sm_80 and sm_90
+and rejects spills.
 """
 from __future__ import annotations
 
@@ -38,8 +48,8 @@ FWD_TILES = {
     256: FwdTile(64, 32, 4),
 }
 # load_at=1 (head dims 64, 128): the next K / V tile's cp.async issued after S = Q K^T, not before it
-# (flash_fwd.cu LOAD_AT; section fwd_interleaved, session 7, two calls: +2-6% at non-causal d128, +1-4% at causal
-# d128 2k, -0.7 to +1.5% at d64). Head dims 32, 96, 256 keep 0 (not measured).
+# (flash_fwd.cu LOAD_AT; bench/results, section fwd_interleaved, two runs: +2-6% at non-causal d128, +1-4% at
+# causal d128 2k, -0.7 to +1.5% at d64). Head dims 32, 96, 256 keep 0 (not measured).
 
 # Split-KV (decoding) tiles: 4 warps share the loads of each K/V tile; a warp whose 16 query rows are
 # all past seqlen_q (decoding has 1..16 rows per KV head) skips the math.
@@ -59,8 +69,28 @@ FWD_TILES_CAUSAL: dict[int, FwdTile] = {
 
 
 def fwd_tile(headdim: int, causal: bool) -> FwdTile:
-    """The configured V2 forward tile of a head dim and mask."""
+    """The V2 forward tile of a head dim and mask: FWD_TILES, or its causal override. The same tile on sm_80 and
+    sm_90 (the kernel itself caps KUNROLL at 2 on sm_80, where 4 spills)."""
     return (FWD_TILES_CAUSAL.get(headdim) if causal else None) or FWD_TILES[headdim]
+
+
+def split_tile(headdim: int) -> FwdTile:
+    """The tile of the V2 forward's split-KV variant (decoding through the prefill kernel): DECODE_TILES."""
+    return DECODE_TILES[headdim]
+
+
+# grid_order="auto": causal problems at head dim 128 with at least this many query rows use "bh". There
+# every head's heaviest Q tiles (the ones by the diagonal's far end) are issued first across the whole
+# grid, which shortens the tail; "qtile" keeps one head's blocks together for L2 and wins elsewhere
+# (bench/results, section grid_order, two runs: d128 causal 8k / 16k bh 4-7% faster, 2k within 1%;
+# d64 causal and every non-causal case: qtile as fast or faster). Other head dims: not measured, "qtile".
+AUTO_BH_MIN_ROWS = 8192
+AUTO_BH_HEADDIMS = (128,)
+
+
+def auto_grid_order(causal: bool, rows: int, headdim: int) -> str:
+    """The V2 forward's grid order for grid_order="auto"."""
+    return "bh" if causal and rows >= AUTO_BH_MIN_ROWS and headdim in AUTO_BH_HEADDIMS else "qtile"
 
 
 def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
@@ -72,7 +102,7 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
              exp_variant: int = 0) -> KernelSpec:
     """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder)."""
     if tile is None:
-        tile = DECODE_TILES[headdim] if split else fwd_tile(headdim, causal)
+        tile = split_tile(headdim) if split else fwd_tile(headdim, causal)
     smem = fwd_smem_bytes(headdim, tile)
     if tile.load_at:
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}"
@@ -99,8 +129,8 @@ class DecodeTile:
 # Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
 # and a shared-memory footprint of 81-113 KB, so that 2 blocks fit an sm_90 SM (228 KB) and 1 an sm_80 SM
 # (164 KB): 96-144 KB of K/V in flight per SM on the H200. Head dim 128: 16 KB warp tiles, 2 stages, 140 KB
-# (1 block per SM, so the split heuristic fills 132 slots, not 264): the session-3 decode_sweep
-# (bench/NOTES.md) measured it best or within 1% of the best on every case, and 4-6% faster than
+# (1 block per SM, so the split heuristic fills 132 slots, not 264): the decode_sweep (bench/NOTES.md)
+# measured it best or within 1% of the best on every case, and 4-6% faster than
 # 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache.
 DECODE_KERNEL_TILES = {
     32: DecodeTile(32, 4, 4),
@@ -112,6 +142,12 @@ DECODE_KERNEL_TILES = {
 # Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps
 # mf = 1 (its O accumulator alone is 128 registers per m16 fragment) and uses several m-blocks instead.
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
+
+
+def decode_tile(headdim: int) -> DecodeTile:
+    """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
+    footprints above fit both)."""
+    return DECODE_KERNEL_TILES[headdim]
 
 
 def decode_mf(headdim: int, rows: int) -> int:
@@ -131,7 +167,7 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel)."""
-    tile = tile or DECODE_KERNEL_TILES[headdim]
+    tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}>")
@@ -175,11 +211,11 @@ class BwdTile:
     nwarps: int
     dsplit: int  # warps sharing 16 KV rows and splitting the head dim (2 for head dim 256)
     kunroll: int = 0  # k16 steps unrolled per loop trip in the smem-operand products (0: all; see BWD_TILES)
-    dq_bulk: bool = False  # 2D, sm_90 only: dQ added by cp.reduce.async.bulk from shared memory (flash_bwd.cu DQ_BULK)
-    do_stages: int = 0  # dO buffers; 0: the sm_80 rule (bwd_do_stages), 2 forces two (sm_90 when beyond sm_80's smem)
+    # 2D, sm_90 only (flash_bwd.cu DQ_BULK): dQ staged in shared memory and added by cp.reduce.async.bulk, issued
+    # from warp-uniform operands at the top of the next step; implies two dO buffers (bwd_do_stages)
+    dq_bulk: bool = False
     p_regs: bool = False  # 2D: dS takes P from registers, not read back from smem (flash_bwd.cu P_REGS)
-    dq_issue: int = 0  # with dq_bulk: 0 lane 0, 1 warp-uniform operands, 2 = 1 deferred to step i + 1 (flash_bwd.cu DQ_ISSUE)
-    load_at: int = 0  # 2D with do_stages=2: next Q tile requested after barrier 1 (0), S = QK^T (1), P and dP (2) (LOAD_AT)
+    load_at: int = 0  # 2D with dq_bulk: next Q tile requested after barrier 1 (0), S = QK^T (1), P and dP (2) (LOAD_AT)
     exp_il: bool = False  # 2D: P's exps interleaved with the k16 steps of dP = dO V^T (flash_bwd.cu EXP_IL)
 
 
@@ -210,7 +246,7 @@ BWD_TILES_Q = {
 # S / dP: (block_m / 32) x (nwarps / (block_m / 32)) warps; dK / dV: (block_n / 32) x (the rest) warps, each
 # 32 KV rows x (d / that) columns; dsplit is always 1.
 BWD_TILES_2D = {
-    32: BwdTile(64, 128, 8, 1, 2),
+    32: BwdTile(64, 128, 8, 1),  # k16 loops fully unrolled: 2 per trip spills 4 B under NVRTC 13.5 (sm_80, causal)
     64: BwdTile(128, 128, 8, 1, 4),  # dO single-buffered (164 KB); 64 x 128: 4-9% slower
     96: BwdTile(64, 128, 8, 1, 2),
     128: BwdTile(64, 128, 8, 1, 4),  # fully unrolled k loops spill 20-90 B at 255 registers
@@ -231,31 +267,25 @@ def bwd_pre_lanes_per_row(headdim: int) -> int:
 BWD_CONVERT_THREADS = 256
 
 
-# sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the sm_90 options: the dQ
-# tile staged in shared memory and added by the bulk (TMA) reduction instead of per-lane REDs, and dO
-# double-buffered (no barrier before the next dO load). bench/results, section bwd_tile_sweep (session 7): +1-4%
-# over the sm_80 tile at d64 (k16 loops unrolled 4 per trip; with P kept in registers for dS, another +0.5-3%),
-# +2-7% at d128 with the k16 loops fully unrolled (what the sm_80 tile cannot afford: it spills there).
-# Session 8 (bwd_tile_sweep, fp16 and bf16): the bulk reductions of step i issued at the top of step i + 1 from
-# warp-uniform operands (dq_issue=2) with the next Q tile requested after S = QK^T (load_at=1): d128 +2-7% at
-# 4k-16k (16k non-causal fp16 302 -> 314, bf16 299 -> 321 TFLOP/s), d64 +0-4% (bf16 16k 268 -> 279); either
-# alone lost (deferred without load_at: -3-6%). bf16 keeps P in registers too since session 8 (+0-2%).
-# Session 9 (bwd_tile_rounds_d64, 3 rounds): at d64 P's exps interleaved with the k16 steps of dP = dO V^T
-# (exp_il), with the k16 loops fully unrolled and the next Q tile requested after that (load_at=2): +9-11% in fp16
-# (16k non-causal 271 -> 300 TFLOP/s, 2k 233 -> 259); exp_il alone +4-7%, u0 + load_at=2 without it +3-5%.
-# bf16 spills 8 B with P in registers there, so bf16 reads P back (BWD_TILES_2D_SM90_DTYPE; spill-free).
-# Session 10 (bwd_tile_rounds_d128 / _bf16, 3 rounds): the same options at d128, with P in registers for dS:
-# fp16 with load_at=2 best at 5 of 6 points (16k non-causal 311 -> 318, causal 303 -> 314; 2k 267 -> 268), bf16
-# best with load_at=1 (16k non-causal 317 -> 325, 2k 273 -> 281; with load_at=2 270 at 2k). 247-255 registers,
-# spill-free under NVRTC 13.0 and 13.5.
+# sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the sm_90 options
+# (bench/results, sections bwd_tile_sweep, bwd_tile_rounds_d64, bwd_tile_rounds_d128 / _bf16; 3 rounds each):
+# * dq_bulk: the dQ tile staged in shared memory and added by the bulk (TMA) reduction instead of per-lane REDs,
+#   dO double-buffered (no barrier before the next dO load), step i's reductions issued at the top of step i + 1
+#   from warp-uniform operands: +1-4% over the sm_80 tile at d64, +2-7% at d128 4k-16k (16k non-causal fp16
+#   302 -> 314, bf16 299 -> 321 TFLOP/s); the deferred issue without an early next-Q request lost 3-6%.
+# * kunroll=0: the k16 loops fully unrolled (what the sm_80 tile cannot afford: it spills there).
+# * p_regs: P kept in registers for dS: +0.5-3% (fp16 and bf16).
+# * exp_il with load_at=2: P's exps interleaved with the k16 steps of dP = dO V^T, the next Q tile requested
+#   after that: d64 fp16 +9-11% (16k non-causal 271 -> 300 TFLOP/s, 2k 233 -> 259; exp_il alone +4-7%); d128
+#   fp16 best at 5 of 6 points (16k non-causal 311 -> 318, causal 303 -> 314). 247-255 registers, spill-free
+#   under NVRTC 13.0 and 13.5.
 BWD_TILES_2D_SM90 = {
-    64: replace(BWD_TILES_2D[64], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,
-                exp_il=True),
-    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, do_stages=2, p_regs=True, dq_issue=2, load_at=2,
-                 exp_il=True),
+    64: replace(BWD_TILES_2D[64], kunroll=0, dq_bulk=True, p_regs=True, load_at=2, exp_il=True),
+    128: replace(BWD_TILES_2D[128], kunroll=0, dq_bulk=True, p_regs=True, load_at=2, exp_il=True),
 }
-# per-dtype exceptions to BWD_TILES_2D_SM90: bf16 d64 spills with P in registers (under the GPU's NVRTC 13.0);
-# bf16 d128 is faster with the next Q tile requested after S (load_at=1) than after P.
+# per-dtype exceptions to BWD_TILES_2D_SM90: bf16 d64 spills 8 B with P in registers (under the H200 image's
+# NVRTC 13.0), so it reads P back (spill-free); bf16 d128 is faster with the next Q tile requested after S
+# (load_at=1: 16k non-causal 317 -> 325, 2k 273 -> 281 TFLOP/s) than after P (load_at=2: 270 at 2k).
 BWD_TILES_2D_SM90_DTYPE = {
     "bfloat16": {64: replace(BWD_TILES_2D_SM90[64], p_regs=False),
                  128: replace(BWD_TILES_2D_SM90[128], load_at=1)},
@@ -272,12 +302,18 @@ def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = No
     return table
 
 
+def bwd_tile(headdim: int, warp_partition: str = "kv", arch: int = 80, dtype: str | None = None) -> BwdTile:
+    """The V2 backward tile of a head dim in one warp partition ("kv", "q", "2d"; resolve "auto" first with
+    cuflash.backward.resolve_warp_partition) on a device of compute capability `arch`, for inputs of `dtype`."""
+    return bwd_tiles(warp_partition, arch, dtype)[headdim]
+
+
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
-    """dO buffers: 2 (like Q), except 1 in the "2d" partition when 2 would not fit sm_80 (BwdSmem::DO_STAGES),
-    unless the tile sets do_stages."""
-    if tile.do_stages:
-        return tile.do_stages
-    if warp_partition == "2d" and _bwd_smem(headdim, replace(tile, dq_bulk=False), warp_partition, 2) > SM80_MAX_SMEM:
+    """dO buffers: 2 (like Q) with dq_bulk (the sm_90 tiles); otherwise 2, except 1 in the "2d" partition when
+    2 would not fit sm_80 (flash_bwd.cu BwdSmem::DO_STAGES)."""
+    if tile.dq_bulk:
+        return 2
+    if warp_partition == "2d" and _bwd_smem(headdim, tile, warp_partition, 2) > SM80_MAX_SMEM:
         return 1
     return 2
 
@@ -300,11 +336,11 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
 
 
 def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, EXP_IL, written up to
-    the last one that is not its default."""
-    args = ["true" if tile.dq_bulk else "false", str(tile.do_stages), "true" if tile.p_regs else "false",
-            str(tile.dq_issue), str(tile.load_at), "true" if tile.exp_il else "false"]
-    defaults = ["false", "0", "false", "0", "0", "false"]
+    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, written up to the last one
+    that is not its default."""
+    args = ["true" if tile.dq_bulk else "false", "true" if tile.p_regs else "false", str(tile.load_at),
+            "true" if tile.exp_il else "false"]
+    defaults = ["false", "false", "0", "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)
@@ -317,7 +353,7 @@ def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:
 
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
              warp_partition: str = "kv") -> KernelSpec:
-    tile = tile or bwd_tiles(warp_partition)[headdim]
+    tile = tile or bwd_tile(headdim, warp_partition)
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
@@ -335,6 +371,102 @@ def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
 def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int) -> KernelSpec:
     return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_convert_dq_kernel<{CTYPE[dtype]}, {headdim}, {block_n}, "
                       f"{'true' if causal else 'false'}>", BWD_CONVERT_THREADS, 0)
+
+
+# ------------------------------------------------------------------------------- FlashAttention-1
+V1_FILENAME = "flash_v1.cu"
+V1_HEADDIMS = (32, 64, 96, 128)
+WARP_SPLITS = {"k": 0, "q": 1}  # cuda_src/flash_v1.cu: enum WarpSplit { SPLIT_K = 0, SPLIT_Q = 1 }
+
+
+@dataclass(frozen=True)
+class V1Tile:
+    block_m: int  # Q rows per inner step
+    block_n: int  # keys per KV tile
+    nwarps: int  # split-K: warps split block_n (block_n / nwarps keys each); split-Q: warps split block_m
+    kunroll: int = 0  # backward: k16 steps of S^T, dP^T unrolled per loop trip (0: all; flash_v1.cu KUNROLL)
+
+
+# Forward tiles. Split-K follows V1's own kernels: 16 query rows per step, 4 warps splitting 256 keys
+# (64 each) at head dim <= 64 and 128 keys (32 each) above. Split-Q: V2's partition, 16 rows per warp.
+V1_FWD_TILES = {
+    "k": {32: V1Tile(16, 256, 4), 64: V1Tile(16, 256, 4), 96: V1Tile(16, 128, 4), 128: V1Tile(16, 128, 4)},
+    "q": {32: V1Tile(64, 128, 4), 64: V1Tile(64, 128, 4), 96: V1Tile(64, 64, 4), 128: V1Tile(64, 64, 4)},
+}
+# Backward tiles: warp w owns 16 KV rows (block_n = 16 * nwarps). The V2 backward's tile sizes, so the
+# ladder compares algorithms, not tiles, except head dim 96 (32-row Q tiles: with V1's extra O_i / dQ_i
+# tiles 64 rows spill on sm_90); 64-row Q tiles would spill at head dim 128 (dK, dV: 128 fp32 registers).
+# Head dims 96 and 128 unroll 4 k16 steps per trip: fully unrolled, NVRTC 13.0 (the H200 image's) spills there.
+V1_BWD_TILES = {32: V1Tile(64, 128, 8), 64: V1Tile(64, 128, 8), 96: V1Tile(32, 128, 8, 4), 128: V1Tile(32, 128, 8, 4)}
+V1_CONVERT_THREADS = 256
+
+
+def check_warp_split(warp_split: str) -> None:
+    if warp_split not in WARP_SPLITS:
+        raise ValueError(f"warp_split must be one of {tuple(WARP_SPLITS)}; got {warp_split!r}")
+
+
+def v1_fwd_tile(headdim: int, warp_split: str = "k") -> V1Tile:
+    """The V1 forward tile of a head dim and warp split ("k" or "q"); the same on sm_80 and sm_90."""
+    return V1_FWD_TILES[warp_split][headdim]
+
+
+def v1_bwd_tile(headdim: int) -> V1Tile:
+    """The V1 backward tile of a head dim; the same on sm_80 and sm_90."""
+    return V1_BWD_TILES[headdim]
+
+
+def v1_fwd_smem_bytes(headdim: int, tile: V1Tile, warp_split: str) -> int:
+    """K, V tiles + 2 stages of Q (16-bit, rows padded) + split-K's fp32 exchange: [nwarps][block_m] rows of
+    headdim + 8 floats (P~_w V_w) and 2 floats (m~_w, l~_w)."""
+    lds = headdim + SMEM_ROW_PAD
+    smem = (2 * tile.block_n + 2 * tile.block_m) * lds * ELEM_BYTES
+    if warp_split == "k":
+        smem += tile.nwarps * tile.block_m * (headdim + 8 + 2) * 4
+    return smem
+
+
+def v1_bwd_smem_bytes(headdim: int, tile: V1Tile) -> int:
+    """K, V tiles + 2 stages x (Q, dO, O) + dS^T tile (16-bit) + 2 stages x (dQ_i rows of headdim + 4 floats,
+    m2, 1/l) + D_i (fp32)."""
+    lds = headdim + SMEM_ROW_PAD
+    return ((2 * tile.block_n + 6 * tile.block_m) * lds + tile.block_n * (tile.block_m + SMEM_ROW_PAD)) * ELEM_BYTES \
+        + (2 * tile.block_m * (headdim + 4) + 5 * tile.block_m) * 4
+
+
+def v1_fwd_spec(dtype: str, headdim: int, causal: bool, warp_split: str = "k", tile: V1Tile | None = None) -> KernelSpec:
+    check_warp_split(warp_split)
+    tile = tile or v1_fwd_tile(headdim, warp_split)
+    smem = v1_fwd_smem_bytes(headdim, tile, warp_split)
+    name = (f"cuflash::flash_v1_fwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
+            f"{WARP_SPLITS[warp_split]}, {'true' if causal else 'false'}, {smem}>")
+    return KernelSpec(V1_FILENAME, name, tile.nwarps * 32, smem)
+
+
+def v1_bwd_spec(dtype: str, headdim: int, causal: bool, tile: V1Tile | None = None) -> KernelSpec:
+    tile = tile or v1_bwd_tile(headdim)
+    smem = v1_bwd_smem_bytes(headdim, tile)
+    name = (f"cuflash::flash_v1_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
+            f"{'true' if causal else 'false'}, {smem}{f', {tile.kunroll}' if tile.kunroll else ''}>")
+    return KernelSpec(V1_FILENAME, name, tile.nwarps * 32, smem)
+
+
+def v1_convert_spec(dtype: str, headdim: int) -> KernelSpec:
+    return KernelSpec(V1_FILENAME, f"cuflash::flash_v1_bwd_convert_dq_kernel<{CTYPE[dtype]}, {headdim}>",
+                      V1_CONVERT_THREADS, 0)
+
+
+def v1_specs():
+    """Every kernel configuration the V1 code can launch (CI compiles each for sm_80 and sm_90)."""
+    out = []
+    for dt in DTYPES:
+        for d in V1_HEADDIMS:
+            for causal in (False, True):
+                for split in WARP_SPLITS:
+                    out.append(v1_fwd_spec(dt, d, causal, split))
+                out.append(v1_bwd_spec(dt, d, causal))
+            out.append(v1_convert_spec(dt, d))
+    return out
 
 
 def all_specs():
@@ -359,7 +491,5 @@ def all_specs():
                             specs.append(conv)
         specs.append(softmax_spec(dt))
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
-    from . import v1  # FlashAttention-1 kernels (their tiles live in cuflash/v1.py)
-
-    specs += [s for s in v1.specs() if s not in specs]
+    specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     return specs

@@ -108,7 +108,7 @@ def current_stream(a: Arr) -> int:
 
 
 # ------------------------------------------------------------------------------- memoized host paths
-# The plans of decode.py and flash.py: a call whose arrays match a memoized plan's key skips validation.
+# The memoized plans (cuflash/_plan.py): a call whose arrays match a memoized plan's key skips validation.
 _TT = None  # torch.Tensor, once torch is imported
 _CT = None  # cupy.ndarray, once cupy is imported
 
@@ -133,14 +133,6 @@ def desc(x):
     return None, None
 
 
-def remember(memo: dict, key, plan, max_size: int) -> None:
-    """memo[key] = plan (nothing for key None), clearing the memo first when it holds max_size plans."""
-    if key is not None:
-        if len(memo) >= max_size:
-            memo.clear()
-        memo[key] = plan
-
-
 _launch_kernel = None
 _get_device_fn = None
 
@@ -157,16 +149,27 @@ def launch_fn():
 
 def get_device() -> int:
     """The current device (cupy.cuda.runtime.getDevice, looked up once)."""
+    return (_get_device_fn or get_device_fn())()
+
+
+def get_device_fn():
+    """cupy.cuda.runtime.getDevice, looked up once."""
     global _get_device_fn
     if _get_device_fn is None:
         from cupy.cuda import runtime
 
         _get_device_fn = runtime.getDevice
-    return _get_device_fn()
+    return _get_device_fn
 
 
 _ctx_current = None
 _set_device = None
+
+
+def ctx_current_fn():
+    """cupy.cuda.driver.ctxGetCurrent, looked up once (ensure_context's test, for callers that inline it)."""
+    ensure_context()
+    return _ctx_current
 
 
 def ensure_context() -> None:

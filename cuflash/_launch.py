@@ -2,7 +2,8 @@
 
 Host time per call is part of attention's performance at small shapes (a CuPy RawKernel call costs
 ~10 us, torch.cuda.current_stream() 7 us). So kernels take a single by-value parameter block whose fields
-are all 8 bytes wide; the host packs it into a reused per-thread buffer and calls the driver directly.
+are all 8 bytes wide (cuda_src/attn/params.cuh; the host schemas, filled by field name, are in
+cuflash/_params.py); the host packs it into a reused per-thread buffer and calls the driver directly.
 """
 from __future__ import annotations
 
@@ -12,38 +13,11 @@ import threading
 from dataclasses import dataclass
 
 from ._interop import ensure_context
+from ._params import BWD_PARAMS, FWD_PARAMS, ParamBlock, struct_format  # noqa: F401 (re-exported)
 
-# Field order of cuflash::FwdParams (cuda_src/common/params.cuh): P = pointer, q = int64, d = double.
-FWD_PARAMS = (
-    ("q", "P"), ("k", "P"), ("v", "P"), ("o", "P"), ("lse", "P"), ("o_accum", "P"), ("lse_accum", "P"),
-    ("seqlens_k", "P"),
-    ("q_batch_stride", "q"), ("q_row_stride", "q"), ("q_head_stride", "q"),
-    ("k_batch_stride", "q"), ("k_row_stride", "q"), ("k_head_stride", "q"),
-    ("v_batch_stride", "q"), ("v_row_stride", "q"), ("v_head_stride", "q"),
-    ("o_batch_stride", "q"), ("o_row_stride", "q"), ("o_head_stride", "q"),
-    ("batch", "q"), ("nheads", "q"), ("heads_per_kv", "q"), ("seqlen_q", "q"), ("seqlen_k", "q"),
-    ("num_splits", "q"), ("seqlen_k_new", "q"), ("grid_order", "q"),
-    ("scale_log2", "d"),
-)
-
-
-# Field order of cuflash::BwdParams (cuda_src/common/params.cuh).
-BWD_PARAMS = (
-    ("q", "P"), ("k", "P"), ("v", "P"), ("o", "P"), ("dout", "P"), ("lse", "P"), ("lse_log2", "P"), ("delta", "P"),
-    ("dq_accum", "P"), ("dq", "P"), ("dk", "P"), ("dv", "P"),
-    *((f"{t}_{s}_stride", "q") for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv") for s in ("batch", "row", "head")),
-    ("batch", "q"), ("nheads", "q"), ("heads_per_kv", "q"), ("seqlen_q", "q"), ("seqlen_k", "q"), ("seqlen_q_pad", "q"),
-    ("dq_strategy", "q"), ("num_dq_splits", "q"),
-    ("scale_log2", "d"), ("softmax_scale", "d"),
-)
-
-
-def struct_format(fields) -> str:
-    return "=" + "".join("Q" if kind == "P" else kind for _, kind in fields)
-
-
-FWD_FORMAT = struct_format(FWD_PARAMS)
-BWD_FORMAT = struct_format(BWD_PARAMS)
+# The parameter blocks (cuda_src/attn/params.cuh), filled by field name: cuflash/_params.py.
+FWD_FORMAT = FWD_PARAMS.format
+BWD_FORMAT = BWD_PARAMS.format
 
 _MAX_PARAM_BYTES = 1024
 _tls = threading.local()
@@ -95,11 +69,21 @@ class Launcher:
         self.spec = spec
 
     def launch(self, grid, stream: int, fmt: str, *values):
+        """Launch with plain 8-byte-slot arguments packed by `fmt` (a struct format string)."""
         from cupy.cuda import driver
 
         buf, argv_addr, _ = _scratch()
         ensure_context()
         struct.pack_into(fmt, buf, 0, *values)
+        driver.launchKernel(self.ptr, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem, stream, argv_addr, 0)
+
+    def launch_block(self, grid, stream: int, block: ParamBlock, values: tuple):
+        """Launch with one parameter struct: `values` from `block.values(...)` (every field by name)."""
+        from cupy.cuda import driver
+
+        buf, argv_addr, _ = _scratch()
+        ensure_context()
+        block.struct.pack_into(buf, 0, *values)
         driver.launchKernel(self.ptr, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem, stream, argv_addr, 0)
 
 

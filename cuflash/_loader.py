@@ -2,8 +2,8 @@
 
 * Sources are read from ``cuda_src/`` and every local ``#include "..."`` is inlined, so the text handed to
   NVRTC is self-contained. CuPy's disk cache keys on that text (plus options and arch), so a change to any
-  header changes the key; a hash of the whole ``cuda_src/`` tree is also defined (``CUFLASH_SRC_HASH``)
-  as the issue asks: editing *any* file under cuda_src/ recompiles.
+  header changes the key; a hash of the whole ``cuda_src/`` tree is also defined (``CUFLASH_SRC_HASH``),
+  so editing *any* file under cuda_src/ recompiles.
 * One module per (source file, template instantiation, device). Modules are memoized in this process and
   CuPy's disk cache makes a second process compile nothing. ``precompile`` fills that cache in parallel.
 * ``compile_offline`` compiles the exact same text with NVRTC for an explicit ``sm_XX`` and no GPU, with

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import math
-import struct
-import sys
 import warnings
+from typing import Any, Optional, Tuple
 
 from . import _interop, _loader
 from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, bwd_convert_spec,
-                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tiles)
-from ._interop import desc, ensure_context, launch_fn
-from ._launch import BWD_FORMAT, _scratch, get_launcher
+                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles)
+from ._interop import desc
+from ._launch import get_launcher
+from ._params import BWD_PARAMS, contiguous_fields, stride_fields
+from ._plan import HostPlan, remember
 from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
@@ -21,7 +22,7 @@ SEQPAR_MAX_FREE_FRACTION = 0.5
 
 def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None, warp_partition="auto") -> int:
     """Extra device memory of dq_strategy="seqpar": one fp32 dQ buffer per KV tile (of the partition's tile)."""
-    tile = tile or bwd_tiles(resolve_warp_partition(warp_partition, headdim))[headdim]
+    tile = tile or bwd_tile(headdim, resolve_warp_partition(warp_partition, headdim))
     n_blocks = -(-seqlen_k // tile.block_n)
     sq_pad = -(-seqlen_q // BWD_ROW_PAD) * BWD_ROW_PAD
     return n_blocks * batch * nheads * sq_pad * headdim * 4
@@ -87,50 +88,17 @@ def check_backward_inputs(dout, q, k, v, out, lse):
     return da, qa, ka, va, oa, la
 
 
-class _BwdPlan:
+class _BwdPlan(HostPlan):
     """A V2 backward for fixed (dtypes, shapes, strides, devices, options), validated once: `run` allocates dq, dk,
-    dv and one fp32 workspace (lse_log2, delta, dQ accumulator), packs the kernel parameters once and launches
-    preprocess, main and dQ-convert kernels with them."""
+    dv and one fp32 workspace (lse_log2, delta, dQ accumulator) and launches preprocess, main and dQ-convert
+    kernels with one parameter block."""
 
-    __slots__ = ("kind", "device", "tdevice", "odtype", "dq_shape", "dkv_shape", "ws_floats", "ws_off", "tail",
-                 "launches", "strategy")
+    __slots__ = ("outs", "ws_off", "strategy")
 
     def run(self, dp, qp, kp, vp, op, lp):
-        kind, dev = self.kind, self.device
-        if kind == _interop.TORCH:
-            torch = sys.modules["torch"]
-            dq = torch.empty(self.dq_shape, dtype=self.odtype, device=self.tdevice)
-            dk = torch.empty(self.dkv_shape, dtype=self.odtype, device=self.tdevice)
-            dv = torch.empty(self.dkv_shape, dtype=self.odtype, device=self.tdevice)
-            ws = torch.empty((self.ws_floats,), dtype=torch.float32, device=self.tdevice)
-            if _interop.POISON:
-                for x in (dq, dk, dv, ws):
-                    x.fill_(float("nan"))
-            ptrs = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr()
-            stream = torch._C._cuda_getCurrentRawStream(dev)
-        else:
-            import cupy
-
-            with _interop.device_guard(dev):
-                dq = cupy.empty(self.dq_shape, dtype=self.odtype)
-                dk = cupy.empty(self.dkv_shape, dtype=self.odtype)
-                dv = cupy.empty(self.dkv_shape, dtype=self.odtype)
-                ws = cupy.empty((self.ws_floats,), dtype="float32")
-            if _interop.POISON:
-                for x in (dq, dk, dv, ws):
-                    x.fill(float("nan"))
-            ptrs = dq.data.ptr, dk.data.ptr, dv.data.ptr, ws.data.ptr
-            stream = cupy.cuda.get_current_stream(dev).ptr
-        w = ptrs[3]
+        (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = self.outs()
         o_lse, o_delta, o_acc = self.ws_off
-        buf, argv, _ = _scratch()  # one parameter block for all three kernels (the driver copies it per launch)
-        struct.pack_into(BWD_FORMAT, buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, *ptrs[:3],
-                         *self.tail)
-        launch = launch_fn()
-        ensure_context()
-        with _interop.device_guard(dev):
-            for fn, gx, gy, gz, threads, smem in self.launches:
-                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+        self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp)
         return dq, dk, dv
 
 
@@ -142,34 +110,35 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    tile = tile or bwd_tiles(warp_partition, _loader.device_cc(qa.device), qa.dtype)[d]
+    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype)
     n_blocks = -(-sk // tile.block_n)
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
     strategy = choose_dq_strategy(dq_strategy, deterministic,
                                   seqpar_extra_bytes(b, h, sq, sk, d, tile), qa.device)
     splits = n_blocks if strategy == "seqpar" else 1
-    p = _BwdPlan()
-    p.kind, p.device, p.strategy = qa.kind, qa.device, strategy
-    p.tdevice = qa.obj.device if qa.kind == _interop.TORCH else None
-    p.odtype = qa.obj.dtype
-    p.dq_shape, p.dkv_shape = (b, sq, h, d), (b, sk, hk, d)
+    p = _BwdPlan(qa)
+    p.strategy = strategy
+    dq_shape, dkv_shape = (b, sq, h, d), (b, sk, hk, d)
     rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
-    p.ws_floats, p.ws_off = rows * (2 + splits * d), (0, 4 * rows, 8 * rows)
-    p.tail = (
-        *qa.strides[:3], *ka.strides[:3], *va.strides[:3], *oa.strides[:3], *da.strides[:3],
-        sq * h * d, h * d, d, sk * hk * d, hk * d, d, sk * hk * d, hk * d, d,  # dq, dk, dv: contiguous
-        b, h, h // hk, sq, sk, sq_pad, DQ_STRATEGIES[strategy], splits, softmax_scale * LOG2E, softmax_scale,
-    )
+    p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
+                         p.spec((rows * (2 + splits * d),), float32=True))
+    p.ws_off = (0, 4 * rows, 8 * rows)
+    p.bind(BWD_PARAMS, ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv"),
+           **stride_fields("q", qa.strides), **stride_fields("k", ka.strides), **stride_fields("v", va.strides),
+           **stride_fields("o", oa.strides), **stride_fields("do", da.strides),
+           **contiguous_fields("dq", dq_shape), **contiguous_fields("dk", dkv_shape),
+           **contiguous_fields("dv", dkv_shape),
+           batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
+           dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, scale_log2=softmax_scale * LOG2E,
+           softmax_scale=softmax_scale)
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
     main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n), dev)
     slots = b * h * sq_pad * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
-    p.launches = tuple((lau.ptr, *grid, lau.threads, lau.smem) for lau, grid in (
-        (pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1)),
-        (main, (1 if strategy == "loop" else n_blocks, hk, b)),
-        (conv, (-(-slots // conv.threads), 1, 1)),
-    ))
+    p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
+    p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
+    p.add_launch(conv, (-(-slots // conv.threads), 1, 1))
     return p
 
 
@@ -205,24 +174,44 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
         views = check_backward_inputs(dout, q, k, v, out, lse)
         plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition)
         if plan.strategy != "seqpar":
-            _interop.remember(_PLANS, key, plan, _MAX_PLANS)
+            remember(_PLANS, key, plan, _MAX_PLANS)
         ptrs = tuple(a.ptr for a in views)
     return plan.run(*ptrs)
 
 
-def flash_attn_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, deterministic=False, *,
-                        dq_strategy=None, algorithm="v2", warp_partition="auto"):
+def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse: Any,
+                        softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = False, *,
+                        dq_strategy: Optional[str] = None, algorithm: str = "v2",
+                        warp_partition: str = "auto") -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
-    dout, q, out [b, sq, h, d]; k, v [b, sk, hk, d]; softmax_lse [b, h, sq] float32 from
-    flash_attn_func(..., return_attn_probs=True). Returns (dq, dk, dv) of the inputs' kind.
-    dq_strategy: "atomic" (fp32 atomics), "seqpar" (a dQ buffer per KV tile + reduce; deterministic),
-    "loop" (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar"
-    (falling back to "loop" when its buffers do not fit) if deterministic.
-    warp_partition (V2): "auto" (default: the partition tuned per head dim, cuflash._configs.BWD_AUTO_PARTITION),
-    "kv" (warps split the KV rows of a tile; dS^T goes through shared memory for dQ), "q" (warps split the Q
-    rows; P and dS go through shared memory for dK, dV; head dims as cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five products, P and
-    dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
+    Args:
+        dout, q, out: [batch, seqlen_q, nheads, headdim]; k, v: [batch, seqlen_k, nheads_k, headdim]; float16 or
+            bfloat16 (all the same), on one CUDA device, of one kind, with flash_attn_func's layout rules.
+        softmax_lse: [batch, nheads, seqlen_q] float32, contiguous: the LSE from
+            flash_attn_func(..., return_attn_probs=True) of the same q, k, v, softmax_scale and causal.
+        softmax_scale, causal: as in the forward call (None: headdim ** -0.5).
+        deterministic: use a dQ strategy without atomics (bitwise reproducible).
+        dq_strategy: "atomic" (fp32 atomics), "seqpar" (a dQ buffer per KV tile + reduce; deterministic), "loop"
+            (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar" (falling
+            back to "loop", with a RuntimeWarning, when its buffers would take more than half the free memory)
+            if deterministic.
+        algorithm: "v2" (default) or "v1" (FlashAttention-1's backward, head dims 32-128).
+        warp_partition (V2): "auto" (default: the partition tuned per head dim,
+            cuflash._configs.BWD_AUTO_PARTITION), "kv" (warps split the KV rows of a tile; dS^T goes through
+            shared memory for dQ), "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head
+            dims as cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five
+            products, P and dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
+
+    Returns:
+        (dq, dk, dv) of the inputs' kind: new contiguous arrays shaped and typed like q, k, v (dk, dv summed over
+        the query heads that share a KV head).
+
+    Raises (before anything is launched; messages name the argument):
+        TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes.
+        ValueError: shapes, strides or devices that do not match q / the forward's, a softmax_lse that is not
+            float32 contiguous [batch, nheads, seqlen_q], an unknown dq_strategy / algorithm / warp_partition,
+            dq_strategy="atomic" with deterministic=True, a head dim the partition does not support.
     """
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")

@@ -27,21 +27,22 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
-import sys
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
-from ._configs import (DECODE_KERNEL_TILES, DECODE_TILES, DecodeTile, append_spec, combine_spec, decode_mf,
-                       decode_spec, fwd_smem_bytes)
-from ._interop import desc as _desc, get_device as _get_device, launch_fn as _launch_fn
-from ._launch import FWD_FORMAT, _scratch, get_launcher
+from ._configs import (DecodeTile, append_spec, combine_spec, decode_mf, decode_spec, decode_tile, fwd_smem_bytes,
+                       split_tile)
+from ._fwd import forward
+from ._interop import desc as _desc, get_device as _get_device
+from ._launch import get_launcher
+from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
+from ._plan import HostPlan, remember
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
                         check_unsupported)
-from .flash import forward
 
 MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
-APPEND_FORMAT = "=" + "Q" * 5 + "q" * 16
+APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
 LOG2E = math.log2(math.e)
 _MAX_GRID_X = 2 ** 31 - 1
@@ -147,7 +148,7 @@ def decode_geometry(b: int, sq: int, h: int, hk: int, d: int, causal: bool):
 
 def decode_kv_block(d: int, tile: DecodeTile | None = None) -> int:
     """Keys per block round of the decode kernel (NWARPS warp tiles): the unit of a split."""
-    t = tile or DECODE_KERNEL_TILES[d]
+    t = tile or decode_tile(d)
     return t.nwarps * t.block_n
 
 
@@ -158,71 +159,39 @@ def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: Deco
 
 
 # ------------------------------------------------------------------------------------------ the plan
-class _Plan:
-    """Everything a call needs that depends only on the memo key; `run` does the per-call rest."""
+class _Plan(HostPlan):
+    """Everything a call needs that depends only on the memo key; `run` does the per-call rest. `outs` holds the
+    output allocators, indexed by 2 * return_lse + (scratch is None): out, [lse], [the fp32 partials when split
+    and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None."""
 
-    __slots__ = ("kind", "device", "tdevice", "odtype", "out_shape", "lse_shape", "num_splits", "scratch_elems",
-                 "lse_accum_offset", "tail", "main", "combine", "append", "append_tail", "append_grid")
+    __slots__ = ("outs", "num_splits", "scratch_elems", "lse_accum_offset", "append")
 
     def run(self, qp, kcp, vcp, knp, vnp, sp, return_lse, scratch):
-        kind, dev = self.kind, self.device
-        if kind == _interop.TORCH:
-            torch = sys.modules["torch"]
-            stream = torch._C._cuda_getCurrentRawStream(dev)
-            out = torch.empty(self.out_shape, dtype=self.odtype, device=self.tdevice)
-            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.tdevice) if return_lse else None
-            buf = None
-            if self.scratch_elems and scratch is None:
-                buf = torch.empty((self.scratch_elems,), dtype=torch.float32, device=self.tdevice)
-            op, lp = out.data_ptr(), lse.data_ptr() if return_lse else 0
-            if _interop.POISON:
-                for x in (out, lse, buf):
-                    if x is not None:
-                        x.fill_(float("nan"))
+        arrs, ptrs, stream = self.outs[(2 if return_lse else 0) + (scratch is None)]()
+        if return_lse:
+            lse, lp = arrs[1], ptrs[1]
         else:
-            import cupy
-
-            with _interop.device_guard(dev):
-                stream = cupy.cuda.get_current_stream(dev).ptr
-                out = cupy.empty(self.out_shape, dtype=self.odtype)
-                lse = cupy.empty(self.lse_shape, dtype="float32") if return_lse else None
-                buf = cupy.empty((self.scratch_elems,), dtype="float32") if self.scratch_elems and scratch is None \
-                    else None
-            op, lp = out.data.ptr, lse.data.ptr if return_lse else 0
-            if _interop.POISON:
-                for x in (out, lse, buf):
-                    if x is not None:
-                        x.fill(float("nan"))
+            lse, lp = None, 0
         if not self.scratch_elems:
             oa = la = 0
         elif scratch is not None:
             oa, la = (_interop.data_ptr(x) for x in scratch)
         else:
-            oa = buf.data_ptr() if kind == _interop.TORCH else buf.data.ptr
+            oa = ptrs[-1]
             la = oa + self.lse_accum_offset
-        _interop.ensure_context()
-        if _get_device() == dev:
-            self._launch(stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la)
-        else:
-            import cupy
+        if self.append is None:
+            self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp)
+        else:  # k, v -> the caches at cache_seqlens, before attending
+            self.launch_after(self.append, (kcp, vcp, knp, vnp, sp), stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp)
+        return (arrs[0], lse) if return_lse else arrs[0]
 
-            with cupy.cuda.Device(dev):
-                self._launch(stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la)
-        return (out, lse) if return_lse else out
 
-    def _launch(self, stream, qp, kcp, vcp, knp, vnp, sp, op, lp, oa, la):
-        launch = _launch_fn()
-        buf, argv, _ = _scratch()
-        if self.append is not None:  # k, v -> the caches at cache_seqlens, before attending
-            a = self.append
-            struct.pack_into(APPEND_FORMAT, buf, 0, kcp, vcp, knp, vnp, sp, *self.append_tail)
-            launch(a.ptr, self.append_grid, 1, 1, a.threads, 1, 1, a.smem, stream, argv, 0)
-        struct.pack_into(FWD_FORMAT, buf, 0, qp, kcp, vcp, op, lp, oa, la, sp, *self.tail)
-        m, grid = self.main
-        launch(m.ptr, grid, 1, 1, m.threads, 1, 1, m.smem, stream, argv, 0)
-        if self.combine is not None:  # flash_combine_kernel reads the same parameter block
-            c, grid = self.combine
-            launch(c.ptr, grid, 1, 1, c.threads, 1, 1, c.smem, stream, argv, 0)
+def _append_fields(kca, vca, kna, vna) -> dict:
+    """kvcache_append_kernel's non-pointer arguments by name (cuflash._params.APPEND_ARGS)."""
+    f = {}
+    for short, a in (("kc", kca), ("vc", vca), ("kn", kna), ("vn", vna)):
+        f[f"{short}_bs"], f[f"{short}_rs"], f[f"{short}_hs"] = a.strides[:3]
+    return dict(f, batch=kna.shape[0], seqlen_new=kna.shape[1], nheads_k=kna.shape[2], seqlen_cache=kca.shape[1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,33 +231,39 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         q_row, q_head = qa.strides[1], qa.strides[2]
     osb, osq, osh = sq * h * d, h * d, d  # out is allocated contiguous [b, sq, h, d]
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
-    p = _Plan()
-    p.kind, p.device = qa.kind, dev
-    if qa.kind == _interop.TORCH:
-        p.odtype, p.tdevice = qa.obj.dtype, qa.obj.device
-    else:
-        p.odtype, p.tdevice = qa.obj.dtype, None
-    p.out_shape, p.lse_shape = (b, sq, h, d), (b, h, sq)
+    p = _Plan(qa)
     p.num_splits = num_splits
-    p.tail = (qa.strides[0], q_row, q_head, *kca.strides[:3], *vca.strides[:3], osb, o_row, o_head,
-              b, kheads, heads_per_kv, rows, seqlen_k, num_splits, seqlen_k_new, 0, float(softmax_scale) * LOG2E)
-    p.main = (main, blocks)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k"),
+           q_batch_stride=qa.strides[0], q_row_stride=q_row, q_head_stride=q_head,
+           **stride_fields("k", kca.strides), **stride_fields("v", vca.strides),
+           o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
+           batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
+           num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
+           scale_log2=float(softmax_scale) * LOG2E)
+    p.add_launch(main, (blocks, 1, 1))
+    out, lse = p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True)
     if num_splits > 1:
         partial_rows = num_splits * b * kheads * rows
         p.scratch_elems = partial_rows * (d + 1)  # o_accum [n, b, hk', rows, d] then lse_accum [n, b, hk', rows]
         p.lse_accum_offset = partial_rows * d * 4
-        comb = get_launcher(combine_spec(qa.dtype, d), dev)
-        p.combine = (comb, -(-(b * kheads * rows) // (comb.threads // 32)))
+        buf = p.spec((p.scratch_elems,), float32=True)
+        a_out, a_lse = p.allocator(out), p.allocator(out, lse)
+        p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
+        comb = get_launcher(combine_spec(qa.dtype, d), dev)  # reads the same parameter block
+        p.add_launch(comb, (-(-(b * kheads * rows) // (comb.threads // 32)), 1, 1))
     else:  # one split: the kernel writes out (and the LSE) itself
-        p.scratch_elems, p.lse_accum_offset, p.combine = 0, 0, None
-    p.append = p.append_tail = p.append_grid = None
+        p.scratch_elems, p.lse_accum_offset = 0, 0
+        a_out, a_lse = p.allocator(out), p.allocator(out, lse)
+        p.outs = (a_out, a_out, a_lse, a_lse)
+    p.append = None
     if kna is not None:
         lau = get_launcher(append_spec(qa.dtype, d), dev)
         s_new = kna.shape[1]
         n = 2 * b * s_new * hk * (d // 8)
-        p.append, p.append_grid = lau, -(-n // lau.threads)
-        p.append_tail = (*kca.strides[:3], *vca.strides[:3], *kna.strides[:3], *vna.strides[:3], b, s_new, hk,
-                         kca.shape[1])
+        p.append = HostPlan(qa)
+        p.append.bind(APPEND_ARGS, ("k_cache", "v_cache", "k_new", "v_new", "seqlens"),
+                      **_append_fields(kca, vca, kna, vna))
+        p.append.add_launch(lau, (-(-n // lau.threads), 1, 1))
     return p
 
 
@@ -353,22 +328,45 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None,
-                            causal=False, num_splits=0, return_softmax_lse=False, *, window_size=_NO_WINDOW,
-                            softcap=0.0, alibi_slopes=None, scratch=None, kernel="decode"):
-    """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays.
+def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
+                            cache_seqlens: Union[Any, int, None] = None, softmax_scale: Optional[float] = None,
+                            causal: bool = False, num_splits: int = 0, return_softmax_lse: bool = False, *,
+                            window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0, alibi_slopes: Any = None,
+                            scratch: Optional[Sequence[Any]] = None,
+                            kernel: str = "decode") -> Union[Any, Tuple[Any, Any]]:
+    """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays: attention of a few new queries
+    against a KV cache (Flash-Decoding: the keys split across thread blocks, partials combined).
 
-    q [b, sq, h, d] (sq small: 1 for decoding); k_cache, v_cache [b, s_cache, hk, d]; cache_seqlens
-    int32 [b] (or an int) valid entries per cache; k, v [b, s_new, hk, d] are first written into the
-    caches at cache_seqlens (in place; the kernel attends to cache_seqlens + s_new keys, and entries past
-    the capacity are dropped). Causal is bottom-right aligned against each batch element's key count.
-    num_splits = 0 picks the split count from static shapes (`num_splits_heuristic`); an explicit count is
-    honoured (at most 128). Returns out [b, sq, h, d], and softmax_lse [b, h, sq] float32 with
-    return_softmax_lse=True.
+    Args:
+        q: [batch, seqlen_q, nheads, headdim] (seqlen_q small: 1 for decoding, a few for speculative decoding).
+        k_cache, v_cache: [batch, seqlen_cache, nheads_k, headdim], nheads a multiple of nheads_k. q, k_cache,
+            v_cache (and k, v) float16 or bfloat16 (all the same), head dim 32, 64, 96, 128 or 256, on one CUDA
+            device, of one kind, last dimension contiguous, other strides multiples of 8 elements, 16-byte aligned.
+        k, v: optional [batch, seqlen_new, nheads_k, headdim], written into the caches at cache_seqlens first (in
+            place; entries past the capacity are dropped); the kernel attends to cache_seqlens + seqlen_new keys.
+            Need cache_seqlens as a device array.
+        cache_seqlens: int32 [batch] contiguous device array of valid entries per cache, or an int >= 1 (the same
+            for every batch element, clamped to the capacity), or None (the whole cache).
+        softmax_scale: positive finite scale of Q K^T; None: headdim ** -0.5.
+        causal: bottom-right aligned against each batch element's key count (matters for seqlen_q > 1).
+        num_splits: 0 picks the split count from static shapes only (`num_splits_heuristic`; never from the values
+            in cache_seqlens, so a CUDA graph capture stays valid); an explicit count is honoured (at most 128).
+        return_softmax_lse: also return the LSE.
+        window_size, softcap, alibi_slopes: flash-attn's; only their defaults are supported.
+        scratch: optional preallocated fp32 partials (o_accum [n, b, hk', rows, d], lse_accum [n, b, hk', rows])
+            for split launches; otherwise they come from the inputs' allocator.
+        kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
+            splits, for comparison).
 
-    Keyword-only extras: `scratch` may hold preallocated fp32 partials (o_accum [n, b, hk', rows, d],
-    lse_accum [n, b, hk', rows]); `kernel` = "decode" (the dedicated decode kernel, default) or
-    "fwd_split" (the prefill kernel cut into KV splits, for comparison).
+    Returns:
+        out [batch, seqlen_q, nheads, headdim] like q; with return_softmax_lse=True, (out, softmax_lse
+        [batch, nheads, seqlen_q] float32 natural log).
+
+    Raises (before anything is launched; messages name the argument):
+        TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes, a cache_seqlens array not int32.
+        ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
+            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid.
+        NotImplementedError: sliding windows, softcapping or ALiBi.
     """
     if softcap or alibi_slopes is not None or (window_size is not _NO_WINDOW and tuple(window_size) != _NO_WINDOW):
         check_unsupported(0.0, window_size, softcap, alibi_slopes)
@@ -404,7 +402,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                        num_splits, softmax_scale)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits)
-        _interop.remember(_PLANS, key, plan, _MAX_PLANS)
+        remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
         sp = ca.ptr if ca is not None else 0
@@ -422,14 +420,14 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
         lau = get_launcher(append_spec(qa.dtype, d), qa.device)
         n = 2 * b * seqlen_k_new * hk * (d // 8)
         with _interop.device_guard(qa.device):
-            lau.launch((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_FORMAT,
-                       kca.ptr, vca.ptr, kna.ptr, vna.ptr, ca.ptr, *kca.strides[:3], *vca.strides[:3],
-                       *kna.strides[:3], *vna.strides[:3], b, seqlen_k_new, hk, s_cache)
+            lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_ARGS,
+                             APPEND_ARGS.values(k_cache=kca.ptr, v_cache=vca.ptr, k_new=kna.ptr, v_new=vna.ptr,
+                                                seqlens=ca.ptr, **_append_fields(kca, vca, kna, vna)))
     kc = kca if seqlen_k == s_cache else _interop.Arr(kca.kind, kca.obj, kca.ptr, (b, seqlen_k, hk, d), kca.strides,
                                                       kca.dtype, kca.device)
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
-    tile = DECODE_TILES[d]
+    tile = split_tile(d)
     rows = h // hk if (sq == 1 and h > hk) else sq
     kheads = hk if (sq == 1 and h > hk) else h
     if num_splits == 0:

@@ -7,6 +7,7 @@ O = P V. Memory grows as seqlen^2: [batch, heads, seqlen_q, seqlen_k] elements o
 from __future__ import annotations
 
 import math
+from typing import Any, Optional
 
 from . import _interop
 from ._configs import softmax_spec
@@ -16,8 +17,16 @@ from ._validate import check_qkv
 SOFTMAX_FORMAT = "=Qqqf4xi4x"  # (T* s, int64 seqlen_q, int64 seqlen_k, float scale_log2, int causal)
 
 
-def naive_attention(q, k, v, softmax_scale=None, causal=False):
-    """Unfused attention on [batch, seqlen, nheads, headdim] inputs (flash-attn layout); returns out."""
+def naive_attention(q: Any, k: Any, v: Any, softmax_scale: Optional[float] = None, causal: bool = False) -> Any:
+    """Unfused attention (the baseline): S = Q K^T by cuBLAS, softmax by cuflash's kernel in place, O = P V by cuBLAS.
+
+    q [batch, seqlen_q, nheads, headdim], k, v [batch, seqlen_k, nheads_k, headdim] (flash-attn layout; nheads a
+    multiple of nheads_k), float16 or bfloat16, torch CUDA tensors or CuPy arrays, checked like flash_attn_func's
+    inputs. softmax_scale: None -> headdim ** -0.5; causal: bottom-right aligned mask. Returns out
+    [batch, seqlen_q, nheads, headdim] like q (a permuted view of the [b, h, sq, d] product). Memory: S / P take
+    batch * nheads * seqlen_q * seqlen_k elements. Raises TypeError / ValueError (naming the argument) for
+    inputs flash_attn_func would reject.
+    """
     qa, ka, va = check_qkv(q, k, v)
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]

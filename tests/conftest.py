@@ -1,11 +1,20 @@
-"""Shared test machinery: GPU detection, fresh random inputs, the float64 reference and the error rule.
+"""Shared test machinery: GPU detection, the kernel compile pass, fresh random inputs, the float64 reference and
+the error rule.
+
+Kernel compile pass: a test module that reads ptxas reports declares, in a module-level dict KERNEL_TASKS, the
+compiles each of its tests reads ({test function name: function of the test's parameters returning a list of
+cuflash._compile_check.Task}). Once collection is done, the union over the selected tests starts compiling
+in the background, in one worker process per CPU (CUFLASH_COMPILE_JOBS overrides), each task once for the
+whole run, while the other tests go on; a test gets the reports of its own tasks from the `kernel_report`
+fixture, {name expression: report}, waiting only for those. CUFLASH_COMPILE_LOG=<file> writes every report
+of the run there as JSON.
 
 Error rule (as flash-attn's own tests): a cuflash kernel's max abs error against the float64 reference
 must be at most 2x the error of torch's own attention computed in the same low precision on the same
 inputs, plus a floor: half an ulp of the output dtype at the reference's largest magnitude (the error of
 rounding the exact answer into that dtype; never less than ERR_FLOOR). Without it the rule compares two
 maxima that are both set by the output's rounding, and an implementation as accurate as torch misses it
-now and then: a float64 emulation of the backward's roundings (session 4, bench/NOTES.md) puts the median
+now and then: a float64 emulation of the backward's roundings (bench/NOTES.md) puts the median
 dq error at 0.7 ulp for cuflash and 0.9 ulp for torch's fp16 math, yet 0.5-1% of random (b, h) problems of
 shape (300, 17) causal or (257, 257) have cuflash's max above 2x torch's (a one-ulp rounding flip where
 torch's max happened to be small); with the half-ulp floor, none of 1,200.
@@ -13,13 +22,15 @@ torch's max happened to be small); with the half-ulp floor, none of 1,200.
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
 
-from cuflash import reference
+from cuflash import _compile_check, reference
 
 ERR_FLOOR = 1e-5
+_COMPILE_PASS = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,13 +43,70 @@ def gpu_available() -> bool:
         return False
 
 
-def pytest_collection_modifyitems(config, items):
+def _skip_gpu_tests(items):
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none found: cupy.cuda.runtime.getDeviceCount failed)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _kernel_tasks(item):
+    fn = getattr(getattr(item, "module", None), "KERNEL_TASKS", {}).get(getattr(item, "originalname", None))
+    if fn is None:
+        return []
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return list(fn(**params))
+
+
+def _compile_pass():
+    global _COMPILE_PASS
+    if _COMPILE_PASS is None:
+        _COMPILE_PASS = _compile_check.CompilePass()
+    return _COMPILE_PASS
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m / --deselect have dropped what will not run
+def pytest_collection_modifyitems(config, items):
+    """Without a GPU, mark the GPU tests skipped; start compiling every kernel the selected tests read (module
+    docstring)."""
+    _skip_gpu_tests(items)
+    if config.option.collectonly:
+        return
+    tasks = []
+    for item in items:
+        try:
+            tasks += _kernel_tasks(item)
+        except Exception:  # e.g. a configuration table that does not import: the test itself reports it
+            pass
+    if tasks:
+        _compile_pass().submit(tasks)
+
+
+def pytest_sessionfinish():
+    if _COMPILE_PASS is not None:
+        _COMPILE_PASS.cancel()  # a run stopped early (-x, Ctrl-C) does not wait for the rest
+        if os.environ.get("CUFLASH_COMPILE_LOG"):  # every ptxas report of the run, as JSON
+            _COMPILE_PASS.dump(os.environ["CUFLASH_COMPILE_LOG"])
+
+
+def pytest_terminal_summary(terminalreporter):
+    p = _COMPILE_PASS
+    if p is not None and p.results:
+        versions = ", ".join(sorted(set(p.versions.values())))
+        terminalreporter.write_line(
+            f"kernel compile pass: {len(p.results)} NVRTC compiles (one kernel each; NVRTC {versions}), "
+            f"{p.cpu_seconds():.0f} CPU s in {p.jobs} processes, {p.wall_s:.0f} s")
+
+
+@pytest.fixture
+def kernel_report(request):
+    """{name expression: ptxas report} of the current test's KERNEL_TASKS (one arch, one NVRTC), from the
+    run's compile pass."""
+    tasks = _kernel_tasks(request.node)
+    assert tasks, f"{request.node.nodeid}: no KERNEL_TASKS entry"
+    return _compile_check.by_name(_compile_pass().result(tasks))
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,24 @@
-"""CPU tests of the benchmark harness' interleaved timing (bench/harness.py: time_rounds) and of the report's
-tables for the sections that use it (fwd_rounds, bwd_rounds). No GPU: time_ms is replaced by a stand-in."""
+"""CPU tests of the benchmark harness (bench/harness.py: time_rounds, record, the FLOP formula), the suite registry
+and the command line (bench/__main__.py, bench/suites.py), the report (tables, README blocks, plots without
+matplotlib), merging runs (bench/merge.py) and the before / after comparison's pure parts (bench/compare.py).
+No GPU: time_ms is replaced by a stand-in where timing is involved."""
+import builtins
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
 import pytest
 
-from bench import harness, report
+from bench import compare, harness, merge, report, suites
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 
 
+# ------------------------------------------------------------------------------------------- harness
 def test_time_rounds_interleaves_and_takes_the_median(monkeypatch):
     calls = []
     times = {"a": iter([3.0, 1.0, 2.0]), "b": iter([10.0, 30.0, 20.0])}
@@ -33,38 +47,385 @@ def test_time_rounds_drops_a_refusing_provider(monkeypatch):
     assert out["ok"] == (1.5, [1.5, 1.5]) and out["refuses"] == (None, [])
 
 
-@pytest.mark.parametrize("mode,section", [("fwd", "fwd_rounds"), ("bwd", "bwd_rounds")])
-def test_report_renders_the_rounds_sections(mode, section):
+def test_time_rounds_with_another_timer():
+    seen = []
+    out = harness.time_rounds({"x": lambda: 7.0, "y": lambda: 9.0}, rounds=2, timer=lambda fn: seen.append(1) or fn())
+    assert out == {"x": (7.0, [7.0, 7.0]), "y": (9.0, [9.0, 9.0])} and len(seen) == 4
+
+
+def test_one_flop_formula():
+    """FlashAttention-2's count: 4 B H Sq Sk D, halved for causal, x2.5 for the backward; record() uses it."""
+    from cuflash.reference import attention_flops
+
+    assert harness.flops(2, 16, 1024, 1024, 128) == 4.0 * 2 * 16 * 1024 * 1024 * 128
+    assert harness.flops(2, 16, 1024, 1024, 128, causal=True) == 2.0 * 2 * 16 * 1024 * 1024 * 128
+    assert harness.flops(2, 16, 1024, 1024, 128, mode="bwd") == 2.5 * 4.0 * 2 * 16 * 1024 * 1024 * 128
+    assert harness.flops(1, 8, 100, 300, 64, True, "bwd") == attention_flops(1, 8, 100, 300, 64, True, "bwd")
+    r = harness.record("flash", "sdpa", "bwd", "float16", 4, 16, 4096, 4096, 128, True, 2.0)
+    assert r["tflops"] == pytest.approx(harness.flops(4, 16, 4096, 4096, 128, True, "bwd") / 2e-3 / 1e12)
+    assert harness.record("cuflash", "decode-split", "decode", "float16", 1, 32, 1, 4096, 128, False, 0.1)["tflops"] is None
+    # no other definition in bench/: the count 4 * b * h * sq * sk * d appears nowhere else
+    pattern = re.compile(r"4(\.0)?\s*\*\s*\w*b\w*\s*\*\s*\w*h\w*\s*\*", re.I)
+    hits = [str(p.relative_to(ROOT)) for p in BENCH.rglob("*.py") if pattern.search(p.read_text())]
+    assert hits in ([], ["bench/harness.py"]), hits  # harness.py: its docstring states the formula
+    defs = [str(p.relative_to(ROOT)) for p in BENCH.rglob("*.py") if re.search(r"def \w*flops\w*\(", p.read_text())]
+    assert defs == ["bench/harness.py"], defs
+
+
+def test_records_name_the_backend():
+    rec = harness.record
+    assert rec("cuflash", "v2", "fwd", "float16", 1, 8, 128, 128, 64, False, 1.0)["backend"] == "sm80"
+    assert rec("cuflash", "v2-atomic", "bwd", "float16", 1, 8, 128, 128, 64, False, 1.0)["backend"] == "sm80"
+    assert rec("cuflash", "v1-splitq", "fwd", "float16", 1, 8, 128, 128, 64, False, 1.0)["backend"] == "v1"
+    assert rec("cuflash", "decode-split", "decode", "float16", 1, 8, 1, 128, 64, False, 1.0)["backend"] == "decode"
+    assert rec("cuflash", "v2", "fwd", "float16", 1, 8, 128, 128, 64, False, 1.0, backend="sm90")["backend"] == "sm90"
+    assert "backend" not in rec("flash", "sdpa", "fwd", "float16", 1, 8, 128, 128, 64, False, 1.0)
+
+
+def test_committed_results_name_the_backend_and_their_runs():
+    data = json.loads((BENCH / "results" / "results.json").read_text())
+    cu = [r for r in data["records"] if r.get("provider") == "cuflash" and r.get("kind") != "traffic_error"]
+    assert cu and all(r.get("backend") in ("sm80", "v1", "decode") for r in cu)
+    runs = data["header"]["runs"]
+    assert all(0 <= r["run"] < len(runs) for r in data["records"])
+
+
+# ------------------------------------------------------------------------------------ suites, CLI
+def test_every_suite_resolves():
+    for s in suites.SUITES.values():
+        fn = s.resolve()
+        assert callable(fn), s.name
+        params = set(s.accepts())
+        assert set(s.defaults) <= params, (s.name, set(s.defaults) - params)
+    assert set(suites.DEFAULT_ALL) <= set(suites.SUITES)
+    assert suites.resolve_list("fwd,bwd") == ["fwd", "bwd"] and suites.resolve_list("none") == []
+    with pytest.raises(SystemExit):
+        suites.resolve_list("fwd,nonsense")
+
+
+def test_suite_options_reach_only_the_functions_that_take_them(monkeypatch):
+    got = {}
+
+    def fake(seqlens=(1,), rounds=1):
+        got.update(seqlens=seqlens, rounds=rounds)
+        return []
+
+    s = suites.Suite("x", "harness", "time_ms", 0.0, "doc", dict(rounds=3))
+    monkeypatch.setattr(suites.Suite, "resolve", lambda self: fake)
+    s.run(seqlens=(2048,), dtypes=("bfloat16",), rounds=None)
+    assert got == {"seqlens": (2048,), "rounds": 3}
+
+
+def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    from bench import run
+
+    def boom():
+        raise ValueError("broken suite")
+
+    monkeypatch.setitem(suites.SUITES, "t_bad", suites.Suite("t_bad", "harness", "x", 0, "doc"))
+    monkeypatch.setitem(suites.SUITES, "t_ok", suites.Suite("t_ok", "harness", "x", 0, "doc"))
+    monkeypatch.setattr(suites.Suite, "resolve", lambda self: boom if self.name == "t_bad" else (
+        lambda: [dict(provider="flash", mode="x", ms=1.0)]))
+    head, recs = run.run_suites(["t_bad", "t_ok"], str(tmp_path), head={"gpu": "test"})
+    assert [(r["section"], r["provider"]) for r in recs] == [("t_bad", "error"), ("t_ok", "flash")]
+    assert "broken suite" in recs[0]["error"] and "Traceback" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["records"]) == 2 and set(saved["header"]["suite_seconds"]) == {"t_bad", "t_ok"}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["compare", "--help"], ["list"], ["merge", "--help"]])
+def test_command_line_without_a_gpu(args):
+    p = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "torch" not in p.stderr
+    if args == ["list"]:
+        assert all(name in p.stdout for name in suites.SUITES)
+    if args[0] == "compare":
+        assert "--base" in p.stdout and "--suites" in p.stdout
+
+
+def test_bench_imports_nothing_from_tests_and_names_no_removed_options():
+    for p in list(BENCH.rglob("*.py")) + list(BENCH.rglob("*.sh")):
+        text = p.read_text()
+        assert not re.search(r"^\s*(from|import)\s+(tests|test_|conftest)", text, re.M), p
+        assert 'sys.path.insert(0, "tests")' not in text, p
+        assert "dq_issue" not in text and "do_stages" not in text, p
+
+
+# ------------------------------------------------------------------------------------------- report
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_report_renders_the_rounds_suites(mode):
     recs = []
     for prov, algo, ms in (("cuflash", "v2" if mode == "fwd" else "v2-atomic", 1.0), ("flash", "sdpa", 1.25),
                            ("cudnn", "sdpa", 0.5)):
         recs.append(dict(harness.record(prov, algo, mode, "float16", 4, 16, 4096, 4096, 128, False, ms),
-                         section=section, rounds=3, round_ms=[ms, ms, ms]))
+                         section=mode, rounds=3, round_ms=[ms, ms, ms]))
     md = report.markdown({"gpu": "test"}, recs)
-    title = f"section {section}"
+    title = f"(suite {mode})"
     assert title in md
     table = md[md.index(title):]
     name = f"cuflash-{recs[0]['algo']}"
     assert f"**{name} / flash** | 1.25" in table and f"**{name} / cudnn** | 0.50" in table
 
 
-def test_merge_results_takes_and_renames_sections(tmp_path):
-    """bench.merge_results: `SRC:a,b` keeps only those sections; `SRC:a=c` files section a as c (a repeat of a
-    section from a later call, kept next to the first); each record keeps its own call."""
-    import json
+def _grid_records():
+    recs = []
+    for s, (cu, fl, cd) in ((2048, (1.0, 1.10, 0.70)), (4096, (2.0, 2.04, 1.30))):
+        for prov, ms in (("cuflash", cu), ("flash", fl), ("cudnn", cd)):
+            recs.append(dict(harness.record(prov, "v2", "fwd", "float16", 16384 // s, 16, s, s, 128, False, ms),
+                             section="fwd"))
+    recs.append(dict(harness.record("cuflash", "v2", "latency", "float16", 1, 8, 128, 128, 64, False, 0.018,
+                                    us_per_call=18.1), section="latency"))
+    recs.append(dict(harness.record("flash", "sdpa", "latency", "float16", 1, 8, 128, 128, 64, False, 0.037,
+                                    us_per_call=37.1), section="latency"))
+    return recs
 
-    from bench import merge_results
 
+README = """# project
+
+Intro text.
+
+<!-- results:fwd -->
+| stale | table |
+<!-- /results:fwd -->
+
+Prose between the blocks stays.
+
+<!-- results:latency -->
+<!-- /results:latency -->
+
+<!-- results:nosuchblock -->
+kept as is
+<!-- /results:nosuchblock -->
+
+<!-- results:decode -->
+no decode records: kept
+<!-- /results:decode -->
+"""
+
+
+def test_readme_blocks_are_replaced_between_the_markers():
+    new, filled, skipped = report.fill_readme(README, _grid_records())
+    assert filled == ["fwd", "latency"] and skipped == ["nosuchblock", "decode"]
+    assert "stale" not in new
+    assert new.startswith("# project\n\nIntro text.\n\n<!-- results:fwd -->\n| dtype | hdim | causal | 2048 | 4096 |")
+    fwd = new[new.index("<!-- results:fwd -->"):new.index("<!-- /results:fwd -->")]
+    cu = harness.tflops(1.0, 8, 16, 2048, 2048, 128)
+    assert f"| float16 | 128 | False | {cu:.0f} (1.10 / 0.70) |" in fwd
+    lat = new[new.index("<!-- results:latency -->"):new.index("<!-- /results:latency -->")]
+    assert "| False | 18.1 us | 37.1 us |" in lat
+    assert "Prose between the blocks stays." in new and "kept as is" in new and "no decode records: kept" in new
+    assert new.endswith("<!-- /results:decode -->\n")
+    again, filled2, _ = report.fill_readme(new, _grid_records())
+    assert again == new and filled2 == filled  # idempotent
+
+
+def test_readme_marker_without_its_partner_is_reported():
+    text = "<!-- results:fwd -->\nold\n"
+    new, filled, skipped = report.fill_readme(text, _grid_records())
+    assert new == text and filled == [] and skipped == ["fwd"]
+
+
+def test_report_cli_updates_the_readme_without_matplotlib(tmp_path, monkeypatch, capsys):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **kw):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("no matplotlib here")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(report, "_NOTED", [])
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(dict(header={"gpu": "test"}, records=_grid_records())))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert report.main(["--results", str(res), "--readme", str(readme)]) == 0
+    assert "(1.10 / 0.70)" in readme.read_text()
+    assert (tmp_path / "results.md").exists() and not list(tmp_path.glob("*.png"))
+    assert "matplotlib not installed" in capsys.readouterr().out
+
+
+def test_report_module_does_not_import_matplotlib_at_import_time():
+    code = "import sys, bench.report; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_committed_micro_numbers_render():
+    data = json.loads((BENCH / "results" / "results.json").read_text())
+    table = report.micro_table(data["records"])
+    assert "| HMMA.16816 f16 -> f32 latency |" in table and "{{" not in table
+
+
+# -------------------------------------------------------------------------------------------- merge
+def test_merge_takes_and_renames_sections(tmp_path):
+    """bench.merge: `SRC:a,b` keeps only those sections; `SRC:a=c` files section a as c (a second run of a suite,
+    kept next to the first); each record keeps its own run."""
     def write(name, secs):
         p = tmp_path / name
         recs = [dict(section=s, provider="flash", mode="x", ms=float(i)) for i, s in enumerate(secs)]
         p.write_text(json.dumps(dict(header=dict(gpu="g", date=name), records=recs)))
         return str(p)
 
-    a = write("a.json", ["bwd_rounds", "bwd_quick", "ceilings"])
-    b = write("b.json", ["bwd_rounds", "fwd"])
-    merge_results.main([str(tmp_path / "out"), a + ":bwd_rounds,ceilings", b + ":bwd_rounds=bwd_rounds_repeat"])
+    a = write("a.json", ["bwd", "bwd_strategies", "ceilings"])
+    b = write("b.json", ["bwd", "fwd"])
+    assert merge.main([str(tmp_path / "out"), a + ":bwd,ceilings", b + ":bwd=bwd_run2"]) == 0
     out = json.loads((tmp_path / "out" / "results.json").read_text())
-    got = [(r["section"], r["call"], r["ms"]) for r in out["records"]]
-    assert got == [("bwd_rounds", 0, 0.0), ("ceilings", 0, 2.0), ("bwd_rounds_repeat", 1, 0.0)]
-    assert [c["date"] for c in out["header"]["calls"]] == ["a.json", "b.json"]
+    got = [(r["section"], r["run"], r["ms"]) for r in out["records"]]
+    assert got == [("bwd", 0, 0.0), ("ceilings", 0, 2.0), ("bwd_run2", 1, 0.0)]
+    assert [c["date"] for c in out["header"]["runs"]] == ["a.json", "b.json"]
+    # a merged file merged again keeps its runs
+    head, recs = merge.merge([str(tmp_path / "out"), b + ":fwd"])
+    assert len(head["runs"]) == 3 and [r["run"] for r in recs] == [0, 0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------------ compare
+def _compare_records():
+    recs = []
+    for s, (base, new) in ((1024, (1.00, 0.99)), (2048, (2.00, 2.02)), (4096, (4.0, 4.4))):
+        for tree, ms in (("base", base), ("new", new)):
+            recs.append(dict(harness.record("cuflash", "v2", "fwd", "float16", 16384 // s, 16, s, s, 128, False, ms,
+                                            tree=tree), section="fwd"))
+        recs.append(dict(harness.record("flash", "sdpa", "fwd", "float16", 16384 // s, 16, s, s, 128, False, base),
+                         section="fwd"))
+    for tree, us in (("base", 20.0), ("new", 19.0)):
+        recs.append(dict(harness.record("cuflash", "v2", "latency", "float16", 1, 8, 128, 128, 64, False, us / 1e3,
+                                        us=us, us_per_call=us, tree=tree, case="fwd"), section="latency"))
+    return recs
+
+
+def test_compare_summary_and_table():
+    summ = compare.summarize(_compare_records())
+    fwd = summ["fwd"]
+    assert fwd["n"] == 3
+    assert fwd["median"] == pytest.approx(2.0 / 2.02)  # speed new / base: 1/0.99, 2/2.02, 4/4.4
+    assert fwd["worst"] == pytest.approx(4.0 / 4.4) and fwd["worst_point"] == "float16 d128 s4096 non-causal"
+    assert fwd["ok"] is False  # 9% slower at one point
+    assert summ["latency"]["median"] == pytest.approx(20.0 / 19.0) and summ["latency"]["ok"] is False
+    md = compare.markdown({"gpu": "test"}, _compare_records())
+    assert "| fwd | 3 |" in md and "FAIL" in md
+    assert "| float16 d128 s2048 non-causal |" in md and "| flash |" in md.replace(" | new/flash", "")
+    lines = compare.summary_lines(_compare_records())
+    assert lines[0].startswith("fwd: median new/base 0.990 over 3 points, worst 0.909")
+
+
+def test_compare_passes_within_tolerance():
+    recs = [r for r in _compare_records() if r.get("seqlen_q") != 4096 and r["section"] == "fwd"]
+    assert compare.summarize(recs)["fwd"]["ok"] is True
+
+
+def test_compare_loads_the_old_tree_with_its_own_kernels(tmp_path):
+    base = tmp_path / "old"
+    shutil.copytree(ROOT / "cuflash", base / "cuflash", ignore=shutil.ignore_patterns("__pycache__"))
+    (base / "cuda_src").mkdir()
+    name = "cuflash_base_cpu_test"
+    try:
+        mod = compare.load_tree(base, name=name)
+        assert mod.__name__ == name and pathlib.Path(mod.__file__).resolve() == (base / "cuflash" / "__init__.py").resolve()
+        assert callable(mod.flash_attn_func) and callable(mod.flash_attn_with_kvcache)
+        assert compare.kernel_dir(mod) == str((base / "cuda_src").resolve())
+        import cuflash
+
+        assert compare.kernel_dir(cuflash) == str((ROOT / "cuda_src").resolve())
+        assert mod.flash_attn_func is not cuflash.flash_attn_func
+        assert all(not m.startswith(name) or sys.modules[m].__file__.startswith(str(base))
+                   for m in list(sys.modules) if m.startswith(name + "."))
+    finally:
+        for m in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[m]
+
+
+def test_compare_calls_only_the_shared_public_api():
+    """The calls the comparison makes exist with these keywords in the current tree."""
+    import inspect
+
+    import cuflash
+
+    fa = inspect.signature(cuflash.flash_attn_func).parameters
+    kv = inspect.signature(cuflash.flash_attn_with_kvcache).parameters
+    assert "causal" in fa and "cache_seqlens" in kv
+    src = (BENCH / "compare.py").read_text()
+    used = set(re.findall(r"flash_attn_func\([^)]*?(\w+)=", src)) | set(re.findall(r"flash_attn_with_kvcache\([^)]*?(\w+)=", src))
+    assert used <= {"causal", "cache_seqlens"}, used
+
+
+def test_compare_suites_run_on_stubs(monkeypatch, tmp_path):
+    """compare's suites end to end with torch, SDPA and the two trees stubbed: every public call is made with
+    the shared keywords, each provider is timed in turn, and the records pair up."""
+    import contextlib
+    import types
+
+    class T:
+        def __init__(self, *shape, **kw):
+            self.shape = shape
+
+        def transpose(self, *a):
+            return self
+
+        def contiguous(self):
+            return self
+
+        def detach(self):
+            return self
+
+        def requires_grad_(self, *a):
+            return self
+
+    calls = []
+
+    class Graph:
+        def replay(self):
+            calls.append("replay")
+
+    cuda = types.SimpleNamespace(
+        empty_cache=lambda: None, synchronize=lambda: None, Stream=lambda: types.SimpleNamespace(wait_stream=lambda s: 0),
+        current_stream=lambda: None, stream=lambda s: contextlib.nullcontext(), CUDAGraph=Graph,
+        graph=lambda g, stream=None: contextlib.nullcontext())
+    fake_torch = types.SimpleNamespace(
+        float16="f16", bfloat16="bf16", int32="i32", cuda=cuda,
+        randn=lambda *shape, **kw: T(*shape), randn_like=lambda x: T(), full=lambda *a, **kw: T(),
+        autograd=types.SimpleNamespace(grad=lambda out, inputs, g, retain_graph=False: calls.append(("grad", out))))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+
+    def tree(name):
+        def fa(q, k, v, causal=False):
+            calls.append((name, "fwd", causal))
+            return name
+
+        def kv(q, k_cache, v_cache, cache_seqlens=None):
+            calls.append((name, "decode"))
+            return name
+        return types.SimpleNamespace(flash_attn_func=fa, flash_attn_with_kvcache=kv)
+
+    trees = {"base": tree("base"), "new": tree("new")}
+    order = []
+
+    def fake_rounds(fns, rounds=1, timer=None, **kw):
+        out = {}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                order.append(name)
+                fn()
+        for i, name in enumerate(fns):
+            out[name] = (1.0 + 0.01 * i, [1.0 + 0.01 * i] * rounds)
+        return out
+
+    monkeypatch.setattr(compare, "time_rounds", fake_rounds)
+    monkeypatch.setattr(compare, "sdpa", lambda p: (lambda *a, **kw: p))
+    grid = dict(seqlens=(2048,), dtypes=("float16",), headdims=(128,))
+    recs = []
+    for name, fn in (("fwd", lambda: compare.fwd(trees, rounds=2, **grid)),
+                     ("bwd", lambda: compare.bwd(trees, rounds=2, **grid)),
+                     ("decode", lambda: compare.decode(trees, cases=((1, 4096, 8),), rounds=2)),
+                     ("latency", lambda: compare.latency(trees, rounds=2))):
+        for r in fn():
+            r["section"] = name
+            recs.append(r)
+    assert order[:8] == ["base", "new", "flash", "cudnn"] * 2
+    assert ("base", "fwd", True) in calls and ("new", "decode") in calls and "replay" in calls
+    summ = compare.summarize(recs)
+    assert set(summ) == {"fwd", "bwd", "decode", "latency"}
+    assert summ["fwd"]["n"] == 2 and summ["decode"]["n"] == 1 and summ["latency"]["n"] == 3
+    assert all(r["backend"] in ("sm80", "decode") for r in recs if r.get("tree"))
+    md = compare.markdown({"gpu": "stub"}, recs)
+    assert "## decode (us per call)" in md and "## bwd (TFLOP/s)" in md

@@ -404,13 +404,13 @@ def test_driver_ncu_failing(tmp_path):
     assert all("ERR_NVGPUCTRPERM" in r["error"] for r in recs)
 
 
-def test_driver_timeout_and_budget(tmp_path):
+def test_driver_timeout_and_time_limit(tmp_path):
     recs = bt.traffic(grid=((64, 2048, False), (128, 2048, False)), ncu=_fake_ncu(tmp_path, "sleep"), timeout_s=1,
-                      budget_s=0.5)
+                      time_limit_s=0.5)
     n = len(bt.ladder_versions())
     assert len(recs) == 2 * n
     assert all(r["error"].startswith("ncu timed out") for r in recs[:n])
-    assert all(r["error"].startswith("skipped: the section's time budget") for r in recs[n:])
+    assert all(r["error"].startswith("skipped: the section's time limit") for r in recs[n:])
 
 
 def test_driver_without_ncu(monkeypatch):
@@ -433,29 +433,30 @@ def test_find_ncu(tmp_path, monkeypatch):
 
 # -------------------------------------------------------------------------------------------- report
 def test_report_without_the_section():
-    recs = [dict(section="v1_ladder", provider="cuflash", algo="v2", mode="fwd", kind="time", ms=1.0)]
+    recs = [dict(section="ladder", provider="cuflash", algo="v2", mode="fwd", kind="time", ms=1.0)]
     assert report.traffic_table(recs) == ""
     assert "Device-memory traffic" not in report.markdown({}, recs)
     assert report.traffic_table([]) == ""
-    # a section that crashed as a whole: run_all's error record, shown by errors(), no traffic table
+    # a suite that crashed as a whole: the runner's error record, shown by errors(), no traffic table
     crashed = [dict(section="traffic", provider="error", error="Traceback ...")]
     assert report.traffic_table(crashed) == ""
-    assert "section traffic FAILED" in report.markdown({}, crashed)
+    assert "suite traffic FAILED" in report.markdown({}, crashed)
 
 
 def test_report_joins_the_ladder_time():
     c = _case([("fwd", "v2")])
     r = bt.case_records(c, 0, _details_csv(), _status(c))[0]
-    ladder = dict(section="v1_ladder", provider="cuflash", algo="v2", mode="fwd", dtype="float16", headdim=64,
+    ladder = dict(section="ladder", provider="cuflash", algo="v2", mode="fwd", dtype="float16", headdim=64,
                   seqlen_q=2048, causal=False, kind="time", ms=0.987)
     md = report.traffic_table([dict(r, section="traffic"), ladder])
     row = [line for line in md.splitlines() if line.startswith("| 6 v2 |")]
     assert len(row) == 1 and row[0].endswith("| 1 | 1.25 | 0.99 |"), row
 
 
-def test_run_all_registers_the_section():
-    run_all = pytest.importorskip("bench.run_all")
-    assert "traffic" in run_all._sections()
+def test_the_suite_is_registered():
+    from bench.suites import SUITES
+
+    assert SUITES["traffic"].resolve() is bt.traffic
 
 
 def test_module_docstring_states_the_command():

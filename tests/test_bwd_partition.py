@@ -96,7 +96,7 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
         for d in _configs.BWD_TILES_2D_SM90:
             tile = bwd_tiles("2d", 90, dt)[d]
             assert tile == _configs.BWD_TILES_2D_SM90_DTYPE.get(dt, {}).get(d, _configs.BWD_TILES_2D_SM90[d])
-            assert tile.dq_bulk and tile.do_stages == 2
+            assert tile.dq_bulk and _configs.bwd_do_stages(d, tile, "2d") == 2
             base = _configs.BWD_TILES_2D[d]
             assert (tile.block_m, tile.block_n, tile.nwarps) == (base.block_m, base.block_n, base.nwarps)
             for causal in (False, True):
@@ -109,23 +109,22 @@ def test_sm90_tiles_are_listed_and_fit_sm90_only():
                             if _configs.bwd_do_stages(d, base, "2d") == 1 else 0)
                 assert s.smem == s80.smem + tile.block_m * d * 4 + extra_do
                 assert s.name.endswith(f", {s.smem}, 2, {tile.kunroll}{_configs._bwd_name_extras(tile)}>")
-                assert _configs._bwd_name_extras(tile).startswith(", true, 2, ")
+                assert _configs._bwd_name_extras(tile).startswith(", true, ")
     assert all(s.smem <= SM80_MAX_SMEM for s in specs if s.min_arch == 80)  # what sm_80 compiles fits it
 
 
 def test_bwd_name_extras_trim_trailing_defaults():
-    """The backward kernel's trailing template arguments (DQ_BULK, DO_ST, P_REGS, DQ_ISSUE, LOAD_AT, EXP_IL) are
-    written up to the last one that differs from its default, so each configuration has exactly one name."""
+    """The backward kernel's trailing template arguments (DQ_BULK, P_REGS, LOAD_AT, EXP_IL) are written up to the
+    last one that differs from its default, so each configuration has exactly one name."""
     from dataclasses import replace
 
     base = _configs.BwdTile(128, 128, 8, 1, 4)
     assert _configs._bwd_name_extras(base) == ""
     assert _configs._bwd_name_extras(replace(base, dq_bulk=True)) == ", true"
-    assert _configs._bwd_name_extras(replace(base, do_stages=2)) == ", false, 2"
-    assert _configs._bwd_name_extras(replace(base, p_regs=True)) == ", false, 0, true"
-    assert _configs._bwd_name_extras(replace(base, dq_bulk=True, dq_issue=2)) == ", true, 0, false, 2"
-    assert _configs._bwd_name_extras(replace(base, do_stages=2, load_at=1)) == ", false, 2, false, 0, 1"
-    assert _configs._bwd_name_extras(replace(base, p_regs=True, exp_il=True)) == ", false, 0, true, 0, 0, true"
+    assert _configs._bwd_name_extras(replace(base, p_regs=True)) == ", false, true"
+    assert _configs._bwd_name_extras(replace(base, dq_bulk=True, load_at=1)) == ", true, false, 1"
+    assert _configs._bwd_name_extras(replace(base, dq_bulk=True, p_regs=True, load_at=2)) == ", true, true, 2"
+    assert _configs._bwd_name_extras(replace(base, p_regs=True, exp_il=True)) == ", false, true, 0, true"
 
 
 def test_auto_partition_resolves_per_head_dim():
@@ -579,7 +578,7 @@ def test_emulated_kernel_matches_reference(case):
 _BWD_TILE_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, ROOT)
-from bench import host_overhead as ho
+from bench.diag import host_overhead as ho
 torch = ho.install_fakes(record=True)  # device compute capability 9.0, launches recorded, nothing compiled
 import cuflash
 res = []
@@ -599,7 +598,7 @@ print(json.dumps(res))
 def test_backward_launches_the_dtype_tile_on_sm90():
     """On an sm_90 device the backward's main kernel is the sm_90 tile of the inputs' dtype (bf16 has its own at
     head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the
-    GPU, bench/host_overhead.py, in a subprocess)."""
+    GPU, bench/diag/host_overhead.py, in a subprocess)."""
     import json
     import os
     import subprocess

@@ -4,7 +4,10 @@ import types
 import numpy as np
 
 from conftest import half_ulp
-from bench.rounding_emulation import dq_errors
+try:  # bench's diagnostics live in bench/diag/ (older layout: bench/)
+    from bench.diag.rounding_emulation import dq_errors
+except ImportError:
+    from bench.rounding_emulation import dq_errors
 
 
 def test_half_ulp_of_output_dtype():

@@ -268,31 +268,27 @@ def test_launch_from_a_thread_without_a_cuda_context():
 
 
 @pytest.mark.parametrize("d,tile", [(64, (128, 128, 8, 1, 4)), (128, (64, 128, 8, 1, 4))])
-@pytest.mark.parametrize("bulk,do_stages,p_regs,issue,load_at,exp_il", [
-    (False, 0, False, 0, 0, 0), (True, 0, False, 0, 0, 0), (False, 2, False, 0, 0, 0), (True, 2, False, 0, 0, 0),
-    (False, 0, True, 0, 0, 0), (True, 2, True, 0, 0, 0), (True, 2, False, 1, 0, 0), (True, 2, True, 1, 0, 0),
-    (True, 2, False, 2, 0, 0), (True, 2, True, 2, 1, 0), (False, 2, False, 0, 1, 0), (True, 2, True, 1, 1, 0),
-    (True, 2, True, 2, 2, 0), (True, 2, True, 2, 1, 1), (True, 2, True, 2, 2, 1), (True, 2, False, 2, 2, 1),
-    (False, 2, True, 0, 1, 1), (False, 0, False, 0, 0, 1)])
+@pytest.mark.parametrize("bulk,p_regs,load_at,exp_il", [
+    (False, False, 0, 0), (True, False, 0, 0), (False, True, 0, 0), (True, True, 0, 0), (True, False, 1, 0),
+    (True, True, 1, 0), (True, True, 2, 0), (True, True, 1, 1), (True, True, 2, 1), (True, False, 2, 1),
+    (False, True, 0, 1), (False, False, 0, 1)])
 @pytest.mark.parametrize("strategy", ["atomic", "seqpar", "loop"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(17, 300), (300, 17), (1000, 700)])
-def test_2d_tile_options_match_reference(d, tile, bulk, do_stages, p_regs, issue, load_at, exp_il, strategy, causal,
-                                         sq, sk):
+def test_2d_tile_options_match_reference(d, tile, bulk, p_regs, load_at, exp_il, strategy, causal, sq, sk):
     """The 2D tile as sm_80 runs it (the H200 runs BWD_TILES_2D_SM90 by default) and with its sm_90 options, through
-    cuflash.backward.backward: dq_bulk (dQ staged in shared memory, added by cp.reduce.async.bulk; other strategies
-    keep their own writes; `issue`: 1 from warp-uniform operands, 2 also one step later), where the next Q tile
-    is requested (`load_at`: after S = QK^T, after P and dP), a second dO buffer
-    beyond sm_80's smem, P kept in registers for dS, and P's exps interleaved with dP = dO V^T (`exp_il`)."""
+    cuflash.backward.backward: dq_bulk (dQ staged in shared memory, added by cp.reduce.async.bulk from warp-uniform
+    operands one step later, with a second dO buffer beyond sm_80's smem; other strategies keep their own writes),
+    where the next Q tile is requested (`load_at`, with dq_bulk: after S = QK^T, after P and dP), P kept in
+    registers for dS, and P's exps interleaved with dP = dO V^T (`exp_il`)."""
     import cupy
     import torch
 
-    if (bulk or do_stages) and int(cupy.cuda.Device().compute_capability) < 90:
+    if bulk and int(cupy.cuda.Device().compute_capability) < 90:
         pytest.skip("sm_90 tile options")
     from cuflash._configs import BwdTile
 
-    t = BwdTile(*tile, dq_bulk=bulk, do_stages=do_stages, p_regs=p_regs, dq_issue=issue, load_at=load_at,
-                exp_il=bool(exp_il))
+    t = BwdTile(*tile, dq_bulk=bulk, p_regs=p_regs, load_at=load_at, exp_il=bool(exp_il))
     q, k, v = torch_inputs((2, sq, 2, d), (2, sk, 1, d), "bfloat16")
     dout = torch.randn_like(q)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)

@@ -1,8 +1,8 @@
-"""CPU: the memoized host path of flash_attn_func (cuflash/flash.py `_FwdPlan`) makes exactly the launch
+"""CPU: the memoized host path of flash_attn_func (cuflash/_fwd.py `_FwdPlan`) makes exactly the launch
 `forward` makes -- kernel, grid, block, shared memory, parameter bytes (out / lse pointers aside) -- for
 ragged lengths, GQA, MQA with the seqlen_q == 1 fold, causal, grid order "bh", strided views and the grid
 fallback; a repeated call skips validation; bad inputs still raise after valid calls. The GPU is replaced
-by bench/host_overhead.py's stand-ins in a subprocess (they replace sys.modules["torch"] for the process).
+by bench's host_overhead stand-ins in a subprocess (they replace sys.modules["torch"] for the process).
 GPU: the memoized path on real torch / CuPy arrays against `forward`."""
 import json
 import math
@@ -17,6 +17,8 @@ import pytest
 from cuflash._launch import FWD_FORMAT, FWD_PARAMS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HO = "bench.diag.host_overhead" if os.path.exists(os.path.join(ROOT, "bench", "diag", "host_overhead.py")) \
+    else "bench.host_overhead"  # the CPU stand-ins for torch, the driver and the loader
 NAMES = [n for n, _ in FWD_PARAMS]
 NBYTES = struct.calcsize(FWD_FORMAT)
 O_SLOT, LSE_SLOT = NAMES.index("o"), NAMES.index("lse")
@@ -46,11 +48,12 @@ CASES = {
 _SCRIPT = r"""
 import json, struct, sys
 sys.path.insert(0, ROOT)
-from bench import host_overhead as ho
+import importlib
+ho = importlib.import_module(HO_MODULE)
 torch = ho.install_fakes(record=True)
 import numpy as np
 import cuflash
-from cuflash import flash
+from cuflash import _fwd as flash  # the V2 forward's launch code and plan memo
 from cuflash._launch import FWD_FORMAT
 T = torch.Tensor
 CASES = json.loads(CASES_JSON)
@@ -185,7 +188,7 @@ print("RESULT" + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def host():
-    code = _SCRIPT.replace("CASES_JSON", repr(json.dumps(CASES))).replace("ROOT", repr(ROOT))
+    code = _SCRIPT.replace("CASES_JSON", repr(json.dumps(CASES))).replace("ROOT", repr(ROOT)).replace("HO_MODULE", repr(HO))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1]

@@ -1,32 +1,35 @@
 """CPU: the microbenchmark kernels (cuda_src/micro/micro.cu) compile for sm_80 and sm_90 without spills or
 local memory, their SASS holds the instruction each benchmark claims to measure (when cuobjdump is
 available), and the pure-Python helpers of bench/bench_micro.py are right on canned data."""
-import functools
 import struct
 
 import numpy as np
 import pytest
 
 import bench.bench_micro as bm
-from cuflash import _loader
+from cuflash import _compile_check
 
 ARCHS = (80, 90)
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled(arch):
-    """One NVRTC compile of every micro kernel for sm_<arch> (launched ones and the SASS count kernels).
-    sm_90-only instructions (red.global.add.v2/.v4.f32, red .bf16x2) have a scalar fallback below sm_90 in
-    micro.cu, so they compile on sm_80 too; bench_micro skips them at run time there."""
-    return _loader.compile_offline(bm.FILE, bm.all_kernel_names(), arch)
+def _tasks(arch):
+    """Every micro kernel (launched ones and the SASS count kernels), each compiled alone for sm_<arch>, as the
+    run-time loader compiles it. sm_90-only instructions (red.global.add.v2/.v4.f32, red .bf16x2) have a scalar
+    fallback below sm_90 in micro.cu, so they compile on sm_80 too; bench_micro skips them at run time there."""
+    return [_compile_check.Task(bm.FILE, name, arch) for name in bm.all_kernel_names()]
+
+
+# the compiles each test reads (tests/conftest.py: kernel_report)
+KERNEL_TASKS = {"test_every_micro_kernel_compiles_without_spills": _tasks}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_micro_kernel_compiles_without_spills(arch):
-    kernels = _compiled(arch)["kernels"]
+def test_every_micro_kernel_compiles_without_spills(kernel_report, arch):
+    kernels = kernel_report
     assert set(kernels) == set(bm.all_kernel_names())
     bounded = {s.name for s in bm.sweep_specs() if "micro_chain_kernel" in s.name or "ldsm_tput" in s.name}
     for name, info in kernels.items():
+        assert "error" not in info, f"{name}: {info['error']}"
         assert "regs" in info, f"no ptxas report for {name}"
         assert info["stack"] == 0 and info["spill_st"] == 0 and info["spill_ld"] == 0, (name, info)
         # __launch_bounds__(128, 8): 32 warps per SM must fit, i.e. <= 64 registers

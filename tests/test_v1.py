@@ -130,7 +130,7 @@ def test_gqa_mqa(h, hk, sq, sk, causal):
 @pytest.mark.parametrize("d,dtype", [(64, "float16"), (128, "bfloat16")])
 def test_v1_agrees_with_v2(causal, d, dtype):
     """V1 (both partitions) and V2 compute the same attention: their outputs differ by at most the error
-    rule's budget, LSEs by fp32 rounding; the gradients likewise."""
+    rule's bound, LSEs by fp32 rounding; the gradients likewise."""
     import torch
 
     from cuflash import backward as bwd_mod
@@ -140,11 +140,11 @@ def test_v1_agrees_with_v2(causal, d, dtype):
     qa, ka, va = check_qkv(q, k, v)
     o2, lse2 = flash.forward(qa, ka, va, None, causal)
     ref_o, _ = reference.attention_forward(to_np(q), to_np(k), to_np(v), d ** -0.5, causal)
-    budget = 2 * max_err(torch_attention_lowp(q, k, v, d ** -0.5, causal), ref_o) + 1e-5
+    bound = 2 * max_err(torch_attention_lowp(q, k, v, d ** -0.5, causal), ref_o) + 1e-5
     fin = np.isfinite(to_np(lse2))
     for split in SPLITS:
         o1, lse1, _, _ = v1.forward(qa, ka, va, None, causal, split)
-        assert float(np.abs(to_np(o1) - to_np(o2)).max()) <= budget, split
+        assert float(np.abs(to_np(o1) - to_np(o2)).max()) <= bound, split
         assert np.array_equal(np.isneginf(to_np(lse1)), np.isneginf(to_np(lse2)))
         assert np.allclose(to_np(lse1)[fin], to_np(lse2)[fin], atol=LSE_ATOL, rtol=0)
     dout = torch.randn_like(o2)
@@ -156,8 +156,8 @@ def test_v1_agrees_with_v2(causal, d, dtype):
     ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), d ** -0.5, causal)
     lowp = grads_lowp(q, k, v, dout, d ** -0.5, causal)
     for name, a, b_, lp, r in zip(("dq", "dk", "dv"), g1, g2, lowp, ref):
-        gbudget = 2 * max_err(lp, r) + 1e-5
-        assert float(np.abs(to_np(a) - to_np(b_)).max()) <= 2 * gbudget, name
+        gbound = 2 * max_err(lp, r) + 1e-5
+        assert float(np.abs(to_np(a) - to_np(b_)).max()) <= 2 * gbound, name
 
 
 @pytest.mark.parametrize("warp_split", SPLITS)

@@ -1,8 +1,10 @@
 // cuda_src/attn/params.cuh -- the kernel parameter blocks: forward / split-KV / decode / combine (FwdParams),
 // backward (BwdParams), FlashAttention-1 forward and backward (V1FwdParams, V1BwdParams).
 //
-// Passed by value as the only kernel argument. Every field is 8 bytes wide, in this order, so the host
-// packs it with one struct.pack (cuflash/_launch.py: FWD_PARAMS lists the same fields in the same order).
+// Passed by value as the only kernel argument. Every field is 8 bytes wide, so the host packs a block with one
+// struct.pack, by field name: cuflash/_params.py holds the host schema of each block, and
+// tests/test_params_layout.py parses this header and checks every field's name, order, offset and size against
+// it. A field added here is added there, and the test says so if it is not.
 #pragma once
 #include "../common/ptx.cuh"
 
@@ -34,7 +36,7 @@ struct FwdParams {
 namespace cuflash {
 
 // Parameter block of the backward kernels (preprocess, main, dq convert). Same 8-byte-field rule as
-// FwdParams; cuflash/_launch.py: BWD_PARAMS lists the fields in this order.
+// FwdParams.
 struct BwdParams {
   const void* q;        // [b, sq, h, d]
   const void* k;        // [b, sk, hk, d]
@@ -67,8 +69,7 @@ struct BwdParams {
 
 namespace cuflash {
 
-// Parameter block of the V1 forward kernel, passed by value. Every field is 8 bytes wide, in this order
-// (cuflash/v1.py: FWD_PARAMS lists the same fields in the same order).
+// Parameter block of the V1 forward kernel (the same rules).
 struct V1FwdParams {
   const void* q;   // [b, sq, h, d]   (strides below, in elements; last dim contiguous)
   const void* k;   // [b, sk, hk, d]
@@ -86,7 +87,7 @@ struct V1FwdParams {
   double scale_log2;  // softmax_scale * log2(e)
 };
 
-// Parameter block of the V1 backward kernels (main, dQ convert); cuflash/v1.py: BWD_PARAMS.
+// Parameter block of the V1 backward kernels (main, dQ convert).
 struct V1BwdParams {
   const void* q;     // [b, sq, h, d]
   const void* k;     // [b, sk, hk, d]

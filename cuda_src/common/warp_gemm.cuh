@@ -115,34 +115,4 @@ __device__ __forceinline__ void gemm_pv_x4(float (&acc)[MF][DF][4], const PFrag&
   }
 }
 
-// Scores that a row may not see -> -inf: keys past seqlen_k and (causal) keys j > i + diag. s holds the
-// C fragments of rows row0 + [0, 16 MF) x keys col0 + [0, 8 NF).
-template <bool CAUSAL, int MF, int NF>
-__device__ __forceinline__ void mask_scores(float (&s)[MF][NF][4], int row0, int col0, int seqlen_k, int diag,
-                                            int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-    for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + mf * 16 + g + (e / 2) * 8;
-        const int col = col0 + nf * 8 + 2 * t + (e % 2);
-        if (col >= seqlen_k || (CAUSAL && col > row + diag)) s[mf][nf][e] = -INFINITY;
-      }
-}
-
-// The online-softmax state of a warp's rows, empty: O = 0, row max = -inf, (thread-partial) row sum = 0.
-template <int MF, int DF>
-__device__ __forceinline__ void init_softmax_state(float (&acc_o)[MF][DF][4], float (&row_max)[MF][2],
-                                                   float (&row_sum)[MF][2]) {
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
-    zero_frags(acc_o[mf]);
-    row_max[mf][0] = row_max[mf][1] = -INFINITY;
-    row_sum[mf][0] = row_sum[mf][1] = 0.f;
-  }
-}
-
 }  // namespace cuflash

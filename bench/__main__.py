@@ -1,0 +1,72 @@
+"""python -m bench: the benchmarks' one entry point.
+
+    python -m bench list                                  # the suites, what each measures, rough minutes
+    python -m bench fwd --out DIR [--seqlens 1024,4096]   # one suite (or a comma list) -> DIR/results.json, .md
+    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none]
+                                                          # precompile, GPU tests (DIR/gpu-tests.xml, tests.log),
+                                                          # the suites, DIR/results.json, results.md, plots
+    python -m bench compare --base OLD_CHECKOUT --out DIR [--suites fwd,bwd,decode,latency]
+                                                          # the same public calls timed on two trees in turn
+    python -m bench merge OUT_DIR SRC[:suites] ...        # several runs' results.json into one
+    python -m bench report --results FILE [--readme README.md]   # tables, plots, README blocks
+
+Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(",") if x) if text else None
+
+
+def _strs(text):
+    return tuple(x for x in text.split(",") if x) if text else None
+
+
+def parser():
+    from .suites import DEFAULT_ALL
+
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", help="'list', 'all', a suite name or a comma list of suites; also 'compare', "
+                                    "'merge', 'report' (each has its own --help)")
+    ap.add_argument("--out", default="bench-out", help="output directory (default: ./bench-out)")
+    ap.add_argument("--suites", default=None,
+                    help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
+    ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list), or 'none'")
+    ap.add_argument("--no-precompile", action="store_true", help="with 'all': skip the parallel precompile")
+    ap.add_argument("--jobs", type=int, default=None, help="precompile processes (default: CPU count)")
+    ap.add_argument("--seqlens", type=_ints, default=None, help="comma list, e.g. 1024,4096,16384")
+    ap.add_argument("--dtypes", type=_strs, default=None, help="comma list: float16,bfloat16")
+    ap.add_argument("--headdims", type=_ints, default=None, help="comma list: 64,128")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds timed in turn (suites that take it)")
+    return ap
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("compare", "merge", "report"):
+        mod = __import__(f"bench.{argv[0]}", fromlist=["main"])
+        return mod.main(argv[1:])
+    args = parser().parse_args(argv)
+    from . import run, suites
+
+    if args.command == "list":
+        print(suites.listing())
+        return 0
+    options = dict(seqlens=args.seqlens, dtypes=args.dtypes, headdims=args.headdims, rounds=args.rounds)
+    if args.command == "all":
+        run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs)
+        return 0
+    names = suites.resolve_list(args.command)
+    os.makedirs(args.out, exist_ok=True)
+    head, records = run.run_suites(names, args.out, options)
+    run.write_report(head, records, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Running suites and the one-command GPU run (`python -m bench all`): precompile, GPU tests, suites, report.
+
+Every suite runs inside try/except: a failing suite prints its traceback, leaves an error record, and the next
+one runs. results.json is rewritten after every suite, so a run cut short keeps what it measured."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def precompile(out_dir, jobs=None, cwd=ROOT, log_name="precompile.log"):
+    """Compile every kernel configuration the package can launch, in parallel (fills CuPy's disk cache); the log
+    goes to out_dir. Sweep candidates compile when a sweep first launches them."""
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "cuflash.precompile", "-j", str(jobs or os.cpu_count() or 4)]
+    env = _env()
+    if cwd != ROOT:  # another tree: its own package first on the path
+        env["PYTHONPATH"] = str(cwd) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    with open(os.path.join(out_dir, log_name), "w") as log:
+        rc = subprocess.run(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"precompile ({cwd}) rc={rc} in {time.time() - t0:.0f}s", flush=True)
+    return rc
+
+
+def gpu_tests(out_dir, paths="tests"):
+    """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log."""
+    t0 = time.time()
+    xml = os.path.join(out_dir, "gpu-tests.xml")
+    log_path = os.path.join(out_dir, "tests.log")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", f"--junitxml={xml}", "-q", "-rfEs", "-p", "no:cacheprovider",
+           *[p for p in paths.split(",") if p]]
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    with open(log_path) as f:
+        print("\n".join(f.read().strip().splitlines()[-25:]))
+    print(f"GPU tests rc={rc} in {time.time() - t0:.0f}s", flush=True)
+    return rc
+
+
+def run_suites(names, out_dir, options=None, head=None, records=None):
+    """Run the suites `names` in order; records filed under the suite's name. Returns (header, records)."""
+    from . import harness
+    from .suites import SUITES
+
+    options = options or {}
+    if head is None:
+        try:
+            head = harness.header()
+        except Exception:  # noqa: BLE001 - no GPU / torch: the suites will say why
+            traceback.print_exc()
+            head = dict(header_error=traceback.format_exc(limit=1)[-500:])
+    records = records if records is not None else []
+    for name in names:
+        t1 = time.time()
+        print(f"== {name}", flush=True)
+        try:
+            recs = SUITES[name].run(**options)
+            for r in recs:
+                r.setdefault("section", name)
+            records += recs
+        except Exception:  # noqa: BLE001 - one broken suite must not lose the others
+            traceback.print_exc()
+            records.append(dict(section=name, provider="error", error=traceback.format_exc()[-2000:]))
+        dt = time.time() - t1
+        head.setdefault("suite_seconds", {})[name] = round(dt, 1)
+        print(f"== {name} done in {dt:.0f}s", flush=True)
+        if out_dir:
+            harness.save(os.path.join(out_dir, "results.json"), head, records)
+    return head, records
+
+
+def write_report(head, records, out_dir):
+    from . import report
+
+    try:
+        report.write_all(head, records, out_dir)
+    except Exception:  # noqa: BLE001 - the records are saved; the tables can be regenerated
+        traceback.print_exc()
+
+
+def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None):
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.time()
+    if do_precompile:
+        try:
+            precompile(out_dir, jobs)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+    if tests and tests != "none":
+        try:
+            gpu_tests(out_dir, tests)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+    names = list(suites)
+    if names and "ceilings" not in names:
+        names.insert(0, "ceilings")
+    head, records = {}, []
+    if names:
+        head, records = run_suites(names, out_dir, options)
+        write_report(head, records, out_dir)
+    print(f"total {time.time() - t0:.0f}s; results in {out_dir}", flush=True)
+    return head, records

@@ -1,0 +1,114 @@
+"""The benchmark suites of `python -m bench`: name -> what it measures, the function that runs it, its default
+arguments, and a rough time on one H200 (minutes, from the record counts and timings of bench/results).
+
+A suite is a function returning a list of records (bench.harness.record); its records are filed under the
+suite's name (field `section`). Options given on the command line (--seqlens, --dtypes, --headdims, --rounds,
+...) are passed to the suites whose function takes them. Nothing is imported until a suite runs, so listing
+them needs neither torch nor a GPU."""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    module: str  # under bench/
+    func: str
+    minutes: float  # rough, one H200
+    doc: str
+    defaults: dict = field(default_factory=dict)
+
+    def resolve(self):
+        return getattr(importlib.import_module(f"bench.{self.module}"), self.func)
+
+    def run(self, **options):
+        """Call the suite with its defaults, overridden by the `options` its function accepts (None: not given)."""
+        fn = self.resolve()
+        params = inspect.signature(fn).parameters
+        kw = dict(self.defaults)
+        kw.update({k: v for k, v in options.items() if v is not None and k in params})
+        return fn(**kw)
+
+    def accepts(self):
+        try:
+            return [p for p in inspect.signature(self.resolve()).parameters]
+        except Exception:  # noqa: BLE001 - a module that does not import here (no GPU libraries)
+            return []
+
+
+GRID = (1024, 2048, 4096, 8192, 16384)
+
+SUITES = {s.name: s for s in (
+    Suite("ceilings", "harness", "measure_ceilings", 0.1,
+          "copy bandwidth and cuBLAS bf16 matmul rate of this run (the references of decode and micro)"),
+    Suite("latency", "bench_fwd", "small_latency", 0.2,
+          "per-call time of a loop of forward calls from Python: batch 1, 8 heads, 128 tokens, hdim 64"),
+    Suite("fwd", "bench_fwd", "fa2_grid", 3.5,
+          "forward on the FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048, hdim 64/128, causal or not, "
+          "fp16/bf16), cuflash, SDPA FLASH and cuDNN timed in turn, medians of 3 rounds",
+          dict(seqlens=GRID, naive=(), rounds=3, providers=("flash", "cudnn"))),
+    Suite("fwd_single", "bench_fwd", "fa2_grid", 2.0,
+          "the forward grid from 512, one call per timing, with SDPA EFFICIENT and the naive baseline (fp16)"),
+    Suite("grid_order", "bench_fwd", "grid_order", 0.3, "forward grid order: Q tile in grid x vs (batch, head) in grid x"),
+    Suite("layout", "bench_fwd", "layout", 0.5,
+          "forward of cuflash and SDPA FLASH on [b, s, h, d]- and [b, h, s, d]-contiguous data"),
+    Suite("memory", "bench_fwd", "peak_memory", 0.3, "peak device memory of one forward, seqlen 1k-64k"),
+    Suite("fwd_tiles", "bench_fwd", "tile_sweep", 0.5, "every candidate forward tile next to SDPA FLASH (fp16)"),
+    Suite("fwd_interleaved", "bench_fwd", "interleaved", 1.5,
+          "the forward points nearest 1.0x FLASH: configured tile, load positions and FLASH timed in turn, 8 rounds"),
+    Suite("bwd", "bench_bwd", "bwd", 5.0,
+          "backward through autograd on the FlashAttention-2 grid from 2k (default dQ strategy), cuflash, FLASH "
+          "and cuDNN timed in turn, medians of 3 rounds",
+          dict(seqlens=(2048, 4096, 8192, 16384), strategies=("atomic",), rounds=3, providers=("flash", "cudnn"))),
+    Suite("bwd_strategies", "bench_bwd", "bwd", 2.0,
+          "backward through autograd, every dQ strategy (atomic, seqpar, loop up to 2k) next to SDPA "
+          "FLASH / cuDNN / EFFICIENT, one call per timing", dict(seqlens=(1024, 4096, 16384))),
+    Suite("bwd_loop", "bench_bwd", "bwd_loop", 1.0,
+          "backward, 10 back-to-back autograd calls per timing (host latency overlapped), next to FLASH"),
+    Suite("bwd_partition", "bench_bwd", "bwd_partition", 0.5,
+          "the backward warp partitions (kv, q, 2d), each with its configured tile"),
+    Suite("bwd_tiles", "bench_bwd", "bwd_tile_sweep", 1.0,
+          "candidate backward tiles (called directly) next to SDPA FLASH's backward (options: --dtypes "
+          "--rounds --headdims --seqlens)"),
+    Suite("dq_memory", "bench_bwd", "dq_memory", 0.2, "extra device memory of each dQ strategy: formula and measured"),
+    Suite("decode", "bench_decode", "decode", 4.5,
+          "decoding steps (q_len 1, 32 heads, hdim 128, fp16, batch 1-64, cache 1k-128k, 32/8/1 KV heads): "
+          "event and CUDA-graph time, bandwidth floor, cuflash kernels and SDPA backends"),
+    Suite("decode_sweep", "bench_decode", "decode_sweep", 1.0, "decode-kernel tile and split-count sweep"),
+    Suite("decode_big_gqa", "bench_decode", "decode_big_gqa", 0.3,
+          "the large GQA/MQA decoding cases with SDPA FLASH's native GQA"),
+    Suite("micro", "bench_micro", "micro", 1.5, "instruction-level microbenchmarks (cuda_src/micro/micro.cu)"),
+    Suite("ladder", "bench_v1", "v1_ladder", 2.0,
+          "the V1 -> V2 ladder: time, error against float64 and counted traffic of every rung"),
+    Suite("traffic", "bench_traffic", "traffic", 2.0,
+          "measured (Nsight Compute) vs counted device-memory traffic of the ladder's rungs"),
+)}
+
+# `python -m bench all` without --suites: what reproduces the headline tables in about 10 minutes
+# together with the GPU tests (about 2 minutes)
+DEFAULT_ALL = ("ceilings", "fwd", "bwd", "latency")
+
+
+def resolve_list(text: str | None) -> list[str]:
+    """'fwd,bwd' -> ['fwd', 'bwd']; 'default' -> DEFAULT_ALL; 'every' -> all suites; 'none' -> []."""
+    if text in (None, "", "default"):
+        return list(DEFAULT_ALL)
+    if text == "none":
+        return []
+    if text == "every":
+        return list(SUITES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        raise SystemExit(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
+    return names
+
+
+def listing() -> str:
+    lines = [f"{'suite':16s} {'~min':>5s}  what"]
+    for s in SUITES.values():
+        lines.append(f"{s.name:16s} {s.minutes:5.1f}  {s.doc}")
+    return "\n".join(lines)

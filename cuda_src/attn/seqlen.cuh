@@ -1,0 +1,42 @@
+// cuda_src/attn/seqlen.cuh -- one batch element's sequence lengths and where its rows live.
+//
+// Fixed lengths: every batch element has seqlen_q query rows and seqlen_k keys, except that a KV cache
+// (FwdParams::seqlens_k) gives each its own key count, clamped to the cache's capacity. Rows of batch b, head h
+// start at b * batch_stride + h * head_stride (elements) and are row_stride apart. Variable lengths (packed
+// sequences) and paged caches change these two functions -- the lengths and the row offsets -- and nothing in
+// the kernels that call them.
+#pragma once
+#include "params.cuh"
+#include "mask.cuh"
+
+namespace cuflash {
+
+struct SeqInfo {
+  int seqlen_q;  // query rows of this batch element
+  int seqlen_k;  // keys it attends to
+
+  // The bottom-right aligned causal diagonal: row i sees keys j <= i + diag (attn/mask.cuh).
+  __device__ __forceinline__ int diag() const { return seqlen_k - seqlen_q; }
+  template <bool CAUSAL>
+  __device__ __forceinline__ Mask<CAUSAL> mask() const { return Mask<CAUSAL>(seqlen_k, diag()); }
+
+  // Element offset of (batch, head)'s first row in a [b, s, h, d] tensor with these strides.
+  __device__ __forceinline__ static int64_t offset(int64_t batch_stride, int64_t head_stride, int64_t batch,
+                                                   int64_t head) {
+    return batch * batch_stride + head * head_stride;
+  }
+};
+
+// Forward, split-KV and decode kernels. KV cache: keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k).
+__device__ __forceinline__ SeqInfo seqinfo(const FwdParams& p, int batch) {
+  const int seqlen_k = p.seqlens_k ? max(0, min(p.seqlens_k[batch] + (int)p.seqlen_k_new, (int)p.seqlen_k))
+                                   : (int)p.seqlen_k;
+  return {(int)p.seqlen_q, seqlen_k};
+}
+// Backward (V2 and V1) and the V1 forward: fixed lengths.
+template <typename P>
+__device__ __forceinline__ SeqInfo seqinfo_fixed(const P& p) {
+  return {(int)p.seqlen_q, (int)p.seqlen_k};
+}
+
+}  // namespace cuflash

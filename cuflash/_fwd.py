@@ -1,0 +1,188 @@
+"""FlashAttention-2 forward launches (cuda_src/flash_fwd.cu): the memoized plan of `flash_attn_func` and the
+plain `forward` of autograd, the V1 ladder, the fwd_split decode path and benchmarks.
+
+Host path. At small shapes the Python around the launch is a visible part of a call, so `flash_attn_func`
+without autograd (algorithm "v2") memoizes everything that depends only on (dtypes, shapes, strides, devices,
+softmax_scale, causal, grid_order) in a `_FwdPlan` (cuflash._plan.HostPlan): a call whose arrays match a
+validated call's key reads the pointers, checks their 16-byte alignment, allocates out and lse, packs one
+parameter block and launches. `forward` validates nothing and memoizes nothing; both build the launch with
+`_launch_setup`.
+"""
+from __future__ import annotations
+
+import math
+
+from . import _interop
+from ._configs import auto_grid_order, combine_spec, fwd_spec, fwd_tile, split_tile
+from ._interop import desc
+from ._launch import get_launcher
+from ._params import FWD_PARAMS
+from ._plan import HostPlan, remember
+from ._validate import check_qkv, check_softmax_scale
+
+LOG2E = math.log2(math.e)
+GRID_ORDERS = {"qtile": 0, "bh": 1}
+GRID_ORDER_CHOICES = ("auto", *GRID_ORDERS)
+_MAX_GRID_YZ = 65535
+
+
+def resolve_grid_order(grid_order: str, causal: bool, rows: int, headdim: int = 128) -> str:
+    """The grid order a launch uses: "auto" -> cuflash._configs.auto_grid_order ("bh" for causal problems of >=
+    AUTO_BH_MIN_ROWS query rows at a head dim in AUTO_BH_HEADDIMS, else "qtile"); an explicit order is kept."""
+    if grid_order != "auto":
+        return grid_order
+    return auto_grid_order(causal, rows, headdim)
+
+
+def _grid(order: int, m_blocks: int, nheads: int, batch: int, splits: int):
+    if order == 0 and nheads <= _MAX_GRID_YZ and batch * splits <= _MAX_GRID_YZ:
+        return 0, (m_blocks, nheads, batch * splits)
+    if m_blocks > _MAX_GRID_YZ or splits > _MAX_GRID_YZ:
+        raise ValueError(f"problem too large for the grid: {m_blocks} Q tiles, {splits} splits")
+    return 1, (batch * nheads, m_blocks, splits)
+
+
+def fold_gqa_rows(qa, hk: int):
+    """Decoding with GQA/MQA (seqlen_q == 1): the G = h / hk query heads that share a KV head become G
+    rows of one Q tile, so each K/V byte is read once per KV head. Pure stride arithmetic, no copy:
+    q [b, 1, h, d] with strides (sb, -, sh, 1) is seen as [b, G, hk, d] with strides (sb, sh, G*sh, 1).
+    Returns (rows, nheads, row_stride, head_stride) for the kernel."""
+    b, sq, h, d = qa.shape
+    g = h // hk
+    sh = qa.strides[2]
+    return g, hk, sh, g * sh
+
+
+def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, num_splits=1,
+                  seqlen_k_new=0):
+    """The V2 forward launch of validated views, less its pointers: (launcher, grid, fields), fields being
+    FwdParams' non-pointer fields by name (strides as the kernel sees them -- GQA fold included --, sizes,
+    grid order, scale). o_strides: out's (batch, seqlen, head) strides."""
+    b, sq, h, d = qa.shape
+    sk, hk = ka.shape[1], ka.shape[2]
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    osb, osq, osh = o_strides
+    if sq == 1 and h > hk:  # fold the query heads of a KV head into rows (causal is moot: 1 row sees all)
+        rows, kheads, q_row, q_head = fold_gqa_rows(qa, hk)
+        o_row, o_head = osh, rows * osh
+        heads_per_kv, causal = 1, False
+    else:
+        rows, kheads, q_row, q_head = sq, h, qa.strides[1], qa.strides[2]
+        o_row, o_head = osq, osh
+        heads_per_kv = h // hk
+    split = num_splits > 1
+    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile)
+    lau = get_launcher(spec, qa.device)
+    block_m = (tile or (split_tile(d) if split else fwd_tile(d, causal))).block_m
+    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // block_m), kheads,
+                        b, num_splits)
+    fields = dict(
+        q_batch_stride=qa.strides[0], q_row_stride=q_row, q_head_stride=q_head,
+        k_batch_stride=ka.strides[0], k_row_stride=ka.strides[1], k_head_stride=ka.strides[2],
+        v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
+        o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
+        batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=sk, num_splits=num_splits,
+        seqlen_k_new=seqlen_k_new, grid_order=order, scale_log2=softmax_scale * LOG2E,
+    )
+    return lau, grid, fields
+
+
+def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out=None, lse=None,
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None):
+    """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
+
+    out [b, sq, h, d] (same dtype as q), lse [b, h, sq] float32 natural log. `tile` overrides the
+    configured tile (benchmark sweeps). KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
+    keys per batch element (plus `seqlen_k_new` appended by this call). num_splits > 1 runs the split-KV
+    kernel into fp32 partials (`scratch` = (o_accum, lse_accum), allocated here when None) and combines.
+    """
+    b, sq, h, d = qa.shape
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    check_softmax_scale(softmax_scale)
+    if out is None:
+        out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
+    if lse is None:
+        lse = _interop.empty(qa, (b, h, sq), "float32")
+    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile,
+                                      num_splits, seqlen_k_new)
+    split = num_splits > 1
+    o_accum = lse_accum = 0
+    if split:
+        kheads, rows = fields["nheads"], fields["seqlen_q"]
+        if scratch is None:
+            scratch = (_interop.empty(qa, (num_splits, b, kheads, rows, d), "float32"),
+                       _interop.empty(qa, (num_splits, b, kheads, rows), "float32"))
+        o_accum, lse_accum = (_interop.data_ptr(x) for x in scratch)
+    op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
+    stream = _interop.current_stream(qa)
+    with _interop.device_guard(qa.device):
+        lau.launch_block(grid, stream, FWD_PARAMS, FWD_PARAMS.values(
+            q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum,
+            seqlens_k=seqlens_k_ptr, **fields))
+        if split:  # flash_combine_kernel: the partials -> out, lse (the fields it reads; the others 0)
+            comb = get_launcher(combine_spec(qa.dtype, d), qa.device)
+            nrows = b * fields["nheads"] * fields["seqlen_q"]
+            lau_fields = {n: fields[n] for n in ("o_batch_stride", "o_row_stride", "o_head_stride", "batch",
+                                                  "nheads", "seqlen_q", "seqlen_k", "num_splits")}
+            comb.launch_block((-(-nrows // (comb.threads // 32)), 1, 1), stream, FWD_PARAMS, FWD_PARAMS.values(
+                0, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum, heads_per_kv=1, **lau_fields))
+    return out, lse
+
+
+def _strides_of(x):
+    s = x.stride() if callable(getattr(x, "stride", None)) else tuple(v // x.itemsize for v in x.strides)
+    return tuple(s)
+
+
+class _FwdPlan(HostPlan):
+    """A V2 forward for one memo key (validated once): `run` allocates out and lse and launches."""
+
+    __slots__ = ("outs",)
+
+    def run(self, qp, kp, vp):
+        (out, lse), (op, lp), stream = self.outs()
+        self.launch(stream, qp, kp, vp, op, lp)
+        return out, lse
+
+
+def _make_plan(qa, ka, va, softmax_scale, causal, grid_order) -> _FwdPlan | None:
+    """The plan of validated views (out allocated contiguous); None for an empty batch or head count
+    (left to `forward`: the strides of an empty out are the array library's choice)."""
+    b, sq, h, d = qa.shape
+    if not b or not h:
+        return None
+    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
+    p = _FwdPlan(qa)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
+    p.add_launch(lau, grid)
+    p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
+    return p
+
+
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+
+
+def forward_memo(q, k, v, softmax_scale, causal, grid_order):
+    """`forward` of flash_attn_func without autograd through a memoized plan; validates on a miss only."""
+    qp, qd = desc(q)
+    kp, kd = desc(k)
+    vp, vd = desc(v)
+    plan = key = None
+    if qd is not None and kd is not None and vd is not None:
+        # the scale's type too: np.float32(0.125) == 0.125, but times LOG2E it stays a float32
+        key = (qd, kd, vd, softmax_scale, type(softmax_scale), causal, grid_order)
+        try:
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable argument: validate (and maybe fail) below
+            key = None
+    if plan is None or (qp | kp | vp) & 15:
+        qa, ka, va = check_qkv(q, k, v)
+        plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order)
+        if plan is None:
+            return forward(qa, ka, va, softmax_scale, causal, grid_order)
+        remember(_PLANS, key, plan, _MAX_PLANS)
+        qp, kp, vp = qa.ptr, ka.ptr, va.ptr
+    return plan.run(qp, kp, vp)

@@ -449,7 +449,10 @@ struct BwdSmem {
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, bool P_REGS = false, int LOAD_AT = 0,
           bool EXP_IL = false>
-__global__ void __launch_bounds__(NWARPS * 32) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
+// Launch bounds: at head dim 32 the kernels need ~130-200 registers and ptxas (NVRTC 13.5) caps some at 128 to fit
+// two blocks per SM, spilling 4-8 B; one block per SM (the second argument; 0 = no minimum) lets them keep their
+// registers. Other head dims are far above 128 and unaffected (their SASS is identical either way).
+__global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel(const __grid_constant__ BwdParams p) {
   constexpr bool QPART = PARTITION == PART_Q;
   constexpr bool P2D = PARTITION == PART_2D;
   constexpr int NT = NWARPS * 32;

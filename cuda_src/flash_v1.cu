@@ -152,6 +152,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
   constexpr int KD = D / 16;                                   // k16 steps of Q K^T
   constexpr int KN = WARP_N / 16;                              // k16 steps of P V
   constexpr int LDS = PaddedRow<D>::LDS;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // k16 steps of the split-Q S = Q K^T per loop trip: on sm_80 at most 2 (the causal head-dim-64 tile, fully
+  // unrolled, spills 8 B at 255 registers under NVRTC 13.0; the V2 forward's KUNROLL has the same sm_80 cap).
+  constexpr int U_S = KD > 2 ? 2 : KD;
+#else
+  constexpr int U_S = KD;
+#endif
   // Split-K exchange: fp32 rows padded by 8 floats, so the float2 fragment stores of a half-warp (rows g,
   // columns 2t) hit 16 distinct bank pairs; the combine step reads it back as float4 rows.
   constexpr int LDR = D + 8;
@@ -371,7 +378,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
 
           // S = Q_w K_j^T  [WARP_M, BLOCK_N]
           float s[MF][NF][4];
-          v1::gemm_abt<T, MF, NF, KD, LDS>(s, q_tile + r0 * LDS, k_smem, lane);
+          v1::gemm_abt<T, MF, NF, KD, LDS, U_S>(s, q_tile + r0 * LDS, k_smem, lane);
           if (need_mask) mask.apply(s, m0 + r0, n0, lane);
           softmax.step(s, acc, scale_log2, l_carry);
 

@@ -246,7 +246,7 @@ BWD_TILES_Q = {
 # S / dP: (block_m / 32) x (nwarps / (block_m / 32)) warps; dK / dV: (block_n / 32) x (the rest) warps, each
 # 32 KV rows x (d / that) columns; dsplit is always 1.
 BWD_TILES_2D = {
-    32: BwdTile(64, 128, 8, 1),  # k16 loops fully unrolled: 2 per trip spills 4 B under NVRTC 13.5 (sm_80, causal)
+    32: BwdTile(64, 128, 8, 1),  # k16 loops fully unrolled (2 per trip spilled 4 B under NVRTC 13.5, sm_80 causal)
     64: BwdTile(128, 128, 8, 1, 4),  # dO single-buffered (164 KB); 64 x 128: 4-9% slower
     96: BwdTile(64, 128, 8, 1, 2),
     128: BwdTile(64, 128, 8, 1, 4),  # fully unrolled k loops spill 20-90 B at 255 registers

@@ -1,4 +1,4 @@
-// cuda_src/micro/micro.cu -- instruction-level microbenchmarks (issue 6), driven by bench/bench_micro.py.
+// cuda_src/micro/micro.cu -- instruction-level microbenchmarks, driven by bench/bench_micro.py.
 //
 // Why the attention kernels look the way they do, measured one instruction at a time:
 //   mma.sync m16n8k16 (HMMA), ldmatrix (LDSM) and shared-memory bank conflicts, cp.async (LDGSTS) vs plain

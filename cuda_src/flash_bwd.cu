@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     const int n0 = n_block * BLOCK_N;
     // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
     const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
-    const int num_m = max(0, num_m_blocks - m_begin);
+    const int num_m = max(0, q_block_end<BLOCK_M>(mask, n0 + BLOCK_N, num_m_blocks) - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
     // Iteration it works on (query head within the group, Q tile) = (cur_h, cur_m), stepped without divisions.
     int cur_h = 0, cur_m = 0;
@@ -623,7 +623,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = acc[nf][e];
-            if (need_mask && mask.masked_t(n0 + wk * 16, m0, nf, e, lane)) x = -INFINITY;
+            if (need_mask) x = mask.score_t(x, n0 + wk * 16, m0, nf, e, lane);
             acc[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           }
         }
@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float x = acc[nf][e];
-              if (need_mask && mask.masked_c(m0 + r0, n0, nf, e, lane)) x = -INFINITY;
+              if (need_mask) x = mask.score_c(x, m0 + r0, n0, nf, e, lane);
               acc[nf][e] = softmax_p_from_lse(x, scale_log2, e / 2 ? lse_g8 : lse_g);
             }
           {

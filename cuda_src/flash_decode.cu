@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 
   // This split's warp tiles [tile_begin, tile_end): whole rounds of NWARPS tiles per split (attn/block.cuh).
   const int n_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
-  const BlockRange tiles = split_range(n_tiles, n_tiles, split, num_splits, NWARPS);
+  const BlockRange tiles =
+      split_range(kv_block_begin<BLOCK_N>(mask, m0), n_tiles, n_tiles, split, num_splits, NWARPS);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
 
   const bool direct = p.o_accum == nullptr;  // one split: write O (input dtype) and the LSE directly

@@ -113,9 +113,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // the last row of this Q tile are never loaded. Split-KV: this row's own KV tiles, cut into num_splits
   // contiguous ranges (empty past the end).
   int n_end = kv_block_end<BLOCK_N>(mask, m0 + BLOCK_M);
-  int n_begin = 0;
+  int n_begin = kv_block_begin<BLOCK_N>(mask, m0);
   if (SPLIT) {
-    const BlockRange r = split_range((seqlen_k + BLOCK_N - 1) / BLOCK_N, n_end, blk.split, (int)p.num_splits);
+    const BlockRange r =
+        split_range(n_begin, (seqlen_k + BLOCK_N - 1) / BLOCK_N, n_end, blk.split, (int)p.num_splits);
     n_begin = r.begin;
     n_end = r.end;
   }

@@ -221,24 +221,25 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
     // Causal: Q tiles whose last row lies above this KV tile's first key are skipped (m_begin is also the
     // first Q tile any KV tile visits, so every visited Q tile is visited by n = 0 first).
     const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
-    if (m_begin >= num_m) continue;  // (never: the last query row sees every key)
+    const int m_end = q_block_end<BLOCK_M>(mask, n0 + BLOCK_N, num_m);
+    if (m_begin >= m_end) continue;  // (never without a window: the last query row sees every key)
     __syncthreads();  // every warp is done with K_{j-1}, V_{j-1} and both Q stages before they are refilled
     load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid);
     load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid);
     load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m_begin * BLOCK_M, seqlen_q, tid);
     cp_async_commit();
 
-    for (int mb = m_begin, stage = 0; mb < num_m; ++mb, stage ^= 1) {  // inner loop: Q tile i = mb
+    for (int mb = m_begin, stage = 0; mb < m_end; ++mb, stage ^= 1) {  // inner loop: Q tile i = mb
       cp_async_wait<0>();  // Q_i (and, on the first step, K_j and V_j) has landed for this thread ...
       __syncthreads();     // ... for all threads; every warp is done with stage^1 and with the exchange buffers
-      if (mb + 1 < num_m) {
+      if (mb + 1 < m_end) {
         load_tile_async<BLOCK_M, D, NT>(q_smem + (stage ^ 1) * BLOCK_M * LDS, q_ptr, p.q_row_stride,
                                         (mb + 1) * BLOCK_M, seqlen_q, tid);
         cp_async_commit();
       }
       const T* q_tile = q_smem + stage * BLOCK_M * LDS;  // [BLOCK_M][LDS]
       const int m0 = mb * BLOCK_M;
-      const bool first = n == 0;  // first visit: O_i, m_i, l_i are the initial 0, -inf, 0 (not read)
+      const bool first = n == kv_block_begin<BLOCK_N>(mask, m0);  // O_i, m_i, l_i: the initial 0, -inf, 0 (not read)
       // The last KV tile that visits this Q tile writes the final O_i (input dtype) and LSE.
       const bool last = n == kv_block_end<BLOCK_N>(mask, m0 + BLOCK_M) - 1;
       // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
     const int n0 = n_block * BLOCK_N;
     // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
     const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
-    const int num_mv = max(0, num_m - m_begin);
+    const int num_mv = max(0, q_block_end<BLOCK_M>(mask, n0 + BLOCK_N, num_m) - m_begin);
     const int total = group * num_mv;  // inner iterations: (query head of the group, Q tile)
 
     float acc_dk[DFO][4], acc_dv[DFO][4];
@@ -577,7 +578,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
         for (int nf = 0; nf < NFQ; ++nf)
 #pragma unroll
           for (int e = 0; e < 4; ++e)  // rows of S^T are keys, columns are queries
-            if (mask.masked_t(n0 + warp * 16, m0, nf, e, lane)) acc[0][nf][e] = -INFINITY;
+            acc[0][nf][e] = mask.score_t(acc[0][nf][e], n0 + warp * 16, m0, nf, e, lane);
       }
 #pragma unroll
       for (int nf = 0; nf < NFQ; ++nf) {

@@ -47,6 +47,11 @@ struct Mask {
   // fragment offsets against two registers.
   __device__ __forceinline__ Mask local(int i0, int j0) const { return Mask(seqlen_k - j0, diag + i0 - j0); }
 
+  // The score a kernel keeps for row i, key j: -inf where hidden, else s. Every kernel's masking goes through
+  // here (on the tiles where needs_mask() holds), so a modifier of the score's value (ALiBi, softcap) is written
+  // here once -- together with making needs_mask() true on the tiles it changes.
+  __device__ __forceinline__ float score(float s, int i, int j) const { return masked(i, j) ? -INFINITY : s; }
+
   // s: mma.sync C fragments of rows row0 + [0, 16 MF) x keys col0 + [0, 8 NF) (ptx.cuh: lane l = 4 g + t holds
   // rows g, g + 8 and columns 2t, 2t + 1 of every m16n8 block). Hidden scores -> -inf.
   template <int MF, int NF>
@@ -58,17 +63,17 @@ struct Mask {
       for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (masked(row0 + mf * 16 + g + (e / 2) * 8, col0 + nf * 8 + 2 * t + (e % 2))) s[mf][nf][e] = -INFINITY;
+          s[mf][nf][e] = score(s[mf][nf][e], row0 + mf * 16 + g + (e / 2) * 8, col0 + nf * 8 + 2 * t + (e % 2));
   }
-  // One C element of a fragment whose rows are keys and columns are query rows (the transposed products
-  // S^T = K Q^T of the backward): element e of n8 block nf, keys key0 + [0, 16), rows row0 + [0, 8 NF).
-  __device__ __forceinline__ bool masked_t(int key0, int row0, int nf, int e, int lane) const {
-    return masked(row0 + nf * 8 + 2 * (lane % 4) + (e % 2), key0 + lane / 4 + (e / 2) * 8);
+  // score() of one C element of a fragment whose rows are keys and columns are query rows (the transposed
+  // products S^T = K Q^T of the backward): element e of n8 block nf, keys key0 + [0, 16), rows row0 + [0, 8 NF).
+  __device__ __forceinline__ float score_t(float s, int key0, int row0, int nf, int e, int lane) const {
+    return score(s, row0 + nf * 8 + 2 * (lane % 4) + (e % 2), key0 + lane / 4 + (e / 2) * 8);
   }
-  // One C element of a fragment in the usual orientation (rows = queries), for loops that fold the mask
-  // into another per-element pass: element e of n8 block nf, rows row0 + [0, 16), keys col0 + [0, 8 NF).
-  __device__ __forceinline__ bool masked_c(int row0, int col0, int nf, int e, int lane) const {
-    return masked(row0 + lane / 4 + (e / 2) * 8, col0 + nf * 8 + 2 * (lane % 4) + (e % 2));
+  // score() of one C element of a fragment in the usual orientation (rows = queries), for loops that fold the
+  // mask into another per-element pass: element e of n8 block nf, rows row0 + [0, 16), keys col0 + [0, 8 NF).
+  __device__ __forceinline__ float score_c(float s, int row0, int col0, int nf, int e, int lane) const {
+    return score(s, row0 + lane / 4 + (e / 2) * 8, col0 + nf * 8 + 2 * (lane % 4) + (e % 2));
   }
 };
 

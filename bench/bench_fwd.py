@@ -59,7 +59,7 @@ def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS
                 q, k, v = _inputs(b, s, h, d, dtype)
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # SDPA's [b, h, s, d]
                 for causal in (False, True):
-                    fns = {"cuflash": lambda: cuflash.flash_attn_func(q, k, v, causal=causal)}
+                    fns = {"cuflash": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm80")}
                     fns.update({prov: (lambda fn=sdpa(prov): fn(qt, kt, vt, causal)) for prov in providers})
                     for name, (ms, per) in time_rounds(fns, rounds).items():
                         extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
@@ -75,6 +75,61 @@ def fa2_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS
                     print(_line(recs[-(len(fns) + bool(naive and dtype in naive)):]))
                 del q, k, v, qt, kt, vt
                 gc.collect()
+    return recs
+
+
+WGMMA_ANCHOR_TFLOPS = 972.0  # shared/ANCHORS.md: a wgmma m64n128k16 loop (low-entropy operands), H200
+HOPPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _hopper_points(dtypes, headdims, seqlens, extra):
+    """(dtype, batch, seqlen, heads, kv heads, head dim) of the Hopper grid: the FA2 grid, plus batch 1 x 64k,
+    and GQA 64 query / 8 KV heads at 8k (head dim 128)."""
+    pts = [(dt, TOKENS // s, s, HIDDEN // d, HIDDEN // d, d) for dt in dtypes for d in headdims for s in seqlens]
+    if extra:
+        pts += [(dt, 1, 65536, HIDDEN // d, HIDDEN // d, d) for dt in dtypes for d in headdims if d <= 128]
+        pts += [(dt, 2, 8192, 64, 8, 128) for dt in dtypes]
+    return pts
+
+
+def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens=HOPPER_SEQLENS, rounds=3,
+                extra=True, providers=("flash", "cudnn"), ceiling_tflops=None):
+    """The Hopper forward next to the mma.sync forward and SDPA's FLASH and CUDNN backends, timed in turn
+    (`rounds` rounds, medians): the FA2 grid (batch x seqlen = 16k, hidden 2048) from 512 to 16k at head dims
+    64, 128, 256, plus 1 x 64k and GQA 64/8 heads at 8k. Every cuflash record names its backend and carries
+    its fraction of the wgmma ceiling (`ceiling_tflops`: measured by micro90 in the same call when given, else
+    the anchor)."""
+    import torch
+
+    import cuflash
+
+    ceiling = ceiling_tflops or WGMMA_ANCHOR_TFLOPS
+    recs = []
+    for dtype, b, s, h, hk, d in _hopper_points(dtypes, headdims, seqlens, extra):
+        dt = getattr(torch, dtype)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        gqa = h != hk
+        for causal in (False, True):
+            fns = {f"cuflash-{be}": (lambda be=be: cuflash.flash_attn_func(q, k, v, causal=causal, backend=be))
+                   for be in ("sm90", "sm80")}
+            for prov in providers:
+                fn = sdpa(prov)
+                fns[prov] = lambda fn=fn: fn(qt, kt, vt, causal, enable_gqa=gqa)
+            for name, (ms, per) in time_rounds(fns, rounds).items():
+                if name.startswith("cuflash"):
+                    be = name.split("-")[1]
+                    r = record("cuflash", f"v2-{be}", "fwd", dtype, b, h, s, s, d, causal, ms, backend=be,
+                               rounds=rounds, round_ms=per, kv_heads=hk, wgmma_ceiling_tflops=ceiling)
+                    r["wgmma_fraction"] = r["tflops"] / ceiling if r["tflops"] else None
+                else:
+                    r = record(name, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per,
+                               kv_heads=hk)
+                recs.append(r)
+            print(_line(recs[-len(fns):]) + (f" (GQA {h}/{hk})" if gqa else ""), flush=True)
+        del q, k, v, qt, kt, vt
+        gc.collect()
     return recs
 
 
@@ -237,11 +292,17 @@ def small_latency():
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     recs = []
     for causal in (False, True):
-        us = host_us_per_call(lambda: cuflash.flash_attn_func(q, k, v, causal=causal))
-        recs.append(record("cuflash", "v2", "latency", "float16", 1, 8, 128, 128, 64, causal, us / 1e3, us_per_call=us))
+        for be in ("sm80", "sm90"):
+            try:
+                us = host_us_per_call(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend=be))
+            except ValueError:  # no sm_90 GPU
+                continue
+            recs.append(record("cuflash", f"v2-{be}", "latency", "float16", 1, 8, 128, 128, 64, causal, us / 1e3,
+                               backend=be, us_per_call=us))
         for prov in SDPA_PROVIDERS:
             fn = sdpa(prov)
             us = host_us_per_call(lambda: fn(qt, kt, vt, causal))
             recs.append(record(prov, "sdpa", "latency", "float16", 1, 8, 128, 128, 64, causal, us / 1e3, us_per_call=us))
-        print("latency causal=%s: " % causal + " ".join(f"{r['provider']}={r['us_per_call']:.1f}us" for r in recs[-4:]))
+        print("latency causal=%s: " % causal + " ".join(f"{r['provider']}/{r.get('backend', 'sdpa')}="
+                                                    f"{r['us_per_call']:.1f}us" for r in recs if r["causal"] == causal))
     return recs

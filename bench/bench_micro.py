@@ -763,9 +763,10 @@ def bench_atomics(ctx, recs):
 
 
 # --------------------------------------------------------------------------------------- SASS records
-def _attach_sass(recs, sass):
-    """r["sass"] = sass_check(...) of the kernel the record timed, or "unavailable" (reason in "sass_note");
-    r["ptxas"] = its registers / stack / spills from the same offline compile."""
+def _attach_sass(recs, sass, check=None):
+    """r["sass"] = sass_check(...) of the kernel the record timed (or check(info, expect): another suite's
+    checker), or "unavailable" (reason in "sass_note"); r["ptxas"] = its registers / stack / spills from the same
+    offline compile."""
     kernels = (sass or {}).get("kernels", {})
     status = (sass or {}).get("status", "unavailable")
     for r in recs:
@@ -780,7 +781,7 @@ def _attach_sass(recs, sass):
             r["sass"] = "unavailable"
             r["sass_note"] = status if status != "ok" else "kernel not in the disassembly"
         else:
-            r["sass"] = sass_check(info["opcodes"], expect or ())
+            r["sass"] = check(info, expect) if check else sass_check(info["opcodes"], expect or ())
 
 
 def _count_records(sass):

@@ -119,13 +119,21 @@ def sdpa(provider: str):
 
 def backend_of(algo) -> str:
     """The kernel path of a cuflash record, from its algo label: "v1" (FlashAttention-1 kernels), "decode" (the
-    dedicated decode kernel), "sm80" (the mma.sync kernels: V2 forward and backward, the split-KV forward)."""
+    dedicated decode kernel), "sm90" (the Hopper forward: an algo label naming it), "sm80" (the mma.sync kernels:
+    V2 forward and backward, the split-KV forward)."""
     a = str(algo or "")
     if a.startswith("v1"):
         return "v1"
+    if "sm90" in a:
+        return "sm90"
     if a.startswith("decode"):
         return "decode"
     return "sm80"
+
+
+# While bench.run runs a suite, every record made is also kept here, so that a suite stopped part-way (a time limit's
+# SIGTERM) still leaves the points it measured (bench.run.run_suites saves them, marked partial).
+LIVE: list | None = None
 
 
 def record(provider, algo, mode, dtype, batch, heads, seqlen_q, seqlen_k, headdim, causal, ms, backend=None, **extra):
@@ -136,6 +144,8 @@ def record(provider, algo, mode, dtype, batch, heads, seqlen_q, seqlen_k, headdi
     if provider == "cuflash" or backend is not None:
         r["backend"] = backend or backend_of(algo)
     r.update(extra)
+    if LIVE is not None:
+        LIVE.append(r)
     return r
 
 

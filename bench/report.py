@@ -141,11 +141,16 @@ def latency_table(records, section="latency"):
     rs = _sec(records, section)
     if not rs:
         return ""
-    provs = [p for p in ("cuflash", "flash", "cudnn", "efficient") if any(r["provider"] == p for r in rs)]
-    names = {"cuflash": "cuflash", "flash": "SDPA flash", "cudnn": "SDPA cudnn", "efficient": "SDPA efficient"}
+
+    def key(r):
+        return f"cuflash-{r['backend']}" if r["provider"] == "cuflash" and r.get("backend") else r["provider"]
+
+    names = {"cuflash": "cuflash", "cuflash-sm80": "cuflash sm80", "cuflash-sm90": "cuflash sm90",
+             "flash": "SDPA flash", "cudnn": "SDPA cudnn", "efficient": "SDPA efficient"}
+    provs = [p for p in names if any(key(r) == p for r in rs)]
     lines = ["| causal | " + " | ".join(names[p] for p in provs) + " |", "|" + "---|" * (1 + len(provs))]
     for causal in sorted({r["causal"] for r in rs}):
-        us = {r["provider"]: r.get("us_per_call") for r in rs if r["causal"] == causal}
+        us = {key(r): r.get("us_per_call") for r in rs if r["causal"] == causal}
         lines.append(f"| {causal} | " + " | ".join(f"{us[p]:.1f} us" if us.get(p) else "-" for p in provs) + " |")
     return "\n".join(lines) + "\n"
 
@@ -319,6 +324,83 @@ def traffic_readme_table(records, section="traffic"):
     return "\n".join(lines) + "\n"
 
 
+def _fwd90_grid(r) -> bool:
+    """A point of the FA2 grid (batch x seqlen = 16k, all heads their own K/V) rather than an extra point."""
+    return r["batch"] * r["seqlen_q"] == 16384 and r.get("kv_heads", r["heads"]) == r["heads"]
+
+
+def hopper_table(records, section="fwd90"):
+    """The Hopper forward: per (dtype, hdim, causal) and seqlen, cuflash sm90 TFLOP/s (its ratio to cuDNN / to
+    FLASH; the sm80 kernels' ratio to cuDNN) -- the FA2 grid, then the extra points (1 x 64k, GQA)."""
+    rs = _sec(records, section, mode="fwd")
+    if not rs:
+        return ""
+
+    def cell(p):
+        s9, s8, fl, cd = (p.get(k) for k in ("sm90", "sm80", "flash", "cudnn"))
+        if s9 is None:
+            return "-"
+        r = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        return f"{s9:.0f} ({r(s9, cd)} / {r(s9, fl)}; {r(s8, cd)})"
+
+    def key_of(r):
+        return r.get("backend") if r["provider"] == "cuflash" else r["provider"]
+
+    grid = defaultdict(dict)
+    extra = defaultdict(dict)
+    for r in rs:
+        k = (r["dtype"], r["headdim"], r["causal"])
+        if _fwd90_grid(r):
+            grid[k].setdefault(r["seqlen_q"], {})[key_of(r)] = r.get("tflops")
+        else:
+            extra[k + (r["batch"], r["seqlen_q"], r["heads"], r.get("kv_heads"))][key_of(r)] = r.get("tflops")
+    seqlens = sorted({s for v in grid.values() for s in v})
+    lines = ["| dtype | hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for k in sorted(grid, key=lambda k: (k[0] != "float16", k[1], k[2])):
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cell(grid[k].get(s, {})) for s in seqlens) + " |")
+    if extra:
+        lines += ["", "| dtype | hdim | causal | batch x seqlen | heads / KV heads | cuflash sm90 (/ cuDNN / FLASH; "
+                  "sm80 / cuDNN) |", "|---|---|---|---|---|---|"]
+        for k in sorted(extra, key=lambda k: (k[0] != "float16", k[1], k[2], k[4])):
+            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} x {k[4]} | {k[5]} / {k[6]} | {cell(extra[k])} |")
+    return "\n".join(lines) + "\n"
+
+
+def hopper_ceiling_table(records, section="fwd90"):
+    """Each cuflash sm90 point as a fraction of the wgmma ceiling (min-max over seqlen, per dtype/hdim/causal)."""
+    rs = [r for r in _sec(records, section, mode="fwd") if r.get("backend") == "sm90" and r.get("wgmma_fraction")]
+    if not rs:
+        return ""
+    by = defaultdict(list)
+    for r in rs:
+        if _fwd90_grid(r):
+            by[(r["dtype"], r["headdim"], r["causal"])].append(r["wgmma_fraction"])
+    ceil = rs[0].get("wgmma_ceiling_tflops")
+    lines = [f"| dtype | hdim | causal | fraction of the wgmma ceiling ({ceil:.0f} TFLOP/s) |", "|---|---|---|---|"]
+    for k in sorted(by, key=lambda k: (k[0] != "float16", k[1], k[2])):
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {min(by[k]):.2f}-{max(by[k]):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def micro90_table(records, section="micro90"):
+    """The Hopper microbenchmarks: per (item, metric, unit), the range over the variants measured."""
+    rs = [r for r in records if r.get("section") == section and r.get("value") is not None]
+    if not rs:
+        return ""
+    by = defaultdict(list)
+    for r in rs:
+        by[(r["name"], r["metric"], r["unit"], r.get("dtype") or "")].append(r)
+    lines = ["| item | dtype | metric | measured (range over variants) | reference |", "|---|---|---|---|---|"]
+    for (name, metric, unit, dt), group in sorted(by.items()):
+        vals = [g["value"] for g in group]
+        refs = {g.get("reference_value") for g in group} - {None}
+        ref = f"{refs.pop():.4g}" if len(refs) == 1 else "-"
+        rng = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}-{max(vals):.4g}"
+        lines.append(f"| {name} | {dt or '-'} | {metric} | {rng} {unit} ({len(vals)}) | {ref} |")
+    return "\n".join(lines) + "\n"
+
+
 # The README's result blocks: <!-- results:NAME --> ... <!-- /results:NAME -->
 README_BLOCKS = {
     "fwd": lambda rs: headline_table(rs, "fwd", "fwd"),
@@ -331,6 +413,9 @@ README_BLOCKS = {
     "memory": memory_table,
     "decode": decode_table,
     "micro": micro_table,
+    "fwd90": hopper_table,
+    "fwd90_ceiling": hopper_ceiling_table,
+    "micro90": micro90_table,
     "ladder": ladder_tables,
     "traffic": traffic_readme_table,
 }
@@ -489,6 +574,16 @@ def markdown(head, records) -> str:
     parts.append(simple_table(records, "ceilings", ["algo", "ms", "tb_per_s", "tflops"], "Ceilings measured in this run"))
     parts.append(grid_table(records, "fwd", sections=("fwd",), title="Forward, FlashAttention-2 grid (batch x seqlen = "
                             "16k, hidden 2048), cuflash / FLASH / cuDNN timed in turn, medians of the rounds (suite fwd)"))
+    h90 = hopper_table(records)
+    if h90:
+        parts.append("### Forward on Hopper (suite fwd90): cuflash sm90 TFLOP/s (sm90 / cuDNN / sm90 / FLASH; sm80 / "
+                     "cuDNN), the four timed in turn, medians of the rounds\n\n" + h90)
+        parts.append(hopper_ceiling_table(records))
+    parts.append(grid_table(records, "fwd", sections=("fwd90",), title="Forward on Hopper, every provider (suite fwd90; "
+                            "FA2-grid points and the extra points of the same seqlen share a column)"))
+    m90 = micro90_table(records)
+    if m90:
+        parts.append("### Hopper microbenchmarks (suite micro90)\n\n" + m90)
     parts.append(grid_table(records, "fwd", sections=("fwd_single",), title="Forward, FlashAttention-2 grid, one call "
                             "per timing, with EFFICIENT and the naive baseline (suite fwd_single)"))
     parts.append(grid_table(records, "bwd", sections=("bwd",), title="Backward, FlashAttention-2 grid, default dQ "
@@ -504,7 +599,7 @@ def markdown(head, records) -> str:
     if tiles:
         parts.append(BWD_TILE_LEGEND + "\n")
         parts += [bwd_sweep_table(records, sec) for sec in tiles]
-    parts.append(simple_table(records, "latency", ["provider", "causal", "us_per_call"],
+    parts.append(simple_table(records, "latency", ["provider", "backend", "causal", "us_per_call"],
                               "Per-call latency from Python (batch 1, 8 heads, 128 tokens, hdim 64)"))
     parts.append(simple_table(records, "grid_order", ["headdim", "seqlen_q", "causal", "grid_order", "ms", "tflops"],
                               "Grid order: Q tile in grid x vs (batch, head) in grid x"))

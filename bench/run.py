@@ -5,6 +5,7 @@ one runs. results.json is rewritten after every suite, so a run cut short keeps 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,8 +49,18 @@ def gpu_tests(out_dir, paths="tests"):
     return rc
 
 
+class _Stopped(Exception):
+    """SIGTERM (a time limit) while a suite runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Stopped()
+
+
 def run_suites(names, out_dir, options=None, head=None, records=None):
-    """Run the suites `names` in order; records filed under the suite's name. Returns (header, records)."""
+    """Run the suites `names` in order; records filed under the suite's name. Returns (header, records).
+    results.json is saved after every suite; on SIGTERM the records the running suite had made so far are saved
+    (header `suite_status`: "stopped") and the run ends."""
     from . import harness
     from .suites import SUITES
 
@@ -61,22 +72,36 @@ def run_suites(names, out_dir, options=None, head=None, records=None):
             traceback.print_exc()
             head = dict(header_error=traceback.format_exc(limit=1)[-500:])
     records = records if records is not None else []
-    for name in names:
-        t1 = time.time()
-        print(f"== {name}", flush=True)
-        try:
-            recs = SUITES[name].run(**options)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for name in names:
+            t1 = time.time()
+            print(f"== {name}", flush=True)
+            harness.LIVE = []
+            status = "done"
+            try:
+                recs = SUITES[name].run(**options)
+            except _Stopped:
+                recs, status = list(harness.LIVE), "stopped"
+                print(f"== {name} stopped (SIGTERM) after {len(recs)} records", flush=True)
+            except Exception:  # noqa: BLE001 - one broken suite must not lose the others
+                traceback.print_exc()
+                recs = [dict(provider="error", error=traceback.format_exc()[-2000:])]
+            finally:
+                harness.LIVE = None
             for r in recs:
                 r.setdefault("section", name)
             records += recs
-        except Exception:  # noqa: BLE001 - one broken suite must not lose the others
-            traceback.print_exc()
-            records.append(dict(section=name, provider="error", error=traceback.format_exc()[-2000:]))
-        dt = time.time() - t1
-        head.setdefault("suite_seconds", {})[name] = round(dt, 1)
-        print(f"== {name} done in {dt:.0f}s", flush=True)
-        if out_dir:
-            harness.save(os.path.join(out_dir, "results.json"), head, records)
+            dt = time.time() - t1
+            head.setdefault("suite_seconds", {})[name] = round(dt, 1)
+            head.setdefault("suite_status", {})[name] = status
+            print(f"== {name} {status} in {dt:.0f}s", flush=True)
+            if out_dir:
+                harness.save(os.path.join(out_dir, "results.json"), head, records)
+            if status == "stopped":
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return head, records
 
 

@@ -50,6 +50,9 @@ SUITES = {s.name: s for s in (
           "forward on the FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048, hdim 64/128, causal or not, "
           "fp16/bf16), cuflash, SDPA FLASH and cuDNN timed in turn, medians of 3 rounds",
           dict(seqlens=GRID, naive=(), rounds=3, providers=("flash", "cudnn"))),
+    Suite("fwd90", "bench_fwd", "hopper_grid", 7.0,
+          "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
+          "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k"),
     Suite("fwd_single", "bench_fwd", "fa2_grid", 2.0,
           "the forward grid from 512, one call per timing, with SDPA EFFICIENT and the naive baseline (fp16)"),
     Suite("grid_order", "bench_fwd", "grid_order", 0.3, "forward grid order: Q tile in grid x vs (batch, head) in grid x"),
@@ -81,15 +84,18 @@ SUITES = {s.name: s for s in (
     Suite("decode_big_gqa", "bench_decode", "decode_big_gqa", 0.3,
           "the large GQA/MQA decoding cases with SDPA FLASH's native GQA"),
     Suite("micro", "bench_micro", "micro", 1.5, "instruction-level microbenchmarks (cuda_src/micro/micro.cu)"),
+    Suite("micro90", "bench_micro_sm90", "micro90", 0.3,
+          "Hopper instruction microbenchmarks (cuda_src/micro/micro_sm90.cu, sm_90a): wgmma ss/rs, TMA, mbarrier"),
     Suite("ladder", "bench_v1", "v1_ladder", 2.0,
           "the V1 -> V2 ladder: time, error against float64 and counted traffic of every rung"),
     Suite("traffic", "bench_traffic", "traffic", 2.0,
           "measured (Nsight Compute) vs counted device-memory traffic of the ladder's rungs"),
 )}
 
-# `python -m bench all` without --suites: what reproduces the headline tables in about 10 minutes
-# together with the GPU tests (about 2 minutes)
-DEFAULT_ALL = ("ceilings", "fwd", "bwd", "latency")
+# `python -m bench all` without --suites: the forward headline (Hopper and mma.sync kernels next to SDPA), latency
+# and the Hopper microbenchmarks, about 7 minutes, with the GPU tests (about 3 minutes) inside one 10-minute run;
+# the backward (suite bwd, about 5 minutes) and decoding (decode) are runs of their own
+DEFAULT_ALL = ("ceilings", "fwd90", "latency", "micro90")
 
 
 def resolve_list(text: str | None) -> list[str]:

@@ -45,26 +45,6 @@
 
 namespace cuflash {
 
-// Block coordinates from the grid, in either grid order (see FwdParams::grid_order).
-struct FwdBlock {
-  int m_block, head, batch, split;
-};
-__device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num_m_blocks, uint3 bid) {
-  FwdBlock c;
-  if (p.grid_order == 0) {  // x: Q tile (heaviest causal tiles first), y: head, z: batch * splits
-    c.m_block = num_m_blocks - 1 - (int)bid.x;
-    c.head = bid.y;
-    c.batch = bid.z / p.num_splits;
-    c.split = bid.z % p.num_splits;
-  } else {  // x: (batch, head), y: Q tile, z: split
-    c.m_block = num_m_blocks - 1 - (int)bid.y;
-    c.head = bid.x % p.nheads;
-    c.batch = bid.x / p.nheads;
-    c.split = bid.z;
-  }
-  return c;
-}
-
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
           int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {

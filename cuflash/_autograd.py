@@ -22,7 +22,7 @@ def _grad_view(x, like, name):
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                warp_partition="auto"):
+                warp_partition="auto", backend="auto"):
         qa, ka, va = check_qkv(q, k, v)
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
             from .v1 import forward as v1_forward
@@ -30,7 +30,7 @@ class FlashAttnFunction(torch.autograd.Function):
             out, lse, m, l = v1_forward(qa, ka, va, softmax_scale, causal)
             ctx.save_for_backward(q, k, v, out, lse, m, l)
         else:
-            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order)
+            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend)
             ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
         ctx.mark_non_differentiable(lse)
@@ -42,7 +42,7 @@ class FlashAttnFunction(torch.autograd.Function):
         q, k, v, out, lse, *ml = ctx.saved_tensors
         softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
         if dout is None:  # only the LSE was used: no gradient flows (set_materialize_grads(False))
-            return None, None, None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None, None, None
         if algorithm == "v1":
             from .v1 import backward as v1_backward
 
@@ -58,10 +58,10 @@ class FlashAttnFunction(torch.autograd.Function):
                 if dout.is_contiguous():
                     raise
                 dq, dk, dv = backward_memo(dout.contiguous(), *args)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                        warp_partition="auto"):
+                        warp_partition="auto", backend="auto"):
     return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                                   warp_partition)
+                                   warp_partition, backend)

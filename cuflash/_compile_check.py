@@ -39,6 +39,7 @@ class Task(NamedTuple):
     name: str
     arch: int
     nvrtc: str | None = None
+    suffix: str = ""  # "a": the arch-specific target sm_<arch>a (cuflash._launch.KernelSpec.arch_suffix)
 
 
 def tasks(specs=None, archs=ARCHS, nvrtc=None) -> list:
@@ -51,8 +52,9 @@ def tasks(specs=None, archs=ARCHS, nvrtc=None) -> list:
     out = {}
     for arch in archs:
         for s in specs:
-            if getattr(s, "min_arch", 0) <= arch:
-                out.setdefault(Task(s.filename, s.name, arch, nvrtc), None)
+            suffix = getattr(s, "arch_suffix", "")
+            if getattr(s, "min_arch", 0) <= arch and (not suffix or s.min_arch == arch):
+                out.setdefault(Task(s.filename, s.name, arch, nvrtc, suffix), None)
     return list(out)
 
 
@@ -94,10 +96,10 @@ def _worker_main() -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        filename, name, arch = json.loads(line)
+        filename, name, arch, suffix = json.loads(line)
         t = time.process_time()
         try:
-            info = compile_offline(filename, [name], arch)["kernels"][name]
+            info = compile_offline(filename, [name], f"{arch}{suffix}")["kernels"][name]
             msg = {"info": info}
         except Exception as e:  # a compile error is a result: the test reports it with NVRTC's log
             msg = {"error": f"{type(e).__name__}: {e}"}
@@ -144,7 +146,7 @@ class _Worker:
         return line
 
     def run(self, task):
-        self.proc.stdin.write(json.dumps([task.filename, task.name, task.arch]) + "\n")
+        self.proc.stdin.write(json.dumps([task.filename, task.name, task.arch, task.suffix]) + "\n")
         return json.loads(self._readline())
 
     def close(self):
@@ -300,13 +302,20 @@ def report_with_nvrtc(libdir: str, jobs=None) -> dict:
     return {"nvrtc": p.versions[libdir], "reports": reports}
 
 
+def perf_warnings(info: dict) -> list:
+    """ptxas' C75xx warnings of one kernel: C7508 (setmaxnreg ignored: no register cap at entry), C7510 / C7515
+    and the like (wgmma serialized: the tensor cores wait for each product)."""
+    return [w for w in info.get("ptxas_warnings", ()) if "C75" in w or "Performance Loss" in w]
+
+
 def bad_kernels(report: dict) -> dict:
     """The entries of a {name: result} report that failed: compile error, no ptxas report, more than 255
-    registers, spills or local memory."""
+    registers, spills or local memory, or a ptxas performance warning (C75xx: setmaxnreg ignored, wgmma
+    serialized)."""
     bad = {}
     for name, info in report.items():
         if "error" in info or "regs" not in info or info["regs"] > 255 or info["stack"] or info["spill_st"] \
-                or info["spill_ld"]:
+                or info["spill_ld"] or perf_warnings(info):
             bad[name] = info
     return bad
 

@@ -7,6 +7,7 @@ One function per kernel family picks its tile for a (head dim, mask / partition,
 * `decode_tile(headdim)`                  the Flash-Decoding kernel (cuda_src/flash_decode.cu)
 * `bwd_tile(headdim, partition, arch, dtype)`  V2 backward (cuda_src/flash_bwd.cu): sm_80 tables, sm_90 2D tiles
 * `v1_fwd_tile(headdim, warp_split)`, `v1_bwd_tile(headdim)`  FlashAttention-1 (cuda_src/flash_v1.cu)
+* `sm90_fwd_tile(headdim, causal)`       the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
 
 The tables below are their data, each entry with the reason it was chosen. `*_spec` functions turn a tile
 into a KernelSpec (the kernel's template name expression, threads, dynamic shared memory). The kernels
@@ -113,6 +114,66 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
         f"{'true' if causal else 'false'}, {'true' if split else 'false'}, {smem}{extra}>"
     )
     return KernelSpec("flash_fwd.cu", name, tile.nwarps * 32, smem)
+
+
+# ------------------------------------------------------------------------------ Hopper forward (sm_90a)
+@dataclass(frozen=True)
+class Sm90FwdTile:
+    """Tile of the warp-specialized sm_90a forward (cuda_src/flash_fwd_sm90.cu): 1 producer warpgroup + nwg
+    consumer warpgroups of 64 query rows each (block_m = 64 nwg), block_n keys per K/V stage."""
+
+    block_n: int
+    nwg: int
+    stages: int = 2
+    regs_mma: int = 240  # setmaxnreg budgets: 128 (regs_load + nwg regs_mma) <= 65536
+    regs_load: int = 24
+    overlap: bool = True  # next tile's Q K^T issued with this tile's P V, softmax under it
+    pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.nwg
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.nwg + 1)
+
+
+SM90_HEADDIMS = (64, 96, 128, 256)
+# FlashAttention-3's shapes per head dim (its hopper/ tile table), read to learn: 3 consumer warpgroups at
+# d64 (registers: O is small), 2 above; 80-key stages at d256 so that Q + 2 stages of K and V fit 227 KB.
+SM90_FWD_TILES = {
+    64: Sm90FwdTile(128, 3, 2, 160, 24),
+    96: Sm90FwdTile(128, 2),
+    128: Sm90FwdTile(128, 2),
+    256: Sm90FwdTile(80, 2),
+}
+
+
+def sm90_fwd_tile(headdim: int, causal: bool) -> Sm90FwdTile:
+    """The sm_90a forward tile of a head dim (the same with and without the causal mask)."""
+    return SM90_FWD_TILES[headdim]
+
+
+def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
+    """Q + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack (the kernel's
+    Sm90FwdLayout::BYTES, static_asserted)."""
+    dp = -(-headdim // 64) * 64
+    return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
+
+
+def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None) -> KernelSpec:
+    """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only)."""
+    tile = tile or sm90_fwd_tile(headdim, causal)
+    smem = sm90_fwd_smem_bytes(headdim, tile)
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.overlap)}, {b(tile.pingpong)}, {smem}>")
+    return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
+
+
+def sm90_fwd_specs():
+    return [sm90_fwd_spec(dt, d, c) for dt in DTYPES for d in SM90_HEADDIMS for c in (False, True)]
 
 
 @dataclass(frozen=True)
@@ -492,4 +553,5 @@ def all_specs():
         specs.append(softmax_spec(dt))
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
+    specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     return specs

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from . import _interop
-from ._configs import auto_grid_order, combine_spec, fwd_spec, fwd_tile, split_tile
+from ._configs import combine_spec, fwd_spec, fwd_tile, split_tile
+from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, resolve_grid_order  # noqa: F401
 from ._interop import desc
 from ._launch import get_launcher
 from ._params import FWD_PARAMS
@@ -21,27 +22,6 @@ from ._plan import HostPlan, remember
 from ._validate import check_qkv, check_softmax_scale
 
 LOG2E = math.log2(math.e)
-GRID_ORDERS = {"qtile": 0, "bh": 1}
-GRID_ORDER_CHOICES = ("auto", *GRID_ORDERS)
-_MAX_GRID_YZ = 65535
-
-
-def resolve_grid_order(grid_order: str, causal: bool, rows: int, headdim: int = 128) -> str:
-    """The grid order a launch uses: "auto" -> cuflash._configs.auto_grid_order ("bh" for causal problems of >=
-    AUTO_BH_MIN_ROWS query rows at a head dim in AUTO_BH_HEADDIMS, else "qtile"); an explicit order is kept."""
-    if grid_order != "auto":
-        return grid_order
-    return auto_grid_order(causal, rows, headdim)
-
-
-def _grid(order: int, m_blocks: int, nheads: int, batch: int, splits: int):
-    if order == 0 and nheads <= _MAX_GRID_YZ and batch * splits <= _MAX_GRID_YZ:
-        return 0, (m_blocks, nheads, batch * splits)
-    if m_blocks > _MAX_GRID_YZ or splits > _MAX_GRID_YZ:
-        raise ValueError(f"problem too large for the grid: {m_blocks} Q tiles, {splits} splits")
-    return 1, (batch * nheads, m_blocks, splits)
-
-
 def fold_gqa_rows(qa, hk: int):
     """Decoding with GQA/MQA (seqlen_q == 1): the G = h / hk query heads that share a KV head become G
     rows of one Q tile, so each K/V byte is read once per KV head. Pure stride arithmetic, no copy:
@@ -89,14 +69,22 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out=None, lse=None,
-            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None):
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80"):
     """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
+
+    backend: "sm80" (the mma.sync kernels, every option below), "sm90" or "auto" (cuflash._fwd_sm90: the Hopper
+    kernels where the device and the inputs allow; only for a plain forward -- no tile, KV cache or splits).
 
     out [b, sq, h, d] (same dtype as q), lse [b, h, sq] float32 natural log. `tile` overrides the
     configured tile (benchmark sweeps). KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
     keys per batch element (plus `seqlen_k_new` appended by this call). num_splits > 1 runs the split-KV
     kernel into fp32 partials (`scratch` = (o_accum, lse_accum), allocated here when None) and combines.
     """
+    if backend != "sm80" and tile is None and not seqlens_k_ptr and num_splits == 1:
+        from . import _fwd_sm90
+
+        if _fwd_sm90.resolve_backend(backend, qa, ka, va) == "sm90":
+            return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse)
     b, sq, h, d = qa.shape
     if softmax_scale is None:
         softmax_scale = d ** -0.5
@@ -131,11 +119,6 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     return out, lse
 
 
-def _strides_of(x):
-    s = x.stride() if callable(getattr(x, "stride", None)) else tuple(v // x.itemsize for v in x.strides)
-    return tuple(s)
-
-
 class _FwdPlan(HostPlan):
     """A V2 forward for one memo key (validated once): `run` allocates out and lse and launches."""
 
@@ -147,12 +130,18 @@ class _FwdPlan(HostPlan):
         return out, lse
 
 
-def _make_plan(qa, ka, va, softmax_scale, causal, grid_order) -> _FwdPlan | None:
-    """The plan of validated views (out allocated contiguous); None for an empty batch or head count
-    (left to `forward`: the strides of an empty out are the array library's choice)."""
+def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80"):
+    """The plan of validated views (out allocated contiguous): an sm90 plan where `backend` resolves to it
+    (cuflash._fwd_sm90), else a _FwdPlan; None for an empty batch or head count (left to `forward`: the strides
+    of an empty out are the array library's choice)."""
     b, sq, h, d = qa.shape
     if not b or not h:
         return None
+    if backend != "sm80":
+        from . import _fwd_sm90
+
+        if _fwd_sm90.resolve_backend(backend, qa, ka, va) == "sm90":
+            return _fwd_sm90.make_plan(qa, ka, va, softmax_scale, causal, grid_order)
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
     p = _FwdPlan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
@@ -165,7 +154,7 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def forward_memo(q, k, v, softmax_scale, causal, grid_order):
+def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto"):
     """`forward` of flash_attn_func without autograd through a memoized plan; validates on a miss only."""
     qp, qd = desc(q)
     kp, kd = desc(k)
@@ -173,16 +162,16 @@ def forward_memo(q, k, v, softmax_scale, causal, grid_order):
     plan = key = None
     if qd is not None and kd is not None and vd is not None:
         # the scale's type too: np.float32(0.125) == 0.125, but times LOG2E it stays a float32
-        key = (qd, kd, vd, softmax_scale, type(softmax_scale), causal, grid_order)
+        key = (qd, kd, vd, softmax_scale, type(softmax_scale), causal, grid_order, backend)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and maybe fail) below
             key = None
     if plan is None or (qp | kp | vp) & 15:
         qa, ka, va = check_qkv(q, k, v)
-        plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order)
+        plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend)
         if plan is None:
-            return forward(qa, ka, va, softmax_scale, causal, grid_order)
+            return forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kp, vp = qa.ptr, ka.ptr, va.ptr
     return plan.run(qp, kp, vp)

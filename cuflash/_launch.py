@@ -49,6 +49,7 @@ class KernelSpec:
     threads: int
     smem: int  # dynamic shared memory bytes
     min_arch: int = 80  # the oldest sm_<arch> it compiles for (90: sm_90-only PTX or more than sm_80's smem)
+    arch_suffix: str = ""  # "a": compiled for sm_<min_arch>a exactly (wgmma, setmaxnreg), runs on that arch only
 
 
 class Launcher:
@@ -59,7 +60,7 @@ class Launcher:
     def __init__(self, spec: KernelSpec, device_id: int):
         from . import _loader
 
-        raw = _loader.get_function(spec.filename, spec.name, device_id)
+        raw = _loader.get_function(spec.filename, spec.name, device_id, spec.arch_suffix)
         if spec.smem > 48 * 1024:  # opt in to more than 48 KB of dynamic shared memory
             raw.max_dynamic_shared_size_bytes = spec.smem
         self.raw = raw

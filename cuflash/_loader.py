@@ -92,9 +92,10 @@ def device_cc(device_id: int) -> int:
     return cc
 
 
-def get_function(filename: str, name_expression: str, device_id: int):
-    """The cupy.RawKernel for one template instantiation, compiled for `device_id`'s arch (memoized)."""
-    key = (filename, name_expression, device_id)
+def get_function(filename: str, name_expression: str, device_id: int, arch_suffix: str = ""):
+    """The kernel for one template instantiation, compiled for `device_id`'s arch (memoized): a cupy.RawKernel,
+    or with arch_suffix ("a": sm_90a's wgmma and setmaxnreg) a _CubinKernel compiled for exactly that target."""
+    key = (filename, name_expression, device_id, arch_suffix)
     fn = _modules.get(key)
     if fn is not None:
         return fn
@@ -103,16 +104,19 @@ def get_function(filename: str, name_expression: str, device_id: int):
     with _lock:
         fn = _modules.get(key)
         if fn is None:
-            device_cc(device_id)
+            cc = device_cc(device_id)
             with cupy.cuda.Device(device_id):
-                mod = cupy.RawModule(
-                    code=assemble(filename), options=NVRTC_OPTIONS, name_expressions=(name_expression,)
-                )
-                try:
-                    fn = mod.get_function(name_expression)
-                    fn.kernel  # force compile + load now, so errors carry the NVRTC log here
-                except cupy.cuda.compiler.CompileException as e:
-                    raise RuntimeError(f"cuflash: NVRTC failed on {filename} [{name_expression}]:\n{e}") from e
+                if arch_suffix:
+                    fn = _CubinKernel.build(filename, name_expression, cc, arch_suffix)
+                else:
+                    mod = cupy.RawModule(
+                        code=assemble(filename), options=NVRTC_OPTIONS, name_expressions=(name_expression,)
+                    )
+                    try:
+                        fn = mod.get_function(name_expression)
+                        fn.kernel  # force compile + load now, so errors carry the NVRTC log here
+                    except cupy.cuda.compiler.CompileException as e:
+                        raise RuntimeError(f"cuflash: NVRTC failed on {filename} [{name_expression}]:\n{e}") from e
             if fn.local_size_bytes:  # register spills: correct, but slower than the configuration was tuned for
                 from cupy.cuda import nvrtc
 
@@ -121,6 +125,79 @@ def get_function(filename: str, name_expression: str, device_id: int):
                               f"register spills, expect it to run slower than measured", RuntimeWarning, stacklevel=2)
             _modules[key] = fn
     return fn
+
+
+def cache_dir() -> Path:
+    """Where arch-specific cubins are kept between processes: $CUFLASH_CACHE_DIR, else ~/.cache/cuflash."""
+    d = os.environ.get("CUFLASH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuflash")
+    return Path(d)
+
+
+class _CubinKernel:
+    """A kernel compiled by NVRTC for one exact target (sm_90a) and loaded from its cubin.
+
+    CuPy's RawModule appends its own -arch option (sm_90 for an sm_90 device), which cannot hold sm_90a
+    instructions, so these kernels are compiled here, with the offline path's options, and cached on disk
+    (cache_dir(), keyed by the source text, options and NVRTC version). Offers what Launcher and the loader read
+    of a RawKernel: kernel.ptr, num_regs, local_size_bytes, max_dynamic_shared_size_bytes."""
+
+    __slots__ = ("module", "kernel", "name")
+
+    def __init__(self, cubin: bytes, lowered: str):
+        from cupy.cuda import function
+
+        self.module = function.Module()
+        self.module.load(cubin)
+        self.kernel = self.module.get_function(lowered)
+        self.name = lowered
+
+    @classmethod
+    def build(cls, filename: str, name_expression: str, cc: int, suffix: str):
+        from cupy.cuda import nvrtc
+
+        arch = f"{cc}{suffix}"
+        src = assemble(filename)
+        h = hashlib.sha256("\0".join((src, name_expression, arch, repr(NVRTC_OPTIONS),
+                                      ".".join(map(str, nvrtc.getVersion())))).encode()).hexdigest()[:32]
+        d = cache_dir()
+        cubin_p, name_p = d / f"{h}.cubin", d / f"{h}.name"
+        if cubin_p.is_file() and name_p.is_file():
+            return cls(cubin_p.read_bytes(), name_p.read_text())
+        res = compile_offline(filename, [name_expression], arch, verbose=False)
+        lowered = res["kernels"][name_expression]["lowered"]
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / f"{h}.{os.getpid()}.tmp"
+            tmp.write_bytes(res["cubin"])
+            os.replace(tmp, cubin_p)
+            tmp.write_text(lowered)
+            os.replace(tmp, name_p)
+        except OSError:  # a read-only home: compile again next time
+            pass
+        return cls(res["cubin"], lowered)
+
+    def _attr(self, attr: int) -> int:
+        from cupy.cuda import driver
+
+        return driver.funcGetAttribute(attr, self.kernel.ptr)
+
+    @property
+    def num_regs(self) -> int:
+        return self._attr(4)  # CU_FUNC_ATTRIBUTE_NUM_REGS
+
+    @property
+    def local_size_bytes(self) -> int:
+        return self._attr(3)  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._attr(8)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        from cupy.cuda import driver
+
+        driver.funcSetAttribute(self.kernel.ptr, 8, value)
 
 
 # ------------------------------------------------------------------------------------- offline (no GPU)
@@ -136,25 +213,33 @@ def _include_dirs() -> list:
                     dirs.append(d)
     except ImportError:
         pass
-    for d in (os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
+    try:
+        import cupy
+
+        cupy_cuda = cupy.cuda.get_cuda_path() or ""
+    except Exception:  # no CuPy CUDA path: the other candidates
+        cupy_cuda = ""
+    for d in (os.environ.get("CUDA_PATH", ""), "/usr/local/cuda", cupy_cuda):
         if d and os.path.isfile(os.path.join(d, "include", "cuda_fp16.h")):
             dirs.append(os.path.join(d, "include"))
     return dirs
 
 
 _PTXAS_RE = re.compile(
-    r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\d+)'.*?"
+    r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\d+a?)'.*?"
     r"(?P<stack>\d+) bytes stack frame, (?P<spill_st>\d+) bytes spill stores, (?P<spill_ld>\d+) bytes spill loads.*?"
     r"Used (?P<regs>\d+) registers",
     re.S,
 )
 
 
-def compile_offline(filename: str, name_expressions, arch: int, extra_options=()) -> dict:
-    """Compile like the run-time path, for sm_<arch>, without a GPU; parse ptxas' resource report.
+def compile_offline(filename: str, name_expressions, arch, extra_options=(), verbose: bool = True) -> dict:
+    """Compile like the run-time path, for sm_<arch> (arch: 80, 90, or "90a" for the arch-specific target),
+    without a GPU; parse ptxas' resource report (verbose=False: no report, e.g. for the run-time cubins).
 
     Returns {"cubin": bytes, "log": str, "kernels": {name_expression: {"regs", "stack", "spill_st",
-    "spill_ld", "lowered"}}}. Raises RuntimeError with the NVRTC log on a compile error.
+    "spill_ld", "lowered", "ptxas_warnings"}}} (ptxas_warnings: ptxas' warning lines, e.g. C7508 for an ignored
+    setmaxnreg or C7510 for serialized wgmma). Raises RuntimeError with the NVRTC log on a compile error.
     """
     from cupy.cuda import nvrtc
 
@@ -163,7 +248,8 @@ def compile_offline(filename: str, name_expressions, arch: int, extra_options=()
     try:
         for ne in name_expressions:
             nvrtc.addNameExpression(prog, ne)
-        opts = list(NVRTC_OPTIONS) + ["-ftz=true", f"-arch=sm_{arch}", "-Xptxas=-v"] + list(extra_options)
+        opts = list(NVRTC_OPTIONS) + ["-ftz=true", f"-arch=sm_{arch}"] + (["-Xptxas=-v"] if verbose else [])
+        opts += list(extra_options)
         opts += [f"-I{d}" for d in _include_dirs()]
         try:
             nvrtc.compileProgram(prog, opts)
@@ -179,9 +265,14 @@ def compile_offline(filename: str, name_expressions, arch: int, extra_options=()
         m = _PTXAS_RE.search(chunk)
         if m:
             by_mangled[m.group("name")] = {k: int(m.group(k)) for k in ("regs", "stack", "spill_st", "spill_ld")}
+    # ptxas' warnings, and its "Potential Performance Loss" notes, which it prints as info lines (C7512: wgmma
+    # serialized) rather than warnings
+    warn = [ln.strip() for ln in log.splitlines()
+            if "ptxas" in ln.lower() and ("warning" in ln.lower() or "Performance Loss" in ln)]
     kernels = {}
     for ne, low in lowered.items():
         info = dict(by_mangled.get(low, {}))
         info["lowered"] = low
+        info["ptxas_warnings"] = warn  # of the whole program (the checks compile one kernel per program)
         kernels[ne] = info
     return {"cubin": cubin, "log": log, "kernels": kernels}

@@ -13,6 +13,7 @@ from typing import Any, Optional, Tuple, Union
 from ._configs import AUTO_BH_HEADDIMS, AUTO_BH_MIN_ROWS  # noqa: F401 (re-exported)
 from ._fwd import (GRID_ORDER_CHOICES, GRID_ORDERS, LOG2E, _launch_setup, _make_plan, _strides_of,  # noqa: F401
                    fold_gqa_rows, forward, forward_memo, resolve_grid_order)
+from ._fwd_sm90 import BACKENDS, check_backend  # noqa: F401 (BACKENDS re-exported)
 from ._validate import check_qkv, check_softmax_scale, check_unsupported
 from .backward import check_warp_partition
 
@@ -32,7 +33,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Any = None, deterministic: bool = False, return_attn_probs: bool = False, *,
                     algorithm: str = "v2", grid_order: str = "auto", dq_strategy: Optional[str] = None,
-                    warp_partition: str = "auto") -> Union[Any, Tuple[Any, Any, None]]:
+                    warp_partition: str = "auto", backend: str = "auto") -> Union[Any, Tuple[Any, Any, None]]:
     """Exact attention softmax(scale * Q K^T) V: flash-attn's `flash_attn_func` on torch tensors or CuPy arrays.
 
     Args:
@@ -57,6 +58,10 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         warp_partition: V2 backward warp partition: "auto" (the default: the tuned one per head dim,
             cuflash._configs.BWD_AUTO_PARTITION), "kv" (warps split the KV rows), "q" (warps split the Q rows) or
             "2d" (FlashAttention-2's 32-row warp tiles in every product, head dims 32-128).
+        backend: the V2 forward's kernels: "auto" (the default: on a compute capability 9.0 GPU the Hopper
+            kernels -- wgmma, TMA, warp specialization -- for head dims 64, 96, 128, 256 and inputs whose base and
+            strides are 16-byte aligned, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
+            saying why not), "sm80" (the mma.sync kernels, any CUDA GPU of compute capability >= 8.0).
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q (a new contiguous array of q's kind, dtype and device);
@@ -68,8 +73,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         TypeError: a non-CUDA or host array, mixed array kinds, an unsupported or mixed dtype, a non-numeric
             softmax_scale.
         ValueError: bad ranks, shapes, head dims, strides or alignment, arrays on different devices, a
-            non-positive softmax_scale, an unknown algorithm / grid_order / dq_strategy / warp_partition, a
-            problem too large for the launch grid.
+            non-positive softmax_scale, an unknown algorithm / grid_order / dq_strategy / warp_partition /
+            backend, backend="sm90" where it cannot run, a problem too large for the launch grid.
         NotImplementedError: dropout, sliding windows, softcapping or ALiBi.
     """
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
@@ -79,13 +84,16 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
     check_warp_partition(warp_partition, algorithm=algorithm)
+    check_backend(backend)
+    if backend != "auto" and algorithm != "v2":
+        raise ValueError(f"backend={backend!r} selects the V2 forward's kernels; algorithm={algorithm!r} has one path")
     if _is_torch_grad(q, k, v):
         from ._autograd import flash_attn_autograd
 
         out, lse = flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order,
-                                       dq_strategy, warp_partition)
+                                       dq_strategy, warp_partition, backend)
     elif algorithm == "v2":
-        out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order)
+        out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order, backend)
     else:
         from .v1 import forward as v1_forward
 

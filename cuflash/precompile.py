@@ -17,7 +17,7 @@ def _compile(spec):
     from . import _loader
 
     t = time.perf_counter()
-    fn = _loader.get_function(spec.filename, spec.name, 0)
+    fn = _loader.get_function(spec.filename, spec.name, 0, spec.arch_suffix)
     return spec.name, fn.num_regs, fn.local_size_bytes, time.perf_counter() - t
 
 
@@ -27,7 +27,7 @@ def compile_specs(specs, jobs: int | None = None) -> int:
     from ._loader import device_cc
 
     arch = device_cc(0)
-    specs = [s for s in specs if s.min_arch <= arch]
+    specs = [s for s in specs if s.min_arch <= arch and (not s.arch_suffix or s.min_arch == arch)]
     jobs = jobs or os.cpu_count()
     t0 = time.perf_counter()
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:

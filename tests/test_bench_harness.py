@@ -85,7 +85,8 @@ def test_records_name_the_backend():
 def test_committed_results_name_the_backend_and_their_runs():
     data = json.loads((BENCH / "results" / "results.json").read_text())
     cu = [r for r in data["records"] if r.get("provider") == "cuflash" and r.get("kind") != "traffic_error"]
-    assert cu and all(r.get("backend") in ("sm80", "v1", "decode") for r in cu)
+    assert cu and all(r.get("backend") in ("sm80", "sm90", "v1", "decode") for r in cu)
+    assert all(r["backend"] == "sm90" for r in cu if "sm90" in str(r.get("algo")))
     runs = data["header"]["runs"]
     assert all(0 <= r["run"] < len(runs) for r in data["records"])
 
@@ -131,6 +132,34 @@ def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys)
     assert "broken suite" in recs[0]["error"] and "Traceback" in capsys.readouterr().err
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["records"]) == 2 and set(saved["header"]["suite_seconds"]) == {"t_bad", "t_ok"}
+
+
+def test_a_suite_stopped_by_sigterm_keeps_its_points(tmp_path):
+    """A time limit's SIGTERM in the middle of a suite: the records it had made are saved, marked stopped, and
+    the suites after it do not run (a real process, killed by a real signal)."""
+    script = f"""
+import sys, time, os, signal
+sys.path.insert(0, {str(ROOT)!r})
+from bench import harness, run, suites
+
+def slow():
+    for i in range(1000):
+        harness.record("cuflash", "v2-sm90", "fwd", "float16", 1, 1, 128, 128, 64, False, 1.0, backend="sm90")
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    return []
+
+suites.SUITES["t_slow"] = suites.Suite("t_slow", "harness", "x", 0, "doc")
+suites.SUITES["t_next"] = suites.Suite("t_next", "harness", "x", 0, "doc")
+suites.Suite.resolve = lambda self: slow if self.name == "t_slow" else (lambda: [dict(provider="x")])
+run.run_suites(["t_slow", "t_next"], {str(tmp_path)!r}, head={{"gpu": "test"}})
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [r["section"] for r in saved["records"]] == ["t_slow"] * 3
+    assert saved["header"]["suite_status"] == {"t_slow": "stopped"}
 
 
 @pytest.mark.parametrize("args", [["--help"], ["compare", "--help"], ["list"], ["merge", "--help"]])

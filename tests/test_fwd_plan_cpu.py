@@ -39,10 +39,13 @@ CASES = {
     "packed": ((2, 200, 8, 64), (2, 200, 8, 64), "float16", dict(packed=True)),
     "grid_fallback": ((70000, 16, 1, 32), (70000, 16, 1, 32), "float16", {}),
     "scale_float": ((1, 64, 2, 64), (1, 64, 2, 64), "float16", dict(softmax_scale=0.125)),
-    "auto_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True)),
-    "auto_long": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", {}),
-    "auto_long_causal_d64": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", dict(causal=True)),
+    "auto_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True, backend="sm80")),
+    "auto_long": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(backend="sm80")),
+    "auto_long_causal_d64": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", dict(causal=True, backend="sm80")),
+    "sm90_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True)),
     "scale_np32": ((1, 64, 2, 64), (1, 64, 2, 64), "float16", dict(softmax_scale="np32:0.125")),
+    "forced_sm80": ((2, 77, 4, 128), (2, 1000, 4, 128), "bfloat16", dict(causal=True, backend="sm80")),
+    "forced_sm90": ((2, 77, 4, 128), (2, 1000, 2, 128), "float16", dict(backend="sm90")),
 }
 
 _SCRIPT = r"""
@@ -70,7 +73,8 @@ flash.check_qkv = counting_check_qkv
 def launch_rec():
     (r,) = ho.LAUNCHES
     ho.LAUNCHES.clear()
-    return dict(name=r[0], grid=list(r[1]), threads=r[2], smem=r[3], raw=r[4][:struct.calcsize(FWD_FORMAT)].hex())
+    return dict(name=r[0], grid=list(r[1]), threads=r[2], smem=r[3], raw=r[4][:struct.calcsize(FWD_FORMAT)].hex(),
+                maps=r[4][512:512 + 3 * 128].hex())
 
 def make(qs, kvs, dt, packed):
     dt = getattr(torch, dt)
@@ -96,7 +100,7 @@ for tag, (qs, kvs, dt, kw) in CASES.items():
     ho.LAUNCHES.clear()
     qa, ka, va = real_check_qkv(q, k, v)
     out_ref, lse_ref = flash.forward(qa, ka, va, kw.get("softmax_scale"), kw.get("causal", False),
-                                     kw.get("grid_order", "auto"))
+                                     kw.get("grid_order", "auto"), backend=kw.get("backend", "auto"))
     ref = launch_rec()
     plans0, c0 = len(flash._PLANS), checks[0]
     out, lse, none = cuflash.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
@@ -121,7 +125,7 @@ for tag, args, kw in (("subclass", (Sub((1, 64, 2, 64), torch.float16), T((1, 64
                       ("unhashable_causal", (T((1, 64, 2, 64), torch.float16), T((1, 64, 2, 64), torch.float16),
                                              T((1, 64, 2, 64), torch.float16)), dict(causal=[1]))):
     ho.LAUNCHES.clear()
-    flash.forward(*real_check_qkv(*args), None, kw.get("causal", False))
+    flash.forward(*real_check_qkv(*args), None, kw.get("causal", False), backend="auto")
     ref = launch_rec()
     recs = []
     for _ in range(2):
@@ -213,6 +217,8 @@ def test_memoized_launch_equals_forward(host, tag):
     r = host[tag]
     assert _masked(r["first"]) == _masked(r["ref"])
     assert _masked(r["second"]) == _masked(r["ref"])
+    if "sm90" in r["ref"]["name"]:  # the tensor maps (the stand-in encoding: the encoder's arguments) too
+        assert r["first"]["maps"] == r["ref"]["maps"] == r["second"]["maps"]
     # the fresh out / lse are the ones the kernel writes, shaped and typed like forward's
     for call, ptrs in (("first", r["out"][3:] + r["lse"][3:]), ("second", r["ptrs2"])):
         p = _params(r[call])
@@ -256,6 +262,36 @@ def test_specific_geometry(host):
     # forward's arithmetic, kept: a float32 scale times log2 e stays float32 (NumPy 2), a float does not
     assert p("scale_np32")["scale_log2"] == float(np.float32(0.125) * math.log2(math.e))
     assert p("scale_float")["scale_log2"] == 0.125 * math.log2(math.e)
+
+
+def _fake_map(rec, i):
+    """(base address, dtype code, dims, box, byte strides) of tensor map i of a launch (host_overhead's
+    stand-in encoder writes its arguments)."""
+    raw = bytes.fromhex(rec["maps"])[128 * i:128 * (i + 1)]
+    ptr, dt = struct.unpack_from("<QI", raw, 0)
+    dims, box = zip(*(struct.unpack_from("<QI", raw, 12 + 12 * j) for j in range(4)))
+    strides = struct.unpack_from("<3Q", raw, 12 + 48)
+    return ptr, dt, dims, box, strides
+
+
+def test_sm90_launches(host):
+    """With the H200's compute capability (the stand-ins'), "auto" takes the sm90 kernels where they apply and
+    the sm80 kernels elsewhere; an sm90 launch carries Q, K and V's tensor maps."""
+    sm90 = {t for t in CASES if "flash_fwd_sm90" in host[t]["first"]["name"]}
+    assert sm90 == {"basic", "basic_causal", "ragged", "gqa", "bh", "packed", "scale_float", "sm90_long_causal",
+                    "scale_np32", "forced_sm90", "sq1_no_gqa"}, sm90
+    r = host["forced_sm90"]["first"]
+    p = dict(zip(NAMES, _params(r)))
+    for i, (name, rows, heads) in enumerate((("q", 128, 4), ("k", 128, 2), ("v", 128, 2))):
+        ptr, dt, dims, box, strides = _fake_map(r, i)
+        seqlen = 77 if name == "q" else 1000
+        assert ptr == p[name] and dt == 6 and dims == (128, seqlen, heads, 2) and box == (64, rows, 1, 1)
+        assert strides == (heads * 128 * 2, 128 * 2, seqlen * heads * 128 * 2)
+    assert r["threads"] == 384 and r["grid"] == [1, 4, 2]  # (Q tiles, heads, batch), as the sm80 forward's
+    c = host["sm90_long_causal"]
+    assert c["first"]["grid"] == [2, 64, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
+    pk = host["packed"]["first"]
+    assert [_fake_map(pk, i)[4] for i in range(3)] == [(3 * 512 * 2, 64 * 2, 200 * 3 * 512 * 2)] * 3
 
 
 def test_not_memoized_paths(host):
@@ -331,7 +367,7 @@ def test_memoized_path_matches_forward_gpu(kind, b, sq, sk, h, hk, d, causal, gr
             q, k, v = (rs.standard_normal(s).astype(cupy.float16) for s in
                        ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d)))
         out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, grid_order=grid_order, return_attn_probs=True)
-        ref_out, ref_lse = flash.forward(*check_qkv(q, k, v), None, causal, grid_order)
+        ref_out, ref_lse = flash.forward(*check_qkv(q, k, v), None, causal, grid_order, backend="auto")
         assert type(out) is type(ref_out) and out.shape == ref_out.shape and out.dtype == ref_out.dtype
         assert np.array_equal(to_np(out), to_np(ref_out)) and np.array_equal(to_np(lse), to_np(ref_lse))
         assert not np.isnan(to_np(out)).any()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import struct
 import sys
 import time
 import types
@@ -118,14 +119,25 @@ def install_fakes(record=False):
     driver.ctxGetCurrent = lambda: 1  # a context is current (cuflash._interop.ensure_context)
     from cuflash import _loader
 
-    def get_function(filename, name, device):
+    def get_function(filename, name, device, arch_suffix=""):
         raw = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0x1000 + 16 * len(names)), num_regs=128,
                                     max_dynamic_shared_size_bytes=0)
         names[raw.kernel.ptr] = name
         return raw
 
     _loader.get_function = get_function
-    _loader.device_cc = lambda device: 90  # the H200's (the backward picks its tiles by it)
+    _loader.device_cc = lambda device: 90  # the H200's (the backward picks its tiles by it; the forward its backend)
+    from cuflash import _fwd_sm90, _tma
+
+    def encode(addr, dtype, rank, ptr, dims, strides, box, estr, interleave, swizzle, l2, oob):
+        # a stand-in CUtensorMap: the arguments themselves, so that a test can read what would be encoded
+        blob = struct.pack("<QI", ptr, dtype) + b"".join(struct.pack("<QI", dims[i], box[i]) for i in range(rank))
+        blob += b"".join(struct.pack("<Q", strides[i]) for i in range(rank - 1))
+        ctypes.memmove(addr, blob.ljust(_tma.MAP_BYTES, b"\0"), _tma.MAP_BYTES)
+        return 0
+
+    _tma._encode_fn = encode
+    _fwd_sm90._cc.clear()
     props = dict(multiProcessorCount=132, sharedMemPerMultiprocessor=233472, maxThreadsPerMultiProcessor=2048,
                  regsPerMultiprocessor=65536, sharedMemPerBlockOptin=232448, reservedSharedMemPerBlock=1024)
     runtime.getDeviceProperties = lambda dev: props

@@ -39,4 +39,25 @@ __device__ __forceinline__ SeqInfo seqinfo_fixed(const P& p) {
   return {(int)p.seqlen_q, (int)p.seqlen_k};
 }
 
+// Forward kernels (mma.sync and sm_90): a block's coordinates from the grid, in either grid order (see
+// FwdParams::grid_order).
+struct FwdBlock {
+  int m_block, head, batch, split;
+};
+__device__ __forceinline__ FwdBlock fwd_block_coords(const FwdParams& p, int num_m_blocks, uint3 bid) {
+  FwdBlock c;
+  if (p.grid_order == 0) {  // x: Q tile (heaviest causal tiles first), y: head, z: batch * splits
+    c.m_block = num_m_blocks - 1 - (int)bid.x;
+    c.head = bid.y;
+    c.batch = bid.z / p.num_splits;
+    c.split = bid.z % p.num_splits;
+  } else {  // x: (batch, head), y: Q tile, z: split
+    c.m_block = num_m_blocks - 1 - (int)bid.y;
+    c.head = bid.x % p.nheads;
+    c.batch = bid.x / p.nheads;
+    c.split = bid.z;
+  }
+  return c;
+}
+
 }  // namespace cuflash

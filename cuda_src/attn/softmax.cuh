@@ -147,6 +147,30 @@ struct OnlineSoftmax {
     for (int mf = 0; mf < MF; ++mf) row_max[mf][0] = row_max_new[mf][0], row_max[mf][1] = row_max_new[mf][1];
   }
 
+  // The overlapped form (the sm_90 forward: O += P V of the previous tile is still running on the tensor cores
+  // while this tile's softmax runs, so O cannot be touched yet). After update_max: rescale_sum() takes l and m
+  // to the new max and returns each row's alpha = exp2(m_old - m_new); exp_and_sum() follows at once, and
+  // rescale_o() applies the alphas to O once that product has completed. Same arithmetic as rescale().
+  __device__ __forceinline__ void rescale_sum(float (&alpha)[MF][2]) {
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        alpha[mf][h] = exp2_approx(row_max[mf][h] - exp_base(row_max_new[mf][h]));
+        row_sum[mf][h] *= alpha[mf][h];
+        row_max[mf][h] = row_max_new[mf][h];
+      }
+  }
+  template <int DF>
+  __device__ __forceinline__ static void rescale_o(float (&acc_o)[MF][DF][4], const float (&alpha)[MF][2]) {
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int df = 0; df < DF; ++df)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[mf][df][e] *= alpha[mf][e / 2];
+  }
+
   // S <- P = exp2(S * scale_log2 - m) in place; l += rowsum(P).
   template <int EXP_VARIANT = EXP_FFMA_EX2, int NF>
   __device__ __forceinline__ void exp_and_sum(float (&s)[MF][NF][4], float scale_log2) {

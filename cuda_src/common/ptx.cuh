@@ -16,6 +16,7 @@ namespace cuflash {
 // NVRTC ships no <stdint.h>; these are the only fixed-width types the kernels use.
 using int64_t = long long;
 using uint32_t = unsigned int;
+using uint64_t = unsigned long long;
 
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

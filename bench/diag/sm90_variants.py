@@ -1,0 +1,86 @@
+"""Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile and overlap variants at a few FA2-grid
+points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
+
+    python -m bench.diag.sm90_variants [--rounds N] [--json FILE]
+
+Each variant is a cuflash._configs.Sm90FwdTile: block_n, consumer warpgroups, stages, overlap, pingpong."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+from cuflash._configs import SM90_FWD_TILES, Sm90FwdTile
+
+POINTS = (("float16", 64, 8192), ("float16", 128, 8192), ("float16", 256, 4096), ("bfloat16", 128, 2048),
+          ("float16", 64, 2048))
+
+
+def variants(d, causal):
+    """(label, tile, grid_order) of the variants timed at head dim d."""
+    base = SM90_FWD_TILES[d]
+    out = [(base, "auto"), (replace(base, pingpong=False), "auto"), (replace(base, persistent=False), "auto"),
+           (replace(base, persistent=False, pingpong=False), "auto"), (replace(base, overlap=False, pingpong=False),
+                                                                        "auto")]
+    if causal:
+        out += [(base, "qtile"), (base, "bh"), (replace(base, pingpong=False), "bh")]
+    if d == 64:
+        out += [(Sm90FwdTile(128, 3, 3, 160, 24), "auto")]
+    if d == 128:
+        out += [(Sm90FwdTile(176, 2), "auto"), (replace(base, stages=3), "auto")]
+    return [(label(t, go), t, go) for t, go in out]
+
+
+def specs():
+    from cuflash._configs import sm90_fwd_spec
+
+    return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, _ in POINTS for c in (False, True)
+                              for _, t, _ in variants(d, c)))
+
+
+def label(t, go="auto"):
+    return (f"n{t.block_n}-wg{t.nwg}-st{t.stages}-o{int(t.overlap)}-p{int(t.pingpong)}"
+            f"{'' if t.persistent else '-grid'}{'' if go == 'auto' else '-' + go}")
+
+
+def main(argv):
+    import torch
+
+    from cuflash import _fwd_sm90
+    from cuflash._validate import check_qkv
+
+    from ..harness import record, sdpa, time_rounds
+
+    from cuflash.precompile import compile_specs
+
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 4
+    compile_specs(specs())
+    recs = []
+    for dtype, d, s in POINTS:
+        h, b = 2048 // d, 16384 // s
+        dt = getattr(torch, dtype)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        qa, ka, va = check_qkv(q, k, v)
+        for causal in (False, True):
+            fns = {}
+            for lab, t, go in variants(d, causal):
+                fns[lab] = lambda t=t, go=go: _fwd_sm90.forward(qa, ka, va, None, causal, go, tile=t)
+            cud = sdpa("cudnn")
+            fns["cudnn"] = lambda: cud(qt, kt, vt, causal)
+            res = time_rounds(fns, rounds)
+            line = []
+            for name, (ms, per) in res.items():
+                r = record("cuflash" if name != "cudnn" else "cudnn", name, "fwd", dtype, b, h, s, s, d, causal, ms,
+                           backend="sm90" if name != "cudnn" else None, round_ms=per)
+                recs.append(r)
+                line.append(f"{name}={r['tflops']:.0f}" if r["tflops"] else f"{name}=n/a")
+            print(f"{dtype} d={d} s={s} causal={causal}: " + " ".join(line), flush=True)
+    if "--json" in argv:
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump(recs, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,327 @@
+// cuda_src/flash_fwd_sm90.cu -- the Hopper forward (sm_90a): warp-specialized, TMA-fed, wgmma FlashAttention.
+//
+// One thread block per (Q tile of BLOCK_M = 64 NWG rows, head, batch), 1 + NWG warpgroups of 128 threads:
+//
+//   warpgroup 0, the producer (setmaxnreg.dec to REGS_LOAD; one thread issues everything):
+//     Q tile -> smem by TMA, once;  for each KV tile, last first:  wait until stage s is free (empty_k / empty_v),
+//     then K_j -> stage s and V_j -> stage s by TMA, each completing on its full_k / full_v mbarrier.
+//   warpgroups 1..NWG, the consumers (setmaxnreg.inc to REGS_MMA), 64 query rows each:
+//     S   = Q K_j^T          wgmma, Q and K_j both in shared memory (K-major)      [64, BLOCK_N] fp32
+//     the online softmax of cuda_src/attn/softmax.cuh on S, which wgmma leaves in the m16n8 C layout of mma.sync
+//       (row max, lazy re-scaling, P = exp2(S scale_log2 - m): one FFMA + one MUFU.EX2 per score), masked by
+//       attn/mask.cuh on the tiles where some element is hidden (the last tile and the causal diagonal)
+//     O  += P V_j            wgmma, P from registers (the A fragment: no smem trip), V_j in smem (MN-major)
+//     and at the end O / l -> the warpgroup's own Q rows in smem -> 16-byte stores; LSE = (m + log2 l) ln 2.
+//
+// Overlap. The tensor cores run while the softmax does: OVERLAP issues the next tile's S = Q K^T together with the
+// current O += P V and runs the softmax of the new S under that product (the O re-scaling it implies waits for the
+// product: OnlineSoftmax::rescale_sum / rescale_o); PINGPONG hands the tensor cores from one consumer warpgroup to
+// the next through named barriers, each warpgroup issuing its products in its turn, so one warpgroup's softmax runs
+// under another's products.
+//
+// Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout): Q [BLOCK_M, DP], STAGES x K [BLOCK_N, DP],
+// STAGES x V [BLOCK_N, DP], then the mbarriers. DP = D rounded up to 64 (one 128-byte box per 64 columns): the
+// columns past D read as zeros (TMA fills them), add nothing to S and give O columns that are never stored.
+//
+// Scheduling: one block per Q tile, the heaviest causal tiles first (grid order as the sm80 forward's). A
+// persistent form (one block per SM looping over the tiles, the next tile's K/V loaded under the previous
+// tile's epilogue) was built and measured 10-18% slower at every point of bench/NOTES.md's comparison; it is
+// not kept.
+//
+// Template parameters (cuflash/_configs.py: SM90_FWD_TILES, the source of truth):
+//   T                 __half or __nv_bfloat16;   D  head dim (multiple of 16)
+//   BLOCK_N           keys per KV tile (multiple of 16, <= 256);   NWG  consumer warpgroups (BLOCK_M = 64 NWG)
+//   STAGES            K/V shared-memory stages;   CAUSAL  bottom-right aligned causal mask
+//   REGS_MMA, REGS_LOAD  setmaxnreg budgets of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
+//                     <= 65536)
+//   OVERLAP, PINGPONG the two overlaps above;   SMEM_BYTES  dynamic shared memory the host reserves
+#include "common/ptx.cuh"
+#include "common/sm90.cuh"
+#include "common/wgmma.cuh"
+#include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
+
+namespace cuflash {
+
+// The tensor maps of Q, K and V: 4-d [batch, seqlen, heads, D] views (innermost D), boxes of 64 columns by
+// BLOCK_M (Q) or BLOCK_N (K, V) rows, 128-byte swizzle (cuflash/_tma.py encodes them).
+struct Sm90FwdMaps {
+  TmaDesc q, k, v;
+};
+
+template <int D, int BLOCK_N, int NWG, int STAGES>
+struct Sm90FwdLayout {
+  static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
+  static constexpr int CH = DP / 64;
+  static constexpr int BLOCK_M = 64 * NWG;
+  static constexpr int Q_BYTES = BLOCK_M * DP * 2;
+  static constexpr int KV_BYTES = BLOCK_N * DP * 2;  // one stage of K (or of V)
+  static constexpr int Q_OFF = 0;
+  static constexpr int K_OFF = Q_OFF + Q_BYTES;
+  static constexpr int V_OFF = K_OFF + STAGES * KV_BYTES;
+  static constexpr int BAR_OFF = V_OFF + STAGES * KV_BYTES;
+  static constexpr int BARS = 1 + 4 * STAGES;  // Q; full_k, full_v, empty_k, empty_v per stage
+  static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
+};
+
+template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
+          bool OVERLAP, bool PINGPONG, int SMEM_BYTES>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
+  using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
+  constexpr int BLOCK_M = L::BLOCK_M, DP = L::DP, CH = L::CH;
+  constexpr int NF = BLOCK_N / 8;   // n8 blocks of S per row band
+  constexpr int DF = DP / 8;        // n8 blocks of O per row band
+  constexpr int KD = DP / 16;       // k16 steps of Q K^T
+  constexpr int KN = BLOCK_N / 16;  // k16 steps of P V
+  static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && BLOCK_N <= 256 && DP <= 256, "wgmma shapes");
+  static_assert(NWG >= 1 && NWG <= 3 && (!PINGPONG || NWG >= 2), "consumer warpgroups");
+  static_assert(128 * (REGS_LOAD + NWG * REGS_MMA) <= 65536 && REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
+                "setmaxnreg budgets");
+  static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
+  uint64_t* bar_q = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
+  uint64_t* full_k = bar_q + 1;
+  uint64_t* full_v = full_k + STAGES;
+  uint64_t* empty_k = full_v + STAGES;
+  uint64_t* empty_v = empty_k + STAGES;
+
+  const int seqlen_q = (int)p.seqlen_q;
+  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);  // heaviest causal Q tiles first
+  const int m0 = blk.m_block * BLOCK_M;
+  const SeqInfo si = seqinfo(p, blk.batch);
+  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
+  // KV tiles [n_begin, n_end), visited last first: the tile that needs the mask comes first, the rest need none
+  // (attn/block.cuh: causal tiles above the diagonal of the tile's last row are never loaded).
+  const int n_begin = kv_block_begin<BLOCK_N>(mask, m0);
+  const int n_end = kv_block_end<BLOCK_N>(mask, min(m0 + BLOCK_M, seqlen_q));
+  const int n_iters = max(0, n_end - n_begin);
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_k[s], NWG * 128);  // every consumer thread releases a stage it has read
+      mbar_init(&empty_v[s], NWG * 128);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------------------ producer
+    setmaxnreg_dec<REGS_LOAD>();
+    if (threadIdx.x == 0 && n_iters > 0) {
+      const int kv_head = (int)(blk.head / p.heads_per_kv);  // GQA/MQA: the shared K/V head
+      mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < CH; ++c)
+        tma_load_4d(sm + L::Q_OFF + c * BLOCK_M * 128, &maps.q, bar_q, c * 64, m0, blk.head, blk.batch);
+      for (int it = 0; it < n_iters; ++it) {
+        const int n = n_end - 1 - it, s = it % STAGES, ph = (it / STAGES) & 1;
+        mbar_wait(&empty_k[s], ph ^ 1);
+        mbar_arrive_expect_tx(&full_k[s], L::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          tma_load_4d(sm + L::K_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.k, &full_k[s], c * 64, n * BLOCK_N,
+                      kv_head, blk.batch);
+        mbar_wait(&empty_v[s], ph ^ 1);
+        mbar_arrive_expect_tx(&full_v[s], L::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          tma_load_4d(sm + L::V_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.v, &full_v[s], c * 64, n * BLOCK_N,
+                      kv_head, blk.batch);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------------------------ consumers
+  setmaxnreg_inc<REGS_MMA>();
+  const int cw = wg - 1;  // consumer index: rows [m0 + 64 cw, +64)
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int row_wg = m0 + cw * 64;       // the warpgroup's first row
+  const int row_w = row_wg + warp * 16;  // the warp's: its fragments hold rows row_w + g, row_w + g + 8
+  const float scale_log2 = (float)p.scale_log2;
+  const uint32_t q_base = smem_addr(sm + L::Q_OFF) + cw * 64 * 128;
+  const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
+
+  float acc_o[1][DF][4];
+  zero_frags(acc_o[0]);
+  float acc_s[1][NF][4];
+  uint32_t p_frag[KN][4];
+  OnlineSoftmax<1> softmax;
+
+  // S = Q K^T of the tile in stage st; O += P V of the tile in stage st (issue only: commit and wait follow).
+  auto issue_qk = [&](int st) {
+    const uint32_t kb = k_base + st * L::KV_BYTES;
+#pragma unroll
+    for (int k = 0; k < KD; ++k) {
+      const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
+      const uint64_t da = smem_desc(q_base + (k / 4) * BLOCK_M * 128 + off, 16, 1024);
+      const uint64_t db = smem_desc(kb + (k / 4) * BLOCK_N * 128 + off, 16, 1024);
+      Wgmma<BLOCK_N>::template ss<T>(acc_s[0], da, db, k > 0);
+    }
+  };
+  auto issue_pv = [&](int st) {
+    const uint32_t vb = v_base + st * L::KV_BYTES;
+#pragma unroll
+    for (int k = 0; k < KN; ++k)
+      Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
+  };
+  // Whose turn it is at the tensor cores (PINGPONG): consumer cw waits on barrier 1 + cw, which the previous
+  // consumer arrives at once it has issued its products; the last consumer opens the first turn and, on its
+  // last turn, arrives nowhere (every barrier is left complete).
+  auto turn_begin = [&]() {
+    if constexpr (PINGPONG) named_bar_sync(1 + cw, 256);
+  };
+  auto turn_end = [&](bool last) {
+    if constexpr (PINGPONG)
+      if (!(last && cw == NWG - 1)) named_bar_arrive(1 + (cw + 1) % NWG, 256);
+  };
+  // The masked scores of tile n (only where some element is hidden: warpgroup-uniform), then the new row max.
+  auto mask_and_max = [&](int n) {
+    if (mask.needs_mask(row_wg, n * BLOCK_N + BLOCK_N - 1)) mask.apply(acc_s, row_w, n * BLOCK_N, lane);
+    return softmax.update_max(acc_s, scale_log2);
+  };
+
+  if (n_iters > 0) {
+    if (PINGPONG && cw == NWG - 1) named_bar_arrive(1, 256);
+    mbar_wait(bar_q, 0);
+  }
+  if constexpr (!OVERLAP) {
+    for (int it = 0; it < n_iters; ++it) {
+      const int n = n_end - 1 - it, st = it % STAGES, ph = (it / STAGES) & 1;
+      mbar_wait(&full_k[st], ph);
+      turn_begin();
+      wgmma_fence();
+      issue_qk(st);
+      wgmma_commit();
+      turn_end(false);
+      wgmma_wait<0>();
+      reg_fence(acc_s[0]);
+      mbar_arrive(&empty_k[st]);
+      const bool moved = mask_and_max(n);
+      if (__any_sync(0xffffffffu, moved)) softmax.rescale(acc_o);
+      softmax.exp_and_sum(acc_s, scale_log2);
+#pragma unroll
+      for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
+      mbar_wait(&full_v[st], ph);
+      turn_begin();
+      wgmma_fence();
+      issue_pv(st);
+      wgmma_commit();
+      turn_end(it == n_iters - 1);
+      wgmma_wait<0>();
+      reg_fence(acc_o[0]);
+      mbar_arrive(&empty_v[st]);
+    }
+  } else if (n_iters > 0) {
+    // Tile 0: S alone.
+    mbar_wait(&full_k[0], 0);
+    turn_begin();
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_commit();
+    turn_end(false);
+    wgmma_wait<0>();
+    reg_fence(acc_s[0]);
+    mbar_arrive(&empty_k[0]);
+    {
+      mask_and_max(n_end - 1);
+      float alpha[1][2];
+      softmax.rescale_sum(alpha);  // O is still zero: only m (and l = 0) move
+      softmax.exp_and_sum(acc_s, scale_log2);
+#pragma unroll
+      for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
+    }
+    // Tiles 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
+    for (int it = 1; it < n_iters; ++it) {
+      const int n = n_end - 1 - it, st = it % STAGES, ph = (it / STAGES) & 1;
+      const int pst = (it - 1) % STAGES, pph = ((it - 1) / STAGES) & 1;
+      mbar_wait(&full_k[st], ph);
+      mbar_wait(&full_v[pst], pph);
+      turn_begin();
+      wgmma_fence();
+      issue_qk(st);
+      wgmma_commit();
+      issue_pv(pst);
+      wgmma_commit();
+      turn_end(false);
+      wgmma_wait<1>();  // S done (P V may still run)
+      reg_fence(acc_s[0]);
+      mbar_arrive(&empty_k[st]);
+      const bool moved = mask_and_max(n);
+      float alpha[1][2];
+      softmax.rescale_sum(alpha);
+      softmax.exp_and_sum(acc_s, scale_log2);
+      wgmma_wait<0>();  // P V done: O and the P fragments are free
+      reg_fence(acc_o[0]);
+      reg_fence(p_frag);
+      mbar_arrive(&empty_v[pst]);
+      if (__any_sync(0xffffffffu, moved)) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+#pragma unroll
+      for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
+    }
+    // The last O += P V.
+    const int lst = (n_iters - 1) % STAGES, lph = ((n_iters - 1) / STAGES) & 1;
+    mbar_wait(&full_v[lst], lph);
+    turn_begin();
+    wgmma_fence();
+    issue_pv(lst);
+    wgmma_commit();
+    turn_end(true);
+    wgmma_wait<0>();
+    reg_fence(acc_o[0]);
+    mbar_arrive(&empty_v[lst]);
+  }
+
+  // ------------------------------------------------------------------------------------------------ epilogue
+  float lse[1][2];
+  softmax.finalize(acc_o, lse);
+  const int g = lane / 4, t = lane % 4;
+  if (p.lse && t == 0) {
+    const int64_t bh = (int64_t)blk.batch * p.nheads + blk.head;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_w + g + 8 * h;
+      if (row < seqlen_q) p.lse[bh * seqlen_q + row] = lse[0][h];
+    }
+  }
+  // O -> this warpgroup's 64 rows of the Q tile (only its own products read them, all completed), in the same
+  // swizzled layout, then 16-byte stores of the rows that exist.
+  unsigned char* o_tile = sm + L::Q_OFF + cw * 64 * 128;  // chunk c at + c * BLOCK_M * 128
+  named_bar_sync(4 + cw, 128);
+#pragma unroll
+  for (int df = 0; df < DF; ++df) {
+    if (df * 8 >= D) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h;
+      *reinterpret_cast<uint32_t*>(o_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
+                                   t * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
+    }
+  }
+  named_bar_sync(4 + cw, 128);
+  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, blk.batch, blk.head);
+  constexpr int PIECES = D / 8;  // 16-byte pieces of a row of O
+#pragma unroll
+  for (int i = tid; i < 64 * PIECES; i += 128) {
+    const int r = i / PIECES, pc = i % PIECES;
+    const int row = row_wg + r;
+    if (row < seqlen_q)
+      *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) = *reinterpret_cast<const uint4*>(
+          o_tile + (pc / 8) * BLOCK_M * 128 + r * 128 + (((pc % 8) ^ (r % 8)) * 16));
+  }
+}
+
+}  // namespace cuflash

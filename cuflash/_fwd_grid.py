@@ -1,0 +1,30 @@
+"""The forward launch grid, shared by the mma.sync (cuflash._fwd) and Hopper (cuflash._fwd_sm90) forwards: the
+grid orders, the grid of a launch, and the strides of an output array."""
+from __future__ import annotations
+
+from ._configs import auto_grid_order
+
+GRID_ORDERS = {"qtile": 0, "bh": 1}
+GRID_ORDER_CHOICES = ("auto", *GRID_ORDERS)
+_MAX_GRID_YZ = 65535
+
+
+def resolve_grid_order(grid_order: str, causal: bool, rows: int, headdim: int = 128) -> str:
+    """The grid order a launch uses: "auto" -> cuflash._configs.auto_grid_order ("bh" for causal problems of >=
+    AUTO_BH_MIN_ROWS query rows at a head dim in AUTO_BH_HEADDIMS, else "qtile"); an explicit order is kept."""
+    if grid_order != "auto":
+        return grid_order
+    return auto_grid_order(causal, rows, headdim)
+
+
+def _grid(order: int, m_blocks: int, nheads: int, batch: int, splits: int):
+    if order == 0 and nheads <= _MAX_GRID_YZ and batch * splits <= _MAX_GRID_YZ:
+        return 0, (m_blocks, nheads, batch * splits)
+    if m_blocks > _MAX_GRID_YZ or splits > _MAX_GRID_YZ:
+        raise ValueError(f"problem too large for the grid: {m_blocks} Q tiles, {splits} splits")
+    return 1, (batch * nheads, m_blocks, splits)
+
+
+def _strides_of(x):
+    s = x.stride() if callable(getattr(x, "stride", None)) else tuple(v // x.itemsize for v in x.strides)
+    return tuple(s)

@@ -1,0 +1,196 @@
+"""The Hopper forward's host path (cuda_src/flash_fwd_sm90.cu): which calls it takes, the tensor maps, the launch.
+
+`backend` (flash_attn_func's keyword): "auto" takes the sm90 kernels on a compute-capability-9.0 device whenever
+the inputs allow (`ineligible`), else the mma.sync (sm80) kernels; "sm90" and "sm80" force a path ("sm90" on an
+input it cannot take is a ValueError naming why). Inputs the sm90 kernels cannot take: head dims other than
+SM90_HEADDIMS, single-query GQA decoding (the sm80 kernel folds the query heads of a KV head into one tile),
+empty sequences, and views whose base or strides are not 16-byte aligned (TMA reads 16-byte units): those run
+on the sm80 kernels, read in place, never copied.
+
+The kernel takes two parameters: the FwdParams block (the same fields as the sm80 forward, the same grid) and
+Sm90FwdMaps: the three 128-byte tensor maps (cuflash._tma), which embed the base addresses. A memoized plan keeps the encoded maps of the last
+pointer triples it saw, so a repeated call (a benchmark loop, a static-buffer inference step) encodes nothing;
+new pointers cost one cuTensorMapEncodeTiled per tensor.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+
+from . import _interop
+from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, resolve_grid_order
+from ._configs import SM90_HEADDIMS, sm90_fwd_spec, sm90_fwd_tile
+from ._launch import _MAX_PARAM_BYTES, get_launcher
+from ._params import FWD_PARAMS
+from ._plan import HostPlan
+from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
+
+LOG2E = math.log2(math.e)
+BACKENDS = ("auto", "sm80", "sm90")
+MAPS_OFFSET = 512  # byte offset of Sm90FwdMaps in the parameter buffer (64-byte aligned, past FwdParams)
+ARGS_BYTES = 3 * MAP_BYTES  # the maps of q, k, v
+MAX_MAP_SETS = 8  # encoded (q, k, v) map triples a plan keeps
+assert FWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
+
+_tls = threading.local()
+_cc: dict = {}
+
+
+def check_backend(backend) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+
+
+def device_cc(device_id: int) -> int:
+    cc = _cc.get(device_id)
+    if cc is None:
+        from ._loader import device_cc as _device_cc
+
+        cc = _cc[device_id] = _device_cc(device_id)
+    return cc
+
+
+def ineligible(qa, ka, va) -> str | None:
+    """Why the sm90 kernels cannot take these validated views, or None when they can."""
+    b, sq, h, d = qa.shape
+    sk, hk = ka.shape[1], ka.shape[2]
+    if d not in SM90_HEADDIMS:
+        return f"head dim {d} (the sm90 forward has {SM90_HEADDIMS})"
+    if sq == 1 and h > hk:
+        return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
+    if not (b and h and sq and sk):
+        return "an empty batch, head count or sequence"
+    for name, a in (("q", qa), ("k", ka), ("v", va)):
+        if not tma_compatible(a.shape, a.strides, a.ptr):
+            return f"{name}'s base address or strides are not 16-byte aligned (TMA reads 16-byte units)"
+    return None
+
+
+def resolve_backend(backend: str, qa, ka, va) -> str:
+    """"sm80" or "sm90": the path a validated call takes (see the module docstring)."""
+    if backend == "sm80":
+        return "sm80"
+    cc = device_cc(qa.device)
+    if backend == "sm90":
+        if cc != 90:
+            raise ValueError(f"backend='sm90' needs a compute capability 9.0 GPU; device {qa.device} is sm_{cc}")
+        why = ineligible(qa, ka, va)
+        if why:
+            raise ValueError(f"backend='sm90' cannot take this input: {why}")
+        return "sm90"
+    return "sm90" if cc == 90 and ineligible(qa, ka, va) is None else "sm80"
+
+
+def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None):
+    """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs) of a validated, eligible call;
+    `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark sweeps)."""
+    b, sq, h, d = qa.shape
+    sk, hk = ka.shape[1], ka.shape[2]
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    tile = tile or sm90_fwd_tile(d, causal)
+    lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile), qa.device)
+    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b, 1)
+    osb, osq, osh = o_strides
+    fields = dict(
+        q_batch_stride=qa.strides[0], q_row_stride=qa.strides[1], q_head_stride=qa.strides[2],
+        k_batch_stride=ka.strides[0], k_row_stride=ka.strides[1], k_head_stride=ka.strides[2],
+        v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
+        o_batch_stride=osb, o_row_stride=osq, o_head_stride=osh,
+        batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
+        grid_order=order, scale_log2=softmax_scale * LOG2E,
+    )
+    maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
+            attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
+            attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n))
+    return lau, grid, fields, maps
+
+
+def encode_args(maps, qp: int, kp: int, vp: int) -> bytes:
+    """Sm90FwdMaps' bytes: the three maps at these base addresses."""
+    return maps[0].encode(qp) + maps[1].encode(kp) + maps[2].encode(vp)
+
+
+def _scratch():
+    """This thread's parameter buffer and an argv of two entries: the FwdParams block at 0, the maps at
+    MAPS_OFFSET."""
+    s = getattr(_tls, "s", None)
+    if s is None:
+        buf = ctypes.create_string_buffer(_MAX_PARAM_BYTES)
+        base = ctypes.addressof(buf)
+        argv = (ctypes.c_void_p * 2)(base, base + MAPS_OFFSET)
+        s = _tls.s = (buf, base, ctypes.addressof(argv), argv)
+    return s
+
+
+def _launch(fn, grid, threads, smem, stream, pack, maps_bytes, device, *values):
+    buf, base, argv, _ = _scratch()
+    pack(buf, 0, *values)
+    ctypes.memmove(base + MAPS_OFFSET, maps_bytes, ARGS_BYTES)
+    _interop.ensure_context()
+    with _interop.device_guard(device):
+        from cupy.cuda import driver
+
+        driver.launchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
+
+
+def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None):
+    """The sm90 forward of validated, eligible views (no memo: autograd, explicit calls, tile sweeps); returns
+    (out, lse)."""
+    from ._validate import check_softmax_scale
+
+    b, sq, h, d = qa.shape
+    check_softmax_scale(softmax_scale)
+    if out is None:
+        out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
+    if lse is None:
+        lse = _interop.empty(qa, (b, h, sq), "float32")
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile)
+    op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
+    values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, seqlens_k=0,
+                               **fields)
+    _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
+            encode_args(maps, qa.ptr, ka.ptr, va.ptr), qa.device, *values)
+    return out, lse
+
+
+class Sm90Plan(HostPlan):
+    """A memoized sm90 forward (see cuflash._fwd._FwdPlan): the maps of recent pointer triples are kept."""
+
+    __slots__ = ("outs", "maps", "encoded", "kernel")
+
+    def run(self, qp, kp, vp):
+        (out, lse), (op, lp), stream = self.outs()
+        key = (qp, kp, vp)
+        mb = self.encoded.get(key)
+        if mb is None:
+            if len(self.encoded) >= MAX_MAP_SETS:
+                self.encoded.clear()
+            mb = self.encoded[key] = encode_args(self.maps, qp, kp, vp)
+        fn, grid, threads, smem = self.kernel
+        buf, base, argv, _ = _scratch()
+        self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
+        ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
+        launch, get_device, ctx_current = self._driver
+        if not ctx_current():
+            _interop.ensure_context()
+        if get_device() == self.device:
+            launch(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
+        else:
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                launch(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
+        return out, lse
+
+
+def make_plan(qa, ka, va, softmax_scale, causal, grid_order) -> Sm90Plan:
+    b, sq, h, d = qa.shape
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
+    p = Sm90Plan(qa)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
+    p.kernel = (lau.ptr, grid, lau.threads, lau.smem)
+    p.maps, p.encoded = maps, {}
+    p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
+    return p

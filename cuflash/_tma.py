@@ -1,0 +1,135 @@
+"""TMA tensor maps (CUtensorMap) for the sm_90a kernels, encoded on the host with the driver's
+cuTensorMapEncodeTiled (through ctypes on libcuda.so.1: no compiled extension).
+
+A tensor map describes one global tensor (rank, sizes, byte strides, base address) and the box a TMA load copies
+into shared memory. The kernels take the 128-byte maps by value (cuda_src/common/sm90.cuh: TmaDesc). Attention
+tensors [batch, seqlen, heads, headdim] become 4-d maps (headdim, seqlen, heads, batch), innermost first, with
+boxes of 64 columns (128 bytes: the 128-byte swizzle) by a tile's rows; rows past seqlen and columns past
+headdim read as zeros.
+
+`TensorMapSpec` holds everything but the base address (fixed per memoized plan); `encode` adds the address.
+`tma_compatible` says whether a strided view can be described at all (16-byte aligned base and strides).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+DTYPE_CODE = {"float16": 6, "bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+SWIZZLE_CODE = {0: 0, 32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_NONE / 32B / 64B / 128B
+L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+MAX_STRIDE = 1 << 40
+MAX_DIM = 1 << 32
+MAP_BYTES = 128
+
+_lock = threading.Lock()
+_encode_fn = None
+
+
+def _driver_encode():
+    global _encode_fn
+    if _encode_fn is None:
+        with _lock:
+            if _encode_fn is None:
+                lib = ctypes.CDLL("libcuda.so.1")
+                fn = lib.cuTensorMapEncodeTiled
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                               ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                               ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                _encode_fn = fn
+    return _encode_fn
+
+
+def check_map_args(dtype: str, dims, strides_bytes, box, swizzle: int) -> None:
+    """The driver's constraints on a tiled map (cuTensorMapEncodeTiled), checked before it is called: ValueError
+    naming the one that fails."""
+    if dtype not in DTYPE_CODE:
+        raise ValueError(f"tensor map dtype must be one of {tuple(DTYPE_CODE)}; got {dtype!r}")
+    if swizzle not in SWIZZLE_CODE:
+        raise ValueError(f"swizzle must be one of {tuple(SWIZZLE_CODE)}; got {swizzle!r}")
+    rank = len(dims)
+    if not 1 <= rank <= 5 or len(strides_bytes) != rank - 1 or len(box) != rank:
+        raise ValueError(f"tensor map of rank {rank}: {rank - 1} strides and {rank} box sizes needed")
+    for i, n in enumerate(dims):
+        if not 1 <= n <= MAX_DIM:
+            raise ValueError(f"tensor map dim {i} = {n}: must be in [1, 2^32]")
+    for i, s in enumerate(strides_bytes):
+        if s <= 0 or s % 16 or s >= MAX_STRIDE:
+            raise ValueError(f"tensor map stride {i + 1} = {s} bytes: must be a positive multiple of 16 below 2^40")
+    for i, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise ValueError(f"tensor map box {i} = {b}: must be in [1, 256]")
+    if box[0] * 2 % 16:
+        raise ValueError(f"tensor map box inner size {box[0] * 2} bytes: must be a multiple of 16")
+    if swizzle and box[0] * 2 > swizzle:
+        raise ValueError(f"tensor map box inner size {box[0] * 2} bytes exceeds the {swizzle}-byte swizzle span")
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """A tiled tensor map less its base address (see the module docstring)."""
+
+    dtype: str
+    dims: tuple  # innermost first, in elements
+    strides_bytes: tuple  # of dims 1.., in bytes
+    box: tuple  # innermost first, in elements
+    swizzle: int = 128
+
+    def __post_init__(self):
+        check_map_args(self.dtype, self.dims, self.strides_bytes, self.box, self.swizzle)
+
+    def encode(self, ptr: int) -> bytes:
+        """The 128-byte CUtensorMap of this spec at global address `ptr` (16-byte aligned)."""
+        if ptr % 16:
+            raise ValueError(f"tensor map base address {ptr:#x} is not 16-byte aligned")
+        fn = _driver_encode()
+        rank = len(self.dims)
+        buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+        addr = (ctypes.addressof(buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
+        dims = (ctypes.c_uint64 * rank)(*self.dims)
+        strides = (ctypes.c_uint64 * max(rank - 1, 1))(*self.strides_bytes)
+        box = (ctypes.c_uint32 * rank)(*self.box)
+        estr = (ctypes.c_uint32 * rank)(*([1] * rank))
+        rc = fn(addr, DTYPE_CODE[self.dtype], rank, ptr, dims, strides, box, estr, 0, SWIZZLE_CODE[self.swizzle],
+                L2_PROMOTION_256B, 0)
+        if rc != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {self}")
+        return ctypes.string_at(addr, MAP_BYTES)
+
+
+def encode_tiled(ptr: int, dtype: str, dims, strides_bytes, box, swizzle: int = 128) -> bytes:
+    """The 128-byte CUtensorMap of a tiled map (see TensorMapSpec) at global address ptr."""
+    return TensorMapSpec(dtype, tuple(dims), tuple(strides_bytes), tuple(box), swizzle).encode(ptr)
+
+
+def _byte_strides(shape, strides, itemsize: int):
+    """Byte strides of the outer dims (seqlen, heads, batch order of the map: dims 1..3); a dim of size 1 is
+    never stepped over, so whatever stride it carries (torch gives such dims arbitrary ones) is replaced by
+    a valid one."""
+    b, s, h, d = shape
+    row = max(16, -(-d * itemsize // 16) * 16)
+    out = []
+    for n, st in ((s, strides[1]), (h, strides[2]), (b, strides[0])):
+        out.append(st * itemsize if n > 1 else row)
+    return tuple(out)
+
+
+def tma_compatible(shape, strides, ptr: int, itemsize: int = 2) -> bool:
+    """Whether a [batch, seqlen, heads, headdim] view can be read through a tensor map: every size >= 1, the
+    head dim contiguous, the base 16-byte aligned and the strides of the other dims positive multiples of 16
+    bytes (a stride of 0, e.g. an expanded head, is not) -- dims of size 1 excepted."""
+    if len(shape) != 4 or min(shape) < 1 or shape[3] * itemsize % 16 or ptr % 16:
+        return False
+    if strides[3] != 1 and shape[3] > 1:
+        return False
+    return all(0 < s < MAX_STRIDE and s % 16 == 0 for s in _byte_strides(shape, strides, itemsize))
+
+
+def attention_map_spec(dtype: str, shape, strides, rows: int, itemsize: int = 2) -> TensorMapSpec:
+    """The map of a [batch, seqlen, heads, headdim] tensor with element strides `strides` (the head dim
+    contiguous), boxes of 64 columns x `rows` rows (tma_compatible must hold)."""
+    b, s, h, d = shape
+    return TensorMapSpec(dtype, (d, s, h, b), _byte_strides(shape, strides, itemsize), (64, rows, 1, 1), 128)

@@ -1,0 +1,168 @@
+"""CPU: the Hopper forward's host side and build -- the generated wgmma wrappers, the tensor-map arguments
+(cuflash._tma), the backend choice (cuflash._fwd_sm90) on hand-made views, the tile table's budgets, and the
+SASS of an offline sm_90a build (HGMMA, UTMALDG, mbarrier SYNCS, setmaxnreg; no local memory)."""
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import cuflash
+from cuflash import _configs, _fwd_sm90, _tma
+from cuflash._interop import CUPY, Arr
+
+ROOT = Path(__file__).resolve().parent.parent
+SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to on sm_90 (227 KB)
+
+
+def view(shape, strides=None, ptr=0x10000, dtype="float16"):
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.insert(0, acc)
+            acc *= s
+    return Arr(CUPY, None, ptr, tuple(shape), tuple(strides), dtype, 0)
+
+
+def test_wgmma_header_is_what_the_generator_writes():
+    spec = importlib.util.spec_from_file_location("gen_wgmma", ROOT / "cuda_src/common/gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (ROOT / "cuda_src/common/wgmma.cuh").read_text() == gen.render()
+    text = gen.render()
+    for n in gen.NS:  # every shape, both input types, both operand forms
+        assert text.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == 2
+        assert text.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") == 2
+        assert f'"+f"(d[{n // 8 - 1}][3])' in text
+
+
+def test_attention_map_arguments():
+    q = view((2, 100, 4, 96))
+    m = _tma.attention_map_spec("float16", q.shape, q.strides, 128)
+    assert m.dims == (96, 100, 4, 2) and m.box == (64, 128, 1, 1) and m.swizzle == 128
+    assert m.strides_bytes == (4 * 96 * 2, 96 * 2, 100 * 4 * 96 * 2)
+    # a packed qkv view: [b, s, 3, h, d] -> q = [:, :, 0]
+    b, s, h, d = 2, 33, 4, 64
+    qs = (s * 3 * h * d, 3 * h * d, d, 1)
+    m = _tma.attention_map_spec("bfloat16", (b, s, h, d), qs, 64)
+    assert m.strides_bytes == (3 * h * d * 2, d * 2, s * 3 * h * d * 2) and m.dims == (64, 33, 4, 2)
+    # dims of size 1 carry whatever stride: replaced by a valid one
+    m = _tma.attention_map_spec("float16", (1, 1, 1, 64), (7, 3, 5, 1), 64)
+    assert all(x % 16 == 0 and x > 0 for x in m.strides_bytes)
+
+
+@pytest.mark.parametrize("args,word", [
+    (("float32", (64, 10), (128,), (64, 8), 128), "dtype"),
+    (("float16", (64, 10), (120,), (64, 8), 128), "stride"),
+    (("float16", (64, 10), (0,), (64, 8), 128), "stride"),
+    (("float16", (64, 0), (128,), (64, 8), 128), "dim 1"),
+    (("float16", (128, 10), (256,), (128, 8), 128), "swizzle span"),
+    (("float16", (64, 10), (128,), (64, 300), 128), "box 1"),
+    (("float16", (64, 10), (128,), (64, 8), 48), "swizzle"),
+])
+def test_map_arguments_checked_before_the_driver(args, word):
+    with pytest.raises(ValueError, match=word):
+        _tma.check_map_args(*args)
+
+
+def test_tma_compatibility():
+    ok = (2, 100, 4, 64)
+    assert _tma.tma_compatible(ok, view(ok).strides, 0x10000)
+    assert not _tma.tma_compatible(ok, view(ok).strides, 0x10008)  # base not 16-byte aligned
+    assert not _tma.tma_compatible(ok, (100 * 4 * 64, 0, 64, 1), 0x10000)  # seqlen stride 0
+    assert not _tma.tma_compatible(ok, (100 * 4 * 64, 4 * 64, 0, 1), 0x10000)  # an expanded head: stride 0
+    assert not _tma.tma_compatible(ok, (100 * 4 * 64, 4 * 64, 68, 1), 0x10000)  # 136-byte head stride
+    assert _tma.tma_compatible((2, 100, 1, 64), (6400, 64, 0, 1), 0x10000)  # size-1 head dim: any stride
+    assert not _tma.tma_compatible((2, 0, 4, 64), (0, 256, 64, 1), 0x10000)
+
+
+def test_backend_choice(monkeypatch):
+    q, k, v = view((2, 300, 8, 128)), view((2, 500, 2, 128)), view((2, 500, 2, 128))
+    monkeypatch.setattr(_fwd_sm90, "device_cc", lambda dev: 90)
+    assert _fwd_sm90.resolve_backend("auto", q, k, v) == "sm90"
+    assert _fwd_sm90.resolve_backend("sm80", q, k, v) == "sm80"
+    assert _fwd_sm90.resolve_backend("sm90", q, k, v) == "sm90"
+    q32, k32 = view((2, 300, 8, 32)), view((2, 500, 2, 32))
+    assert _fwd_sm90.resolve_backend("auto", q32, k32, k32) == "sm80"
+    with pytest.raises(ValueError, match="head dim 32"):
+        _fwd_sm90.resolve_backend("sm90", q32, k32, k32)
+    q1 = view((2, 1, 8, 128))  # single-query GQA decoding: the sm80 kernel's head folding
+    assert _fwd_sm90.resolve_backend("auto", q1, k, v) == "sm80"
+    with pytest.raises(ValueError, match="single-query"):
+        _fwd_sm90.resolve_backend("sm90", q1, k, v)
+    kx = view((2, 500, 2, 128), strides=(500 * 128, 128, 0, 1))  # an expanded KV head
+    assert _fwd_sm90.resolve_backend("auto", q, kx, v) == "sm80"
+    with pytest.raises(ValueError, match="k's base address or strides"):
+        _fwd_sm90.resolve_backend("sm90", q, kx, v)
+    monkeypatch.setattr(_fwd_sm90, "device_cc", lambda dev: 80)
+    assert _fwd_sm90.resolve_backend("auto", q, k, v) == "sm80"
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        _fwd_sm90.resolve_backend("sm90", q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["sm100", "", None, "SM90"])
+def test_unknown_backend_refused_before_anything(backend):
+    import numpy as np
+
+    x = np.zeros((1, 4, 1, 64), np.float16)
+    with pytest.raises(ValueError, match="backend"):
+        cuflash.flash_attn_func(x, x, x, backend=backend)
+
+
+@pytest.mark.parametrize("d", _configs.SM90_HEADDIMS)
+def test_tile_budgets(d):
+    """Every sm90 tile fits the SM: shared memory, the setmaxnreg budgets, wgmma's N limits, 16-key steps."""
+    t = _configs.sm90_fwd_tile(d, False)
+    assert _configs.sm90_fwd_smem_bytes(d, t) <= SMEM_LIMIT_SM90
+    assert 128 * (t.regs_load + t.nwg * t.regs_mma) <= 65536 and t.regs_mma % 8 == 0 and 24 <= t.regs_load
+    assert t.block_n % 16 == 0 and t.block_n <= 256 and -(-d // 64) * 64 <= 256
+    spec = _configs.sm90_fwd_spec("float16", d, True)
+    assert spec.arch_suffix == "a" and spec.min_arch == 90 and spec.threads == 128 * (t.nwg + 1)
+    assert spec in _configs.all_specs()
+
+
+def _cuobjdump():
+    exe = shutil.which("cuobjdump")
+    if exe is None:
+        pytest.skip("cuobjdump not installed (pip nvidia-cuda-cuobjdump)")
+    return exe
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_sass_has_the_hopper_instructions(tmp_path, d):
+    """One offline sm_90a build per consumer-warpgroup count: the products are HGMMA (wgmma, not HMMA), the loads
+    UTMALDG (TMA), the stage handoffs SYNCS (mbarrier), the register split USETMAXREG, and nothing in local
+    memory; ptxas said nothing about setmaxnreg or serialized wgmma."""
+    exe = _cuobjdump()
+    from cuflash._loader import compile_offline
+
+    spec = _configs.sm90_fwd_spec("bfloat16", d, True)
+    res = compile_offline(spec.filename, [spec.name], "90a")
+    info = res["kernels"][spec.name]
+    assert info["stack"] == 0 and info["spill_st"] == 0 and not [w for w in info["ptxas_warnings"] if "C75" in w]
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(res["cubin"] + b"\0")  # CuPy's getCUBIN drops the last byte
+    sass = subprocess.run([exe, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    ops = set(re.findall(r"\b([A-Z][A-Z0-9]+)[.\s]", sass))
+    assert {"HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "MUFU"} <= ops, sorted(ops)
+    assert not {"HMMA", "LDL", "STL"} & ops
+    n = d // 64 if d % 64 == 0 else d // 64 + 1
+    assert len(re.findall(r"HGMMA\.64x\d+x16", sass)) > 0 and sass.count("UTMALDG") >= 3 * n
+
+
+def test_compile_check_flags_ptxas_performance_notes():
+    """ptxas reports an ignored setmaxnreg as a warning (C7508) but serialized wgmma as an info line (C7512):
+    both fail the compile check; an ordinary report does not."""
+    from cuflash import _compile_check
+
+    base = dict(regs=168, stack=0, spill_st=0, spill_ld=0)
+    ok = dict(base, ptxas_warnings=[])
+    c7508 = dict(base, ptxas_warnings=["ptxas warning : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; "
+                                       "unable to determine register count at entry"])
+    c7512 = dict(base, ptxas_warnings=["ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async "
+                                       "instructions are serialized due to insufficient register resources for the "
+                                       "wgmma pipeline in the function 'k'"])
+    bad = _compile_check.bad_kernels({"ok": ok, "c7508": c7508, "c7512": c7512})
+    assert set(bad) == {"c7508", "c7512"}

@@ -9,6 +9,8 @@ Public API (flash-attn's names and keywords):
 * `flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, ..., return_attn_probs=False)`:
   exact attention, forward and (torch autograd) backward; FlashAttention-2, or FlashAttention-1 with
   algorithm="v1".
+* `flash_attn_qkvpacked_func(qkv, ...)`, `flash_attn_kvpacked_func(q, kv, ...)`: the same on packed inputs
+  ([b, s, 3, h, d] / [b, s, 2, hk, d]), split into views without a copy.
 * `flash_attn_backward(dout, q, k, v, out, softmax_lse, ...)`: its gradients without autograd (CuPy).
 * `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, ...)`: Flash-Decoding
   against a KV cache, with an optional in-place append.
@@ -24,7 +26,8 @@ from .backward import flash_attn_backward
 from .decode import flash_attn_with_kvcache
 from .flash import flash_attn_func
 from .naive import naive_attention
+from .packed import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "reference", "__version__"]

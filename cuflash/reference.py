@@ -2,7 +2,8 @@
 
 Each function mirrors one algorithm, so the math of a kernel can be tested on a CPU:
 
-* ``attention_forward`` / ``attention_backward``: naive S = scale*QK^T, P = softmax(S), O = PV.
+* ``attention_forward`` / ``attention_backward``: naive S = scale*QK^T, P = softmax(S), O = PV, with
+  flash-attn's score options: sliding window (``window_size``), ``softcap``, ``alibi_slopes``.
 * ``flash_v1_forward`` / ``flash_v1_backward``: FlashAttention-1 (Dao et al. 2022, Algorithms 1
   and 4 without dropout): KV blocks outer, Q blocks inner, O / m / l / dQ kept in full-size
   "HBM" arrays that are read, updated and written back for every tile.
@@ -28,7 +29,7 @@ import math
 import numpy as np
 
 __all__ = [
-    "causal_mask", "attention_forward", "attention_backward", "flash_v1_forward",
+    "causal_mask", "visible_mask", "alibi_bias", "attention_forward", "attention_backward", "flash_v1_forward",
     "flash_v1_backward", "flash_v2_forward", "flash_backward", "split_kv_forward",
     "combine_splits", "decode_warp_tiles", "decode_kernel_forward", "attention_flops",
 ]
@@ -120,34 +121,78 @@ def causal_mask(seqlen_q, seqlen_k):
     return np.arange(seqlen_k)[None, :] <= np.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
 
 
-def _naive_probs(q, k, scale, causal):
-    """P = softmax(scale * Q K^T) [b, h, sq, sk] plus its m and l; empty rows give P = 0."""
-    s = scale * (q @ k.swapaxes(-1, -2))  # S [b, h, sq, sk]
+def visible_mask(seqlen_q, seqlen_k, causal=False, window_size=(-1, -1)):
+    """Which keys each query row sees, [sq, sk] bool, flash-attn's semantics with off = sk - sq: key j is visible
+    to row i iff i + off - left <= j <= i + off + right (a negative bound: unbounded on that side); causal is
+    right = 0."""
+    left, right = window_size
     if causal:
-        s = np.where(causal_mask(q.shape[2], k.shape[2]), s, -np.inf)
+        right = 0
+    i = np.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
+    j = np.arange(seqlen_k)[None, :]
+    vis = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if left >= 0:
+        vis &= j >= i - left
+    if right >= 0:
+        vis &= j <= i + right
+    return vis
+
+
+def alibi_bias(alibi_slopes, batch, nheads, seqlen_q, seqlen_k):
+    """ALiBi's additive bias [b, h, sq, sk]: -slope * |i + off - j|; slopes of shape (nheads,) or (batch, nheads)."""
+    sl = np.asarray(alibi_slopes, dtype=np.float64)
+    sl = np.broadcast_to(sl.reshape((1, nheads) if sl.ndim == 1 else (batch, nheads)), (batch, nheads))
+    dist = np.abs(np.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q) - np.arange(seqlen_k)[None, :])
+    return -sl[:, :, None, None] * dist[None, None]
+
+
+def _scores(q, k, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """The scores the softmax sees [b, h, sq, sk] (hidden ones -inf) and d(scores)/d(scale * Q K^T) (the softcap
+    derivative 1 - tanh^2; 1 without softcap): s = scale * Q K^T; with softcap c > 0, s = c tanh(s / c); hidden
+    keys (window, causal) -inf; then + ALiBi's bias (flash-attn's order)."""
+    s = scale * (q @ k.swapaxes(-1, -2))
+    dcap = 1.0
+    if softcap > 0:
+        t = np.tanh(s / softcap)
+        s, dcap = softcap * t, 1.0 - t * t
+    b, h, sq, sk = s.shape
+    if causal or window_size[0] >= 0 or window_size[1] >= 0:
+        s = np.where(visible_mask(sq, sk, causal, window_size), s, -np.inf)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, b, h, sq, sk)
+    return s, dcap
+
+
+def _naive_probs(q, k, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """P = softmax(scores) [b, h, sq, sk] plus its m and l and the softcap derivative (see _scores); empty rows
+    give P = 0."""
+    s, dcap = _scores(q, k, scale, causal, window_size, softcap, alibi_slopes)
     m = s.max(axis=-1, initial=-np.inf)  # [b, h, sq]
     e = np.exp(s - _finite(m)[..., None])
     l = e.sum(axis=-1)  # [b, h, sq]
-    return e * _safe_inv(l)[..., None], m, l
+    return e * _safe_inv(l)[..., None], m, l, dcap
 
 
-def attention_forward(q, k, v, softmax_scale=None, causal=False):
-    """Naive attention: O = softmax(scale * Q K^T) V. Returns out [b, sq, h, d], LSE [b, h, sq]."""
+def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                      alibi_slopes=None):
+    """Naive attention: O = softmax(scores) V with flash-attn's score options (sliding window, softcap, ALiBi;
+    see _scores). Returns out [b, sq, h, d], LSE [b, h, sq]."""
     q, k, v, scale, _ = _prep(q, k, v, softmax_scale)
-    p, m, l = _naive_probs(q, k, scale, causal)
+    p, m, l, _ = _naive_probs(q, k, scale, causal, window_size, softcap, alibi_slopes)
     return _bshd(p @ v), _lse(m, l)
 
 
-def attention_backward(dout, q, k, v, softmax_scale=None, causal=False):
-    """Naive backward from the full P: dV = P^T dO, dP = dO V^T, dS = P * (dP - D),
-    dQ = scale dS K, dK = scale dS^T Q with D = rowsum(P * dP) = rowsum(dO * O).
-    Returns dq like q, dk and dv like k (summed over the query heads of each kv head)."""
+def attention_backward(dout, q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                       alibi_slopes=None):
+    """Naive backward from the full P: dV = P^T dO, dP = dO V^T, dS = P * (dP - D), times the softcap
+    derivative, dQ = scale dS K, dK = scale dS^T Q with D = rowsum(P * dP) = rowsum(dO * O) (ALiBi's bias has
+    no gradient). Returns dq like q, dk and dv like k (summed over the query heads of each kv head)."""
     q, k, v, scale, hk = _prep(q, k, v, softmax_scale)
     do = _bhsd(dout)  # [b, h, sq, d]
-    p, _, _ = _naive_probs(q, k, scale, causal)  # [b, h, sq, sk]
+    p, _, _, dcap = _naive_probs(q, k, scale, causal, window_size, softcap, alibi_slopes)  # [b, h, sq, sk]
     dv = p.swapaxes(-1, -2) @ do  # [b, h, sk, d]
     dp = do @ v.swapaxes(-1, -2)  # [b, h, sq, sk]
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * dcap
     dq = scale * (ds @ k)  # [b, h, sq, d]
     dk = scale * (ds.swapaxes(-1, -2) @ q)  # [b, h, sk, d]
     return _bshd(dq), _sum_kv_heads(dk, hk), _sum_kv_heads(dv, hk)

@@ -79,6 +79,14 @@ def _fake_torch():
         def fill_(self, v):
             return self
 
+        def select(self, dim, i):  # a view, as torch's: one dim dropped, the base moved by i strides
+            t = Tensor.__new__(Tensor)
+            t.shape = self.shape[:dim] + self.shape[dim + 1:]
+            t.dtype = self.dtype
+            t._strides = self._strides[:dim] + self._strides[dim + 1:]
+            t._ptr = self._ptr + i * self._strides[dim] * self.dtype.itemsize
+            return t
+
     def empty(shape, dtype=None, device=None):
         _Counters.empty += 1
         return Tensor(shape, dtype)

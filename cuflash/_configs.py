@@ -530,6 +530,34 @@ def v1_specs():
     return out
 
 
+def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward: bool = True, decode: bool = True,
+                arch: int = 90):
+    """The kernels a model's calls launch on sm_<arch> with the default options (`python -m cuflash.precompile
+    --dtypes/--headdims/--causal/--no-backward/--no-decode`): the V2 forward (and the Hopper forward for its head
+    dims on sm_90); with backward, the default backward (preprocess, the auto partition's main kernel with this
+    arch's tile, dQ convert); with decode, the decode kernel, the split-KV forward, its combine and the cache
+    append. A subset of all_specs()."""
+    out = []
+    for dt in dtypes:
+        for d in headdims:
+            for c in causal:
+                out.append(fwd_spec(dt, d, c, split=False))
+                if arch == 90 and d in SM90_HEADDIMS:
+                    out.append(sm90_fwd_spec(dt, d, c))
+                if backward:
+                    part = BWD_AUTO_PARTITION.get(d, "kv")
+                    tile = bwd_tile(d, part, arch, dt)
+                    out += [bwd_spec(dt, d, c, tile, part), bwd_convert_spec(dt, d, c, tile.block_n)]
+                if decode:
+                    out += [fwd_spec(dt, d, c, split=True)]
+                    out += [decode_spec(dt, d, c, mf) for mf in range(1, DECODE_MAX_MF[d] + 1)]
+            if backward:
+                out.append(bwd_preprocess_spec(dt, d))
+            if decode:
+                out += [combine_spec(dt, d), append_spec(dt, d)]
+    return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
+
+
 def all_specs():
     """Every kernel configuration the package can launch (CI compiles each for sm_80 and sm_90)."""
     specs = []

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import re
 import threading
+import time
+import uuid
 import warnings
 from pathlib import Path
+
+log = logging.getLogger("cuflash")
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -92,6 +97,23 @@ def device_cc(device_id: int) -> int:
     return cc
 
 
+_first_compile = [True]
+
+
+def _note_compile(name_expression: str, seconds: float) -> None:
+    """A process's first kernel compile says so once, at WARNING (seen by default: the first call of a shape
+    family takes seconds); later ones, and loads from the disk cache, at INFO / DEBUG."""
+    if seconds >= 0.5 and _first_compile[0]:
+        _first_compile[0] = False
+        log.warning("cuflash: compiling kernels with NVRTC on first use (%s: %.1f s; each new configuration "
+                    "compiles once, later processes load it from the disk cache; `python -m cuflash.precompile` "
+                    "compiles ahead of time; logger 'cuflash' at INFO lists each one)", name_expression, seconds)
+    elif seconds >= 0.5:
+        log.info("cuflash: compiled %s in %.1f s", name_expression, seconds)
+    else:
+        log.debug("cuflash: loaded %s in %.3f s", name_expression, seconds)
+
+
 def get_function(filename: str, name_expression: str, device_id: int, arch_suffix: str = ""):
     """The kernel for one template instantiation, compiled for `device_id`'s arch (memoized): a cupy.RawKernel,
     or with arch_suffix ("a": sm_90a's wgmma and setmaxnreg) a _CubinKernel compiled for exactly that target."""
@@ -105,6 +127,7 @@ def get_function(filename: str, name_expression: str, device_id: int, arch_suffi
         fn = _modules.get(key)
         if fn is None:
             cc = device_cc(device_id)
+            t0 = time.perf_counter()
             with cupy.cuda.Device(device_id):
                 if arch_suffix:
                     fn = _CubinKernel.build(filename, name_expression, cc, arch_suffix)
@@ -117,6 +140,7 @@ def get_function(filename: str, name_expression: str, device_id: int, arch_suffi
                         fn.kernel  # force compile + load now, so errors carry the NVRTC log here
                     except cupy.cuda.compiler.CompileException as e:
                         raise RuntimeError(f"cuflash: NVRTC failed on {filename} [{name_expression}]:\n{e}") from e
+            _note_compile(name_expression, time.perf_counter() - t0)
             if fn.local_size_bytes:  # register spills: correct, but slower than the configuration was tuned for
                 from cupy.cuda import nvrtc
 
@@ -153,28 +177,7 @@ class _CubinKernel:
 
     @classmethod
     def build(cls, filename: str, name_expression: str, cc: int, suffix: str):
-        from cupy.cuda import nvrtc
-
-        arch = f"{cc}{suffix}"
-        src = assemble(filename)
-        h = hashlib.sha256("\0".join((src, name_expression, arch, repr(NVRTC_OPTIONS),
-                                      ".".join(map(str, nvrtc.getVersion())))).encode()).hexdigest()[:32]
-        d = cache_dir()
-        cubin_p, name_p = d / f"{h}.cubin", d / f"{h}.name"
-        if cubin_p.is_file() and name_p.is_file():
-            return cls(cubin_p.read_bytes(), name_p.read_text())
-        res = compile_offline(filename, [name_expression], arch, verbose=False)
-        lowered = res["kernels"][name_expression]["lowered"]
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp = d / f"{h}.{os.getpid()}.tmp"
-            tmp.write_bytes(res["cubin"])
-            os.replace(tmp, cubin_p)
-            tmp.write_text(lowered)
-            os.replace(tmp, name_p)
-        except OSError:  # a read-only home: compile again next time
-            pass
-        return cls(res["cubin"], lowered)
+        return cls(*cached_cubin(filename, name_expression, f"{cc}{suffix}"))
 
     def _attr(self, attr: int) -> int:
         from cupy.cuda import driver
@@ -201,6 +204,39 @@ class _CubinKernel:
 
 
 # ------------------------------------------------------------------------------------- offline (no GPU)
+def cached_cubin(filename: str, name_expression: str, arch: str) -> tuple:
+    """(cubin, lowered name) of one kernel for sm_<arch> (e.g. "90a"), from the disk cache (cache_dir()) or
+    compiled (compile_offline) and stored there. The key covers the source text, the name expression, the target,
+    the options and the NVRTC version. Processes that compile the same kernel at once (torchrun ranks) each write
+    a private temporary file and rename it into place (atomic on POSIX): a reader sees a whole file or none, and
+    whichever writer renames last leaves its cubin (NVRTC's cubins of one program differ in a 16-byte build
+    identifier only; the code is the same)."""
+    from cupy.cuda import nvrtc
+
+    src = assemble(filename)
+    h = hashlib.sha256("\0".join((src, name_expression, arch, repr(NVRTC_OPTIONS),
+                                  ".".join(map(str, nvrtc.getVersion())))).encode()).hexdigest()[:32]
+    d = cache_dir()
+    cubin_p, name_p = d / f"{h}.cubin", d / f"{h}.name"
+    try:
+        cubin, lowered = cubin_p.read_bytes(), name_p.read_text()
+        if cubin and lowered:
+            return cubin, lowered
+    except OSError:  # not cached yet
+        pass
+    res = compile_offline(filename, [name_expression], arch, verbose=False)
+    cubin, lowered = res["cubin"], res["kernels"][name_expression]["lowered"]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for path, data in ((cubin_p, cubin), (name_p, lowered.encode())):
+            tmp = d / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    except OSError:  # a read-only cache folder: compile again next time
+        pass
+    return cubin, lowered
+
+
 def _include_dirs() -> list:
     dirs = []
     try:

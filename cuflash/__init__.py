@@ -15,6 +15,8 @@ Public API (flash-attn's names and keywords):
 * `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, ...)`: Flash-Decoding
   against a KV cache, with an optional in-place append.
 * `naive_attention(q, k, v, softmax_scale=None, causal=False)`: the unfused baseline.
+* `scaled_dot_product_attention(query, key, value, is_causal=False, scale=None, enable_gqa=False)`: the same
+  in torch SDPA's [batch, heads, seqlen, headdim] layout, through views (no copy).
 * `reference`: float64 NumPy references of every algorithm (CPU).
 
 Layout: q [batch, seqlen_q, nheads, headdim], k / v [batch, seqlen_k, nheads_k, headdim], float16 or
@@ -27,7 +29,8 @@ from .decode import flash_attn_with_kvcache
 from .flash import flash_attn_func
 from .naive import naive_attention
 from .packed import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from .sdpa import scaled_dot_product_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "scaled_dot_product_attention", "reference", "__version__"]

@@ -79,6 +79,13 @@ def _fake_torch():
         def fill_(self, v):
             return self
 
+        def transpose(self, a, b):  # a view with dims a and b swapped
+            t = Tensor.__new__(Tensor)
+            sh, st = list(self.shape), list(self._strides)
+            sh[a], sh[b], st[a], st[b] = sh[b], sh[a], st[b], st[a]
+            t.shape, t.dtype, t._strides, t._ptr = tuple(sh), self.dtype, tuple(st), self._ptr
+            return t
+
         def select(self, dim, i):  # a view, as torch's: one dim dropped, the base moved by i strides
             t = Tensor.__new__(Tensor)
             t.shape = self.shape[:dim] + self.shape[dim + 1:]

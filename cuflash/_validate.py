@@ -82,8 +82,38 @@ def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
         check_layout(a, n)
 
 
+def check_score_options(dropout_p=0.0, window_size=(-1, -1), softcap=0.0) -> None:
+    """flash-attn's option values, checked before anything else: dropout_p a number in [0, 1), window_size a pair
+    of ints >= -1 (-1: unbounded), softcap a finite number >= 0. TypeError / ValueError naming the argument."""
+    import math
+    import numbers
+
+    def real(x):
+        return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+    if not real(dropout_p):
+        raise TypeError(f"dropout_p must be a float; got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair (left, right) of ints; got {window_size!r}") from None
+    for side, w in (("left", left), ("right", right)):
+        if not isinstance(w, numbers.Integral) or isinstance(w, bool):
+            raise TypeError(f"window_size {side} must be an int; got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"window_size {side} must be >= -1 (-1: unbounded); got {w}")
+    if not real(softcap):
+        raise TypeError(f"softcap must be a float; got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0: off); got {softcap!r}")
+
+
 def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None) -> None:
-    """flash-attn arguments cuflash does not implement: refuse them rather than ignore them."""
+    """flash-attn arguments cuflash does not implement: bad values are a TypeError / ValueError
+    (check_score_options), valid ones that are not the defaults a NotImplementedError, never ignored."""
+    check_score_options(dropout_p, window_size, softcap)
     if dropout_p:
         raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented in cuflash")
     if tuple(window_size) != (-1, -1):

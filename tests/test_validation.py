@@ -81,6 +81,23 @@ def test_unimplemented_arguments_refused(kw, word):
         cuflash.flash_attn_func(None, None, None, **kw)
 
 
+@pytest.mark.parametrize("kw,exc,word", [
+    (dict(dropout_p=1.0), ValueError, "dropout_p"), (dict(dropout_p=-0.1), ValueError, "dropout_p"),
+    (dict(dropout_p="0.1"), TypeError, "dropout_p"), (dict(window_size=(-2, 0)), ValueError, "window_size left"),
+    (dict(window_size=(4, -5)), ValueError, "window_size right"), (dict(window_size=(1.5, 0)), TypeError, "left"),
+    (dict(window_size=7), TypeError, "window_size"), (dict(window_size=(1, 2, 3)), TypeError, "window_size"),
+    (dict(softcap=-1.0), ValueError, "softcap"), (dict(softcap=float("inf")), ValueError, "softcap"),
+    (dict(softcap=None), TypeError, "softcap"),
+])
+def test_bad_option_values_refused_by_name(kw, exc, word):
+    """A value no implementation could accept is a TypeError / ValueError, before the NotImplementedError of a
+    valid value that cuflash does not implement yet."""
+    with pytest.raises(exc, match=word):
+        check_unsupported(**kw)
+    with pytest.raises(exc, match=word):
+        cuflash.flash_attn_func(None, None, None, **kw)
+
+
 def test_bad_keyword_extras():
     with pytest.raises(ValueError, match="grid_order"):
         cuflash.flash_attn_func(None, None, None, grid_order="zigzag")

@@ -97,13 +97,24 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
     """The Hopper forward next to the mma.sync forward and SDPA's FLASH and CUDNN backends, timed in turn
     (`rounds` rounds, medians): the FA2 grid (batch x seqlen = 16k, hidden 2048) from 512 to 16k at head dims
     64, 128, 256, plus 1 x 64k and GQA 64/8 heads at 8k. Every cuflash record names its backend and carries
-    its fraction of the wgmma ceiling (`ceiling_tflops`: measured by micro90 in the same call when given, else
-    the anchor)."""
+    its fraction of the wgmma ceiling (`ceiling_tflops`; by default measured first, in this run, by micro90's
+    wgmma throughput kernels on random operands; the anchor where that fails)."""
     import torch
 
     import cuflash
 
-    ceiling = ceiling_tflops or WGMMA_ANCHOR_TFLOPS
+    source = "given"
+    if ceiling_tflops is None:
+        try:
+            from .bench_micro_sm90 import wgmma_ceiling_tflops
+
+            ceiling_tflops, source = wgmma_ceiling_tflops(), "micro90, this run"
+        except Exception as e:  # noqa: BLE001 - the anchor then
+            print(f"wgmma ceiling not measured ({type(e).__name__}: {e}); using the anchor")
+    if not ceiling_tflops:
+        ceiling_tflops, source = WGMMA_ANCHOR_TFLOPS, "anchor (shared/ANCHORS.md)"
+    ceiling = ceiling_tflops
+    print(f"wgmma ceiling {ceiling:.0f} TFLOP/s ({source})", flush=True)
     recs = []
     for dtype, b, s, h, hk, d in _hopper_points(dtypes, headdims, seqlens, extra):
         dt = getattr(torch, dtype)
@@ -121,7 +132,8 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
                 if name.startswith("cuflash"):
                     be = name.split("-")[1]
                     r = record("cuflash", f"v2-{be}", "fwd", dtype, b, h, s, s, d, causal, ms, backend=be,
-                               rounds=rounds, round_ms=per, kv_heads=hk, wgmma_ceiling_tflops=ceiling)
+                               rounds=rounds, round_ms=per, kv_heads=hk, wgmma_ceiling_tflops=ceiling,
+                               wgmma_ceiling_source=source)
                     r["wgmma_fraction"] = r["tflops"] / ceiling if r["tflops"] else None
                 else:
                     r = record(name, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per,

@@ -732,6 +732,21 @@ def _start_background(specs, jobs=None):
     return pool, futs
 
 
+def wgmma_ceiling_tflops() -> float | None:
+    """The wgmma rate of this GPU on random operands, measured now (quick: N = 64 and 256, fp16 and bf16, ss and
+    rs, one warpgroup point each; the best of them), for benchmarks that report a fraction of it; None when it
+    cannot be measured here."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return None
+    ctx = _Ctx(deadline=time.time() + 30.0)
+    recs = []
+    bench_wgmma_tput(ctx, recs, quick=True)
+    rates = [r["value"] for r in recs if r.get("metric") == "TFLOP/s" and r.get("value")]
+    return max(rates) if rates else None
+
+
 def micro90(quick: bool = False) -> list:
     """The suite. quick=True: a few points of each item at short launches (the GPU test's smoke run)."""
     t_start = time.time()

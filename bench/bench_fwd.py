@@ -106,9 +106,9 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
     source = "given"
     if ceiling_tflops is None:
         try:
-            from .bench_micro_sm90 import wgmma_ceiling_tflops
+            from .bench_micro_sm90 import wgmma_ceiling
 
-            ceiling_tflops, source = wgmma_ceiling_tflops(), "micro90, this run"
+            ceiling_tflops, source = wgmma_ceiling(), "micro90, this run"
         except Exception as e:  # noqa: BLE001 - the anchor then
             print(f"wgmma ceiling not measured ({type(e).__name__}: {e}); using the anchor")
     if not ceiling_tflops:

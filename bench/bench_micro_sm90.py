@@ -732,8 +732,8 @@ def _start_background(specs, jobs=None):
     return pool, futs
 
 
-def wgmma_ceiling_tflops() -> float | None:
-    """The wgmma rate of this GPU on random operands, measured now (quick: N = 64 and 256, fp16 and bf16, ss and
+def wgmma_ceiling() -> float | None:
+    """The wgmma rate of this GPU on random operands in TFLOP/s, measured now (quick: N = 64 and 256, fp16 and bf16, ss and
     rs, one warpgroup point each; the best of them), for benchmarks that report a fraction of it; None when it
     cannot be measured here."""
     import torch

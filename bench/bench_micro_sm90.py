@@ -21,7 +21,7 @@ Reading the numbers: FLOP/clk/SM comes from clock64 (per SM, so the clock the GP
 whether the tensor cores are saturated (architectural 4096); TFLOP/s comes from CUDA events and also carries
 the clock the GPU runs at under random operands (its record's clock_ghz), which is below the 1.98 GHz boost.
 The latency records' one_warpgroup_fraction_of_peak is the tensor-core rate one warpgroup gets when it waits
-for every group: what OVERLAP / PINGPONG must make up.
+for every group: what the sm90 forward's overlapped issue and PINGPONG must make up.
 
     python -m bench micro90 --out DIR
 
@@ -595,7 +595,7 @@ def bench_wgmma_latency(ctx, recs, quick=False):
                                  one_warpgroup_fraction_of_peak=g * 2.0 * 64 * n * 16 / WGMMA_FLOP_PER_CLK_SM
                                  / per_step,
                                  informs=("wgmma latency (issue -> wait_group 0): how many products must be in flight "
-                                          "to hide it, i.e. OVERLAP (the next S = Q K^T issued with the current "
+                                          "to hide it, i.e. the overlapped issue (the next S = Q K^T with the current "
                                           "O += P V) and PINGPONG (two consumer warpgroups) of flash_fwd_sm90.cu; "
                                           + form.informs)))
             except Exception:  # noqa: BLE001

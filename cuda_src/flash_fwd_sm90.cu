@@ -13,11 +13,11 @@
 //     O  += P V_j            wgmma, P from registers (the A fragment: no smem trip), V_j in smem (MN-major)
 //     and at the end O / l -> the warpgroup's own Q rows in smem -> 16-byte stores; LSE = (m + log2 l) ln 2.
 //
-// Overlap. The tensor cores run while the softmax does: OVERLAP issues the next tile's S = Q K^T together with the
-// current O += P V and runs the softmax of the new S under that product (the O re-scaling it implies waits for the
-// product: OnlineSoftmax::rescale_sum / rescale_o); PINGPONG hands the tensor cores from one consumer warpgroup to
-// the next through named barriers, each warpgroup issuing its products in its turn, so one warpgroup's softmax runs
-// under another's products.
+// Overlap. The tensor cores run while the softmax does: each step issues the next tile's S = Q K^T together with
+// the current O += P V and runs the softmax of the new S under that product (the O re-scaling it implies waits for
+// the product: OnlineSoftmax::rescale_sum / rescale_o; issuing S, softmax and P V one after another measured 10-15%
+// slower, bench/NOTES.md); PINGPONG hands the tensor cores from one consumer warpgroup to the next through named
+// barriers, each warpgroup issuing its products in its turn, so one warpgroup's softmax runs under another's.
 //
 // Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout): Q [BLOCK_M, DP], STAGES x K [BLOCK_N, DP],
 // STAGES x V [BLOCK_N, DP], then the mbarriers. DP = D rounded up to 64 (one 128-byte box per 64 columns): the
@@ -34,7 +34,7 @@
 //   STAGES            K/V shared-memory stages;   CAUSAL  bottom-right aligned causal mask
 //   REGS_MMA, REGS_LOAD  setmaxnreg budgets of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
 //                     <= 65536)
-//   OVERLAP, PINGPONG the two overlaps above;   SMEM_BYTES  dynamic shared memory the host reserves
+//   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -69,7 +69,7 @@ struct Sm90FwdLayout {
 };
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool OVERLAP, bool PINGPONG, int SMEM_BYTES>
+          bool PINGPONG, int SMEM_BYTES>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
   using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
@@ -198,34 +198,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (PINGPONG && cw == NWG - 1) named_bar_arrive(1, 256);
     mbar_wait(bar_q, 0);
   }
-  if constexpr (!OVERLAP) {
-    for (int it = 0; it < n_iters; ++it) {
-      const int n = n_end - 1 - it, st = it % STAGES, ph = (it / STAGES) & 1;
-      mbar_wait(&full_k[st], ph);
-      turn_begin();
-      wgmma_fence();
-      issue_qk(st);
-      wgmma_commit();
-      turn_end(false);
-      wgmma_wait<0>();
-      reg_fence(acc_s[0]);
-      mbar_arrive(&empty_k[st]);
-      const bool moved = mask_and_max(n);
-      if (__any_sync(0xffffffffu, moved)) softmax.rescale(acc_o);
-      softmax.exp_and_sum(acc_s, scale_log2);
-#pragma unroll
-      for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
-      mbar_wait(&full_v[st], ph);
-      turn_begin();
-      wgmma_fence();
-      issue_pv(st);
-      wgmma_commit();
-      turn_end(it == n_iters - 1);
-      wgmma_wait<0>();
-      reg_fence(acc_o[0]);
-      mbar_arrive(&empty_v[st]);
-    }
-  } else if (n_iters > 0) {
+  if (n_iters > 0) {
     // Tile 0: S alone.
     mbar_wait(&full_k[0], 0);
     turn_begin();

@@ -127,7 +127,6 @@ class Sm90FwdTile:
     stages: int = 2
     regs_mma: int = 240  # setmaxnreg budgets: 128 (regs_load + nwg regs_mma) <= 65536
     regs_load: int = 24
-    overlap: bool = True  # next tile's Q K^T issued with this tile's P V, softmax under it
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
 
     @property
@@ -168,7 +167,7 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     smem = sm90_fwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
-            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.overlap)}, {b(tile.pingpong)}, {smem}>")
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 

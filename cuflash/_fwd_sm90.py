@@ -158,7 +158,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
 class Sm90Plan(HostPlan):
     """A memoized sm90 forward (see cuflash._fwd._FwdPlan): the maps of recent pointer triples are kept."""
 
-    __slots__ = ("outs", "maps", "encoded", "kernel")
+    __slots__ = ("outs", "maps", "encoded")
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
@@ -168,20 +168,10 @@ class Sm90Plan(HostPlan):
             if len(self.encoded) >= MAX_MAP_SETS:
                 self.encoded.clear()
             mb = self.encoded[key] = encode_args(self.maps, qp, kp, vp)
-        fn, grid, threads, smem = self.kernel
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
         ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
-        launch, get_device, ctx_current = self._driver
-        if not ctx_current():
-            _interop.ensure_context()
-        if get_device() == self.device:
-            launch(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
-        else:
-            import cupy
-
-            with cupy.cuda.Device(self.device):
-                launch(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
+        self.launch_packed(stream, argv)
         return out, lse
 
 
@@ -190,7 +180,7 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order) -> Sm90Plan:
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
     p = Sm90Plan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
-    p.kernel = (lau.ptr, grid, lau.threads, lau.smem)
+    p.add_launch(lau, grid)
     p.maps, p.encoded = maps, {}
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

@@ -77,6 +77,11 @@ class HostPlan:
         # one block for all kernels (the driver copies it during each launch call), in this thread's buffer
         buf, argv, _ = getattr(_tls, "s", None) or _scratch()
         self.pack(buf, 0, *dynamic, *self.rest)
+        self.launch_packed(stream, argv)
+
+    def launch_packed(self, stream: int, argv: int) -> None:
+        """Launch every kernel with parameters already packed where `argv` (a void** address) points, on the
+        plan's device."""
         launch, get_device, ctx_current = self._driver
         if not ctx_current():
             ensure_context()

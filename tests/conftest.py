@@ -193,3 +193,63 @@ def assert_close_to_ref(name, ours, torch_lowp, ref, factor=2.0):
     assert e_ours <= factor * e_torch + floor, (
         f"{name}: max abs error {e_ours:.3e} > {factor} x torch's {e_torch:.3e} + {floor:.2e}")
     return e_ours, e_torch
+
+
+# ------------------------------------------------------------------- host path with the GPU stood in (CPU)
+_STAND_IN_PREAMBLE = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+from bench.diag import host_overhead as ho
+torch = ho.install_fakes(record=True)
+import cuflash
+T = torch.Tensor
+res = {{}}
+
+def launches(fn):
+    # the launches fn makes: [kernel name, grid, parameter bytes (hex)], and what fn returned
+    ho.LAUNCHES.clear()
+    out = fn()
+    rec = [[r[0], list(r[1]), r[4].hex()] for r in ho.LAUNCHES]
+    ho.LAUNCHES.clear()
+    return rec, out
+
+def err(fn):
+    try:
+        fn()
+        return ["no error", ""]
+    except (TypeError, ValueError, NotImplementedError) as e:
+        return [type(e).__name__, str(e)]
+"""
+
+
+def run_with_stand_ins(body: str) -> dict:
+    """Run `body` in a subprocess whose torch, driver launches and compiler are bench.diag.host_overhead's
+    stand-ins (the preamble above defines T, launches(), err() and a dict `res`); returns `res`, which the body
+    fills with JSON-able values."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = _STAND_IN_PREAMBLE.format(root=str(root)) + body + '\nprint("RESULT" + json.dumps(res))\n'
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
+
+
+def launch_params(launch, zero=("o", "lse")) -> tuple:
+    """(kernel name, grid, parameter bytes) of a recorded launch with the FwdParams fields `zero` (fresh
+    allocations: out, lse) set to 0."""
+    import struct
+
+    from cuflash._launch import FWD_FORMAT, FWD_PARAMS
+
+    names = [n for n, _ in FWD_PARAMS]
+    name, grid, raw = launch
+    raw = bytearray(bytes.fromhex(raw))
+    p = list(struct.unpack_from(FWD_FORMAT, raw, 0))
+    for f in zero:
+        p[names.index(f)] = 0
+    struct.pack_into(FWD_FORMAT, raw, 0, *p)
+    return name, grid, bytes(raw)

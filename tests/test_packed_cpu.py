@@ -2,57 +2,30 @@
 the packed tensor's views (kernel, grid, parameter bytes: the view pointers and strides, tensor maps included),
 and refuse bad packed shapes by name before anything is launched. The GPU is replaced by bench's host_overhead
 stand-ins in a subprocess; GPU tests: tests/test_packed.py."""
-import json
-import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import cuflash
+from conftest import launch_params, run_with_stand_ins
 from cuflash._launch import FWD_FORMAT, FWD_PARAMS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = [n for n, _ in FWD_PARAMS]
 
-_SCRIPT = r"""
-import json, sys
-sys.path.insert(0, ROOT)
-from bench.diag import host_overhead as ho
-torch = ho.install_fakes(record=True)
-import cuflash
-T = torch.Tensor
-res = {}
-
-def launches(fn):
-    ho.LAUNCHES.clear()
-    fn()
-    out = [[r[0], list(r[1]), r[4].hex()] for r in ho.LAUNCHES]
-    ho.LAUNCHES.clear()
-    return out
-
+_BODY = r"""
 for tag, d, causal, backend in (("d64", 64, True, "auto"), ("d128_sm80", 128, False, "sm80"), ("d32", 32, True, "auto")):
     qkv = T((2, 200, 3, 8, d), torch.float16)
     v3 = [qkv.select(2, i) for i in range(3)]
-    res["qkv_" + tag] = [launches(lambda: cuflash.flash_attn_qkvpacked_func(qkv, causal=causal, backend=backend)),
-                         launches(lambda: cuflash.flash_attn_func(*v3, causal=causal, backend=backend)),
+    res["qkv_" + tag] = [launches(lambda: cuflash.flash_attn_qkvpacked_func(qkv, causal=causal, backend=backend))[0],
+                         launches(lambda: cuflash.flash_attn_func(*v3, causal=causal, backend=backend))[0],
                          [x.data_ptr() for x in v3], list(v3[0].stride())]
     q = T((2, 150, 8, d), torch.float16)
     kv = T((2, 300, 2, 2, d), torch.float16)
     v2 = [kv.select(2, i) for i in range(2)]
-    res["kv_" + tag] = [launches(lambda: cuflash.flash_attn_kvpacked_func(q, kv, causal=causal, backend=backend)),
-                        launches(lambda: cuflash.flash_attn_func(q, *v2, causal=causal, backend=backend)),
+    res["kv_" + tag] = [launches(lambda: cuflash.flash_attn_kvpacked_func(q, kv, causal=causal, backend=backend))[0],
+                        launches(lambda: cuflash.flash_attn_func(q, *v2, causal=causal, backend=backend))[0],
                         [q.data_ptr()] + [x.data_ptr() for x in v2], list(v2[0].stride())]
-
-def err(fn):
-    try:
-        fn()
-        return ["no error", ""]
-    except (TypeError, ValueError) as e:
-        return [type(e).__name__, str(e)]
-
 res["bad"] = {
     "qkv_rank": err(lambda: cuflash.flash_attn_qkvpacked_func(T((2, 200, 8, 64), torch.float16))),
     "qkv_three": err(lambda: cuflash.flash_attn_qkvpacked_func(T((2, 200, 2, 8, 64), torch.float16))),
@@ -60,33 +33,19 @@ res["bad"] = {
                                                          T((2, 20, 3, 8, 64), torch.float16))),
 }
 res["bad_launches"] = len(ho.LAUNCHES)
-print("RESULT" + json.dumps(res))
 """
 
 
 @pytest.fixture(scope="module")
 def host():
-    code = _SCRIPT.replace("ROOT", repr(ROOT))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
-
-
-def _masked(launch):
-    """(name, grid, parameter bytes with the fresh out / lse pointers zeroed)."""
-    name, grid, raw = launch
-    raw = bytearray(bytes.fromhex(raw))
-    p = list(struct.unpack_from(FWD_FORMAT, raw, 0))
-    p[NAMES.index("o")] = p[NAMES.index("lse")] = 0
-    struct.pack_into(FWD_FORMAT, raw, 0, *p)
-    return name, grid, bytes(raw)
+    return run_with_stand_ins(_BODY)
 
 
 @pytest.mark.parametrize("tag", ["qkv_d64", "qkv_d128_sm80", "qkv_d32", "kv_d64", "kv_d128_sm80", "kv_d32"])
 def test_packed_launch_equals_the_views_launch(host, tag):
     packed, views, ptrs, stride = host[tag]
     assert len(packed) == len(views) == 1
-    assert _masked(packed[0]) == _masked(views[0])
+    assert launch_params(packed[0]) == launch_params(views[0])
     p = dict(zip(NAMES, struct.unpack_from(FWD_FORMAT, bytes.fromhex(packed[0][2]), 0)))
     d = 64 if tag.endswith("d64") else 128 if "d128" in tag else 32
     if tag.startswith("qkv"):

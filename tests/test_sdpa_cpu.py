@@ -2,49 +2,22 @@
 views of torch-layout [b, h, s, d] inputs (no copy: the views' pointers and strides reach the kernel), returns
 a [b, h, s, d] view, and refuses what it does not do before anything is launched. The GPU is replaced by bench's
 host_overhead stand-ins in a subprocess; GPU tests: tests/test_sdpa.py."""
-import json
-import os
 import struct
-import subprocess
-import sys
 
 import pytest
 
+from conftest import launch_params, run_with_stand_ins
 from cuflash._launch import FWD_FORMAT, FWD_PARAMS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = [n for n, _ in FWD_PARAMS]
 
-_SCRIPT = r"""
-import json, sys
-sys.path.insert(0, ROOT)
-from bench.diag import host_overhead as ho
-torch = ho.install_fakes(record=True)
-import cuflash
-T = torch.Tensor
-res = {}
-
-def launches(fn):
-    ho.LAUNCHES.clear()
-    out = fn()
-    rec = [[r[0], list(r[1]), r[4].hex()] for r in ho.LAUNCHES]
-    ho.LAUNCHES.clear()
-    return rec, out
-
+_BODY = r"""
 q = T((2, 8, 300, 128), torch.bfloat16)
 k = T((2, 2, 300, 128), torch.bfloat16)
 v = T((2, 2, 300, 128), torch.bfloat16)
 a, out = launches(lambda: cuflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
 b, ref = launches(lambda: cuflash.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True))
 res["same"] = [a, b, list(out.shape), list(out.stride()), q.data_ptr(), k.data_ptr()]
-
-def err(fn):
-    try:
-        fn()
-        return ["no error", ""]
-    except (TypeError, ValueError, NotImplementedError) as e:
-        return [type(e).__name__, str(e)]
-
 res["bad"] = {
     "gqa": err(lambda: cuflash.scaled_dot_product_attention(q, k, v)),
     "mask": err(lambda: cuflash.scaled_dot_product_attention(q, q, q, attn_mask=q)),
@@ -53,27 +26,19 @@ res["bad"] = {
     "rank": err(lambda: cuflash.scaled_dot_product_attention(T((8, 300, 128), torch.bfloat16), q, q)),
 }
 res["bad_launches"] = len(ho.LAUNCHES)
-print("RESULT" + json.dumps(res))
 """
 
 
 @pytest.fixture(scope="module")
 def host():
-    code = _SCRIPT.replace("ROOT", repr(ROOT))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
+    return run_with_stand_ins(_BODY)
 
 
 def test_sdpa_layout_launch_equals_flash_attn_func(host):
     a, b, shape, stride, qp, kp = host["same"]
-    assert len(a) == len(b) == 1 and a[0][:2] == b[0][:2]
-    pa = list(struct.unpack_from(FWD_FORMAT, bytes.fromhex(a[0][2]), 0))
-    pb = list(struct.unpack_from(FWD_FORMAT, bytes.fromhex(b[0][2]), 0))
-    for f in ("o", "lse"):
-        pa[NAMES.index(f)] = pb[NAMES.index(f)] = 0
-    assert pa == pb and bytes.fromhex(a[0][2])[512:896] == bytes.fromhex(b[0][2])[512:896]  # tensor maps too
-    p = dict(zip(NAMES, pa))
+    assert len(a) == len(b) == 1
+    assert launch_params(a[0]) == launch_params(b[0])  # the whole parameter buffer: the tensor maps too
+    p = dict(zip(NAMES, struct.unpack_from(FWD_FORMAT, launch_params(a[0])[2], 0)))
     assert (p["q"], p["k"]) == (qp, kp)  # the caller's memory, read in place
     assert (p["q_row_stride"], p["q_head_stride"], p["k_head_stride"]) == (128, 300 * 128, 300 * 128)
     assert shape == [2, 8, 300, 128] and stride == [300 * 8 * 128, 128, 8 * 128, 1]  # a view of [b, s, h, d]

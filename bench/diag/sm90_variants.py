@@ -1,9 +1,10 @@
-"""Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile and overlap variants at a few FA2-grid
+"""Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking and grid-order variants at a few FA2-grid
 points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
 
     python -m bench.diag.sm90_variants [--rounds N] [--json FILE]
 
-Each variant is a cuflash._configs.Sm90FwdTile: block_n, consumer warpgroups, stages, overlap, pingpong."""
+Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong) and a grid
+order."""
 from __future__ import annotations
 
 import json
@@ -19,9 +20,7 @@ POINTS = (("float16", 64, 8192), ("float16", 128, 8192), ("float16", 256, 4096),
 def variants(d, causal):
     """(label, tile, grid_order) of the variants timed at head dim d."""
     base = SM90_FWD_TILES[d]
-    out = [(base, "auto"), (replace(base, pingpong=False), "auto"), (replace(base, persistent=False), "auto"),
-           (replace(base, persistent=False, pingpong=False), "auto"), (replace(base, overlap=False, pingpong=False),
-                                                                        "auto")]
+    out = [(base, "auto"), (replace(base, pingpong=False), "auto")]
     if causal:
         out += [(base, "qtile"), (base, "bh"), (replace(base, pingpong=False), "bh")]
     if d == 64:
@@ -39,8 +38,7 @@ def specs():
 
 
 def label(t, go="auto"):
-    return (f"n{t.block_n}-wg{t.nwg}-st{t.stages}-o{int(t.overlap)}-p{int(t.pingpong)}"
-            f"{'' if t.persistent else '-grid'}{'' if go == 'auto' else '-' + go}")
+    return f"n{t.block_n}-wg{t.nwg}-st{t.stages}-p{int(t.pingpong)}{'' if go == 'auto' else '-' + go}"
 
 
 def main(argv):

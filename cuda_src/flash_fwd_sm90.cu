@@ -32,7 +32,7 @@
 //   T                 __half or __nv_bfloat16;   D  head dim (multiple of 16)
 //   BLOCK_N           keys per KV tile (multiple of 16, <= 256);   NWG  consumer warpgroups (BLOCK_M = 64 NWG)
 //   STAGES            K/V shared-memory stages;   CAUSAL  bottom-right aligned causal mask
-//   REGS_MMA, REGS_LOAD  setmaxnreg budgets of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
+//   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
 //                     <= 65536)
 //   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
 #include "common/ptx.cuh"
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && BLOCK_N <= 256 && DP <= 256, "wgmma shapes");
   static_assert(NWG >= 1 && NWG <= 3 && (!PINGPONG || NWG >= 2), "consumer warpgroups");
   static_assert(128 * (REGS_LOAD + NWG * REGS_MMA) <= 65536 && REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
-                "setmaxnreg budgets");
+                "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];

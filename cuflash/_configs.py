@@ -125,7 +125,7 @@ class Sm90FwdTile:
     block_n: int
     nwg: int
     stages: int = 2
-    regs_mma: int = 240  # setmaxnreg budgets: 128 (regs_load + nwg regs_mma) <= 65536
+    regs_mma: int = 240  # setmaxnreg register counts: 128 (regs_load + nwg regs_mma) <= 65536
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
 

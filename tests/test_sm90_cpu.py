@@ -1,5 +1,5 @@
 """CPU: the Hopper forward's host side and build -- the generated wgmma wrappers, the tensor-map arguments
-(cuflash._tma), the backend choice (cuflash._fwd_sm90) on hand-made views, the tile table's budgets, and the
+(cuflash._tma), the backend choice (cuflash._fwd_sm90) on hand-made views, the tile table's limits, and the
 SASS of an offline sm_90a build (HGMMA, UTMALDG, mbarrier SYNCS, setmaxnreg; no local memory)."""
 import importlib.util
 import re
@@ -112,8 +112,8 @@ def test_unknown_backend_refused_before_anything(backend):
 
 
 @pytest.mark.parametrize("d", _configs.SM90_HEADDIMS)
-def test_tile_budgets(d):
-    """Every sm90 tile fits the SM: shared memory, the setmaxnreg budgets, wgmma's N limits, 16-key steps."""
+def test_tile_fits_the_sm(d):
+    """Every sm90 tile fits the SM: shared memory, the setmaxnreg register counts, wgmma's N limits, 16-key steps."""
     t = _configs.sm90_fwd_tile(d, False)
     assert _configs.sm90_fwd_smem_bytes(d, t) <= SMEM_LIMIT_SM90
     assert 128 * (t.regs_load + t.nwg * t.regs_mma) <= 65536 and t.regs_mma % 8 == 0 and 24 <= t.regs_load

@@ -401,6 +401,41 @@ def micro90_table(records, section="micro90"):
     return "\n".join(lines) + "\n"
 
 
+def scores_table(records, section="scores"):
+    """The score modifiers: per (mode, backend, hdim, option), the time ratio to the plain causal kernel at each
+    seqlen (>1: faster), with the window's visible fraction of the causal pairs; SDPA's plain causal rates
+    beside."""
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    seqlens = sorted({r["seqlen_q"] for r in rs})
+    cell = defaultdict(dict)
+    for r in rs:
+        if r["provider"] != "cuflash":
+            continue
+        k = (r["mode"], r.get("backend"), r["dtype"], r["headdim"], r.get("option"))
+        ratio, tf = r.get("ratio_to_plain"), r.get("tflops")
+        frac = r.get("visible_fraction")
+        txt = f"{tf:.0f}" if tf else "-"
+        if r.get("option") != "plain" and ratio:
+            txt += f" ({ratio:.2f}x" + (f"; band {frac:.2f}" if frac is not None and frac < 1 else "") + ")"
+        cell[k][r["seqlen_q"]] = txt
+    sd = defaultdict(dict)
+    for r in rs:
+        if r["provider"] in ("flash", "cudnn") and r.get("tflops"):
+            sd[(r["mode"], r["dtype"], r["headdim"])].setdefault(r["seqlen_q"], []).append(f"{r['provider']} {r['tflops']:.0f}")
+    order = {"plain": 0, "window": 1, "softcap": 2, "alibi": 3, "all": 4}
+    lines = ["| mode | backend | dtype | hdim | option | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (5 + len(seqlens))]
+    for k in sorted(cell, key=lambda k: (k[0] != "fwd", k[1] != "sm90", k[2], k[3], order.get(k[4], 9))):
+        lines.append("| " + " | ".join(str(x) for x in k) + " | " +
+                     " | ".join(cell[k].get(s, "-") for s in seqlens) + " |")
+    for k in sorted(sd):
+        lines.append(f"| {k[0]} | SDPA | {k[1]} | {k[2]} | plain | " +
+                     " | ".join(", ".join(sd[k].get(s, ["-"])) for s in seqlens) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # The README's result blocks: <!-- results:NAME --> ... <!-- /results:NAME -->
 README_BLOCKS = {
     "fwd": lambda rs: headline_table(rs, "fwd", "fwd"),
@@ -416,6 +451,7 @@ README_BLOCKS = {
     "fwd90": hopper_table,
     "fwd90_ceiling": hopper_ceiling_table,
     "micro90": micro90_table,
+    "scores": scores_table,
     "ladder": ladder_tables,
     "traffic": traffic_readme_table,
 }

@@ -53,6 +53,10 @@ SUITES = {s.name: s for s in (
     Suite("fwd90", "bench_fwd", "hopper_grid", 7.0,
           "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
           "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k"),
+    Suite("scores", "bench_scores", "scores", 2.0,
+          "the score modifiers (sliding window 4096, soft-cap 50, ALiBi, all three) next to the plain causal "
+          "kernels, forward (sm90, sm80) and backward, fp16 hdim 64/128 at 4k-16k, SDPA FLASH / cuDNN on the plain "
+          "causal problem, timed in turn, medians of 3 rounds"),
     Suite("fwd_single", "bench_fwd", "fa2_grid", 2.0,
           "the forward grid from 512, one call per timing, with SDPA EFFICIENT and the naive baseline (fp16)"),
     Suite("grid_order", "bench_fwd", "grid_order", 0.3, "forward grid order: Q tile in grid x vs (batch, head) in grid x"),

@@ -146,7 +146,7 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
 // dQ = softmax_scale * sum of the fp32 partials. One thread per 16-byte slot of the fragment-tiled accumulator
 // (coalesced float4 reads): rows g and g + 8 of a band, columns 2t and 2t + 1. For "seqpar" only the KV tiles a
 // row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq).
-template <typename T, int D, int BLOCK_N, bool CAUSAL>
+template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE>
 __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
   const int64_t slots = p.batch * p.nheads * p.seqlen_q_pad * (D / 4);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -157,23 +157,28 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   const int64_t i0 = (band % (p.seqlen_q_pad / 16)) * 16 + l / 4;  // rows i0 and i0 + 8
   if (i0 >= p.seqlen_q) return;
   const int64_t h = bh % p.nheads, b = bh / p.nheads;
-  int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits;
-  if (CAUSAL && p.dq_strategy == DQ_SEQPAR) {  // the KV tiles rows i0 and i0 + 8 see (attn/block.cuh)
-    const Mask<CAUSAL> mask = seqinfo_fixed(p).mask<CAUSAL>();
+  int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits, begin0 = 0, begin8 = 0;
+  if ((CAUSAL || MOD != MOD_NONE) && p.dq_strategy == DQ_SEQPAR) {  // the KV tiles rows i0, i0 + 8 see (attn/block.cuh)
+    const Mask<CAUSAL, MOD> mask = seqinfo_fixed(p).mask<CAUSAL, MOD>(p, (int)b, (int)h);
     splits0 = min(splits0, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 1)));
     splits8 = min(splits8, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 9)));
+    begin0 = kv_block_begin<BLOCK_N>(mask, (int)i0);
+    begin8 = kv_block_begin<BLOCK_N>(mask, (int)i0 + 8);
   }
   const int64_t split_stride = p.batch * p.nheads * p.seqlen_q_pad * D;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum) + idx;
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t s = 0; s < splits8; ++s) {  // splits8 >= splits0
+  for (int64_t s = begin0; s < splits8; ++s) {  // splits8 >= splits0, begin8 >= begin0
+    if (MOD != MOD_NONE && s < begin8 && s >= splits0) continue;
     const float4 x = acc[s * (split_stride / 4)];
     if (s < splits0) {
       sum.x += x.x;
       sum.y += x.y;
     }
-    sum.z += x.z;
-    sum.w += x.w;
+    if (MOD == MOD_NONE || s >= begin8) {
+      sum.z += x.z;
+      sum.w += x.w;
+    }
   }
   const float scale = (float)p.softmax_scale;
   T* dq = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + i0 * p.dq_row_stride + h * p.dq_head_stride + c;
@@ -448,7 +453,7 @@ struct BwdSmem {
 //   the ldmatrix of dP in the MIO pipe (S and dP accumulators both live during dP).
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, bool P_REGS = false, int LOAD_AT = 0,
-          bool EXP_IL = false>
+          bool EXP_IL = false, int MOD = MOD_NONE>
 // Launch bounds: at head dim 32 the kernels need ~130-200 registers and ptxas (NVRTC 13.5) caps some at 128 to fit
 // two blocks per SM, spilling 4-8 B; one block per SM (the second argument; 0 = no minimum) lets them keep their
 // registers. Other head dims are far above 128 and unaffected (their SASS is identical either way).
@@ -538,8 +543,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   const int batch = blockIdx.z, kv_head = blockIdx.y;
   const SeqInfo si = seqinfo_fixed(p);
   const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
-  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int group = (int)p.heads_per_kv;
+  // The KV head's mask (its band and soft-cap); the ALiBi slope is each query head's (head_mask below).
+  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
   const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const float scale_log2 = (float)p.scale_log2;
@@ -550,8 +556,8 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   for (int n_block = blockIdx.x; n_block < num_n_blocks; n_block += gridDim.x) {
     const int n0 = n_block * BLOCK_N;
     // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
-    const int m_begin = q_block_begin<BLOCK_M>(mask, n0);
-    const int num_m = max(0, q_block_end<BLOCK_M>(mask, n0 + BLOCK_N, num_m_blocks) - m_begin);
+    const int m_begin = q_block_begin<BLOCK_M>(mask_kv, n0);
+    const int num_m = max(0, q_block_end<BLOCK_M>(mask_kv, n0 + BLOCK_N, num_m_blocks) - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
     // Iteration it works on (query head within the group, Q tile) = (cur_h, cur_m), stepped without divisions.
     int cur_h = 0, cur_m = 0;
@@ -581,6 +587,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
       cp_async_wait<0>();  // iteration it's tiles (and K, V) have landed for this thread ...
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
+      const Mask<CAUSAL, MOD> mask = MOD == MOD_NONE || group == 1
+                                         ? mask_kv
+                                         : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
       if constexpr (DQ_BULK) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
         if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
@@ -615,7 +624,10 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
         // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
         // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
-        const bool need_mask = mask.needs_mask(m0, n0 + BLOCK_N - 1);
+        const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
+        if constexpr (MOD != MOD_NONE) {
+          if (need_mask) mask.apply_t(acc, n0 + wk * 16, m0, lane);
+        }
         uint32_t pa[KQ][4];
 #pragma unroll
         for (int nf = 0; nf < NFQ; ++nf) {
@@ -623,7 +635,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = acc[nf][e];
-            if (need_mask) x = mask.score_t(x, n0 + wk * 16, m0, nf, e, lane);
+            if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, n0 + wk * 16, m0, nf, e, lane);
             acc[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           }
         }
@@ -642,6 +654,21 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           acc[nf][1] = p01.y * (acc[nf][1] - dl.y);
           acc[nf][2] = p23.x * (acc[nf][2] - dl.x);
           acc[nf][3] = p23.y * (acc[nf][3] - dl.y);
+        }
+        if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
+          if (mask.softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key n0 + 16 wk + g + 8 (e / 2)
+            const float dist0 = mask.dist_of(m0 + 2 * t, n0 + wk * 16 + g);
+#pragma unroll
+            for (int nf = 0; nf < NFQ; ++nf) {
+              const float2 lse = *reinterpret_cast<const float2*>(lse_tile + nf * 8 + 2 * t);
+              const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
+              const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                acc[nf][e] *= mask.softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
+                                                dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)), scale_log2);
+            }
+          }
         }
         uint32_t dsa[KQ][4];
         frags_to_a<T>(acc, dsa);
@@ -673,14 +700,17 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           zero_frags(acc);
           gemm_rows_rows_t<T, KD, NFK, U_D>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
           // (2) P = exp2(S * scale_log2 - lse_log2[row]); rows g and g + 8 of the warp's band.
-          const bool need_mask = mask.needs_mask(m0 + r0, n0 + BLOCK_N - 1);
+          const bool need_mask = mask.needs_mask(m0 + r0, m0 + r0 + 15, n0, n0 + BLOCK_N - 1);
+          if constexpr (MOD != MOD_NONE) {
+            if (need_mask) mask.apply(reinterpret_cast<float(&)[1][NFK][4]>(acc), m0 + r0, n0, lane);
+          }
           const float lse_g = lse_tile[r0 + g], lse_g8 = lse_tile[r0 + g + 8];
 #pragma unroll
           for (int nf = 0; nf < NFK; ++nf)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float x = acc[nf][e];
-              if (need_mask) x = mask.score_c(x, m0 + r0, n0, nf, e, lane);
+              if (MOD == MOD_NONE && need_mask) x = mask.score_c(x, m0 + r0, n0, nf, e, lane);
               acc[nf][e] = softmax_p_from_lse(x, scale_log2, e / 2 ? lse_g8 : lse_g);
             }
           {
@@ -703,6 +733,20 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             acc[nf][1] = p01.y * (acc[nf][1] - dl_g);
             acc[nf][2] = p23.x * (acc[nf][2] - dl_g8);
             acc[nf][3] = p23.y * (acc[nf][3] - dl_g8);
+          }
+          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
+            if (mask.softcap()) {  // element e of block nf: row m0 + r0 + g + 8 (e / 2), key n0 + 8 nf + 2t + e % 2
+              const float dist0 = mask.dist_of(m0 + r0 + g, n0 + 2 * t);
+#pragma unroll
+              for (int nf = 0; nf < NFK; ++nf) {
+                const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);
+                const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                  acc[nf][e] *= mask.softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
+                                                  dist0 + (float)(8 * (e / 2) - nf * 8 - (e % 2)), scale_log2);
+              }
+            }
           }
           uint32_t dsa[KN][4];
           frags_to_a<T>(acc, dsa);
@@ -763,8 +807,8 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
         // In warp-tile-local indices (row r, key c; attn/mask.cuh: Mask::local), as a separate pass, so that
         // unmasked tiles run none of it.
-        const Mask<CAUSAL> wmask = mask.local(m0 + qr0, n0 + kc0);
-        if (wmask.needs_mask(0, KW - 1)) wmask.apply(acc, 0, 0, lane);
+        const Mask<CAUSAL, MOD> wmask = mask.local(m0 + qr0, n0 + kc0);
+        if (wmask.needs_mask(0, 31, 0, KW - 1)) wmask.apply(acc, 0, 0, lane);
         uint32_t pa[2][NFS / 2][4];  // P, packed (P_REGS: kept for dS; else only live per mf)
         if constexpr (EXP_IL) {
           // (2) + (3) interleaved: dP = dO V^T one k16 step at a time into acc_p; after step ks, the exps of
@@ -835,6 +879,23 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             acc[mf][nf][1] = p01.y * (acc[mf][nf][1] - dl_g);
             acc[mf][nf][2] = p23.x * (acc[mf][nf][2] - dl_g8);
             acc[mf][nf][3] = p23.y * (acc[mf][nf][3] - dl_g8);
+          }
+          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad), tile-local
+            if (wmask.softcap()) {
+              const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
+              const float dist0 = wmask.dist_of(g, 2 * t);
+#pragma unroll
+              for (int nf = 0; nf < NFS; ++nf) {
+                const float2 p01 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);
+                const float2 p23 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
+                const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // tile-local row mf 16 + g + 8 (e / 2), key 8 nf + 2t + e % 2
+                  acc[mf][nf][e] *= wmask.softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
+                                                       dist0 + (float)(mf * 16 + 8 * (e / 2) - nf * 8 - (e % 2)),
+                                                       scale_log2);
+              }
+            }
           }
           uint32_t dsa[NFS / 2][4];
           frags_to_a<T>(acc[mf], dsa);

@@ -62,6 +62,8 @@
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   STAGES     depth of each warp's cp.async ring (>= 2)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
+//   MOD        MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh; rows are
+//              then query positions of one head: the host does not fold GQA heads into rows)
 //
 // Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
@@ -129,7 +131,8 @@ __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const
   }
 }
 
-template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES>
+template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
+          int MOD = MOD_NONE>
 __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
   using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
   constexpr int NT = NWARPS * 32;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 
   const SeqInfo si = seqinfo(p, batch);
   const int seqlen_k = si.seqlen_k;
-  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
+  const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, batch, head);
   // keys any valid row of this block may see: [0, kv_len)
   const int kv_len = max(0, kv_key_end(mask, m0 + valid_rows));
 
@@ -280,9 +283,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
         },
         [&](int nf, int kd) { return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2); });
 
-    // Mask only tiles that cross the end of the keys or the diagonal (warp-uniform branch).
+    // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier
+    // (warp-uniform branch).
     const int col0 = (first + i * NWARPS) * BLOCK_N;
-    if (mask.needs_mask(m0, col0 + BLOCK_N - 1)) mask.apply(s, m0, col0, lane);
+    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1)) mask.apply(s, m0, col0, lane);
 
     // Online softmax (attn/softmax.cuh), as flash_fwd_kernel.
     if (__any_sync(0xffffffffu, softmax.update_max(s, scale_log2))) softmax.rescale(acc_o);

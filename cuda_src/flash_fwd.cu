@@ -21,6 +21,8 @@
 //   BLOCK_N    keys per KV tile (multiple of 16)
 //   NWARPS     warps per block
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
+//   MOD        MOD_SCORE: the score modifiers -- window band, soft-cap, ALiBi -- from the parameter block
+//              (attn/mask.cuh; CAUSAL false, a causal window being the band with right = 0)
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //   EXP_VARIANT how P = exp(scale * s - m) is computed (attn/softmax.cuh: ExpVariant). The default is the fast
@@ -46,7 +48,7 @@
 namespace cuflash {
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0>
+          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int m0 = blk.m_block * BLOCK_M;
   const SeqInfo si = seqinfo(p, blk.batch);
   const int seqlen_k = si.seqlen_k;
-  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
+  const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
 
   const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, blk.batch, blk.head);
   const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
@@ -140,10 +142,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         },
         [&](int nf, int kd) { return k_addr + 2u * (nf * 8 * LDS + kd * 16); });
   };
-  // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
+  // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier (uniform
+  // branch per tile).
   auto mask_s = [&](float (&s)[MF][NF][4], int n) {
     const int col0 = n * BLOCK_N;
-    if (mask.needs_mask(m0, col0 + BLOCK_N - 1)) mask.apply(s, m0 + warp * WARP_M, col0, lane);
+    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1)) mask.apply(s, m0 + warp * WARP_M, col0, lane);
   };
   // acc_o += P V. A operand: P packed to 16 bits one k16 step at a time, straight from the accumulator
   // registers (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip). B operand
@@ -166,11 +169,15 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid);
 
     // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads, and
-    // so does a warp on a causal tile that lies entirely above the diagonal of its own rows (its rows see
-    // none of the tile's keys; the block visits the tile for the warps below).
+    // so does a warp on a causal tile that lies entirely above the diagonal of its own rows, or outside their
+    // window band (its rows see none of the tile's keys; the block visits the tile for the other warps).
     const bool warp_has_rows = m0 + warp * WARP_M < seqlen_q;
     auto warp_active = [&](int i) {
-      return warp_has_rows && !mask.above_diagonal(m0 + warp * WARP_M + WARP_M - 1, tile_n(i) * BLOCK_N);
+      if constexpr (MOD == MOD_NONE)
+        return warp_has_rows && !mask.above_diagonal(m0 + warp * WARP_M + WARP_M - 1, tile_n(i) * BLOCK_N);
+      else
+        return warp_has_rows && !mask.above_diagonal(m0 + warp * WARP_M + WARP_M - 1, tile_n(i) * BLOCK_N) &&
+               !mask.left_of_window(m0 + warp * WARP_M, tile_n(i) * BLOCK_N + BLOCK_N - 1);
     };
     float s_a[MF][NF][4];
     auto load_q_frags = [&]() {

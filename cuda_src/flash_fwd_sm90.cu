@@ -35,6 +35,7 @@
 //   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
 //                     <= 65536)
 //   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
+//   MOD               MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh)
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -69,7 +70,7 @@ struct Sm90FwdLayout {
 };
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES>
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
   using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
@@ -97,9 +98,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);  // heaviest causal Q tiles first
   const int m0 = blk.m_block * BLOCK_M;
   const SeqInfo si = seqinfo(p, blk.batch);
-  const Mask<CAUSAL> mask = si.mask<CAUSAL>();
+  const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
   // KV tiles [n_begin, n_end), visited last first: the tile that needs the mask comes first, the rest need none
-  // (attn/block.cuh: causal tiles above the diagonal of the tile's last row are never loaded).
+  // but, with a window, the ones at its left edge (attn/block.cuh: tiles right of the diagonal / band of the
+  // tile's last row, or left of the band of its first, are never loaded).
   const int n_begin = kv_block_begin<BLOCK_N>(mask, m0);
   const int n_end = kv_block_end<BLOCK_N>(mask, min(m0 + BLOCK_M, seqlen_q));
   const int n_iters = max(0, n_end - n_begin);
@@ -188,9 +190,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if constexpr (PINGPONG)
       if (!(last && cw == NWG - 1)) named_bar_arrive(1 + (cw + 1) % NWG, 256);
   };
-  // The masked scores of tile n (only where some element is hidden: warpgroup-uniform), then the new row max.
+  // The masked scores of tile n (only where some element is hidden or a value modifier is on: warpgroup-uniform),
+  // then the new row max.
   auto mask_and_max = [&](int n) {
-    if (mask.needs_mask(row_wg, n * BLOCK_N + BLOCK_N - 1)) mask.apply(acc_s, row_w, n * BLOCK_N, lane);
+    if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
+      mask.apply(acc_s, row_w, n * BLOCK_N, lane);
     return softmax.update_max(acc_s, scale_log2);
   };
 

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
       // The last KV tile that visits this Q tile writes the final O_i (input dtype) and LSE.
       const bool last = n == kv_block_end<BLOCK_N>(mask, m0 + BLOCK_M) - 1;
       // Mask only tiles that cross the end of the keys or the diagonal (uniform branch per tile).
-      const bool need_mask = mask.needs_mask(m0, n0 + BLOCK_N - 1);
+      const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
 
       if constexpr (SPLITK) {
         // Combine-step ownership: thread -> row rc of the tile, float4 chunks ck + TPR c of that row. The
@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_bwd_kernel(const __gr
 
       // (2) P^T = diag(l_i)^-1 exp(S^T - m_i) (Algorithm 4 line 13): exp2(S^T scale_log2 - m2[q]) * (1/l)[q],
       // masked only on tiles that cross the end of the keys or the diagonal; kept as 16-bit A fragments.
-      if (mask.needs_mask(m0, n0 + BLOCK_N - 1)) {
+      if (mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1)) {
 #pragma unroll
         for (int nf = 0; nf < NFQ; ++nf)
 #pragma unroll

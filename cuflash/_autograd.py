@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from . import _fwd
-from .backward import backward_memo
+from .backward import backward_memo, check_score_partition
 from ._interop import wrap
+from ._mods import mods_for
 from ._validate import check_layout, check_qkv
 
 
@@ -22,17 +23,23 @@ def _grad_view(x, like, name):
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                warp_partition="auto", backend="auto"):
+                warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
         qa, ka, va = check_qkv(q, k, v)
+        mods = None
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
             from .v1 import forward as v1_forward
 
             out, lse, m, l = v1_forward(qa, ka, va, softmax_scale, causal)
             ctx.save_for_backward(q, k, v, out, lse, m, l)
         else:
-            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend)
+            mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
+            if mods is not None and mods.mod:  # refused before the forward launches, not at the backward
+                check_score_partition(warp_partition, qa.shape[3])
+            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
             ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
+        ctx.mods = mods
+        ctx.alibi = alibi_slopes  # the slopes the kernels read stay alive until the backward
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zeros for the (non-differentiable) LSE's gradient
         return out, lse
@@ -42,7 +49,7 @@ class FlashAttnFunction(torch.autograd.Function):
         q, k, v, out, lse, *ml = ctx.saved_tensors
         softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
         if dout is None:  # only the LSE was used: no gradient flows (set_materialize_grads(False))
-            return None, None, None, None, None, None, None, None, None, None, None
+            return (None,) * 14
         if algorithm == "v1":
             from .v1 import backward as v1_backward
 
@@ -51,17 +58,17 @@ class FlashAttnFunction(torch.autograd.Function):
             dq, dk, dv = v1_backward(da, qa, ka, va, wrap(out, "out"), wrap(ml[0], "m"), wrap(ml[1], "l"),
                                      softmax_scale, causal)
         else:
-            args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition)
+            args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition, ctx.mods)
             try:
                 dq, dk, dv = backward_memo(dout, *args)
             except ValueError:  # autograd may hand in a gradient with any strides (expanded, transposed)
                 if dout.is_contiguous():
                     raise
                 dq, dk, dv = backward_memo(dout.contiguous(), *args)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return (dq, dk, dv) + (None,) * 11
 
 
 def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                        warp_partition="auto", backend="auto"):
+                        warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                                   warp_partition, backend)
+                                   warp_partition, backend, window_size, softcap, alibi_slopes)

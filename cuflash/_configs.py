@@ -69,9 +69,25 @@ FWD_TILES_CAUSAL: dict[int, FwdTile] = {
 }
 
 
-def fwd_tile(headdim: int, causal: bool) -> FwdTile:
-    """The V2 forward tile of a head dim and mask: FWD_TILES, or its causal override. The same tile on sm_80 and
-    sm_90 (the kernel itself caps KUNROLL at 2 on sm_80, where 4 spills)."""
+# The mask modes every masked kernel is compiled for: (causal, MOD) = plain, causal, and the score modifiers
+# (MOD_SCORE: window band, soft-cap, ALiBi from the parameter block; cuda_src/attn/mask.cuh, cuflash/_mods.py).
+MOD_NONE, MOD_SCORE = 0, 1
+MASK_MODES = ((False, MOD_NONE), (True, MOD_NONE), (False, MOD_SCORE))
+
+
+# MOD_SCORE kernels whose plain tile spills with the modifiers' registers (band edges, slope, soft-cap, about
+# ten): these unroll less (compile report of every configuration: CI).
+FWD_TILES_SCORE: dict[int, FwdTile] = {
+    128: replace(FWD_TILES[128], kunroll=2),  # 4 steps per trip: 8 B of spills on sm_90
+}
+
+
+def fwd_tile(headdim: int, causal: bool, mod: int = 0) -> FwdTile:
+    """The V2 forward tile of a head dim and mask: FWD_TILES, or its causal override, or (mod = MOD_SCORE) its
+    score-modifier override. The same tile on sm_80 and sm_90 (the kernel itself caps KUNROLL at 2 on sm_80, where
+    4 spill)."""
+    if mod:
+        return FWD_TILES_SCORE.get(headdim) or FWD_TILES[headdim]
     return (FWD_TILES_CAUSAL.get(headdim) if causal else None) or FWD_TILES[headdim]
 
 
@@ -99,13 +115,23 @@ def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
     return (tile.block_m + 4 * tile.block_n) * (headdim + SMEM_ROW_PAD) * ELEM_BYTES
 
 
+def _mod_checked(causal: bool, mod: int) -> int:
+    if mod not in (MOD_NONE, MOD_SCORE) or (causal and mod):
+        raise ValueError(f"mod must be {MOD_NONE} or {MOD_SCORE} (the latter with causal=False: a causal window is "
+                         f"the band with right = 0); got mod={mod!r}, causal={causal!r}")
+    return mod
+
+
 def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None,
-             exp_variant: int = 0) -> KernelSpec:
-    """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder)."""
+             exp_variant: int = 0, mod: int = 0) -> KernelSpec:
+    """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder; mod:
+    MOD_SCORE for the score modifiers, cuflash/_mods.py)."""
     if tile is None:
-        tile = split_tile(headdim) if split else fwd_tile(headdim, causal)
+        tile = split_tile(headdim) if split else fwd_tile(headdim, causal, mod)
     smem = fwd_smem_bytes(headdim, tile)
-    if tile.load_at:
+    if _mod_checked(causal, mod):
+        extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {mod}"
+    elif tile.load_at:
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}"
     else:
         extra = f", {exp_variant}, {tile.kunroll}" if tile.kunroll else f", {exp_variant}" if exp_variant else ""
@@ -161,18 +187,19 @@ def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
     return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
 
 
-def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None) -> KernelSpec:
-    """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only)."""
+def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
+    """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
     smem = sm90_fwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
-            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}>")
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}"
+            f"{', %d' % mod if _mod_checked(causal, mod) else ''}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
 def sm90_fwd_specs():
-    return [sm90_fwd_spec(dt, d, c) for dt in DTYPES for d in SM90_HEADDIMS for c in (False, True)]
+    return [sm90_fwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_HEADDIMS for c, m in MASK_MODES]
 
 
 @dataclass(frozen=True)
@@ -225,19 +252,20 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
     return block_m * lds * ELEM_BYTES + max(ring, red)
 
 
-def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None) -> KernelSpec:
-    """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel)."""
+def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
+                mod: int = 0) -> KernelSpec:
+    """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec."""
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
-            f"{'true' if causal else 'false'}, {tile.stages}, {smem}>")
+            f"{'true' if causal else 'false'}, {tile.stages}, {smem}{', %d' % mod if _mod_checked(causal, mod) else ''}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
 def decode_specs():
     """Every decode-kernel configuration the package can launch."""
-    return [decode_spec(dt, d, causal, mf) for dt in DTYPES for d in HEADDIMS for mf in range(1, DECODE_MAX_MF[d] + 1)
-            for causal in (False, True)]
+    return [decode_spec(dt, d, causal, mf, mod=m) for dt in DTYPES for d in HEADDIMS
+            for mf in range(1, DECODE_MAX_MF[d] + 1) for causal, m in MASK_MODES]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
@@ -352,20 +380,48 @@ BWD_TILES_2D_SM90_DTYPE = {
 }
 
 
-def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = None) -> dict:
+# MOD_SCORE backward tiles that differ from the plain ones (as FWD_TILES_SCORE): (partition, sm_90 table, dtype)
+# -> {head dim: tile}. With the plain tile each spilled 4-24 B under NVRTC 13.0 or 13.5, on sm_80 or sm_90; each
+# replacement was compiled spill-free under both, for both archs. The bf16 sm_90 2D tile at head dim 128 spilled
+# 8-40 B in every variant tried (unrolling 0-4, P from shared memory, no interleaved exps, either next-tile
+# request), so it takes the sm_80 tile there.
+BWD_SCORE_TILES = {
+    ("2d", False, None): {128: replace(BWD_TILES_2D[128], kunroll=1)},
+    ("kv", False, None): {256: BwdTile(16, 64, 8, 2)},
+    ("q", False, None): {96: replace(BWD_TILES_Q[96], kunroll=2)},
+    ("2d", True, "float16"): {128: replace(BWD_TILES_2D_SM90[128], kunroll=2)},
+    ("2d", True, "bfloat16"): {64: replace(BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], exp_il=False),
+                               128: replace(BWD_TILES_2D[128], kunroll=1)},
+}
+
+
+# (partition, head dim) without a MOD_SCORE kernel: the Q partition's only tile at head dim 256 (64 x 16 x 4w)
+# spilled 8-24 B at every unrolling under NVRTC 13.5 or 13.0 with the modifiers' registers. warp_partition="q"
+# there with window_size / softcap / alibi_slopes is a NotImplementedError (the default, "kv", has one).
+BWD_SCORE_UNSUPPORTED = {("q", 256)}
+
+
+def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = None, mod: int = 0) -> dict:
     """The tile table of one backward warp partition ("kv", "q" or "2d") for a device of compute capability
     `arch` (e.g. 90; the sm_80 tables unless the partition has sm_90 tiles) and inputs of `dtype` ("float16" or
-    "bfloat16"; None: the fp16 table)."""
+    "bfloat16"; None: the fp16 table); mod = MOD_SCORE: with BWD_SCORE_TILES."""
     table = {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
-    if arch >= 90 and warp_partition == "2d":
-        return {**table, **BWD_TILES_2D_SM90, **BWD_TILES_2D_SM90_DTYPE.get(dtype, {})}
+    sm90 = arch >= 90 and warp_partition == "2d"
+    if sm90:
+        table = {**table, **BWD_TILES_2D_SM90, **BWD_TILES_2D_SM90_DTYPE.get(dtype, {})}
+    if mod:
+        table = {**table, **BWD_SCORE_TILES.get((warp_partition, False, None), {})}
+        if sm90:
+            table.update(BWD_SCORE_TILES.get((warp_partition, True, dtype or "float16"), {}))
     return table
 
 
-def bwd_tile(headdim: int, warp_partition: str = "kv", arch: int = 80, dtype: str | None = None) -> BwdTile:
+def bwd_tile(headdim: int, warp_partition: str = "kv", arch: int = 80, dtype: str | None = None,
+             mod: int = 0) -> BwdTile:
     """The V2 backward tile of a head dim in one warp partition ("kv", "q", "2d"; resolve "auto" first with
-    cuflash.backward.resolve_warp_partition) on a device of compute capability `arch`, for inputs of `dtype`."""
-    return bwd_tiles(warp_partition, arch, dtype)[headdim]
+    cuflash.backward.resolve_warp_partition) on a device of compute capability `arch`, for inputs of `dtype`, in
+    mask mode `mod`."""
+    return bwd_tiles(warp_partition, arch, dtype, mod)[headdim]
 
 
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
@@ -395,12 +451,12 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
     return _bwd_smem(headdim, tile, warp_partition, bwd_do_stages(headdim, tile, warp_partition))
 
 
-def _bwd_name_extras(tile: BwdTile) -> str:
-    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, written up to the last one
+def _bwd_name_extras(tile: BwdTile, mod: int = 0) -> str:
+    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, MOD, written up to the last one
     that is not its default."""
     args = ["true" if tile.dq_bulk else "false", "true" if tile.p_regs else "false", str(tile.load_at),
-            "true" if tile.exp_il else "false"]
-    defaults = ["false", "false", "0", "false"]
+            "true" if tile.exp_il else "false", str(mod)]
+    defaults = ["false", "false", "0", "false", "0"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)
@@ -412,12 +468,12 @@ def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:
 
 
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
-             warp_partition: str = "kv") -> KernelSpec:
-    tile = tile or bwd_tile(headdim, warp_partition)
+             warp_partition: str = "kv", mod: int = 0) -> KernelSpec:
+    tile = tile or bwd_tile(headdim, warp_partition, mod=mod)
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}{_bwd_name_extras(tile)}>")
+            f"{tile.kunroll}{_bwd_name_extras(tile, _mod_checked(causal, mod))}>")
     min_arch = 90 if sm90_only(headdim, tile, warp_partition) else 80
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem, min_arch)
 
@@ -428,9 +484,10 @@ def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
                       BWD_PRE_THREADS, 0)
 
 
-def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int) -> KernelSpec:
+def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int, mod: int = 0) -> KernelSpec:
     return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_convert_dq_kernel<{CTYPE[dtype]}, {headdim}, {block_n}, "
-                      f"{'true' if causal else 'false'}>", BWD_CONVERT_THREADS, 0)
+                      f"{'true' if causal else 'false'}{', %d' % mod if _mod_checked(causal, mod) else ''}>",
+                      BWD_CONVERT_THREADS, 0)
 
 
 # ------------------------------------------------------------------------------- FlashAttention-1
@@ -530,26 +587,28 @@ def v1_specs():
 
 
 def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward: bool = True, decode: bool = True,
-                arch: int = 90):
+                arch: int = 90, scores: bool = False):
     """The kernels a model's calls launch on sm_<arch> with the default options (`python -m cuflash.precompile
     --dtypes/--headdims/--causal/--no-backward/--no-decode`): the V2 forward (and the Hopper forward for its head
     dims on sm_90); with backward, the default backward (preprocess, the auto partition's main kernel with this
     arch's tile, dQ convert); with decode, the decode kernel, the split-KV forward, its combine and the cache
-    append. A subset of all_specs()."""
+    append. With scores, also the kernels of the score modifiers (window, soft-cap, ALiBi: MOD_SCORE). A subset of
+    all_specs()."""
     out = []
+    modes = [(c, m) for c, m in MASK_MODES if (m == MOD_NONE and c in causal) or (m == MOD_SCORE and scores)]
     for dt in dtypes:
         for d in headdims:
-            for c in causal:
-                out.append(fwd_spec(dt, d, c, split=False))
+            for c, m in modes:
+                out.append(fwd_spec(dt, d, c, split=False, mod=m))
                 if arch == 90 and d in SM90_HEADDIMS:
-                    out.append(sm90_fwd_spec(dt, d, c))
+                    out.append(sm90_fwd_spec(dt, d, c, mod=m))
                 if backward:
                     part = BWD_AUTO_PARTITION.get(d, "kv")
-                    tile = bwd_tile(d, part, arch, dt)
-                    out += [bwd_spec(dt, d, c, tile, part), bwd_convert_spec(dt, d, c, tile.block_n)]
+                    tile = bwd_tile(d, part, arch, dt, m)
+                    out += [bwd_spec(dt, d, c, tile, part, mod=m), bwd_convert_spec(dt, d, c, tile.block_n, mod=m)]
                 if decode:
-                    out += [fwd_spec(dt, d, c, split=True)]
-                    out += [decode_spec(dt, d, c, mf) for mf in range(1, DECODE_MAX_MF[d] + 1)]
+                    out += [fwd_spec(dt, d, c, split=True, mod=m)]
+                    out += [decode_spec(dt, d, c, mf, mod=m) for mf in range(1, DECODE_MAX_MF[d] + 1)]
             if backward:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode:
@@ -562,23 +621,25 @@ def all_specs():
     specs = []
     for dt in DTYPES:
         for d in HEADDIMS:
-            for causal in (False, True):
-                specs.append(fwd_spec(dt, d, causal, split=False))
-                specs.append(fwd_spec(dt, d, causal, split=True))
+            for causal, m in MASK_MODES:
+                specs.append(fwd_spec(dt, d, causal, split=False, mod=m))
+                specs.append(fwd_spec(dt, d, causal, split=True, mod=m))
             specs.append(combine_spec(dt, d))
             specs.append(append_spec(dt, d))
             specs.append(bwd_preprocess_spec(dt, d))
-            for causal in (False, True):
+            for causal, m in MASK_MODES:
                 for part in BWD_PARTITIONS:
                     if d in bwd_tiles(part):
-                        specs.append(bwd_spec(dt, d, causal, warp_partition=part))
+                        if m and (part, d) in BWD_SCORE_UNSUPPORTED:
+                            continue
+                        specs.append(bwd_spec(dt, d, causal, warp_partition=part, mod=m))
                         if part == "2d" and d in BWD_TILES_2D_SM90:
-                            specs.append(bwd_spec(dt, d, causal, bwd_tiles(part, 90, dt)[d], part))
-                        conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n)
+                            specs.append(bwd_spec(dt, d, causal, bwd_tiles(part, 90, dt, m)[d], part, mod=m))
+                        conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n, mod=m)
                         if conv not in specs:
                             specs.append(conv)
         specs.append(softmax_spec(dt))
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
-    return specs
+    return list(dict.fromkeys(specs))

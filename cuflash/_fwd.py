@@ -16,6 +16,7 @@ from . import _interop
 from ._configs import combine_spec, fwd_spec, fwd_tile, split_tile
 from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, resolve_grid_order  # noqa: F401
 from ._interop import desc
+from ._mods import memo_key, mods_for, plain_fields
 from ._launch import get_launcher
 from ._params import FWD_PARAMS
 from ._plan import HostPlan, remember
@@ -34,16 +35,20 @@ def fold_gqa_rows(qa, hk: int):
 
 
 def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, num_splits=1,
-                  seqlen_k_new=0):
+                  seqlen_k_new=0, mods=None):
     """The V2 forward launch of validated views, less its pointers: (launcher, grid, fields), fields being
     FwdParams' non-pointer fields by name (strides as the kernel sees them -- GQA fold included --, sizes,
-    grid order, scale). o_strides: out's (batch, seqlen, head) strides."""
+    grid order, scale, score modifiers). o_strides: out's (batch, seqlen, head) strides. mods: cuflash._mods.Mods
+    of the call, or None."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    mod = 0
+    if mods is not None:
+        causal, mod = mods.causal, mods.mod
     osb, osq, osh = o_strides
-    if sq == 1 and h > hk:  # fold the query heads of a KV head into rows (causal is moot: 1 row sees all)
+    if sq == 1 and h > hk and not mod:  # fold the query heads of a KV head into rows (1 row sees every key)
         rows, kheads, q_row, q_head = fold_gqa_rows(qa, hk)
         o_row, o_head = osh, rows * osh
         heads_per_kv, causal = 1, False
@@ -52,9 +57,9 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_row, o_head = osq, osh
         heads_per_kv = h // hk
     split = num_splits > 1
-    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile)
+    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod)
     lau = get_launcher(spec, qa.device)
-    block_m = (tile or (split_tile(d) if split else fwd_tile(d, causal))).block_m
+    block_m = (tile or (split_tile(d) if split else fwd_tile(d, causal, mod))).block_m
     order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // block_m), kheads,
                         b, num_splits)
     fields = dict(
@@ -63,28 +68,29 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
         o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
         batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=sk, num_splits=num_splits,
-        seqlen_k_new=seqlen_k_new, grid_order=order, scale_log2=softmax_scale * LOG2E,
+        seqlen_k_new=seqlen_k_new, grid_order=order,
+        **(mods.fields if mods is not None else plain_fields(softmax_scale)),
     )
     return lau, grid, fields
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out=None, lse=None,
-            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80"):
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80", mods=None):
     """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
 
     backend: "sm80" (the mma.sync kernels, every option below), "sm90" or "auto" (cuflash._fwd_sm90: the Hopper
     kernels where the device and the inputs allow; only for a plain forward -- no tile, KV cache or splits).
 
     out [b, sq, h, d] (same dtype as q), lse [b, h, sq] float32 natural log. `tile` overrides the
-    configured tile (benchmark sweeps). KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
+    configured tile (benchmark sweeps). mods: the score modifiers (cuflash._mods.mods_for), or None. KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
     keys per batch element (plus `seqlen_k_new` appended by this call). num_splits > 1 runs the split-KV
     kernel into fp32 partials (`scratch` = (o_accum, lse_accum), allocated here when None) and combines.
     """
     if backend != "sm80" and tile is None and not seqlens_k_ptr and num_splits == 1:
         from . import _fwd_sm90
 
-        if _fwd_sm90.resolve_backend(backend, qa, ka, va) == "sm90":
-            return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse)
+        if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods) == "sm90":
+            return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse, mods=mods)
     b, sq, h, d = qa.shape
     if softmax_scale is None:
         softmax_scale = d ** -0.5
@@ -94,7 +100,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     if lse is None:
         lse = _interop.empty(qa, (b, h, sq), "float32")
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile,
-                                      num_splits, seqlen_k_new)
+                                      num_splits, seqlen_k_new, mods)
     split = num_splits > 1
     o_accum = lse_accum = 0
     if split:
@@ -130,7 +136,7 @@ class _FwdPlan(HostPlan):
         return out, lse
 
 
-def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80"):
+def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mods=None):
     """The plan of validated views (out allocated contiguous): an sm90 plan where `backend` resolves to it
     (cuflash._fwd_sm90), else a _FwdPlan; None for an empty batch or head count (left to `forward`: the strides
     of an empty out are the array library's choice)."""
@@ -140,9 +146,10 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80"):
     if backend != "sm80":
         from . import _fwd_sm90
 
-        if _fwd_sm90.resolve_backend(backend, qa, ka, va) == "sm90":
-            return _fwd_sm90.make_plan(qa, ka, va, softmax_scale, causal, grid_order)
-    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
+        if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods) == "sm90":
+            return _fwd_sm90.make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods)
+    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
+                                      mods=mods)
     p = _FwdPlan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
     p.add_launch(lau, grid)
@@ -154,24 +161,27 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto"):
+def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto", window_size=(-1, -1), softcap=0.0,
+                 alibi_slopes=None):
     """`forward` of flash_attn_func without autograd through a memoized plan; validates on a miss only."""
     qp, qd = desc(q)
     kp, kd = desc(k)
     vp, vd = desc(v)
     plan = key = None
-    if qd is not None and kd is not None and vd is not None:
+    mk = memo_key(causal, window_size, softcap, alibi_slopes)
+    if qd is not None and kd is not None and vd is not None and mk is not None:
         # the scale's type too: np.float32(0.125) == 0.125, but times LOG2E it stays a float32
-        key = (qd, kd, vd, softmax_scale, type(softmax_scale), causal, grid_order, backend)
+        key = (qd, kd, vd, softmax_scale, type(softmax_scale), causal, grid_order, backend, mk)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and maybe fail) below
             key = None
     if plan is None or (qp | kp | vp) & 15:
         qa, ka, va = check_qkv(q, k, v)
-        plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend)
+        mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
+        plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend, mods)
         if plan is None:
-            return forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend)
+            return forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kp, vp = qa.ptr, ka.ptr, va.ptr
     return plan.run(qp, kp, vp)

@@ -22,6 +22,7 @@ from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, resolve_grid_order
 from ._configs import SM90_HEADDIMS, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
+from ._mods import plain_fields
 from ._params import FWD_PARAMS
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -51,13 +52,15 @@ def device_cc(device_id: int) -> int:
     return cc
 
 
-def ineligible(qa, ka, va) -> str | None:
-    """Why the sm90 kernels cannot take these validated views, or None when they can."""
+def ineligible(qa, ka, va, mods=None) -> str | None:
+    """Why the sm90 kernels cannot take these validated views, or None when they can. With score modifiers
+    (`mods` of MOD_SCORE) single-query GQA is eligible: the sm80 kernels do not fold the heads into rows then
+    either."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if d not in SM90_HEADDIMS:
         return f"head dim {d} (the sm90 forward has {SM90_HEADDIMS})"
-    if sq == 1 and h > hk:
+    if sq == 1 and h > hk and not (mods is not None and mods.mod):
         return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
     if not (b and h and sq and sk):
         return "an empty batch, head count or sequence"
@@ -67,7 +70,7 @@ def ineligible(qa, ka, va) -> str | None:
     return None
 
 
-def resolve_backend(backend: str, qa, ka, va) -> str:
+def resolve_backend(backend: str, qa, ka, va, mods=None) -> str:
     """"sm80" or "sm90": the path a validated call takes (see the module docstring)."""
     if backend == "sm80":
         return "sm80"
@@ -75,22 +78,26 @@ def resolve_backend(backend: str, qa, ka, va) -> str:
     if backend == "sm90":
         if cc != 90:
             raise ValueError(f"backend='sm90' needs a compute capability 9.0 GPU; device {qa.device} is sm_{cc}")
-        why = ineligible(qa, ka, va)
+        why = ineligible(qa, ka, va, mods)
         if why:
             raise ValueError(f"backend='sm90' cannot take this input: {why}")
         return "sm90"
-    return "sm90" if cc == 90 and ineligible(qa, ka, va) is None else "sm80"
+    return "sm90" if cc == 90 and ineligible(qa, ka, va, mods) is None else "sm80"
 
 
-def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None):
+def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, mods=None):
     """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs) of a validated, eligible call;
-    `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark sweeps)."""
+    `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark sweeps); mods: the score
+    modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    mod = 0
+    if mods is not None:
+        causal, mod = mods.causal, mods.mod
     tile = tile or sm90_fwd_tile(d, causal)
-    lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile), qa.device)
+    lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(
@@ -99,7 +106,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
         o_batch_stride=osb, o_row_stride=osq, o_head_stride=osh,
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
-        grid_order=order, scale_log2=softmax_scale * LOG2E,
+        grid_order=order, **(mods.fields if mods is not None else plain_fields(softmax_scale)),
     )
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
@@ -135,7 +142,7 @@ def _launch(fn, grid, threads, smem, stream, pack, maps_bytes, device, *values):
         driver.launchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
 
 
-def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None):
+def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None, mods=None):
     """The sm90 forward of validated, eligible views (no memo: autograd, explicit calls, tile sweeps); returns
     (out, lse)."""
     from ._validate import check_softmax_scale
@@ -146,7 +153,8 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
         out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
     if lse is None:
         lse = _interop.empty(qa, (b, h, sq), "float32")
-    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile)
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile,
+                                           mods)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
     values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, seqlens_k=0,
                                **fields)
@@ -175,9 +183,10 @@ class Sm90Plan(HostPlan):
         return out, lse
 
 
-def make_plan(qa, ka, va, softmax_scale, causal, grid_order) -> Sm90Plan:
+def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90Plan:
     b, sq, h, d = qa.shape
-    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d))
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
+                                           mods=mods)
     p = Sm90Plan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
     p.add_launch(lau, grid)

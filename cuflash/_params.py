@@ -128,19 +128,23 @@ def _ints(*names) -> tuple:
     return tuple((n, INT64) for n in names)
 
 
+# The score-modifier fields at the end of FwdParams and BwdParams, and the pointer alibi_slopes after the other
+# pointers (cuflash/_mods.py fills them).
+_MODS = (("alibi_batch_stride", INT64), ("window_left", INT64), ("window_right", INT64),
+         ("softcap_pre", DOUBLE), ("alibi_mul", DOUBLE))
 # cuda_src/attn/params.cuh: struct FwdParams (V2 forward, split-KV, decode, combine).
 FWD_PARAMS = ParamBlock("FwdParams", (
-    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k"),
+    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
-    ("scale_log2", DOUBLE),
+    ("scale_log2", DOUBLE), *_MODS,
 ))
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
-    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv"),
+    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "alibi_slopes"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
-    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE),
+    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,
 ))
 # struct V1FwdParams (FlashAttention-1 forward).
 V1_FWD_PARAMS = ParamBlock("V1FwdParams", (

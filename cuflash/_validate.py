@@ -110,18 +110,21 @@ def check_score_options(dropout_p=0.0, window_size=(-1, -1), softcap=0.0) -> Non
         raise ValueError(f"softcap must be finite and >= 0 (0: off); got {softcap!r}")
 
 
-def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None) -> None:
+def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, *, scores=True) -> None:
     """flash-attn arguments cuflash does not implement: bad values are a TypeError / ValueError
-    (check_score_options), valid ones that are not the defaults a NotImplementedError, never ignored."""
+    (check_score_options), valid ones that are not the defaults a NotImplementedError, never ignored. scores:
+    whether the caller implements the score modifiers (window_size, softcap, alibi_slopes; the V2 kernels do, the
+    V1 kernels do not)."""
     check_score_options(dropout_p, window_size, softcap)
     if dropout_p:
         raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented in cuflash")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size={tuple(window_size)}: local attention is not implemented")
-    if softcap:
-        raise NotImplementedError(f"softcap={softcap}: soft-capping is not implemented")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not implemented")
+    if scores:
+        return
+    what = ("window_size" if tuple(window_size) != (-1, -1) else "softcap" if softcap
+            else "alibi_slopes" if alibi_slopes is not None else None)
+    if what:
+        raise NotImplementedError(f"{what}: the score modifiers run on the V2 kernels (algorithm='v2'), not on "
+                                  "algorithm='v1'")
 
 
 def check_softmax_scale(softmax_scale) -> None:

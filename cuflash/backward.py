@@ -6,13 +6,15 @@ import warnings
 from typing import Any, Optional, Tuple
 
 from . import _interop, _loader
-from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, bwd_convert_spec,
+from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
                        bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles)
 from ._interop import desc
 from ._launch import get_launcher
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale
+from ._mods import is_plain, mods_for, plain_fields
+from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
+                        check_unsupported)
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
 LOG2E = math.log2(math.e)
@@ -31,6 +33,16 @@ def seqpar_extra_bytes(batch, nheads, seqlen_q, seqlen_k, headdim, tile=None, wa
 def resolve_warp_partition(warp_partition, headdim: int) -> str:
     """"auto" -> the partition tuned for this head dim (cuflash._configs.BWD_AUTO_PARTITION, else "kv")."""
     return BWD_AUTO_PARTITION.get(headdim, "kv") if warp_partition == "auto" else warp_partition
+
+
+def check_score_partition(warp_partition, headdim: int) -> None:
+    """NotImplementedError for a warp partition without a score-modifier kernel at this head dim
+    (cuflash._configs.BWD_SCORE_UNSUPPORTED)."""
+    part = resolve_warp_partition(warp_partition, headdim)
+    if (part, headdim) in BWD_SCORE_UNSUPPORTED:
+        raise NotImplementedError(f"warp_partition={warp_partition!r} at head dim {headdim} has no kernel for "
+                                  "window_size / softcap / alibi_slopes (it does not fit the registers); use "
+                                  "warp_partition='auto' or 'kv'")
 
 
 def check_warp_partition(warp_partition, headdim=None, algorithm="v2") -> None:
@@ -102,15 +114,22 @@ class _BwdPlan(HostPlan):
         return dq, dk, dv
 
 
-def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile, warp_partition):
-    """The plan of validated views (every strategy; "seqpar" checks free memory when the plan is made)."""
+def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile, warp_partition,
+               mods=None):
+    """The plan of validated views (every strategy; "seqpar" checks free memory when the plan is made); mods: the
+    forward's score modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     check_warp_partition(warp_partition, d)
     warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype)
+    mod = 0
+    if mods is not None:
+        causal, mod = mods.causal, mods.mod
+        if mod:
+            check_score_partition(warp_partition, d)
+    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod)
     n_blocks = -(-sk // tile.block_n)
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
     strategy = choose_dq_strategy(dq_strategy, deterministic,
@@ -129,12 +148,12 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
            **contiguous_fields("dq", dq_shape), **contiguous_fields("dk", dkv_shape),
            **contiguous_fields("dv", dkv_shape),
            batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
-           dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, scale_log2=softmax_scale * LOG2E,
-           softmax_scale=softmax_scale)
+           dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
+           **(mods.fields if mods is not None else plain_fields(softmax_scale)))
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
-    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition), dev)
-    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n), dev)
+    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod), dev)
+    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n, mod), dev)
     slots = b * h * sq_pad * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
@@ -143,13 +162,13 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
 
 
 def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
-             warp_partition="auto"):
+             warp_partition="auto", mods=None):
     """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
 
     warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
-    overrides that partition's configured tile (benchmark sweeps)."""
+    overrides that partition's configured tile (benchmark sweeps); mods: the forward's score modifiers."""
     plan = _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile,
-                      warp_partition)
+                      warp_partition, mods)
     return plan.run(da.ptr, qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr)
 
 
@@ -157,14 +176,16 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition):
+def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition,
+                  mods=None):
     """`backward` on raw arrays through a memoized plan: a call whose arrays (dtypes, shapes, strides, devices) and
     options match a validated one skips validation and set-up. "seqpar" plans are not kept (their strategy
-    depends on the free memory when made)."""
+    depends on the free memory when made). mods: the forward's score modifiers (cuflash._mods.Mods), or None."""
     ptrs, keys = zip(*(desc(x) for x in (dout, q, k, v, out, lse)))
     plan = key = None
     if None not in keys:
-        key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition)
+        mk = () if mods is None else (mods.causal, mods.mod, tuple(mods.fields.items()))
+        key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition, mk)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and maybe fail) below
@@ -172,7 +193,7 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
     if plan is None or (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
         check_warp_partition(warp_partition)
         views = check_backward_inputs(dout, q, k, v, out, lse)
-        plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition)
+        plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition, mods)
         if plan.strategy != "seqpar":
             remember(_PLANS, key, plan, _MAX_PLANS)
         ptrs = tuple(a.ptr for a in views)
@@ -182,7 +203,8 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
 def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse: Any,
                         softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = False, *,
                         dq_strategy: Optional[str] = None, algorithm: str = "v2",
-                        warp_partition: str = "auto") -> Tuple[Any, Any, Any]:
+                        warp_partition: str = "auto", window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                        alibi_slopes: Any = None) -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     Args:
@@ -202,6 +224,7 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
             shared memory for dQ), "q" (warps split the Q rows; P and dS go through shared memory for dK, dV; head
             dims as cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five
             products, P and dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
+        window_size, softcap, alibi_slopes: the forward call's score modifiers (flash_attn_func); V2 only.
 
     Returns:
         (dq, dk, dv) of the inputs' kind: new contiguous arrays shaped and typed like q, k, v (dk, dv summed over
@@ -216,10 +239,15 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
     check_warp_partition(warp_partition, algorithm=algorithm)
+    check_unsupported(0.0, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
     if algorithm == "v1":
         from .v1 import backward_from_lse
 
         return backward_from_lse(*check_backward_inputs(dout, q, k, v, out, softmax_lse), softmax_scale, causal)
     check_softmax_scale(softmax_scale)
+    mods = None
+    if not is_plain(window_size, softcap, alibi_slopes):
+        qa, ka, _ = check_qkv(q, k, v)
+        mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
     return backward_memo(dout, q, k, v, out, softmax_lse, softmax_scale, causal, dq_strategy, deterministic,
-                         warp_partition)
+                         warp_partition, mods)

@@ -35,6 +35,7 @@ from ._configs import (DecodeTile, append_spec, combine_spec, decode_mf, decode_
 from ._fwd import forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
+from ._mods import memo_key, mods_for, plain_fields
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
@@ -133,12 +134,13 @@ def num_splits_heuristic(blocks: int, num_sms: int, kv_tiles: int, max_splits: i
 
 # ----------------------------------------------------------------------------------------- geometry
 @functools.lru_cache(maxsize=4096)
-def decode_geometry(b: int, sq: int, h: int, hk: int, d: int, causal: bool):
+def decode_geometry(b: int, sq: int, h: int, hk: int, d: int, causal: bool, scores: bool = False):
     """How the decode kernel sees a problem: (rows, kheads, heads_per_kv, fold, causal, mf, m_blocks).
 
     seqlen_q == 1 with GQA/MQA folds the G = h / hk query heads of a KV head into G rows (K/V read once
-    per KV head); causal only matters with more than one query row (one row sees every key)."""
-    fold = sq == 1 and h > hk
+    per KV head), except with the score modifiers (`scores`: the kernel's rows are then query positions, each
+    head with its own ALiBi slope); causal only matters with more than one query row (one row sees every key)."""
+    fold = sq == 1 and h > hk and not scores
     rows = h // hk if fold else sq
     kheads = hk if fold else h
     heads_per_kv = 1 if fold else h // hk
@@ -206,13 +208,16 @@ def _resident(spec, device: int) -> int:
 
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
-               tile: DecodeTile | None = None) -> _Plan:
+               tile: DecodeTile | None = None, mods=None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
-    the configured DecodeTile (benchmark sweeps)."""
+    the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
-    rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal)
-    spec = decode_spec(qa.dtype, d, causal, mf, tile)
+    mod = 0
+    if mods is not None:
+        causal, mod = mods.causal, mods.mod
+    rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod)
     dev = qa.device
     main = get_launcher(spec, dev)
     if num_splits == 0:
@@ -239,7 +244,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
            num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
-           scale_log2=float(softmax_scale) * LOG2E)
+           **(mods.fields if mods is not None else plain_fields(float(softmax_scale))))
     p.add_launch(main, (blocks, 1, 1))
     out, lse = p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True)
     if num_splits > 1:
@@ -352,7 +357,9 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         num_splits: 0 picks the split count from static shapes only (`num_splits_heuristic`; never from the values
             in cache_seqlens, so a CUDA graph capture stays valid); an explicit count is honoured (at most 128).
         return_softmax_lse: also return the LSE.
-        window_size, softcap, alibi_slopes: flash-attn's; only their defaults are supported.
+        window_size, softcap, alibi_slopes: the score modifiers of flash_attn_func (sliding window bottom-right
+            aligned against each batch element's key count, soft-cap, ALiBi slopes float32 (nheads,) or (batch,
+            nheads)); with them GQA query heads are not folded into one tile.
         scratch: optional preallocated fp32 partials (o_accum [n, b, hk', rows, d], lse_accum [n, b, hk', rows])
             for split launches; otherwise they come from the inputs' allocator.
         kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
@@ -366,15 +373,16 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes, a cache_seqlens array not int32.
         ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
             cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid.
-        NotImplementedError: sliding windows, softcapping or ALiBi.
     """
-    if softcap or alibi_slopes is not None or (window_size is not _NO_WINDOW and tuple(window_size) != _NO_WINDOW):
+    plain = window_size is _NO_WINDOW and not softcap and alibi_slopes is None
+    if not plain:
         check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    opts = None if plain else (window_size, softcap, alibi_slopes)
     if kernel != "decode":
         check_kernel(kernel)
         if kernel == "fwd_split":
             return _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits,
-                              return_softmax_lse, scratch)
+                              return_softmax_lse, scratch, opts)
     # Fast path: a memoized plan for these shapes / strides / dtypes / devices / scalar arguments.
     qp, qd = _desc(q)
     kcp, kcd = _desc(k_cache)
@@ -391,9 +399,10 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         sp, sd = _desc(cache_seqlens)
     plan = None
     key = None
+    mk = () if plain else memo_key(causal, window_size, softcap, alibi_slopes)
     if qd is not None and kcd is not None and vcd is not None and sp is not None and knp is not None \
-            and vnp is not None:
-        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits)
+            and vnp is not None and mk is not None:
+        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and fail) below
@@ -401,7 +410,9 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     if plan is None or (qp | kcp | vcp | knp | vnp) & 15:
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                        num_splits, softmax_scale)
-        plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits)
+        mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
+        plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
+                          mods=mods)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
@@ -410,10 +421,12 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
 
 
 def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits, return_softmax_lse,
-               scratch):
-    """The prefill kernel cut into KV splits (the path before the decode kernel), unchanged."""
+               scratch, opts=None):
+    """The prefill kernel cut into KV splits (the path before the decode kernel); opts: (window_size, softcap,
+    alibi_slopes) or None."""
     qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                    num_splits, softmax_scale)
+    mods = None if opts is None else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]
     if kna is not None:
@@ -428,8 +441,9 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
     tile = split_tile(d)
-    rows = h // hk if (sq == 1 and h > hk) else sq
-    kheads = hk if (sq == 1 and h > hk) else h
+    fold = sq == 1 and h > hk and not (mods is not None and mods.mod)
+    rows = h // hk if fold else sq
+    kheads = hk if fold else h
     if num_splits == 0:
         blocks = b * kheads * -(-rows // tile.block_m)
         num_splits = num_splits_heuristic(blocks, decode_slots(qa.device, fwd_smem_bytes(d, tile)),
@@ -437,17 +451,21 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     num_splits = max(1, min(num_splits, MAX_SPLITS))
     out, lse = forward(qa, kc, vc, softmax_scale, causal, tile=tile if num_splits > 1 else None,
                        seqlens_k_ptr=ca.ptr if ca is not None else 0, seqlen_k_new=seqlen_k_new,
-                       num_splits=num_splits, scratch=scratch)
+                       num_splits=num_splits, scratch=scratch, mods=mods)
     return (out, lse) if return_softmax_lse else out
 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
-             num_splits=0, tile: DecodeTile | None = None) -> _Plan:
+             num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
+             alibi_slopes=None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, and sweep tiles with `tile` (run it with `run_plan`)."""
+    check_unsupported(0.0, window_size, softcap, alibi_slopes)
     qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                    num_splits, softmax_scale)
-    return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile)
+    mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
+    return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
+                      mods)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

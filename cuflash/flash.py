@@ -42,8 +42,14 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
             all on one CUDA device and of one kind (torch CUDA tensors, CuPy arrays, or other DLPack producers,
             which get CuPy results). Last dimension contiguous, other strides multiples of 8 elements, data
             16-byte aligned (views such as q, k, v slices of one packed tensor are read in place, no copy).
-        dropout_p, window_size, softcap, alibi_slopes: flash-attn's; only their defaults (0.0, (-1, -1), 0.0,
-            None) are supported.
+        dropout_p: only 0.0 (dropout is not implemented).
+        window_size: (left, right) keys around each query's diagonal position: query i sees key j iff
+            i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves that side
+            unbounded; with causal, right = 0 (flash-attn's sliding window). Blocks outside the band are skipped.
+        softcap: > 0 caps the scaled scores: softcap * tanh(softmax_scale * q.k / softcap) (Gemma 2); 0: off.
+        alibi_slopes: float32 (nheads,) or (batch, nheads) on q's device, of q's kind: -slope * |i + seqlen_k -
+            seqlen_q - j| is added to the scaled scores (after the soft-cap). The score modifiers need
+            algorithm="v2" and run forward and backward, on both backends.
         softmax_scale: the scale of Q K^T, a positive finite number; None: headdim ** -0.5.
         causal: mask keys after each query, bottom-right aligned (query i sees keys j <= i + seqlen_k - seqlen_q).
         deterministic: for the backward (autograd): a dQ strategy without atomics.
@@ -75,9 +81,9 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         ValueError: bad ranks, shapes, head dims, strides or alignment, arrays on different devices, a
             non-positive softmax_scale, an unknown algorithm / grid_order / dq_strategy / warp_partition /
             backend, backend="sm90" where it cannot run, a problem too large for the launch grid.
-        NotImplementedError: dropout, sliding windows, softcapping or ALiBi.
+        NotImplementedError: dropout; window_size, softcap or alibi_slopes with algorithm="v1".
     """
-    check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    check_unsupported(dropout_p, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
     check_softmax_scale(softmax_scale)
     if grid_order not in GRID_ORDER_CHOICES:
         raise ValueError(f"grid_order must be one of {GRID_ORDER_CHOICES}; got {grid_order!r}")
@@ -91,9 +97,10 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         from ._autograd import flash_attn_autograd
 
         out, lse = flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order,
-                                       dq_strategy, warp_partition, backend)
+                                       dq_strategy, warp_partition, backend, window_size, softcap, alibi_slopes)
     elif algorithm == "v2":
-        out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order, backend)
+        out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order, backend, window_size, softcap,
+                                alibi_slopes)
     else:
         from .v1 import forward as v1_forward
 

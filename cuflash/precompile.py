@@ -56,7 +56,8 @@ def select_specs(args) -> list:
     """The specs the command line asks for: every configuration, or model_specs() of the given shapes."""
     from . import _configs
 
-    if not (args.dtypes or args.headdims or args.causal != "both" or args.no_backward or args.no_decode):
+    if not (args.dtypes or args.headdims or args.causal != "both" or args.no_backward or args.no_decode
+            or args.scores):
         return _configs.all_specs()
     for d in args.headdims or ():
         if d not in _configs.HEADDIMS:
@@ -68,7 +69,7 @@ def select_specs(args) -> list:
     from ._loader import device_cc
 
     return _configs.model_specs(args.dtypes or _configs.DTYPES, args.headdims or _configs.HEADDIMS, causal,
-                                not args.no_backward, not args.no_decode, device_cc(0))
+                                not args.no_backward, not args.no_decode, device_cc(0), args.scores)
 
 
 def parser():
@@ -79,6 +80,8 @@ def parser():
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--no-backward", action="store_true", help="forward only (inference)")
     ap.add_argument("--no-decode", action="store_true", help="no KV-cache decoding kernels")
+    ap.add_argument("--scores", action="store_true",
+                    help="also the kernels of the score modifiers (window_size, softcap, alibi_slopes)")
     ap.add_argument("--progress", action="store_true", help="a one-line counter instead of a line per kernel")
     return ap
 

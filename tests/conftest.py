@@ -147,9 +147,10 @@ def to_np(x) -> np.ndarray:
     return cupy.asnumpy(x.astype(cupy.float64))
 
 
-def torch_attention_lowp(q, k, v, softmax_scale, causal):
+def torch_attention_lowp(q, k, v, softmax_scale, causal, window_size=(-1, -1), softcap=0.0, alibi=None):
     """torch's own attention in the inputs' dtype (the yardstick of the error rule); bottom-right causal,
-    rows with no visible key -> 0."""
+    rows with no visible key -> 0. The score modifiers as flash-attn's reference applies them: soft-cap, then the
+    window's mask, then ALiBi's bias (`alibi`: a float32 tensor of slopes, (h,) or (b, h))."""
     import torch
 
     b, sq, h, d = q.shape
@@ -159,9 +160,17 @@ def torch_attention_lowp(q, k, v, softmax_scale, causal):
     kh = k.transpose(1, 2).repeat_interleave(g, 1)
     vh = v.transpose(1, 2).repeat_interleave(g, 1)
     s = (qh @ kh.transpose(-1, -2)) * softmax_scale
-    if causal:
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if tuple(window_size) != (-1, -1):
+        vis = torch.from_numpy(reference.visible_mask(sq, sk, causal, window_size)).to(q.device)
+        s = s.masked_fill(~vis, float("-inf"))
+    elif causal:
         mask = torch.from_numpy(reference.causal_mask(sq, sk)).to(q.device)
         s = s.masked_fill(~mask, float("-inf"))
+    if alibi is not None:
+        bias = reference.alibi_bias(alibi.double().cpu().numpy(), b, h, sq, sk)
+        s = s + torch.from_numpy(bias).to(q.device, q.dtype)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return (p @ vh).transpose(1, 2)
 

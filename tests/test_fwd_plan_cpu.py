@@ -168,7 +168,10 @@ bad("grid_order", lambda: cuflash.flash_attn_func(q, k, v, grid_order="xy"))
 bad("algorithm", lambda: cuflash.flash_attn_func(q, k, v, algorithm="v3"))
 bad("warp_partition", lambda: cuflash.flash_attn_func(q, k, v, warp_partition="z"))
 bad("dropout", lambda: cuflash.flash_attn_func(q, k, v, dropout_p=0.1))
-bad("window", lambda: cuflash.flash_attn_func(q, k, v, window_size=(4, 4)))
+bad("window", lambda: cuflash.flash_attn_func(q, k, v, window_size=(4, -4)))
+bad("alibi_shape", lambda: cuflash.flash_attn_func(q, k, v, alibi_slopes=T((7,), torch.float32)))
+bad("alibi_dtype", lambda: cuflash.flash_attn_func(q, k, v, alibi_slopes=T((8,), torch.float16)))
+bad("v1_window", lambda: cuflash.flash_attn_func(q, k, v, window_size=(4, 4), algorithm="v1"))
 bad("too_large", lambda: cuflash.flash_attn_func(T((70000, 70000 * 128, 1, 32), torch.float16),
                                                  T((70000, 16, 1, 32), torch.float16),
                                                  T((70000, 16, 1, 32), torch.float16)))
@@ -319,7 +322,10 @@ def test_not_memoized_paths(host):
     ("algorithm", "ValueError", ["algorithm"]),
     ("warp_partition", "ValueError", ["warp_partition"]),
     ("dropout", "NotImplementedError", ["dropout"]),
-    ("window", "NotImplementedError", ["window_size"]),
+    ("window", "ValueError", ["window_size right"]),
+    ("alibi_shape", "ValueError", ["alibi_slopes", "shape"]),
+    ("alibi_dtype", "TypeError", ["alibi_slopes", "float32"]),
+    ("v1_window", "NotImplementedError", ["window_size", "v1"]),
     ("too_large", "ValueError", ["too large"]),
 ])
 def test_bad_inputs_after_valid_calls(host, tag, exc, words):

@@ -70,14 +70,25 @@ def test_non_array_rejected():
         cuflash.flash_attn_func([1.0], [1.0], [1.0])
 
 
+def test_dropout_refused():
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        check_unsupported(dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        cuflash.flash_attn_func(None, None, None, dropout_p=0.1)
+
+
 @pytest.mark.parametrize("kw, word", [
-    (dict(dropout_p=0.1), "dropout_p"), (dict(window_size=(4, 0)), "window_size"),
-    (dict(softcap=30.0), "softcap"), (dict(alibi_slopes=[0.1]), "alibi_slopes"),
+    (dict(window_size=(4, 0)), "window_size"), (dict(softcap=30.0), "softcap"), (dict(alibi_slopes=[0.1]), "alibi_slopes"),
 ])
-def test_unimplemented_arguments_refused(kw, word):
+def test_score_modifiers_v2_only(kw, word):
+    """The score modifiers run on the V2 kernels: algorithm="v1" refuses them by name; with "v2" the call goes on
+    to the arrays (here: not CUDA arrays, a TypeError naming q)."""
     with pytest.raises(NotImplementedError, match=word):
-        check_unsupported(**kw)
+        check_unsupported(**kw, scores=False)
+    check_unsupported(**kw)
     with pytest.raises(NotImplementedError, match=word):
+        cuflash.flash_attn_func(None, None, None, algorithm="v1", **kw)
+    with pytest.raises(TypeError, match="q must be a CUDA array"):
         cuflash.flash_attn_func(None, None, None, **kw)
 
 
@@ -90,8 +101,7 @@ def test_unimplemented_arguments_refused(kw, word):
     (dict(softcap=None), TypeError, "softcap"),
 ])
 def test_bad_option_values_refused_by_name(kw, exc, word):
-    """A value no implementation could accept is a TypeError / ValueError, before the NotImplementedError of a
-    valid value that cuflash does not implement yet."""
+    """A value no implementation could accept is a TypeError / ValueError, before anything else."""
     with pytest.raises(exc, match=word):
         check_unsupported(**kw)
     with pytest.raises(exc, match=word):

@@ -1,7 +1,7 @@
 """Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking and grid-order variants at a few FA2-grid
 points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
 
-    python -m bench.diag.sm90_variants [--rounds N] [--json FILE]
+    python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S,...] [--json FILE]
 
 Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong) and a grid
 order."""
@@ -24,16 +24,28 @@ def variants(d, causal):
     if causal:
         out += [(base, "qtile"), (base, "bh"), (replace(base, pingpong=False), "bh")]
     if d == 64:
-        out += [(Sm90FwdTile(128, 3, 3, 160, 24), "auto")]
+        out += [(Sm90FwdTile(128, 3, 3, 160, 24), "auto"), (Sm90FwdTile(64, 3, 2, 160, 24), "auto"),
+                (Sm90FwdTile(128, 2), "auto"), (Sm90FwdTile(176, 2), "auto")]
     if d == 128:
         out += [(Sm90FwdTile(176, 2), "auto"), (replace(base, stages=3), "auto")]
     return [(label(t, go), t, go) for t, go in out]
 
 
-def specs():
+def points(argv):
+    """POINTS, or those named by --points (DTYPE:D:S, comma-separated)."""
+    if "--points" not in argv:
+        return POINTS
+    out = []
+    for item in argv[argv.index("--points") + 1].split(","):
+        dt, d, s = item.split(":")
+        out.append((dt, int(d), int(s)))
+    return tuple(out)
+
+
+def specs(pts=POINTS):
     from cuflash._configs import sm90_fwd_spec
 
-    return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, _ in POINTS for c in (False, True)
+    return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, _ in pts for c in (False, True)
                               for _, t, _ in variants(d, c)))
 
 
@@ -52,9 +64,10 @@ def main(argv):
     from cuflash.precompile import compile_specs
 
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 4
-    compile_specs(specs())
+    pts = points(argv)
+    compile_specs(specs(pts))
     recs = []
-    for dtype, d, s in POINTS:
+    for dtype, d, s in pts:
         h, b = 2048 // d, 16384 // s
         dt = getattr(torch, dtype)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))

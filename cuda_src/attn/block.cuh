@@ -5,8 +5,9 @@
 // loaded. Split-KV (Flash-Decoding) cuts that range into num_splits contiguous pieces (split_range). Backward
 // (KV tile outer, Q loop inside): a KV tile of keys [n0, n_end) visits the Q tiles [q_block_begin, q_block_end);
 // with causal, tiles whose rows all lie above its diagonal are skipped. Every kernel takes its loop bounds from
-// these four functions, so a local window changes them here only: kv_block_begin and q_block_end are the
-// window's edges (today: 0 and all Q tiles), from the same window that attn/mask.cuh tests per element.
+// these four functions: a local window (attn/mask.cuh, LOCAL) moves kv_block_begin / q_block_end to its left
+// edge and kv_block_end / q_block_begin to its right edge (the causal diagonal is a right edge at 0), from the
+// same band that attn/mask.cuh tests per element. The cost of a windowed row is then its band, not seqlen_k.
 #pragma once
 #include "mask.cuh"
 
@@ -16,39 +17,45 @@ struct BlockRange {
   int begin, end;  // [begin, end); empty when end <= begin
 };
 
-// Keys [0, kv_key_end) that some row before rows_end can see.
-template <bool CAUSAL>
-__device__ __forceinline__ int kv_key_end(const Mask<CAUSAL>& mask, int rows_end) {
-  return CAUSAL ? min(mask.seqlen_k, rows_end + mask.diag) : mask.seqlen_k;
+// Keys [0, kv_key_end) that some row before rows_end can see (the right edge of the last row's band).
+template <class M>
+__device__ __forceinline__ int kv_key_end(const M& mask, int rows_end) {
+  if constexpr (M::LOCAL) return max(0, min(mask.seqlen_k, rows_end + mask.diag + mask.right));
+  return M::IS_CAUSAL ? min(mask.seqlen_k, rows_end + mask.diag) : mask.seqlen_k;
 }
-// The first KV tile of BLOCK_N keys that rows from rows_begin on visit (no left window edge yet: 0).
-template <int BLOCK_N, bool CAUSAL>
-__device__ __forceinline__ int kv_block_begin(const Mask<CAUSAL>& /*mask*/, int /*rows_begin*/) {
+// The first KV tile of BLOCK_N keys that rows from rows_begin on visit (the left edge of the first row's band).
+template <int BLOCK_N, class M>
+__device__ __forceinline__ int kv_block_begin(const M& mask, int rows_begin) {
+  if constexpr (M::LOCAL) return min(max(0, rows_begin + mask.diag - mask.left), mask.seqlen_k) / BLOCK_N;
   return 0;
 }
 // KV tiles [.., kv_block_end) of BLOCK_N keys that rows before rows_end visit.
-template <int BLOCK_N, bool CAUSAL>
-__device__ __forceinline__ int kv_block_end(const Mask<CAUSAL>& mask, int rows_end) {
+template <int BLOCK_N, class M>
+__device__ __forceinline__ int kv_block_end(const M& mask, int rows_end) {
   return (kv_key_end(mask, rows_end) + BLOCK_N - 1) / BLOCK_N;
 }
-// Split `split` of num_splits over a row's KV tiles [n_begin, n_total), in whole granules of `granule` tiles:
+// Split `split` of num_splits over a row's KV tiles [n_begin, n_total) (n_begin <= n_total: kv_block_begin is
+// clamped to the keys), in whole granules of `granule` tiles:
 // ranges of ceil((n_total - n_begin) / (num_splits granule)) granules from n_begin on, the last ones clipped to
-// n_end (causal) or empty.
+// n_end (causal, window) or empty.
 __device__ __forceinline__ BlockRange split_range(int n_begin, int n_total, int n_end, int split, int num_splits,
                                                   int granule = 1) {
   const int per = (n_total - n_begin + num_splits * granule - 1) / (num_splits * granule) * granule;
   const int begin = n_begin + split * per;
   return {begin, min(n_end, begin + per)};
 }
-// Backward: the first Q tile of BLOCK_M rows with a row that sees a key of the KV tile starting at key n0.
-template <int BLOCK_M, bool CAUSAL>
-__device__ __forceinline__ int q_block_begin(const Mask<CAUSAL>& mask, int n0) {
-  return CAUSAL && n0 - mask.diag > 0 ? (n0 - mask.diag) / BLOCK_M : 0;
+// Backward: the first Q tile of BLOCK_M rows with a row that sees a key of the KV tile starting at key n0 (rows
+// i with i + diag (+ right) >= n0).
+template <int BLOCK_M, class M>
+__device__ __forceinline__ int q_block_begin(const M& mask, int n0) {
+  if constexpr (M::LOCAL) return max(0, n0 - mask.diag - mask.right) / BLOCK_M;
+  return M::IS_CAUSAL && n0 - mask.diag > 0 ? (n0 - mask.diag) / BLOCK_M : 0;
 }
-// Backward: the Q tiles [.., q_block_end) of BLOCK_M rows that see a key before n_end (no right window edge yet:
-// all num_m_blocks).
-template <int BLOCK_M, bool CAUSAL>
-__device__ __forceinline__ int q_block_end(const Mask<CAUSAL>& /*mask*/, int /*n_end*/, int num_m_blocks) {
+// Backward: the Q tiles [.., q_block_end) of BLOCK_M rows that see a key before n_end (all num_m_blocks but with
+// a left window edge: rows i with i + diag - left <= n_end - 1).
+template <int BLOCK_M, class M>
+__device__ __forceinline__ int q_block_end(const M& mask, int n_end, int num_m_blocks) {
+  if constexpr (M::LOCAL) return min(num_m_blocks, (max(0, n_end - mask.diag + mask.left) + BLOCK_M - 1) / BLOCK_M);
   return num_m_blocks;
 }
 

@@ -20,6 +20,8 @@ struct FwdParams {
   float* lse_accum;       // split-KV only: [splits, b, h, sq] fp32 partial LSE
   const int* seqlens_k;   // optional [b] int32: valid keys per batch element before this call's append
                           // (KV cache); keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k); null: seqlen_k
+  const float* alibi_slopes;  // MOD_SCORE: fp32 [batch or 1, nheads], slope of (b, h) at b * alibi_batch_stride + h;
+                              // null: no ALiBi
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -28,7 +30,13 @@ struct FwdParams {
   int64_t num_splits;                    // split-KV: the KV tiles of each row are cut into this many ranges
   int64_t seqlen_k_new;                  // keys appended to the cache by this call (see seqlens_k)
   int64_t grid_order;                    // 0: Q tile in grid x (same-head blocks together); 1: (b, h) in x
-  double scale_log2;                     // softmax_scale * log2(e), computed on the host
+  double scale_log2;                     // softmax_scale * log2(e), computed on the host (softcap * log2(e) with
+                                         // the soft-cap)
+  // score modifiers (attn/mask.cuh; read only by the kernels compiled with MOD_SCORE; alibi_slopes above)
+  int64_t alibi_batch_stride;
+  int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
+  double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
+  double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
 };
 
 }  // namespace cuflash
@@ -50,6 +58,7 @@ struct BwdParams {
   void* dq;             // [b, sq, h, d]
   void* dk;             // [b, sk, hk, d]
   void* dv;             // [b, sk, hk, d]
+  const float* alibi_slopes;  // MOD_SCORE: as FwdParams::alibi_slopes
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -63,6 +72,11 @@ struct BwdParams {
   int64_t num_dq_splits;
   double scale_log2;    // softmax_scale * log2(e)
   double softmax_scale;
+  // score modifiers (as FwdParams)
+  int64_t alibi_batch_stride;
+  int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
+  double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
+  double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
 };
 
 }  // namespace cuflash

@@ -19,6 +19,23 @@ struct SeqInfo {
   __device__ __forceinline__ int diag() const { return seqlen_k - seqlen_q; }
   template <bool CAUSAL>
   __device__ __forceinline__ Mask<CAUSAL> mask() const { return Mask<CAUSAL>(seqlen_k, diag()); }
+  // The mask with the score modifiers of MOD (attn/mask.cuh) from a parameter block (FwdParams, BwdParams):
+  // band edges, soft-cap, and the ALiBi slope of query head `head` of batch element `batch`.
+  template <bool CAUSAL, int MOD, typename P>
+  __device__ __forceinline__ Mask<CAUSAL, MOD> mask(const P& p, int batch, int head) const {
+    if constexpr (MOD == MOD_NONE) {
+      return Mask<CAUSAL, MOD>(seqlen_k, diag());
+    } else {
+      return Mask<CAUSAL, MOD>(seqlen_k, diag(), (int)p.window_left, (int)p.window_right, (float)p.softcap_pre,
+                               alibi_slope(p, batch, head));
+    }
+  }
+  // ALiBi slope of (batch, head) in the kernel's score units (P::alibi_mul: 1 / softmax_scale, or 1 / softcap);
+  // 0 without slopes.
+  template <typename P>
+  __device__ __forceinline__ static float alibi_slope(const P& p, int batch, int head) {
+    return p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * (float)p.alibi_mul : 0.f;
+  }
 
   // Element offset of (batch, head)'s first row in a [b, s, h, d] tensor with these strides.
   __device__ __forceinline__ static int64_t offset(int64_t batch_stride, int64_t head_stride, int64_t batch,

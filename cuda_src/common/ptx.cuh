@@ -166,6 +166,21 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// PTX ISA tanh.approx.f32 (sm_75+): one MUFU.TANH, max relative error 2^-10.987 (the score soft-cap,
+// attn/mask.cuh; the products that feed it are rounded to 16 bits on the way in, so the softmax sees inputs of
+// about that precision either way).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// lg2.approx.ftz.f32: one MUFU.LG2 (log2(x), max abs. error 2^-22 on [0.5, 2], rel. 2^-22 elsewhere; lg2(0) = -inf).
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Max / sum across the 4 lanes of a quad (the lanes that hold one accumulator row): 2 SHFL.BFLY each.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -1,0 +1,275 @@
+"""GPU: the score modifiers -- sliding window (window_size), soft-cap (softcap), ALiBi (alibi_slopes) -- forward
+and backward against the float64 reference with the error rule of conftest.py (outputs within 2x, gradients
+within 3x of torch's own attention with the same modifiers in the same dtype), on both forward backends, every
+head dim and dtype, GQA, ragged lengths, seqlen_q != seqlen_k both ways, every backward warp partition and dQ
+strategy, the decode kernels; window edge cases ((0, 0), (left, 0), one side unbounded, windows wider than the
+sequence, rows that see no key: zeros and LSE -inf, never NaN)."""
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash import backward as bwd_mod
+from cuflash import reference
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+
+pytestmark = pytest.mark.gpu
+
+LSE_ATOL = 2e-4
+
+
+def needs_backend(backend, d):
+    from cuflash._configs import SM90_HEADDIMS
+
+    if backend == "sm90":
+        from cuflash._fwd_sm90 import device_cc
+
+        if device_cc(0) != 90:
+            pytest.skip("backend sm90 needs a compute capability 9.0 GPU")
+        assert d in SM90_HEADDIMS
+
+
+def slopes(b, h, per_batch=False):
+    """ALiBi slopes (float32 CUDA tensor): BLOOM's geometric ones, per batch element varied a little."""
+    import torch
+
+    base = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+    if per_batch:
+        return (base[None, :] * torch.linspace(0.5, 1.5, b, device="cuda")[:, None]).contiguous()
+    return base
+
+
+def torch_lowp(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, alibi=None):
+    """torch's own attention with the modifiers, in the inputs' dtype (conftest.torch_attention_lowp)."""
+    return torch_attention_lowp(q, k, v, scale, causal, window_size, softcap, alibi)
+
+
+def ref_np(alibi):
+    return None if alibi is None else alibi.double().cpu().numpy()
+
+
+def check_forward(q, k, v, out, lse, scale, causal, window_size, softcap, alibi, what=""):
+    ref_o, ref_lse = reference.attention_forward(to_np(q), to_np(k), to_np(v), scale, causal, window_size, softcap,
+                                                 ref_np(alibi))
+    assert_close_to_ref(f"out {what}", out, torch_lowp(q, k, v, scale, causal, window_size, softcap, alibi), ref_o)
+    got = to_np(lse)
+    assert np.array_equal(np.isneginf(got), np.isneginf(ref_lse)), "rows with no key: LSE must be -inf"
+    fin = np.isfinite(ref_lse)
+    assert np.allclose(got[fin], ref_lse[fin], atol=LSE_ATOL, rtol=0), np.abs(got[fin] - ref_lse[fin]).max()
+    empty = np.isneginf(ref_lse).transpose(0, 2, 1)  # [b, sq, h]
+    assert (to_np(out)[empty] == 0).all(), "rows with no key must be zeros"
+
+
+# (causal, window_size, softcap, ALiBi): each modifier alone, with causal, and all together.
+OPTIONS = [
+    (False, (16, 5), 0.0, None), (True, (16, -1), 0.0, None), (False, (0, 0), 0.0, None),
+    (False, (-1, 7), 0.0, None), (False, (100, -1), 0.0, None), (False, (5000, 5000), 0.0, None),
+    (False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
+    (False, (-1, -1), 0.0, "h"), (True, (-1, -1), 0.0, "bh"),
+    (True, (33, -1), 15.0, "h"), (False, (40, 9), 15.0, "bh"),
+]
+OPT_IDS = [f"c{int(c)}-w{w[0]}_{w[1]}-cap{int(cap)}-{a or 'noalibi'}" for c, w, cap, a in OPTIONS]
+# (dtype, option): every option in fp16; in bf16 one of each kind (window, causal window, soft-cap, ALiBi, all)
+DTYPE_OPTS = [("float16", i) for i in range(len(OPTIONS))] + [("bfloat16", i) for i in (0, 1, 7, 9, 10)]
+
+
+def dtype_opt_params():
+    return [pytest.param(dt, OPTIONS[i], id=f"{dt}-{OPT_IDS[i]}") for dt, i in DTYPE_OPTS]
+SHAPES = [(1, 1), (17, 300), (300, 17), (257, 257)]
+
+
+def make_alibi(kind, b, h):
+    return None if kind is None else slopes(b, h, per_batch=kind == "bh")
+
+
+@pytest.mark.parametrize("backend,d", [(be, d) for be in ("sm80", "sm90") for d in (32, 64, 96, 128, 256)
+                                       if be == "sm80" or d != 32])
+@pytest.mark.parametrize("dtype,opt", dtype_opt_params())
+@pytest.mark.parametrize("sq,sk", SHAPES)
+def test_forward_modifiers(dtype, backend, d, opt, sq, sk):
+    causal, window, cap, akind = opt
+    needs_backend(backend, d)
+    b, h, hk = 2, 4, 2
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0 if cap else 1.0)
+    alibi = make_alibi(akind, b, h)
+    scale = d ** -0.5
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap, alibi_slopes=alibi,
+                                          return_attn_probs=True, backend=backend)
+    check_forward(q, k, v, out, lse, scale, causal, window, cap, alibi, f"{backend} {opt}")
+
+
+@pytest.mark.parametrize("backend", ["sm80", "sm90"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("opt", [OPTIONS[i] for i in (0, 1, 6, 9, 10, 11)], ids=[OPT_IDS[i] for i in (0, 1, 6, 9, 10, 11)])
+@pytest.mark.parametrize("sq,sk", [(1000, 700), (2048, 4096)])
+def test_forward_modifiers_long(dtype, backend, opt, sq, sk):
+    """Longer sequences: many KV tiles inside and outside the band (the skipped tiles), d 128."""
+    causal, window, cap, akind = opt
+    needs_backend(backend, 128)
+    q, k, v = torch_inputs((1, sq, 2, 128), (1, sk, 2, 128), dtype, scale=3.0 if cap else 1.0)
+    alibi = make_alibi(akind, 1, 2)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap, alibi_slopes=alibi,
+                                          return_attn_probs=True, backend=backend)
+    check_forward(q, k, v, out, lse, 128 ** -0.5, causal, window, cap, alibi, f"{backend} {opt}")
+
+
+def check_backward(b, sq, sk, h, hk, d, dtype, causal, window, cap, alibi_kind, warp_partition="auto",
+                   dq_strategy=None, deterministic=False):
+    import torch
+
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=True, scale=3.0 if cap else 1.0)
+    alibi = make_alibi(alibi_kind, b, h)
+    scale = d ** -0.5
+    out = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap, alibi_slopes=alibi,
+                                  warp_partition=warp_partition, dq_strategy=dq_strategy,
+                                  deterministic=deterministic)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), scale, causal, window, cap,
+                                       ref_np(alibi))
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    torch_lowp(qq, kk, vv, scale, causal, window, cap, alibi).backward(dout)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), (qq.grad, kk.grad, vv.grad), ref):
+        assert_close_to_ref(f"{name} ({warp_partition}, {dq_strategy})", ours, lp, r, factor=3.0)
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype,opt", dtype_opt_params())
+@pytest.mark.parametrize("sq,sk", [(17, 300), (300, 17), (257, 257)])
+def test_backward_modifiers(dtype, d, opt, sq, sk):
+    causal, window, cap, akind = opt
+    check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind)
+
+
+# Every warp partition and dQ strategy with a window (the Q-tile ranges of a KV tile and, for "seqpar", the KV
+# tiles each row sums) and with the soft-cap (its derivative in each partition's dS step).
+PART_CASES = [(d, p) for d in (32, 64, 96, 128, 256) for p in ("kv", "q", "2d") if d in bwd_mod.bwd_tiles(p)]
+
+
+@pytest.mark.parametrize("d,part", PART_CASES)
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
+@pytest.mark.parametrize("opt", [(True, (70, -1), 0.0, None), (False, (48, 20), 10.0, "h"),
+                                 (False, (-1, -1), 10.0, None)], ids=["causal-w70", "w48_20-cap-alibi", "cap"])
+def test_backward_partitions_and_strategies(d, part, dq_strategy, opt):
+    causal, window, cap, akind = opt
+    if (part, d) in bwd_mod.BWD_SCORE_UNSUPPORTED:  # refused by name, before the forward launches
+        import torch
+
+        q, k, v = torch_inputs((1, 64, 2, d), (1, 64, 2, d), "float16", requires_grad=True)
+        with pytest.raises(NotImplementedError, match="warp_partition"):
+            cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap,
+                                    alibi_slopes=make_alibi(akind, 1, 2), warp_partition=part)
+        return
+    check_backward(2, 333, 555, 4, 1, d, "float16", causal, window, cap, akind, part, dq_strategy)
+
+
+def test_deterministic_with_modifiers():
+    """deterministic=True with every modifier: two backward passes on the same inputs are bitwise equal, and
+    correct."""
+    import torch
+
+    q, k, v = torch_inputs((1, 300, 2, 64), (1, 400, 2, 64), "bfloat16", requires_grad=True)
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(2):
+        for x in (q, k, v):
+            x.grad = None
+        cuflash.flash_attn_func(q, k, v, causal=True, window_size=(50, -1), softcap=12.0,
+                                alibi_slopes=slopes(1, 2), deterministic=True).backward(dout)
+        grads.append([x.grad.clone() for x in (q, k, v)])
+    for g0, g1 in zip(*grads):
+        assert torch.equal(g0, g1)
+    check_backward(1, 300, 400, 2, 2, 64, "bfloat16", True, (50, -1), 12.0, "h", deterministic=True)
+
+
+def test_window_rows_without_keys():
+    """A band that misses the keys of some rows (sq > sk with window (0, 0); a right-only band (-1, -300) is not
+    a flash-attn value, so the left edge does it): zeros and LSE -inf for those rows, in both backends."""
+    import torch
+
+    for backend in ("sm80", "sm90"):
+        if backend == "sm90":
+            from cuflash._fwd_sm90 import device_cc
+
+            if device_cc(0) != 90:
+                continue
+        q, k, v = torch_inputs((2, 300, 2, 64), (2, 17, 2, 64), "float16")
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, window_size=(0, 0), return_attn_probs=True, backend=backend)
+        assert torch.isneginf(lse[:, :, :283]).all() and torch.isfinite(lse[:, :, 283:]).all()
+        assert (out[:, :283] == 0).all() and not torch.isnan(out).any()
+        check_forward(q, k, v, out, lse, 64 ** -0.5, False, (0, 0), 0.0, None)
+
+
+def test_equivalences():
+    """window (-1, 0) is causal (the causal kernels run); window (-1, -1) with causal is causal; a window wider
+    than both sequences is no window; flash-attn's causal ALiBi (slope (j - sk + 1)) equals ours up to a per-row
+    constant, so the outputs agree."""
+    import torch
+
+    q, k, v = torch_inputs((2, 200, 4, 64), (2, 300, 4, 64), "float16")
+    c = cuflash.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(c, cuflash.flash_attn_func(q, k, v, window_size=(-1, 0)))
+    assert torch.equal(c, cuflash.flash_attn_func(q, k, v, causal=True, window_size=(-1, -1)))
+    wide = cuflash.flash_attn_func(q, k, v, window_size=(10000, 10000))
+    plain = cuflash.flash_attn_func(q, k, v)
+    assert (wide.float() - plain.float()).abs().max() < 2e-3
+
+
+@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("opt", [(True, (100, -1), 0.0, None), (False, (-1, -1), 25.0, "h"),
+                                 (True, (64, -1), 25.0, "bh")], ids=["causal-w100", "cap-alibi", "all"])
+@pytest.mark.parametrize("sq,h,hk", [(1, 8, 2), (5, 4, 4)])
+def test_decode_modifiers(kernel, d, opt, sq, h, hk):
+    """flash_attn_with_kvcache with the modifiers: ragged cache_seqlens (0 included), GQA (not folded)."""
+    import torch
+
+    causal, window, cap, akind = opt
+    b, s_cache = 3, 700
+    kc = torch.randn(b, s_cache, hk, d, device="cuda").half()
+    vc = torch.randn(b, s_cache, hk, d, device="cuda").half()
+    seqlens = [700, 0, 333]
+    cs = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    q = (torch.randn(b, sq, h, d, device="cuda") * (3.0 if cap else 1.0)).half()
+    alibi = make_alibi(akind, b, h)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=cs, causal=causal, window_size=window,
+                                               softcap=cap, alibi_slopes=alibi, return_softmax_lse=True,
+                                               kernel=kernel)
+    for i, n in enumerate(seqlens):
+        al = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[i:i + 1])
+        if n == 0:
+            assert (out[i] == 0).all() and torch.isneginf(lse[i]).all()
+            continue
+        check_forward(q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], out[i:i + 1], lse[i:i + 1], d ** -0.5, causal,
+                      window, cap, al, f"decode {kernel}")
+
+
+def test_cupy_and_explicit_backward():
+    """CuPy arrays in and out, and flash_attn_backward with the forward's modifiers."""
+    import cupy
+
+    b, sq, sk, h, d = 2, 130, 190, 2, 64
+    rs = cupy.random.RandomState(1)
+    q, k, v = ((rs.standard_normal((b, s, h, d)) * 2).astype(cupy.float16) for s in (sq, sk, sk))
+    al = cupy.asarray([0.25, 0.0625], dtype=cupy.float32)
+    opts = dict(causal=True, window_size=(60, -1), softcap=8.0, alibi_slopes=al)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    assert isinstance(out, cupy.ndarray)
+    ref_o, _ = reference.attention_forward(to_np(q), to_np(k), to_np(v), None, True, (60, -1), 8.0, cupy.asnumpy(al))
+    assert np.abs(to_np(out) - ref_o).max() < 1e-2
+    dout = rs.standard_normal(out.shape).astype(cupy.float16)
+    dq, dk, dv = cuflash.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+    rq, rk, rv = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, True, (60, -1), 8.0,
+                                              cupy.asnumpy(al))
+    for name, ours, r in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert np.abs(to_np(ours) - r).max() < 3e-2 * max(1.0, np.abs(r).max()), name
+
+
+def test_bad_alibi_raises_before_launch():
+    import torch
+
+    q, k, v = torch_inputs((2, 16, 4, 64), (2, 16, 4, 64), "float16")
+    for bad, exc in ((torch.ones(3, device="cuda"), ValueError), (torch.ones(4, device="cuda").half(), TypeError),
+                     (torch.ones(4), TypeError), (torch.ones(3, 4, device="cuda"), ValueError)):
+        with pytest.raises(exc, match="alibi_slopes"):
+            cuflash.flash_attn_func(q, k, v, alibi_slopes=bad)

@@ -1,4 +1,5 @@
-"""Diagnostic (CPU): emulation of where the backward's dq error comes from (python -m bench.diag.rounding_emulation).
+"""Diagnostic (CPU): emulation of where the backward's dq error comes from (python -m bench.diag.rounding_emulation
+[--d-precision]).
 
 float64 NumPy with explicit roundings to fp16 at the points where each implementation rounds:
 * torch's fp16 math path (the tests' yardstick): S = QK^T rounded, scaled and rounded, softmax in fp32 with a
@@ -7,7 +8,12 @@ float64 NumPy with explicit roundings to fp16 at the points where each implement
   from the rounded O, dP in fp32, dS rounded, dq = softmax_scale * (dS K) in fp32, rounded once.
 For random problems it prints how often cuflash's max error exceeds 2x torch's, without and with the test
 rule's floor (half an ulp of the output at the reference's largest magnitude; tests/conftest.py), and both
-medians in ulps of that magnitude."""
+medians in ulps of that magnitude.
+
+--d-precision: the large-logit tail (inputs x3, softmax_scale 0.3, one query row against 1999 keys, fp16): the
+worst ratio of cuflash's dq / dk max error to torch's over random problems, with D = rowsum(dO * O) taken three
+ways: from the fp16 O (what the backward does today), from the fp32 O before rounding, and as rowsum(P16 * dP) in
+fp32 (the form torch's math path has)."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,6 +53,47 @@ def dq_errors(seed, sq, sk, d, causal=True):
     return np.abs(dq_o - dq_ref).max(), np.abs(dq_t - dq_ref).max(), 2.0 ** (np.floor(np.log2(m)) - 10)
 
 
+def d_precision_ratios(seed, sq=1, sk=1999, d=64, xs=3.0, scale=0.3):
+    """{variant: max(dq error / torch's, dk error / torch's)} of one problem (module docstring, --d-precision)."""
+    rng = np.random.default_rng(seed)
+    q, k = (_f16(rng.standard_normal(s) * xs) for s in ((sq, d), (sk, d)))
+    v, do = (_f16(rng.standard_normal(s)) for s in ((sk, d), (sq, d)))
+
+    def softmax(s):
+        p = np.exp(s - s.max(1, keepdims=True))
+        return p / p.sum(1, keepdims=True)
+
+    p = softmax(q @ k.T * scale)
+    ds = p * (do @ v.T - (do * (p @ v)).sum(1, keepdims=True))
+    dq_ref, dk_ref = ds @ k * scale, ds.T @ q * scale
+    pt = _f16(softmax(_f16(_f16(q @ k.T) * scale)))  # torch, fp16 math
+    dpt = _f16(do @ v.T)
+    dst = _f16(pt * (dpt - (pt * dpt).sum(1, keepdims=True)))
+    et = (np.abs(_f16(_f16(dst * scale) @ k) - dq_ref).max(), np.abs(_f16(_f16(dst.T * scale) @ q) - dk_ref).max())
+    pf = _f32(softmax(_f32(q @ k.T) * scale))  # cuflash: P in fp32, its fp16 copy for dV and dS
+    p16, dp = _f16(pf), _f32(do @ v.T)
+    out = {}
+    for name, dd in (("D from fp16 O", (do * _f16(pf @ v)).sum(1, keepdims=True)),
+                     ("D from fp32 O", (do * _f32(pf @ v)).sum(1, keepdims=True)),
+                     ("D = rowsum(P16 dP)", (p16 * dp).sum(1, keepdims=True))):
+        dsc = _f16(p16 * (dp - _f32(dd)))
+        eq = np.abs(_f16(_f32(dsc @ k) * scale) - dq_ref).max()
+        ek = np.abs(_f16(_f32(dsc.T @ q) * scale) - dk_ref).max()
+        out[name] = max(eq / max(et[0], 1e-30), ek / max(et[1], 1e-30))
+    return out
+
+
+def d_precision(n=300):
+    by = {}
+    for seed in range(n):
+        for name, r in d_precision_ratios(seed).items():
+            by.setdefault(name, []).append(r)
+    for name, rs in by.items():
+        rs = np.array(rs)
+        print(f"{name:20s} worst {rs.max():6.1f}x torch, 99th percentile {np.percentile(rs, 99):5.1f}x, "
+              f"> 3x in {np.mean(rs > 3):.1%} of {n}")
+
+
 def main(n=200):
     for sq, sk in ((300, 17), (257, 257)):
         for d in (32, 64):
@@ -57,4 +104,6 @@ def main(n=200):
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    d_precision() if "--d-precision" in sys.argv else main()

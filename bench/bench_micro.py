@@ -310,6 +310,23 @@ def find_cuobjdump():
     return (path, extra) if path else None
 
 
+def cubin_sass(cubin: bytes) -> tuple:
+    """(cuobjdump -sass text, "ok") of a cubin from cuflash._loader.compile_offline, or (None, why not)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return None, "unavailable (no cuobjdump)"
+    path, extra = tool
+    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", "")] + extra))
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "k.cubin")
+        with open(f, "wb") as fh:
+            fh.write(fix_cubin(cubin))
+        p = subprocess.run([path, "-sass", f], capture_output=True, text=True, timeout=300, env=env)
+    if p.returncode != 0 or "Function" not in p.stdout:
+        return None, f"unavailable (cuobjdump rc={p.returncode}: {p.stderr.strip()[-300:]})"
+    return p.stdout, "ok"
+
+
 def sass_analysis(arch: int = 90, names=None) -> dict:
     """One offline compile of all micro kernels for sm_<arch>: ptxas resources and, when cuobjdump is
     available, each kernel's opcode list. {"status", "kernels": {name: {regs, stack, spill_st, spill_ld,
@@ -319,19 +336,10 @@ def sass_analysis(arch: int = 90, names=None) -> dict:
     names = list(names or all_kernel_names())
     res = _loader.compile_offline(FILE, names, arch)
     kernels = {n: dict(info, opcodes=None) for n, info in res["kernels"].items()}
-    tool = find_cuobjdump()
-    if tool is None:
-        return {"status": "unavailable (no cuobjdump)", "kernels": kernels}
-    path, extra = tool
-    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", "")] + extra))
-    with tempfile.TemporaryDirectory() as d:
-        f = os.path.join(d, "micro.cubin")
-        with open(f, "wb") as fh:
-            fh.write(fix_cubin(res["cubin"]))
-        p = subprocess.run([path, "-sass", f], capture_output=True, text=True, timeout=300, env=env)
-    if p.returncode != 0 or "Function" not in p.stdout:
-        return {"status": f"unavailable (cuobjdump rc={p.returncode}: {p.stderr.strip()[-300:]})", "kernels": kernels}
-    funcs = parse_sass(p.stdout)
+    sass, status = cubin_sass(res["cubin"])
+    if sass is None:
+        return {"status": status, "kernels": kernels}
+    funcs = parse_sass(sass)
     for info in kernels.values():
         info["opcodes"] = funcs.get(info["lowered"])
     return {"status": "ok", "kernels": kernels}

@@ -33,8 +33,6 @@ import ctypes
 import os
 import re
 import struct
-import subprocess
-import tempfile
 import time
 import traceback
 
@@ -284,19 +282,10 @@ def sass_chunk(names) -> dict:
     notes = perf_notes(res["log"])
     kernels = {n: dict(info, opcodes=None, hgmma=None, perf_notes=notes.get(info["lowered"], []))
                for n, info in res["kernels"].items()}
-    tool = bm.find_cuobjdump()
-    if tool is None:
-        return {"status": "unavailable (no cuobjdump)", "kernels": kernels}
-    path, extra = tool
-    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", "")] + extra))
-    with tempfile.TemporaryDirectory() as d:
-        f = os.path.join(d, "micro90.cubin")
-        with open(f, "wb") as fh:
-            fh.write(bm.fix_cubin(res["cubin"]))
-        p = subprocess.run([path, "-sass", f], capture_output=True, text=True, timeout=300, env=env)
-    if p.returncode != 0 or "Function" not in p.stdout:
-        return {"status": f"unavailable (cuobjdump rc={p.returncode}: {p.stderr.strip()[-300:]})", "kernels": kernels}
-    funcs, hg = bm.parse_sass(p.stdout), parse_hgmma(p.stdout)
+    sass, status = bm.cubin_sass(res["cubin"])
+    if sass is None:
+        return {"status": status, "kernels": kernels}
+    funcs, hg = bm.parse_sass(sass), parse_hgmma(sass)
     for info in kernels.values():
         info["opcodes"] = funcs.get(info["lowered"])
         info["hgmma"] = hg.get(info["lowered"], [])

@@ -10,19 +10,17 @@ parameter block and launches. `forward` validates nothing and memoizes nothing; 
 """
 from __future__ import annotations
 
-import math
-
 from . import _interop
 from ._configs import combine_spec, fwd_spec, fwd_tile, split_tile
-from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, resolve_grid_order  # noqa: F401
+from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order  # noqa: F401
 from ._interop import desc
-from ._mods import memo_key, mods_for, plain_fields
 from ._launch import get_launcher
+from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for  # noqa: F401 (LOG2E re-exported)
 from ._params import FWD_PARAMS
 from ._plan import HostPlan, remember
 from ._validate import check_qkv, check_softmax_scale
 
-LOG2E = math.log2(math.e)
+
 def fold_gqa_rows(qa, hk: int):
     """Decoding with GQA/MQA (seqlen_q == 1): the G = h / hk query heads that share a KV head become G
     rows of one Q tile, so each K/V byte is read once per KV head. Pure stride arithmetic, no copy:
@@ -44,11 +42,9 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    mod = 0
-    if mods is not None:
-        causal, mod = mods.causal, mods.mod
+    causal, mod = kernel_mode(mods, causal)
     osb, osq, osh = o_strides
-    if sq == 1 and h > hk and not mod:  # fold the query heads of a KV head into rows (1 row sees every key)
+    if folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
         rows, kheads, q_row, q_head = fold_gqa_rows(qa, hk)
         o_row, o_head = osh, rows * osh
         heads_per_kv, causal = 1, False
@@ -69,7 +65,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
         batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=sk, num_splits=num_splits,
         seqlen_k_new=seqlen_k_new, grid_order=order,
-        **(mods.fields if mods is not None else plain_fields(softmax_scale)),
+        **mod_fields(mods, softmax_scale),
     )
     return lau, grid, fields
 

@@ -1,5 +1,5 @@
 """The forward launch grid, shared by the mma.sync (cuflash._fwd) and Hopper (cuflash._fwd_sm90) forwards: the
-grid orders, the grid of a launch, and the strides of an output array."""
+grid orders, the grid of a launch, the strides of an output array, and when single-query GQA is folded into rows."""
 from __future__ import annotations
 
 from ._configs import auto_grid_order
@@ -7,6 +7,13 @@ from ._configs import auto_grid_order
 GRID_ORDERS = {"qtile": 0, "bh": 1}
 GRID_ORDER_CHOICES = ("auto", *GRID_ORDERS)
 _MAX_GRID_YZ = 65535
+
+
+def folds_gqa(seqlen_q: int, nheads: int, nheads_k: int, mod: int = 0) -> bool:
+    """Whether the mma.sync kernels see single-query GQA/MQA as G = nheads / nheads_k rows of one KV head
+    (cuflash._fwd.fold_gqa_rows): one query row per head, several heads per KV head, and no score modifier (with
+    MOD_SCORE a row is a query position, each head with its own ALiBi slope)."""
+    return seqlen_q == 1 and nheads > nheads_k and not mod
 
 
 def resolve_grid_order(grid_order: str, causal: bool, rows: int, headdim: int = 128) -> str:

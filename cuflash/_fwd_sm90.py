@@ -15,19 +15,17 @@ new pointers cost one cuTensorMapEncodeTiled per tensor.
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 
 from . import _interop
-from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, resolve_grid_order
+from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order
 from ._configs import SM90_HEADDIMS, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
-from ._mods import plain_fields
+from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
-LOG2E = math.log2(math.e)
 BACKENDS = ("auto", "sm80", "sm90")
 MAPS_OFFSET = 512  # byte offset of Sm90FwdMaps in the parameter buffer (64-byte aligned, past FwdParams)
 ARGS_BYTES = 3 * MAP_BYTES  # the maps of q, k, v
@@ -60,7 +58,7 @@ def ineligible(qa, ka, va, mods=None) -> str | None:
     sk, hk = ka.shape[1], ka.shape[2]
     if d not in SM90_HEADDIMS:
         return f"head dim {d} (the sm90 forward has {SM90_HEADDIMS})"
-    if sq == 1 and h > hk and not (mods is not None and mods.mod):
+    if folds_gqa(sq, h, hk, kernel_mode(mods, False)[1]):
         return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
     if not (b and h and sq and sk):
         return "an empty batch, head count or sequence"
@@ -93,9 +91,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    mod = 0
-    if mods is not None:
-        causal, mod = mods.causal, mods.mod
+    causal, mod = kernel_mode(mods, causal)
     tile = tile or sm90_fwd_tile(d, causal)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b, 1)
@@ -106,7 +102,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
         o_batch_stride=osb, o_row_stride=osq, o_head_stride=osh,
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
-        grid_order=order, **(mods.fields if mods is not None else plain_fields(softmax_scale)),
+        grid_order=order, **mod_fields(mods, softmax_scale),
     )
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),

@@ -62,6 +62,16 @@ def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen
                                        scale_log2=scale_log2))
 
 
+def kernel_mode(mods: Mods | None, causal: bool) -> tuple:
+    """(causal flag, MOD) of the kernels a call launches: its own causal and MOD_NONE without modifiers."""
+    return (causal, MOD_NONE) if mods is None else (mods.causal, mods.mod)
+
+
+def mod_fields(mods: Mods | None, softmax_scale: float) -> dict:
+    """The modifier fields (with scale_log2) of a call's parameter block."""
+    return plain_fields(softmax_scale) if mods is None else mods.fields
+
+
 def plain_fields(softmax_scale: float) -> dict:
     """The modifier fields of a call without modifiers (MOD_NONE), with scale_log2."""
     return dict(alibi_slopes=0, alibi_batch_stride=0, window_left=0, window_right=0, softcap_pre=0.0, alibi_mul=0.0,

@@ -1,7 +1,6 @@
 """FlashAttention-2 backward: dq, dk, dv from (dout, q, k, v, out, lse), three dQ strategies."""
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Optional, Tuple
 
@@ -10,14 +9,13 @@ from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCOR
                        bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles)
 from ._interop import desc
 from ._launch import get_launcher
+from ._mods import is_plain, kernel_mode, mod_fields, mods_for
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
-from ._mods import is_plain, mods_for, plain_fields
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
                         check_unsupported)
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
-LOG2E = math.log2(math.e)
 # seqpar's per-KV-tile dQ buffers may take at most this fraction of the free device memory.
 SEQPAR_MAX_FREE_FRACTION = 0.5
 
@@ -124,11 +122,9 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    mod = 0
-    if mods is not None:
-        causal, mod = mods.causal, mods.mod
-        if mod:
-            check_score_partition(warp_partition, d)
+    causal, mod = kernel_mode(mods, causal)
+    if mod:
+        check_score_partition(warp_partition, d)
     tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod)
     n_blocks = -(-sk // tile.block_n)
     sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
@@ -149,7 +145,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
            **contiguous_fields("dv", dkv_shape),
            batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
            dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
-           **(mods.fields if mods is not None else plain_fields(softmax_scale)))
+           **mod_fields(mods, softmax_scale))
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
     main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod), dev)

@@ -26,16 +26,15 @@ and launches (the combine kernel reads the same block).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
 from ._configs import (DecodeTile, append_spec, combine_spec, decode_mf, decode_spec, decode_tile, fwd_smem_bytes,
                        split_tile)
-from ._fwd import forward
+from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
-from ._mods import memo_key, mods_for, plain_fields
+from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
@@ -45,7 +44,6 @@ MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
-LOG2E = math.log2(math.e)
 _MAX_GRID_X = 2 ** 31 - 1
 _NO_WINDOW = (-1, -1)
 
@@ -140,7 +138,7 @@ def decode_geometry(b: int, sq: int, h: int, hk: int, d: int, causal: bool, scor
     seqlen_q == 1 with GQA/MQA folds the G = h / hk query heads of a KV head into G rows (K/V read once
     per KV head), except with the score modifiers (`scores`: the kernel's rows are then query positions, each
     head with its own ALiBi slope); causal only matters with more than one query row (one row sees every key)."""
-    fold = sq == 1 and h > hk and not scores
+    fold = folds_gqa(sq, h, hk, scores)
     rows = h // hk if fold else sq
     kheads = hk if fold else h
     heads_per_kv = 1 if fold else h // hk
@@ -213,9 +211,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
-    mod = 0
-    if mods is not None:
-        causal, mod = mods.causal, mods.mod
+    causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod)
     dev = qa.device
@@ -244,7 +240,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
            num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
-           **(mods.fields if mods is not None else plain_fields(float(softmax_scale))))
+           **mod_fields(mods, float(softmax_scale)))
     p.add_launch(main, (blocks, 1, 1))
     out, lse = p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True)
     if num_splits > 1:
@@ -441,7 +437,7 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
     tile = split_tile(d)
-    fold = sq == 1 and h > hk and not (mods is not None and mods.mod)
+    fold = folds_gqa(sq, h, hk, kernel_mode(mods, causal)[1])
     rows = h // hk if fold else sq
     kheads = hk if fold else h
     if num_splits == 0:

@@ -20,17 +20,15 @@ LSE = m + log l (as cuflash.reference.flash_v1_forward).
 """
 from __future__ import annotations
 
-import math
-
 from . import _interop
 from ._configs import (V1_BWD_TILES, V1_FILENAME, V1_FWD_TILES, V1_HEADDIMS, WARP_SPLITS, V1Tile,  # noqa: F401
                        check_warp_split, v1_bwd_smem_bytes, v1_bwd_spec, v1_bwd_tile, v1_convert_spec,
                        v1_fwd_smem_bytes, v1_fwd_spec, v1_specs)
 from ._launch import get_launcher
+from ._mods import LOG2E
 from ._params import V1_BWD_PARAMS, V1_FWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan
 
-LOG2E = math.log2(math.e)
 _MAX_GRID_Y = 65535
 
 # The V1 configuration lives in cuflash/_configs.py with every other family's; these names are kept for the

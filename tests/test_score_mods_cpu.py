@@ -160,3 +160,16 @@ def test_params_pack_modifier_fields():
     off = FWD_PARAMS.offsets()
     assert struct.unpack_from("<q", raw, off["window_left"][0])[0] == 3
     assert struct.unpack_from("<d", raw, off["alibi_mul"][0])[0] == 2.0
+
+
+def test_mod_values_match_the_kernels():
+    """The MOD template values the host names kernels with are the ones cuda_src/attn/mask.cuh defines."""
+    import re
+
+    from cuflash._loader import source_dir
+
+    src = (source_dir() / "attn" / "mask.cuh").read_text()
+    m = re.search(r"enum\s*:\s*int\s*\{\s*MOD_NONE\s*=\s*(\d+)\s*,\s*MOD_SCORE\s*=\s*(\d+)\s*\}", src)
+    assert m, "mask.cuh: enum { MOD_NONE, MOD_SCORE } not found"
+    assert (int(m.group(1)), int(m.group(2))) == (_configs.MOD_NONE, _configs.MOD_SCORE) == (_mods.MOD_NONE,
+                                                                                             _mods.MOD_SCORE)

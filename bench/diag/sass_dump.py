@@ -7,26 +7,16 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import sys
-import tempfile
 
 
 def dump(spec, arch=90) -> str:
     from cuflash import _loader
 
-    from ..bench_micro import find_cuobjdump, fix_cubin
+    from ..bench_micro import cubin_sass
 
-    res = _loader.compile_offline(spec.filename, [spec.name], arch)
-    tool = find_cuobjdump()
-    if tool is None:
-        return "cuobjdump unavailable"
-    path, extra = tool
-    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", "")] + extra))
-    with tempfile.TemporaryDirectory() as d:
-        f = os.path.join(d, "k.cubin")
-        open(f, "wb").write(fix_cubin(res["cubin"]))
-        return subprocess.run([path, "-sass", f], capture_output=True, text=True, env=env).stdout
+    sass, status = cubin_sass(_loader.compile_offline(spec.filename, [spec.name], arch)["cubin"])
+    return sass if sass is not None else f"cuobjdump {status}"
 
 
 def opcode_counts(sass: str) -> collections.Counter:

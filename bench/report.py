@@ -436,6 +436,58 @@ def scores_table(records, section="scores"):
     return "\n".join(lines) + "\n"
 
 
+def dropout_table(records, section="dropout"):
+    """Dropout: per (mode, hdim, seqlen, causal), TFLOP/s of cuflash with and without dropout (its time ratio) and of
+    SDPA FLASH / cuDNN with and without it; cuflash / cuDNN with dropout."""
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    cell = defaultdict(dict)
+    for r in rs:
+        k = (r["mode"], r["headdim"], r["seqlen_q"], r["causal"])
+        name = r["provider"] + ("+drop" if r.get("dropout_p") else "") + ("/sm80" if r.get("algo") == "v2-sm80-plain"
+                                                                           else "")
+        cell[k][name] = r
+    lines = ["| mode | hdim | seqlen | causal | cuflash plain (path) | cuflash dropout (sm80) | x plain sm80 | "
+             "FLASH / +dropout | cuDNN / +dropout | dropout: cuflash / cuDNN |", "|" + "---|" * 10]
+
+    def tf(r):
+        return f"{r['tflops']:.0f}" if r and r.get("tflops") else "-"
+
+    for k in sorted(cell, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
+        c = cell[k]
+        plain, drop = c.get("cuflash"), c.get("cuflash+drop")
+        ratio = drop.get("ratio_to_plain") if drop else None
+        cud = c.get("cudnn+drop")
+        vs = (f"{drop['tflops'] / cud['tflops']:.2f}x" if drop and cud and drop.get("tflops") and cud.get("tflops")
+              else "-")
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {tf(plain)} ({plain.get('backend') if plain else '-'}) | "
+                     f"{tf(drop)} | {f'{ratio:.2f}' if ratio else '-'} | {tf(c.get('flash'))} / "
+                     f"{tf(c.get('flash+drop'))} | {tf(c.get('cudnn'))} / {tf(cud)} | {vs} |")
+    return "\n".join(lines) + "\n"
+
+
+def headdims_table(records, section="headdims"):
+    """Head dims: per (mode, causal), TFLOP/s (the inputs' own head dim counted) of cuflash (the kernel head dim that
+    runs it) and SDPA FLASH / cuDNN at each head dim."""
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    dims = sorted({r["headdim"] for r in rs})
+    cell = defaultdict(dict)
+    for r in rs:
+        k = (r["mode"], r["causal"], r["provider"])
+        txt = f"{r['tflops']:.0f}" if r.get("tflops") else "-"
+        if r["provider"] == "cuflash" and r.get("kernel_headdim") not in (None, r["headdim"]):
+            txt += f" (on {r['kernel_headdim']})"
+        cell[k][r["headdim"]] = txt
+    lines = ["| mode | causal | provider | " + " | ".join(str(d) for d in dims) + " |", "|" + "---|" * (3 + len(dims))]
+    order = {"cuflash": 0, "flash": 1, "cudnn": 2}
+    for k in sorted(cell, key=lambda k: (k[0] != "fwd", k[1], order.get(k[2], 9))):
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cell[k].get(d, "-") for d in dims) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # The README's result blocks: <!-- results:NAME --> ... <!-- /results:NAME -->
 README_BLOCKS = {
     "fwd": lambda rs: headline_table(rs, "fwd", "fwd"),
@@ -452,6 +504,8 @@ README_BLOCKS = {
     "fwd90_ceiling": hopper_ceiling_table,
     "micro90": micro90_table,
     "scores": scores_table,
+    "dropout": dropout_table,
+    "headdims": headdims_table,
     "ladder": ladder_tables,
     "traffic": traffic_readme_table,
 }

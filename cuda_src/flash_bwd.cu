@@ -90,6 +90,7 @@
 #include "attn/mask.cuh"
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
+#include "attn/dropout.cuh"
 
 namespace cuflash {
 
@@ -114,7 +115,7 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
   const bool live = row < rows && c < D;  // no early return: every lane takes part in the shuffles below
   const int64_t i = row % p.seqlen_q_pad, bh = row / p.seqlen_q_pad;
   float dsum = 0.f;
-  if (live && i < p.seqlen_q) {
+  if (live && i < p.seqlen_q && c < p.head_dim) {  // columns past the inputs' head dim add nothing
     const int64_t h = bh % p.nheads, b = bh / p.nheads;
     const uint4 o = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.o) + b * p.o_batch_stride +
                                                      i * p.o_row_stride + h * p.o_head_stride + c);
@@ -180,6 +181,7 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
       sum.w += x.w;
     }
   }
+  if (c >= p.head_dim) return;  // the padding columns of a head dim below D
   const float scale = (float)p.softmax_scale;
   T* dq = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + i0 * p.dq_row_stride + h * p.dq_head_stride + c;
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
@@ -301,18 +303,19 @@ __device__ __forceinline__ void store_a_frags(T* tile, int lds, int row0, const 
 // full tile goes without bounds checks (one IMAD.WIDE.U32 per 16-byte chunk, common/tile.cuh); only the 2D
 // partition uses it (at head dim 128 the KV partition's kernels are at 255 registers and it makes them spill).
 template <typename T, int D, int BLOCK_M, int NT, bool FAST>
-__device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_stride, int m0, int seqlen_q, int tid) {
+__device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_stride, int m0, int seqlen_q, int tid,
+                                          int cols) {
   if (FAST && m0 + BLOCK_M <= seqlen_q)
-    FullTileLoader<BLOCK_M, D, NT, T>(head, row_stride, tid).copy(dst, m0);
+    FullTileLoader<BLOCK_M, D, NT, T>(head, row_stride, tid, cols).copy(dst, m0);
   else
-    load_tile_async<BLOCK_M, D, NT>(dst, head, row_stride, m0, seqlen_q, tid);
+    load_tile_async<BLOCK_M, D, NT, PAD_COPY>(dst, head, row_stride, m0, seqlen_q, tid, cols);
 }
 
 template <typename T, int D, int BLOCK_M, int NT, bool FAST>
 __device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, int batch, int hq, int m0, int seqlen_q,
                                              int tid) {
   const T* do_head = reinterpret_cast<const T*>(p.dout) + SeqInfo::offset(p.do_batch_stride, p.do_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid);
+  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid, (int)p.head_dim);
 }
 
 // Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles (dO only if LOAD_DO),
@@ -321,7 +324,7 @@ template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool LOAD_DO = true
 __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
                                             int batch, int hq, int m0, int seqlen_q, int tid) {
   const T* q_head = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid);
+  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid, (int)p.head_dim);
   if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, batch, hq, m0, seqlen_q, tid);
   const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
   if (tid < BLOCK_M / 4)
@@ -377,6 +380,9 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
   const int g = lane / 4, t = lane % 4;
   T* dk_ptr = reinterpret_cast<T*>(p.dk) + SeqInfo::offset(p.dk_batch_stride, p.dk_head_stride, batch, kv_head);
   T* dv_ptr = reinterpret_cast<T*>(p.dv) + SeqInfo::offset(p.dv_batch_stride, p.dv_head_stride, batch, kv_head);
+  // n8 blocks before the inputs' head dim (warp-uniform): all NF unless the head dim is below the kernel's
+  const int live_frags = ((int)p.head_dim - c0) / 8;
+  const bool all_live = live_frags >= NF;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int j = j0 + g + h * 8;
@@ -384,6 +390,7 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv
 #pragma unroll
       for (int df = 0; df < NF; ++df) {
         const int c = c0 + df * 8 + 2 * t;
+        if (!all_live && df >= live_frags) continue;  // the padding columns of a head dim below D
         *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
             pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale);
         *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =
@@ -485,6 +492,15 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   static_assert(!P_REGS || PARTITION == PART_2D, "P_REGS: the 2D partition's option");
   static_assert(LOAD_AT == 0 || (LOAD_AT <= 2 && DQ_BULK), "LOAD_AT: an option of the DQ_BULK (sm_90) tiles");
   static_assert(!EXP_IL || P2D, "EXP_IL: the 2D partition's option");
+  // MOD_SCORE_DROPOUT: P recomputed, marked by its sign where the forward dropped it (attn/dropout.cuh); dV takes
+  // max(P, 0) and is scaled by 1 / (1 - p), dS = P (dP / (1 - p) - D) where kept, -P D where dropped.
+  constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
+  auto ds_of = [&](float pv, float dp, float dl) {
+    if constexpr (DROP)
+      return dropout_ds(pv, dp, dl, (float)p.dropout_scale);
+    else
+      return pv * (dp - dl);
+  };
   // KV partition only: the dQ phase tiles [BLOCK_M, D] as 16-row bands x DQ_COLS columns.
   constexpr int U_D = KUNROLL && KUNROLL < KD ? KUNROLL : KD;  // loop unrolling of the k16 steps over D, Q rows,
   constexpr int U_M = KUNROLL && KUNROLL < KQ ? KUNROLL : KQ;  // KV rows (see KUNROLL)
@@ -576,8 +592,10 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     }
 
     if (total > 0) {
-      load_tile_async<BLOCK_N, D, NT>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid);
-      load_tile_async<BLOCK_N, D, NT>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid);
+      // a head dim below D (common/tile.cuh): K and V zero-padded, Q and dO PAD_COPY (S = Q K^T and dP = dO V^T
+      // are exact; the padding columns of dK, dV are not stored, dQ's are K's zeros)
+      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid, (int)p.head_dim);
+      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid, (int)p.head_dim);
       load_q_tile<T, D, BLOCK_M, NT, P2D>(p, q_smem, do_smem, lse_smem, delta_smem, batch, kv_head * group + cur_h,
                                           (m_begin + cur_m) * BLOCK_M, seqlen_q,
                                           tid);  // dO into stage 0 (DO_STAGES = 1: the only one)
@@ -639,9 +657,19 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             acc[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           }
         }
+        if constexpr (DROP) Dropout(p, (int64_t)batch * p.nheads + hq).apply_t<true>(acc, n0 + wk * 16, m0, lane);
         frags_to_a<T>(acc, pa);
         // (3) dV += P^T dO: B = dO [Q rows, D] via ldmatrix.trans; this warp's DOUT columns.
-        gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv[0], pa, do_tile, LDS, wd * DCOLS, lane);
+        if constexpr (DROP) {  // the kept probabilities: max(P, 0) of the sign-marked P
+          uint32_t pr[KQ][4];
+#pragma unroll
+          for (int k = 0; k < KQ; ++k)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pr[k][e] = relu2<T>(pa[k][e]);
+          gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv[0], pr, do_tile, LDS, wd * DCOLS, lane);
+        } else {
+          gemm_a_regs_b_trans<T, KQ, DFO>(acc_dv[0], pa, do_tile, LDS, wd * DCOLS, lane);
+        }
         // (4) dP^T = V_w dO^T [16, BLOCK_M], like (1).
         zero_frags(acc);
         gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, v_smem + wk * 16 * LDS, do_tile, LDS, lane);
@@ -650,10 +678,10 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         for (int nf = 0; nf < NFQ; ++nf) {
           const float2 dl = *reinterpret_cast<const float2*>(delta_tile + nf * 8 + 2 * t);
           const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
-          acc[nf][0] = p01.x * (acc[nf][0] - dl.x);
-          acc[nf][1] = p01.y * (acc[nf][1] - dl.y);
-          acc[nf][2] = p23.x * (acc[nf][2] - dl.x);
-          acc[nf][3] = p23.y * (acc[nf][3] - dl.y);
+          acc[nf][0] = ds_of(p01.x, acc[nf][0], dl.x);
+          acc[nf][1] = ds_of(p01.y, acc[nf][1], dl.y);
+          acc[nf][2] = ds_of(p23.x, acc[nf][2], dl.x);
+          acc[nf][3] = ds_of(p23.y, acc[nf][3], dl.y);
         }
         if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
           if (mask.softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key n0 + 16 wk + g + 8 (e / 2)
@@ -662,7 +690,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             for (int nf = 0; nf < NFQ; ++nf) {
               const float2 lse = *reinterpret_cast<const float2*>(lse_tile + nf * 8 + 2 * t);
               const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
-              const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+              const float pv[4] = {abs_if<DROP>(p01.x), abs_if<DROP>(p01.y), abs_if<DROP>(p23.x), abs_if<DROP>(p23.y)};
 #pragma unroll
               for (int e = 0; e < 4; ++e)
                 acc[nf][e] *= mask.softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
@@ -713,6 +741,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
               if (MOD == MOD_NONE && need_mask) x = mask.score_c(x, m0 + r0, n0, nf, e, lane);
               acc[nf][e] = softmax_p_from_lse(x, scale_log2, e / 2 ? lse_g8 : lse_g);
             }
+          if constexpr (DROP)
+            Dropout(p, (int64_t)batch * p.nheads + hq)
+                .apply<true>(reinterpret_cast<float(&)[1][NFK][4]>(acc), m0 + r0, n0, lane);
           {
             uint32_t pa[KN][4];
             frags_to_a<T>(acc, pa);
@@ -724,15 +755,15 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           // (4) dS = P * (dP - D[row]), P from its 16-bit copy (the same values dV uses), read back from the
           // words this thread stored (cheaper in registers than keeping P across (3)).
           const float dl_g = delta_tile[r0 + g], dl_g8 = delta_tile[r0 + g + 8];
-          const uint32_t* p_g = reinterpret_cast<const uint32_t*>(p_smem + (r0 + g) * LDS_PS + 2 * t);
-          const uint32_t* p_g8 = reinterpret_cast<const uint32_t*>(p_smem + (r0 + g + 8) * LDS_PS + 2 * t);
+          uint32_t* p_g = reinterpret_cast<uint32_t*>(p_smem + (r0 + g) * LDS_PS + 2 * t);
+          uint32_t* p_g8 = reinterpret_cast<uint32_t*>(p_smem + (r0 + g + 8) * LDS_PS + 2 * t);
 #pragma unroll
           for (int nf = 0; nf < NFK; ++nf) {
             const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);  // +8 columns = +4 words
-            acc[nf][0] = p01.x * (acc[nf][0] - dl_g);
-            acc[nf][1] = p01.y * (acc[nf][1] - dl_g);
-            acc[nf][2] = p23.x * (acc[nf][2] - dl_g8);
-            acc[nf][3] = p23.y * (acc[nf][3] - dl_g8);
+            acc[nf][0] = ds_of(p01.x, acc[nf][0], dl_g);
+            acc[nf][1] = ds_of(p01.y, acc[nf][1], dl_g);
+            acc[nf][2] = ds_of(p23.x, acc[nf][2], dl_g8);
+            acc[nf][3] = ds_of(p23.y, acc[nf][3], dl_g8);
           }
           if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
             if (mask.softcap()) {  // element e of block nf: row m0 + r0 + g + 8 (e / 2), key n0 + 8 nf + 2t + e % 2
@@ -740,12 +771,19 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
               for (int nf = 0; nf < NFK; ++nf) {
                 const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);
-                const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+                const float pv[4] = {abs_if<DROP>(p01.x), abs_if<DROP>(p01.y), abs_if<DROP>(p23.x), abs_if<DROP>(p23.y)};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                   acc[nf][e] *= mask.softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
                                                   dist0 + (float)(8 * (e / 2) - nf * 8 - (e % 2)), scale_log2);
               }
+            }
+          }
+          if constexpr (DROP) {  // dV's P: the kept probabilities (max(P, 0)), over this thread's own words
+#pragma unroll
+            for (int nf = 0; nf < NFK; ++nf) {
+              p_g[nf * 4] = relu2<T>(p_g[nf * 4]);
+              p_g8[nf * 4] = relu2<T>(p_g8[nf * 4]);
             }
           }
           uint32_t dsa[KN][4];
@@ -830,8 +868,12 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
               for (int e = 0; e < 4; ++e)  // lse read where used (held in 4 registers, bf16 spilled under NVRTC 13.5)
                 acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]);
-              if (nf % 2 == 1)  // k16 step nf / 2 of this band's A fragments
+              if (nf % 2 == 1) {  // k16 step nf / 2 of this band's A fragments
+                if constexpr (DROP)
+                  Dropout(p, (int64_t)batch * p.nheads + hq)
+                      .pair<true>(acc[mf][nf - 1], acc[mf][nf], m0 + qr0 + mf * 16, n0 + kc0 + 16 * (nf / 2), g, t);
                 frag_to_a<T>(acc[mf], nf / 2, pa[mf][nf / 2]);
+              }
             }
 #pragma unroll
             for (int mf = 0; mf < 2; ++mf)
@@ -853,6 +895,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
               for (int e = 0; e < 4; ++e)
                 acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, e / 2 ? lse_g8 : lse_g);
+            if constexpr (DROP)
+              Dropout(p, (int64_t)batch * p.nheads + hq)
+                  .apply<true>(reinterpret_cast<float(&)[1][NFS][4]>(acc[mf]), m0 + qr0 + mf * 16, n0 + kc0, lane);
             frags_to_a<T>(acc[mf], pa[mf]);
             store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
           }
@@ -868,17 +913,17 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) {
           const float dl_g = delta_tile[qr0 + mf * 16 + g], dl_g8 = delta_tile[qr0 + mf * 16 + g + 8];
-          const uint32_t* p_g = reinterpret_cast<const uint32_t*>(p_smem + (qr0 + mf * 16 + g) * LDS_PS + kc0 + 2 * t);
-          const uint32_t* p_g8 = p_g + 8 * LDS_PS / 2;  // row g + 8
+          uint32_t* p_g = reinterpret_cast<uint32_t*>(p_smem + (qr0 + mf * 16 + g) * LDS_PS + kc0 + 2 * t);
+          uint32_t* p_g8 = p_g + 8 * LDS_PS / 2;  // row g + 8
 #pragma unroll
           for (int nf = 0; nf < NFS; ++nf) {
             // the A fragment of k16 step nf / 2 holds (row g, row g + 8) of n8 block nf in words 2 (nf % 2) + (0, 1)
             const float2 p01 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);  // +8 columns = +4 words
             const float2 p23 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
-            acc[mf][nf][0] = p01.x * (acc[mf][nf][0] - dl_g);
-            acc[mf][nf][1] = p01.y * (acc[mf][nf][1] - dl_g);
-            acc[mf][nf][2] = p23.x * (acc[mf][nf][2] - dl_g8);
-            acc[mf][nf][3] = p23.y * (acc[mf][nf][3] - dl_g8);
+            acc[mf][nf][0] = ds_of(p01.x, acc[mf][nf][0], dl_g);
+            acc[mf][nf][1] = ds_of(p01.y, acc[mf][nf][1], dl_g);
+            acc[mf][nf][2] = ds_of(p23.x, acc[mf][nf][2], dl_g8);
+            acc[mf][nf][3] = ds_of(p23.y, acc[mf][nf][3], dl_g8);
           }
           if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad), tile-local
             if (wmask.softcap()) {
@@ -888,13 +933,20 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
               for (int nf = 0; nf < NFS; ++nf) {
                 const float2 p01 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);
                 const float2 p23 = unpack2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
-                const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+                const float pv[4] = {abs_if<DROP>(p01.x), abs_if<DROP>(p01.y), abs_if<DROP>(p23.x), abs_if<DROP>(p23.y)};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)  // tile-local row mf 16 + g + 8 (e / 2), key 8 nf + 2t + e % 2
                   acc[mf][nf][e] *= wmask.softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
                                                        dist0 + (float)(mf * 16 + 8 * (e / 2) - nf * 8 - (e % 2)),
                                                        scale_log2);
               }
+            }
+          }
+          if constexpr (DROP) {  // dV's P: the kept probabilities (max(P, 0)), over this thread's own words
+#pragma unroll
+            for (int nf = 0; nf < NFS; ++nf) {
+              p_g[nf * 4] = relu2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2)] : p_g[nf * 4]);
+              p_g8[nf * 4] = relu2<T>(P_REGS ? pa[mf][nf / 2][2 * (nf % 2) + 1] : p_g8[nf * 4]);
             }
           }
           uint32_t dsa[NFS / 2][4];
@@ -962,7 +1014,17 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
       if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
       dq_pending_hq = -1;
     }
-    // dK = softmax_scale * acc_dk, dV = acc_dv: this warp's KV row bands x DCOLS columns, written once.
+    // dK = softmax_scale * acc_dk, dV = acc_dv (/ (1 - p) with dropout): this warp's KV row bands x DCOLS
+    // columns, written once.
+    if constexpr (DROP) {
+      const float ds = (float)p.dropout_scale;
+#pragma unroll
+      for (int r = 0; r < RBW; ++r)
+#pragma unroll
+        for (int df = 0; df < DFO; ++df)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dv[r][df][e] *= ds;
+    }
 #pragma unroll
     for (int r = 0; r < RBW; ++r)
       store_dkdv<T, DFO>(p, batch, kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS, seqlen_k,

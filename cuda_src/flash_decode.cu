@@ -194,9 +194,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf, o = 0
     for (int i = tid; i < valid_rows * (D / 4); i += NT) {
       const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-      if (direct)
+      if (direct && c < (int)p.head_dim)
         *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
-      else
+      else if (!direct)
         *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (lse_row0 && tid < valid_rows) lse_row0[tid] = -INFINITY;
@@ -215,9 +215,11 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   const uint32_t ring_w = smem_addr(ring) + (uint32_t)(warp * STAGES * L::SLOT_BYTES);
   const int lane_row = lane / WarpTileLanes<D>::CPR, lane_col = (lane % WarpTileLanes<D>::CPR) * 8;
   const uint32_t lane_dst = ring_w + (uint32_t)((lane_row * LDS + lane_col) * 2);
+  // A head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (the lane's source column clamped).
+  const int hd = (int)p.head_dim, src_col = lane_col < hd ? lane_col : 0;
   int next_row = first * BLOCK_N;
-  const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + lane_col;
-  const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + lane_col;
+  const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + src_col;
+  const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + src_col;
   auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
     const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
     warp_load_tile<BLOCK_N, D>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 
   // Q (all threads, one cp.async group), then each warp's first STAGES - 1 tiles (one group each, empty
   // groups included so that the group count per iteration is static).
-  load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
+  load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -345,11 +347,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
       o.z += cw * x.z;
       o.w += cw * x.w;
     }
-    if (direct)
-      *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
-          make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
-    else
+    if (direct) {
+      if (c < (int)p.head_dim)
+        *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
+            make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
+    } else {
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
+    }
   }
 }
 

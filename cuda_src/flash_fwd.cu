@@ -22,7 +22,8 @@
 //   NWARPS     warps per block
 //   CAUSAL     bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   MOD        MOD_SCORE: the score modifiers -- window band, soft-cap, ALiBi -- from the parameter block
-//              (attn/mask.cuh; CAUSAL false, a causal window being the band with right = 0)
+//              (attn/mask.cuh; CAUSAL false, a causal window being the band with right = 0); MOD_SCORE_DROPOUT:
+//              with dropout (attn/dropout.cuh: P zeroed where dropped before O += P V, O scaled by 1 / (1 - p))
 //   SPLIT      write a partial (o, lse) per KV split in fp32 for flash_combine_kernel (Flash-Decoding)
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //   EXP_VARIANT how P = exp(scale * s - m) is computed (attn/softmax.cuh: ExpVariant). The default is the fast
@@ -44,6 +45,7 @@
 #include "attn/mask.cuh"
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
+#include "attn/dropout.cuh"
 
 namespace cuflash {
 
@@ -66,6 +68,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   constexpr int KU = EXP_VARIANT == EXP_PRECISE && KUNROLL > 2 ? 2 : KUNROLL;
 #endif
   static_assert(LOAD_AT == 0 || LOAD_AT == 1, "LOAD_AT: 0 or 1");
+  constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
+  static_assert(!(DROP && SPLIT), "dropout: the plain forward only");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
@@ -85,6 +89,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const SeqInfo si = seqinfo(p, blk.batch);
   const int seqlen_k = si.seqlen_k;
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
+  const int hd = (int)p.head_dim;  // the inputs' head dim (<= D; attn/params.cuh)
 
   const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, blk.batch, blk.head);
   const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
@@ -165,8 +170,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     auto k_stage = [&](int i) { return k_smem + (i & 1) * BLOCK_N * LDS; };
     auto v_stage = [&](int i) { return v_smem + (i & 1) * BLOCK_N * LDS; };
     // Every tile but the first may be loaded without bounds checks (it lies below a full tile's end).
-    const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid);
-    const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid);
+    const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid, hd);
+    const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid, hd);
 
     // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads, and
     // so does a warp on a causal tile that lies entirely above the diagonal of its own rows, or outside their
@@ -192,9 +197,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     // One barrier per tile. At the top of step i, tile i (issued one step ago) has landed; the barrier
     // makes it visible AND proves every warp is done with the other stage, which is then refilled with
     // tile i+1 while this step computes on tile i.
-    load_tile_async<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid);
-    load_tile_async<BLOCK_N, D, NT>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
-    load_tile_async<BLOCK_N, D, NT>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid);
+    // a head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (S = Q K^T is exact, O's padding
+    // columns are not stored)
+    load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
+    load_tile_async<BLOCK_N, D, NT, PAD_COPY>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
+                                              hd);
+    load_tile_async<BLOCK_N, D, NT, PAD_COPY>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
+                                              hd);
     cp_async_commit();
     for (int i = 0; i < num_tiles; ++i) {
       cp_async_wait<0>();
@@ -218,6 +227,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       mask_s(s_a, tile_n(i));
       if (__any_sync(0xffffffffu, softmax.update_max(s_a, scale_log2))) softmax.rescale(acc_o);
       softmax.exp_and_sum<EXP_VARIANT>(s_a, scale_log2);
+      if constexpr (DROP)  // the row sums keep every probability; O += P V only the kept ones
+        Dropout(p, (int64_t)blk.batch * p.nheads + blk.head)
+            .apply<false>(s_a, m0 + warp * WARP_M, tile_n(i) * BLOCK_N, lane);
       accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
     }
   }
@@ -229,6 +241,15 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int64_t bh = (int64_t)eblk.batch * p.nheads + eblk.head;
   float lse[MF][2];
   softmax.finalize(acc_o, lse);
+  if constexpr (DROP) {  // O / (1 - p)
+    const float ds = (float)p.dropout_scale;
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int df = 0; df < DF; ++df)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[mf][df][e] *= ds;
+  }
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -275,7 +296,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   for (int c = lane; c < CHUNKS; c += 32) {
     const int r = c / (D / 8), col = (c % (D / 8)) * 8;
     const int row = m0 + warp * WARP_M + r;
-    if (row < seqlen_q)
+    if (row < seqlen_q && col < (int)p.head_dim)
       *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
           *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
   }
@@ -321,7 +342,8 @@ __global__ void flash_combine_kernel(const __grid_constant__ FwdParams p) {
   const int64_t h = bh % p.nheads, b = bh / p.nheads;
   T* o = reinterpret_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
 #pragma unroll
-  for (int k = 0; k < PER_LANE; ++k) o[lane + 32 * k] = static_cast<T>(acc[k]);
+  for (int k = 0; k < PER_LANE; ++k)
+    if (lane + 32 * k < p.head_dim) o[lane + 32 * k] = static_cast<T>(acc[k]);
   if (p.lse && lane == 0) p.lse[row] = lse;
 }
 
@@ -329,16 +351,41 @@ __global__ void flash_combine_kernel(const __grid_constant__ FwdParams p) {
 
 namespace cuflash {
 
+// The keep mask of a dropout call (attn/dropout.cuh): mask[bh][i][j] = 1 where the attention kernels keep the
+// probability of (batch * nheads + head, query i, key j), else 0; uint8 [batch * nheads, seqlen_q, seqlen_k] at p.o.
+// One thread per Philox group. Reads batch, nheads, seqlen_q, seqlen_k and the dropout fields of the block.
+__global__ void dropout_mask_kernel(const __grid_constant__ FwdParams p) {
+  const int64_t sq = p.seqlen_q, sk = p.seqlen_k;
+  const int64_t row_groups = (sq + 15) / 16 * 8, col_groups = (sk + 15) / 16 * 4;
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= p.batch * p.nheads * row_groups * col_groups) return;
+  const int64_t cg = idx % col_groups, rg = idx / col_groups % row_groups, bh = idx / (col_groups * row_groups);
+  const Dropout drop(p, bh);
+  const uint4 r = drop.group((uint32_t)rg, (uint32_t)cg);
+  const int64_t i0 = rg / 8 * 16 + rg % 8, j0 = cg / 4 * 16 + 2 * (cg % 4);
+  unsigned char* mask = reinterpret_cast<unsigned char*>(p.o) + bh * sq * sk;
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t i = i0 + 8 * a, j = j0 + 8 * b + e;
+        if (i < sq && j < sk) mask[i * sk + j] = drop.kept(r, a * 2 + b, e) ? 1 : 0;
+      }
+}
+
 // KV-cache append, before attending: k_cache[b, seqlens[b] + i] = k_new[b, i] and the same for v, one
-// 16-byte chunk per thread. Rows that would land past the cache's capacity are dropped (the attention
-// kernel clamps the key count to the capacity too). Strides in elements; last dims contiguous.
-template <typename T, int D>
+// 16-byte chunk per thread (headdim, a multiple of 8, is a run-time value: any head dim the attention kernels
+// take). Rows that would land past the cache's capacity are dropped (the attention kernel clamps the key count to
+// the capacity too). Strides in elements; last dims contiguous.
+template <typename T>
 __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, const T* v_new, const int* seqlens,
                                       int64_t kc_bs, int64_t kc_rs, int64_t kc_hs, int64_t vc_bs, int64_t vc_rs,
                                       int64_t vc_hs, int64_t kn_bs, int64_t kn_rs, int64_t kn_hs, int64_t vn_bs,
                                       int64_t vn_rs, int64_t vn_hs, int64_t batch, int64_t seqlen_new, int64_t nheads_k,
-                                      int64_t seqlen_cache) {
-  constexpr int CHUNKS = D / 8;
+                                      int64_t seqlen_cache, int64_t headdim) {
+  const int64_t CHUNKS = headdim / 8;
   const int64_t per_tensor = batch * seqlen_new * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= 2 * per_tensor) return;

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   for (int i = tid; i < 64 * PIECES; i += 128) {
     const int r = i / PIECES, pc = i % PIECES;
     const int row = row_wg + r;
-    if (row < seqlen_q)
+    if (row < seqlen_q && pc * 8 < p.head_dim)  // a head dim below D: its padding columns are not stored
       *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) = *reinterpret_cast<const uint4*>(
           o_tile + (pc / 8) * BLOCK_M * 128 + r * 128 + (((pc % 8) ^ (r % 8)) * 16));
   }

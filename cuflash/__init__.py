@@ -18,10 +18,12 @@ Public API (flash-attn's names and keywords):
 * `scaled_dot_product_attention(query, key, value, is_causal=False, scale=None, enable_gqa=False)`: the same
   in torch SDPA's [batch, heads, seqlen, headdim] layout, through views (no copy).
 * `reference`: float64 NumPy references of every algorithm (CPU).
+* `manual_seed(seed)`, `get_rng_state()`: the dropout generator of CuPy inputs (torch inputs use torch's).
+* `dropout_mask(q, k, dropout_p, rng_state)`: the keep mask of a dropout call, [batch, nheads, seqlen_q, seqlen_k].
 
 Layout: q [batch, seqlen_q, nheads, headdim], k / v [batch, seqlen_k, nheads_k, headdim], float16 or
-bfloat16, head dims 32, 64, 96, 128, 256. Every function validates its inputs before launching anything and
-raises TypeError / ValueError / NotImplementedError naming the offending argument.
+bfloat16, any head dim up to 256 that is a multiple of 8. Every function validates its inputs before launching
+anything and raises TypeError / ValueError / NotImplementedError naming the offending argument.
 """
 from . import reference
 from .backward import flash_attn_backward
@@ -30,7 +32,8 @@ from .flash import flash_attn_func
 from .naive import naive_attention
 from .packed import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .sdpa import scaled_dot_product_attention
+from ._dropout import dropout_mask, get_rng_state, manual_seed
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "scaled_dot_product_attention", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "scaled_dot_product_attention", "reference", "manual_seed", "get_rng_state", "dropout_mask", "__version__"]

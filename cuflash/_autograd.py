@@ -23,7 +23,8 @@ def _grad_view(x, like, name):
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                dropout_p=0.0, rng_state=None):
         qa, ka, va = check_qkv(q, k, v)
         mods = None
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
@@ -32,7 +33,9 @@ class FlashAttnFunction(torch.autograd.Function):
             out, lse, m, l = v1_forward(qa, ka, va, softmax_scale, causal)
             ctx.save_for_backward(q, k, v, out, lse, m, l)
         else:
-            mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
+            # dropout: the (seed, offset) drawn by flash_attn_autograd, replayed by the backward through ctx.mods
+            mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
+                            rng_state=rng_state)
             if mods is not None and mods.mod:  # refused before the forward launches, not at the backward
                 check_score_partition(warp_partition, qa.shape[3])
             out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
@@ -49,7 +52,7 @@ class FlashAttnFunction(torch.autograd.Function):
         q, k, v, out, lse, *ml = ctx.saved_tensors
         softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
         if dout is None:  # only the LSE was used: no gradient flows (set_materialize_grads(False))
-            return (None,) * 14
+            return (None,) * 16
         if algorithm == "v1":
             from .v1 import backward as v1_backward
 
@@ -65,10 +68,13 @@ class FlashAttnFunction(torch.autograd.Function):
                 if dout.is_contiguous():
                     raise
                 dq, dk, dv = backward_memo(dout.contiguous(), *args)
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 13
 
 
 def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                        warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                        warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                        dropout_p=0.0, rng_state=None):
+    """(out, lse) through FlashAttnFunction; with dropout, rng_state is the (seed, offset) the kernels use (drawn
+    from torch's generator when None: cuflash._dropout)."""
     return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
-                                   warp_partition, backend, window_size, softcap, alibi_slopes)
+                                   warp_partition, backend, window_size, softcap, alibi_slopes, dropout_p, rng_state)

@@ -21,11 +21,22 @@ from dataclasses import dataclass, replace
 
 from ._launch import KernelSpec
 
-HEADDIMS = (32, 64, 96, 128, 256)
+HEADDIMS = (32, 64, 96, 128, 256)  # the head dims the kernels are compiled for
+MAX_HEADDIM = 256
+HEADDIM_MULTIPLE = 8  # a 16-byte chunk of a row: the unit of every tile load
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 ELEM_BYTES = 2
 SMEM_ROW_PAD = 8  # elements of padding per shared-memory row (cuda_src/common/tile.cuh: PaddedRow)
+
+
+def kernel_headdim(headdim: int, compiled=HEADDIMS) -> int | None:
+    """The compiled head dim that runs `headdim`: the smallest of `compiled` at or above it (its loads zero-fill the
+    columns past `headdim` in shared memory and its stores skip them: cuda_src/common/tile.cuh), or None when
+    `headdim` is above them all or not a multiple of HEADDIM_MULTIPLE."""
+    if headdim < 1 or headdim % HEADDIM_MULTIPLE:
+        return None
+    return next((c for c in compiled if c >= headdim), None)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,11 @@ FWD_TILES_CAUSAL: dict[int, FwdTile] = {
 # (MOD_SCORE: window band, soft-cap, ALiBi from the parameter block; cuda_src/attn/mask.cuh, cuflash/_mods.py).
 MOD_NONE, MOD_SCORE = 0, 1
 MASK_MODES = ((False, MOD_NONE), (True, MOD_NONE), (False, MOD_SCORE))
+# Dropout (cuda_src/attn/dropout.cuh) is compiled with the score modifiers: MOD_SCORE | MOD_DROPOUT, one more kernel
+# per V2 forward (not split-KV, not decode, not the Hopper forward) and backward configuration.
+MOD_DROPOUT = 2
+MOD_SCORE_DROPOUT = MOD_SCORE | MOD_DROPOUT
+MOD_VALUES = (MOD_NONE, MOD_SCORE, MOD_SCORE_DROPOUT)
 
 
 # MOD_SCORE kernels whose plain tile spills with the modifiers' registers (band edges, slope, soft-cap, about
@@ -80,12 +96,21 @@ MASK_MODES = ((False, MOD_NONE), (True, MOD_NONE), (False, MOD_SCORE))
 FWD_TILES_SCORE: dict[int, FwdTile] = {
     128: replace(FWD_TILES[128], kunroll=2),  # 4 steps per trip: 8 B of spills on sm_90
 }
+# MOD_SCORE_DROPOUT forward tiles that differ from the MOD_SCORE ones (the Philox state and its words): with
+# 64-key tiles head dim 128 spilled 28-44 B at every unrolling; 32-key tiles (head dim 128's causal tile) hold half
+# the S registers.
+FWD_TILES_DROPOUT: dict[int, FwdTile] = {
+    64: FwdTile(128, 32, 4, 0, 1),  # 64 keys: 36-40 B of spills fully unrolled, local memory at 2 steps (NVRTC 13.0)
+    128: FwdTile(128, 32, 4, 0, 1),
+}
 
 
 def fwd_tile(headdim: int, causal: bool, mod: int = 0) -> FwdTile:
     """The V2 forward tile of a head dim and mask: FWD_TILES, or its causal override, or (mod = MOD_SCORE) its
     score-modifier override. The same tile on sm_80 and sm_90 (the kernel itself caps KUNROLL at 2 on sm_80, where
     4 spill)."""
+    if mod & MOD_DROPOUT:
+        return FWD_TILES_DROPOUT.get(headdim) or FWD_TILES_SCORE.get(headdim) or FWD_TILES[headdim]
     if mod:
         return FWD_TILES_SCORE.get(headdim) or FWD_TILES[headdim]
     return (FWD_TILES_CAUSAL.get(headdim) if causal else None) or FWD_TILES[headdim]
@@ -116,9 +141,9 @@ def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
 
 
 def _mod_checked(causal: bool, mod: int) -> int:
-    if mod not in (MOD_NONE, MOD_SCORE) or (causal and mod):
-        raise ValueError(f"mod must be {MOD_NONE} or {MOD_SCORE} (the latter with causal=False: a causal window is "
-                         f"the band with right = 0); got mod={mod!r}, causal={causal!r}")
+    if mod not in MOD_VALUES or (causal and mod):
+        raise ValueError(f"mod must be one of {MOD_VALUES} (non-zero with causal=False: a causal window is the band "
+                         f"with right = 0); got mod={mod!r}, causal={causal!r}")
     return mod
 
 
@@ -128,6 +153,8 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     MOD_SCORE for the score modifiers, cuflash/_mods.py)."""
     if tile is None:
         tile = split_tile(headdim) if split else fwd_tile(headdim, causal, mod)
+    if split and mod & MOD_DROPOUT:
+        raise ValueError("dropout: the split-KV forward has no dropout kernel")
     smem = fwd_smem_bytes(headdim, tile)
     if _mod_checked(causal, mod):
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {mod}"
@@ -279,9 +306,17 @@ def combine_spec(dtype: str, headdim: int) -> KernelSpec:
 APPEND_THREADS = 256
 
 
-def append_spec(dtype: str, headdim: int) -> KernelSpec:
-    """KV-cache append (cuda_src/flash_fwd.cu: kvcache_append_kernel)."""
-    return KernelSpec("flash_fwd.cu", f"cuflash::kvcache_append_kernel<{CTYPE[dtype]}, {headdim}>", APPEND_THREADS, 0)
+DROPOUT_MASK_THREADS = 256
+
+
+def dropout_mask_spec() -> KernelSpec:
+    """The dropout keep mask (cuda_src/flash_fwd.cu: dropout_mask_kernel), one thread per Philox group."""
+    return KernelSpec("flash_fwd.cu", "cuflash::dropout_mask_kernel", DROPOUT_MASK_THREADS, 0)
+
+
+def append_spec(dtype: str) -> KernelSpec:
+    """KV-cache append (cuda_src/flash_fwd.cu: kvcache_append_kernel; the head dim is a run-time argument)."""
+    return KernelSpec("flash_fwd.cu", f"cuflash::kvcache_append_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)
 
 
 SOFTMAX_THREADS = 256
@@ -384,14 +419,24 @@ BWD_TILES_2D_SM90_DTYPE = {
 # -> {head dim: tile}. With the plain tile each spilled 4-24 B under NVRTC 13.0 or 13.5, on sm_80 or sm_90; each
 # replacement was compiled spill-free under both, for both archs. The bf16 sm_90 2D tile at head dim 128 spilled
 # 8-40 B in every variant tried (unrolling 0-4, P from shared memory, no interleaved exps, either next-tile
-# request), so it takes the sm_80 tile there.
+# request); the sm_80 64 x 128 tile spilled 4-8 B at every unrolling once the head-dim padding's column tests were
+# in. Both take 64 x 64 x 8 warps there (half the dK/dV columns per warp: 172-176 registers).
 BWD_SCORE_TILES = {
-    ("2d", False, None): {128: replace(BWD_TILES_2D[128], kunroll=1)},
-    ("kv", False, None): {256: BwdTile(16, 64, 8, 2)},
+    ("2d", False, None): {128: BwdTile(64, 64, 8, 1, 0)},
+    ("kv", False, None): {256: BwdTile(16, 64, 8, 2, 2)},
     ("q", False, None): {96: replace(BWD_TILES_Q[96], kunroll=2)},
-    ("2d", True, "float16"): {128: replace(BWD_TILES_2D_SM90[128], kunroll=2)},
+    ("2d", True, "float16"): {128: replace(BWD_TILES_2D_SM90[128], kunroll=4)},
     ("2d", True, "bfloat16"): {64: replace(BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], exp_il=False),
-                               128: replace(BWD_TILES_2D[128], kunroll=1)},
+                               128: BwdTile(64, 64, 8, 1, 0)},
+}
+
+
+# MOD_SCORE_DROPOUT backward tiles that differ from the MOD_SCORE ones (the same keys as BWD_SCORE_TILES): the KV
+# partition at head dim 64 spilled 4 B fully unrolled (NVRTC 13.0); sm_90 fp16 2D at head dim 64 28 B with the
+# interleaved exps, none without.
+BWD_DROPOUT_TILES = {
+    ("kv", False, None): {64: replace(BWD_TILES[64], kunroll=2)},
+    ("2d", True, "float16"): {64: replace(BWD_TILES_2D_SM90[64], exp_il=False)},
 }
 
 
@@ -413,6 +458,10 @@ def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = No
         table = {**table, **BWD_SCORE_TILES.get((warp_partition, False, None), {})}
         if sm90:
             table.update(BWD_SCORE_TILES.get((warp_partition, True, dtype or "float16"), {}))
+    if mod & MOD_DROPOUT:
+        table.update(BWD_DROPOUT_TILES.get((warp_partition, False, None), {}))
+        if sm90:
+            table.update(BWD_DROPOUT_TILES.get((warp_partition, True, dtype or "float16"), {}))
     return table
 
 
@@ -593,15 +642,16 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
     dims on sm_90); with backward, the default backward (preprocess, the auto partition's main kernel with this
     arch's tile, dQ convert); with decode, the decode kernel, the split-KV forward, its combine and the cache
     append. With scores, also the kernels of the score modifiers (window, soft-cap, ALiBi: MOD_SCORE). A subset of
-    all_specs()."""
+    all_specs(). A head dim that is not compiled stands for the kernels that run it (kernel_headdim)."""
     out = []
+    headdims = list(dict.fromkeys(kernel_headdim(d) for d in headdims))
     modes = [(c, m) for c, m in MASK_MODES if (m == MOD_NONE and c in causal) or (m == MOD_SCORE and scores)]
     for dt in dtypes:
         for d in headdims:
             for c, m in modes:
                 out.append(fwd_spec(dt, d, c, split=False, mod=m))
-                if arch == 90 and d in SM90_HEADDIMS:
-                    out.append(sm90_fwd_spec(dt, d, c, mod=m))
+                if arch == 90 and kernel_headdim(d, SM90_HEADDIMS):
+                    out.append(sm90_fwd_spec(dt, kernel_headdim(d, SM90_HEADDIMS), c, mod=m))
                 if backward:
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
@@ -612,7 +662,7 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
             if backward:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode:
-                out += [combine_spec(dt, d), append_spec(dt, d)]
+                out += [combine_spec(dt, d), append_spec(dt)]
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
 
 
@@ -624,10 +674,11 @@ def all_specs():
             for causal, m in MASK_MODES:
                 specs.append(fwd_spec(dt, d, causal, split=False, mod=m))
                 specs.append(fwd_spec(dt, d, causal, split=True, mod=m))
+            specs.append(fwd_spec(dt, d, False, split=False, mod=MOD_SCORE_DROPOUT))
             specs.append(combine_spec(dt, d))
-            specs.append(append_spec(dt, d))
+            specs.append(append_spec(dt))
             specs.append(bwd_preprocess_spec(dt, d))
-            for causal, m in MASK_MODES:
+            for causal, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
                 for part in BWD_PARTITIONS:
                     if d in bwd_tiles(part):
                         if m and (part, d) in BWD_SCORE_UNSUPPORTED:
@@ -635,10 +686,11 @@ def all_specs():
                         specs.append(bwd_spec(dt, d, causal, warp_partition=part, mod=m))
                         if part == "2d" and d in BWD_TILES_2D_SM90:
                             specs.append(bwd_spec(dt, d, causal, bwd_tiles(part, 90, dt, m)[d], part, mod=m))
-                        conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part)[d].block_n, mod=m)
+                        conv = bwd_convert_spec(dt, d, causal, bwd_tiles(part, mod=m)[d].block_n, mod=m & MOD_SCORE)
                         if conv not in specs:
                             specs.append(conv)
         specs.append(softmax_spec(dt))
+    specs.append(dropout_mask_spec())
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only

@@ -11,7 +11,7 @@ parameter block and launches. `forward` validates nothing and memoizes nothing; 
 from __future__ import annotations
 
 from . import _interop
-from ._configs import combine_spec, fwd_spec, fwd_tile, split_tile
+from ._configs import combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile
 from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order  # noqa: F401
 from ._interop import desc
 from ._launch import get_launcher
@@ -42,6 +42,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernel's (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     osb, osq, osh = o_strides
     if folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
@@ -65,7 +66,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
         batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=sk, num_splits=num_splits,
         seqlen_k_new=seqlen_k_new, grid_order=order,
-        **mod_fields(mods, softmax_scale),
+        **mod_fields(mods, softmax_scale, hd),
     )
     return lau, grid, fields
 
@@ -102,7 +103,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     if split:
         kheads, rows = fields["nheads"], fields["seqlen_q"]
         if scratch is None:
-            scratch = (_interop.empty(qa, (num_splits, b, kheads, rows, d), "float32"),
+            scratch = (_interop.empty(qa, (num_splits, b, kheads, rows, kernel_headdim(d)), "float32"),
                        _interop.empty(qa, (num_splits, b, kheads, rows), "float32"))
         o_accum, lse_accum = (_interop.data_ptr(x) for x in scratch)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
@@ -112,10 +113,10 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
             q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum,
             seqlens_k=seqlens_k_ptr, **fields))
         if split:  # flash_combine_kernel: the partials -> out, lse (the fields it reads; the others 0)
-            comb = get_launcher(combine_spec(qa.dtype, d), qa.device)
+            comb = get_launcher(combine_spec(qa.dtype, kernel_headdim(d)), qa.device)
             nrows = b * fields["nheads"] * fields["seqlen_q"]
             lau_fields = {n: fields[n] for n in ("o_batch_stride", "o_row_stride", "o_head_stride", "batch",
-                                                  "nheads", "seqlen_q", "seqlen_k", "num_splits")}
+                                                  "nheads", "seqlen_q", "seqlen_k", "num_splits", "head_dim")}
             comb.launch_block((-(-nrows // (comb.threads // 32)), 1, 1), stream, FWD_PARAMS, FWD_PARAMS.values(
                 0, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum, heads_per_kv=1, **lau_fields))
     return out, lse

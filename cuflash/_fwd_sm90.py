@@ -19,9 +19,9 @@ import threading
 
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order
-from ._configs import SM90_HEADDIMS, sm90_fwd_spec, sm90_fwd_tile
+from ._configs import SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
-from ._mods import kernel_mode, mod_fields
+from ._mods import has_dropout, kernel_mode, mod_fields
 from ._params import FWD_PARAMS
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -50,14 +50,21 @@ def device_cc(device_id: int) -> int:
     return cc
 
 
+# Head dims up to this one run on the sm80 kernels (their compiled head dim 32; the sm90 forward's smallest is 64).
+SM80_ONLY_MAX_HEADDIM = 32
+
+
 def ineligible(qa, ka, va, mods=None) -> str | None:
     """Why the sm90 kernels cannot take these validated views, or None when they can. With score modifiers
     (`mods` of MOD_SCORE) single-query GQA is eligible: the sm80 kernels do not fold the heads into rows then
     either."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
-    if d not in SM90_HEADDIMS:
-        return f"head dim {d} (the sm90 forward has {SM90_HEADDIMS})"
+    if kernel_headdim(d, SM90_HEADDIMS) is None or d <= SM80_ONLY_MAX_HEADDIM:
+        return (f"head dim {d} (the sm90 forward runs the multiples of 8 from {SM80_ONLY_MAX_HEADDIM + 8} to "
+                f"{SM90_HEADDIMS[-1]}; the sm80 kernels have head dim {SM80_ONLY_MAX_HEADDIM} itself)")
+    if has_dropout(mods):
+        return "dropout (the mma.sync kernels run it)"
     if folds_gqa(sq, h, hk, kernel_mode(mods, False)[1]):
         return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
     if not (b and h and sq and sk):
@@ -91,6 +98,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    hd, d = d, kernel_headdim(d, SM90_HEADDIMS)  # the maps' columns past hd read as zeros (TMA out of bounds)
     causal, mod = kernel_mode(mods, causal)
     tile = tile or sm90_fwd_tile(d, causal)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
@@ -102,7 +110,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
         o_batch_stride=osb, o_row_stride=osq, o_head_stride=osh,
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
-        grid_order=order, **mod_fields(mods, softmax_scale),
+        grid_order=order, **mod_fields(mods, softmax_scale, hd),
     )
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),

@@ -75,8 +75,8 @@ def empty(like: Arr, shape, dtype: str):
         with device_guard(like.device):
             x = cupy.empty(shape, dtype=dt)
     if POISON:
-        x.fill(float("nan") if "float" in dtype else -1) if like.kind == CUPY else x.fill_(
-            float("nan") if "float" in dtype else -1)
+        bad = float("nan") if "float" in dtype else 255 if dtype.startswith("uint") else -1
+        x.fill(bad) if like.kind == CUPY else x.fill_(bad)
     return x
 
 

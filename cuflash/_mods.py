@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ._configs import MOD_NONE, MOD_SCORE  # noqa: F401 (the kernels' MOD values)
+from ._configs import MOD_DROPOUT, MOD_NONE, MOD_SCORE, MOD_SCORE_DROPOUT  # noqa: F401 (the kernels' MOD values)
 from ._interop import KIND_NAME, Arr, wrap
 
 NO_WINDOW = (-1, -1)
@@ -44,10 +44,12 @@ def window_of(causal: bool, window_size) -> tuple:
 
 
 def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen_q: int, seqlen_k: int,
-            softmax_scale: float) -> Mods:
-    """The kernels' view of validated options (module docstring). seqlen_k: the keys (a KV cache's capacity)."""
+            softmax_scale: float, dropout: dict | None = None) -> Mods:
+    """The kernels' view of validated options (module docstring). seqlen_k: the keys (a KV cache's capacity).
+    dropout: the dropout fields of the call (cuflash._dropout.fields), or None: with them the kernels are the
+    MOD_SCORE_DROPOUT ones, whatever the other options."""
     left, right = window_of(causal, window_size)
-    if softcap <= 0 and alibi is None and (left < 0 and right in (-1, 0)):
+    if softcap <= 0 and alibi is None and (left < 0 and right in (-1, 0)) and dropout is None:
         return Mods(right == 0, MOD_NONE, plain_fields(softmax_scale))
     wl = min(left, seqlen_k) if left >= 0 else seqlen_k
     wr = min(right, seqlen_q) if right >= 0 else seqlen_q
@@ -57,9 +59,11 @@ def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen
         scale_log2, pre, unit = softmax_scale * LOG2E, 0.0, softmax_scale
     slopes = alibi.ptr if alibi is not None else 0
     bstride = alibi.strides[0] if alibi is not None and len(alibi.shape) == 2 and alibi.shape[0] > 1 else 0
-    return Mods(False, MOD_SCORE, dict(alibi_slopes=slopes, alibi_batch_stride=bstride, window_left=wl,
-                                       window_right=wr, softcap_pre=pre, alibi_mul=1.0 / unit if slopes else 0.0,
-                                       scale_log2=scale_log2))
+    fields = dict(alibi_slopes=slopes, alibi_batch_stride=bstride, window_left=wl, window_right=wr, softcap_pre=pre,
+                  alibi_mul=1.0 / unit if slopes else 0.0, scale_log2=scale_log2)
+    if dropout is not None:
+        return Mods(False, MOD_SCORE_DROPOUT, dict(fields, **dropout))
+    return Mods(False, MOD_SCORE, fields)
 
 
 def kernel_mode(mods: Mods | None, causal: bool) -> tuple:
@@ -67,9 +71,18 @@ def kernel_mode(mods: Mods | None, causal: bool) -> tuple:
     return (causal, MOD_NONE) if mods is None else (mods.causal, mods.mod)
 
 
-def mod_fields(mods: Mods | None, softmax_scale: float) -> dict:
-    """The modifier fields (with scale_log2) of a call's parameter block."""
-    return plain_fields(softmax_scale) if mods is None else mods.fields
+def mod_fields(mods: Mods | None, softmax_scale: float, head_dim: int) -> dict:
+    """The fields of a call's parameter block that follow from its options: the modifiers (with scale_log2), the
+    dropout fields (cuflash._dropout.fields; zeros without dropout) and the inputs' head dim (the kernel's D may be
+    larger: cuflash._configs.kernel_headdim)."""
+    return {**NO_DROPOUT, **(plain_fields(softmax_scale) if mods is None else mods.fields), "head_dim": head_dim}
+
+
+def has_dropout(mods: Mods | None) -> bool:
+    return mods is not None and bool(mods.mod & MOD_DROPOUT)
+
+
+NO_DROPOUT = dict(rng_seed=0, rng_offset=0, dropout_keep=0, dropout_scale=0.0)
 
 
 def plain_fields(softmax_scale: float) -> dict:
@@ -109,16 +122,33 @@ def is_plain(window_size, softcap, alibi_slopes) -> bool:
 
 
 def mods_for(qa: Arr, ka: Arr, causal: bool, window_size, softcap: float, alibi_slopes: Any,
-             softmax_scale: float | None, seqlen_k: int | None = None) -> Mods | None:
-    """Mods of validated views (None without modifiers); validates alibi_slopes. seqlen_k: the key count the
-    kernels bound the band with (default: k's; a KV cache passes its capacity)."""
-    if is_plain(window_size, softcap, alibi_slopes):
+             softmax_scale: float | None, seqlen_k: int | None = None, dropout_p: float = 0.0,
+             rng_state=None) -> Mods | None:
+    """Mods of validated views (None without modifiers or dropout); validates alibi_slopes. seqlen_k: the key
+    count the kernels bound the band with (default: k's; a KV cache passes its capacity). dropout_p > 0: dropout
+    with rng_state = (seed, offset), or a new state of the inputs' generator when None (cuflash._dropout)."""
+    if is_plain(window_size, softcap, alibi_slopes) and not dropout_p:
         return None
     b, sq, h, d = qa.shape
     alibi = check_alibi(alibi_slopes, qa, b, h)
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    drop = None
+    if dropout_p:
+        from . import _dropout
+
+        seed, offset = (_dropout.next_state(qa.kind, qa.device) if rng_state is None
+                        else _dropout.check_rng_state(rng_state))
+        drop = _dropout.fields(float(dropout_p), seed, offset)
     return resolve(causal, window_size, float(softcap), alibi, sq, ka.shape[1] if seqlen_k is None else seqlen_k,
-                   scale)
+                   scale, drop)
+
+
+def rng_state_of(mods: Mods | None) -> tuple | None:
+    """The (seed, offset) a dropout call's kernels use (None without dropout)."""
+    if not has_dropout(mods):
+        return None
+    f = mods.fields
+    return f["rng_seed"] & ((1 << 64) - 1), f["rng_offset"] & ((1 << 64) - 1)
 
 
 def memo_key(causal: bool, window_size, softcap, alibi_slopes):

@@ -128,10 +128,11 @@ def _ints(*names) -> tuple:
     return tuple((n, INT64) for n in names)
 
 
-# The score-modifier fields at the end of FwdParams and BwdParams, and the pointer alibi_slopes after the other
-# pointers (cuflash/_mods.py fills them).
+# The score-modifier, head-dim and dropout fields at the end of FwdParams and BwdParams, and the pointer
+# alibi_slopes after the other pointers (cuflash/_mods.py fills them).
 _MODS = (("alibi_batch_stride", INT64), ("window_left", INT64), ("window_right", INT64),
-         ("softcap_pre", DOUBLE), ("alibi_mul", DOUBLE))
+         ("softcap_pre", DOUBLE), ("alibi_mul", DOUBLE), ("head_dim", INT64),
+         ("rng_seed", INT64), ("rng_offset", INT64), ("dropout_keep", INT64), ("dropout_scale", DOUBLE))
 # cuda_src/attn/params.cuh: struct FwdParams (V2 forward, split-KV, decode, combine).
 FWD_PARAMS = ParamBlock("FwdParams", (
     *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "alibi_slopes"),
@@ -167,5 +168,5 @@ PARAM_BLOCKS = (FWD_PARAMS, BWD_PARAMS, V1_FWD_PARAMS, V1_BWD_PARAMS)
 APPEND_ARGS = ParamBlock("kvcache_append_kernel", (
     *_ptrs("k_cache", "v_cache", "k_new", "v_new", "seqlens"),
     *_ints("kc_bs", "kc_rs", "kc_hs", "vc_bs", "vc_rs", "vc_hs", "kn_bs", "kn_rs", "kn_hs", "vn_bs", "vn_rs", "vn_hs",
-           "batch", "seqlen_new", "nheads_k", "seqlen_cache"),
+           "batch", "seqlen_new", "nheads_k", "seqlen_cache", "headdim"),
 ))

@@ -1,7 +1,7 @@
 """Input validation: every check runs before anything is launched, and every error names the argument."""
 from __future__ import annotations
 
-from ._configs import HEADDIMS
+from ._configs import HEADDIM_MULTIPLE, MAX_HEADDIM
 from ._interop import KIND_NAME, Arr, wrap
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
@@ -24,6 +24,19 @@ def check_layout(a: Arr, name: str) -> None:
             f"{name} must have strides that are multiples of 8 elements and 16-byte aligned data (16-byte "
             f"loads); got strides {a.strides} and address {a.ptr:#x}; call .contiguous() first"
         )
+
+
+def check_headdim(d: int, name: str = "q") -> None:
+    """Head dims the kernels run: multiples of 8 (a 16-byte chunk, the unit of every tile load) up to 256; the
+    kernel of the next compiled head dim runs one that is not compiled (cuflash._configs.kernel_headdim)."""
+    if d > MAX_HEADDIM:
+        raise ValueError(f"head dim {d} of {name} is not supported: at most {MAX_HEADDIM}")
+    if d < 1 or d % HEADDIM_MULTIPLE:
+        raise NotImplementedError(
+            f"head dim {d} of {name}: cuflash runs head dims that are multiples of {HEADDIM_MULTIPLE} (16-byte rows, "
+            f"the unit of its tile loads); zero-pad q, k and v to head dim "
+            f"{-(-max(d, 1) // HEADDIM_MULTIPLE) * HEADDIM_MULTIPLE} and pass softmax_scale={d}**-0.5 (the scores "
+            "and the output's first columns are then unchanged)")
 
 
 def check_same(ref: Arr, ref_name: str, a: Arr, name: str) -> None:
@@ -71,8 +84,7 @@ def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
         raise ValueError(f"{vn} must have the shape of {kn} {ka.shape}; got {va.shape}")
     if ka.shape[3] != d:
         raise ValueError(f"{kn} has head dim {ka.shape[3]} but {qn} has head dim {d}")
-    if d not in HEADDIMS:
-        raise ValueError(f"head dim {d} of {qn} is not supported; supported head dims: {HEADDIMS}")
+    check_headdim(d, qn)
     hk = ka.shape[2]
     if hk < 1 or h % hk:
         raise ValueError(f"the number of heads of {qn} ({h}) must be a multiple of that of {kn} ({hk})")
@@ -111,15 +123,16 @@ def check_score_options(dropout_p=0.0, window_size=(-1, -1), softcap=0.0) -> Non
 
 
 def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, *, scores=True) -> None:
-    """flash-attn arguments cuflash does not implement: bad values are a TypeError / ValueError
+    """flash-attn arguments a caller does not implement: bad values are a TypeError / ValueError
     (check_score_options), valid ones that are not the defaults a NotImplementedError, never ignored. scores:
-    whether the caller implements the score modifiers (window_size, softcap, alibi_slopes; the V2 kernels do, the
-    V1 kernels do not)."""
+    whether the caller implements the score modifiers and dropout (window_size, softcap, alibi_slopes, dropout_p;
+    the V2 kernels do, the V1 kernels do not)."""
     check_score_options(dropout_p, window_size, softcap)
-    if dropout_p:
-        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented in cuflash")
     if scores:
         return
+    if dropout_p:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout runs on the V2 kernels (algorithm='v2'), not on "
+                                  "algorithm='v1'")
     what = ("window_size" if tuple(window_size) != (-1, -1) else "softcap" if softcap
             else "alibi_slopes" if alibi_slopes is not None else None)
     if what:

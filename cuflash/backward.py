@@ -6,10 +6,10 @@ from typing import Any, Optional, Tuple
 
 from . import _interop, _loader
 from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
-                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles)
+                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim)
 from ._interop import desc
 from ._launch import get_launcher
-from ._mods import is_plain, kernel_mode, mod_fields, mods_for
+from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
@@ -35,9 +35,10 @@ def resolve_warp_partition(warp_partition, headdim: int) -> str:
 
 def check_score_partition(warp_partition, headdim: int) -> None:
     """NotImplementedError for a warp partition without a score-modifier kernel at this head dim
-    (cuflash._configs.BWD_SCORE_UNSUPPORTED)."""
-    part = resolve_warp_partition(warp_partition, headdim)
-    if (part, headdim) in BWD_SCORE_UNSUPPORTED:
+    (cuflash._configs.BWD_SCORE_UNSUPPORTED; a head dim that is not compiled: the kernel that runs it)."""
+    kd = kernel_headdim(headdim) or headdim
+    part = resolve_warp_partition(warp_partition, kd)
+    if (part, kd) in BWD_SCORE_UNSUPPORTED:
         raise NotImplementedError(f"warp_partition={warp_partition!r} at head dim {headdim} has no kernel for "
                                   "window_size / softcap / alibi_slopes (it does not fit the registers); use "
                                   "warp_partition='auto' or 'kv'")
@@ -52,9 +53,10 @@ def check_warp_partition(warp_partition, headdim=None, algorithm="v2") -> None:
     if algorithm == "v1" and warp_partition not in ("auto", "kv"):
         raise ValueError(f"warp_partition={warp_partition!r} selects a partition of the V2 backward; "
                          f"algorithm='v1' has its own kernel")
-    if headdim is not None and headdim not in bwd_tiles(resolve_warp_partition(warp_partition, headdim)):
+    kd = None if headdim is None else kernel_headdim(headdim) or headdim  # the compiled head dim that runs it
+    if kd is not None and kd not in bwd_tiles(resolve_warp_partition(warp_partition, kd)):
         raise ValueError(f"warp_partition={warp_partition!r} does not support head dim {headdim}; supported: "
-                         f"{tuple(bwd_tiles(warp_partition))}")
+                         f"{tuple(bwd_tiles(warp_partition))} and the head dims they run (multiples of 8 below each)")
 
 
 def choose_dq_strategy(dq_strategy, deterministic, extra_seqpar: int, device: int) -> str:
@@ -118,10 +120,11 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     forward's score modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
-    check_warp_partition(warp_partition, d)
-    warp_partition = resolve_warp_partition(warp_partition, d)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
+    check_warp_partition(warp_partition, d)
+    warp_partition = resolve_warp_partition(warp_partition, d)
     causal, mod = kernel_mode(mods, causal)
     if mod:
         check_score_partition(warp_partition, d)
@@ -133,7 +136,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy = strategy
-    dq_shape, dkv_shape = (b, sq, h, d), (b, sk, hk, d)
+    dq_shape, dkv_shape = (b, sq, h, hd), (b, sk, hk, hd)
     rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d),), float32=True))
@@ -145,11 +148,11 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
            **contiguous_fields("dv", dkv_shape),
            batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
            dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
-           **mod_fields(mods, softmax_scale))
+           **mod_fields(mods, softmax_scale, hd))
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
     main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod), dev)
-    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n, mod), dev)
+    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n, mod & MOD_SCORE), dev)  # (no dropout)
     slots = b * h * sq_pad * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
@@ -179,7 +182,7 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
     depends on the free memory when made). mods: the forward's score modifiers (cuflash._mods.Mods), or None."""
     ptrs, keys = zip(*(desc(x) for x in (dout, q, k, v, out, lse)))
     plan = key = None
-    if None not in keys:
+    if None not in keys and not has_dropout(mods):  # (dropout: every call has its own rng state)
         mk = () if mods is None else (mods.causal, mods.mod, tuple(mods.fields.items()))
         key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition, mk)
         try:
@@ -200,7 +203,8 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
                         softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = False, *,
                         dq_strategy: Optional[str] = None, algorithm: str = "v2",
                         warp_partition: str = "auto", window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                        alibi_slopes: Any = None) -> Tuple[Any, Any, Any]:
+                        alibi_slopes: Any = None, dropout_p: float = 0.0,
+                        rng_state: Optional[Tuple[int, int]] = None) -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     Args:
@@ -221,6 +225,8 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
             dims as cuflash._configs.BWD_TILES_Q) or "2d" (FlashAttention-2's: 32-row warp tiles in all five
             products, P and dS through shared memory; head dims 32-128, cuflash._configs.BWD_TILES_2D).
         window_size, softcap, alibi_slopes: the forward call's score modifiers (flash_attn_func); V2 only.
+        dropout_p, rng_state: the forward call's dropout: its probability and the (seed, offset) its kernels used
+            (cuflash.get_rng_state() before a forward on CuPy arrays; required with dropout_p > 0); V2 only.
 
     Returns:
         (dq, dk, dv) of the inputs' kind: new contiguous arrays shaped and typed like q, k, v (dk, dv summed over
@@ -235,15 +241,19 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
     check_warp_partition(warp_partition, algorithm=algorithm)
-    check_unsupported(0.0, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
+    check_unsupported(dropout_p, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
+    if dropout_p and rng_state is None:
+        raise ValueError("dropout_p > 0 needs rng_state: the (seed, offset) of the forward call "
+                         "(cuflash.get_rng_state() before it, for CuPy arrays)")
     if algorithm == "v1":
         from .v1 import backward_from_lse
 
         return backward_from_lse(*check_backward_inputs(dout, q, k, v, out, softmax_lse), softmax_scale, causal)
     check_softmax_scale(softmax_scale)
     mods = None
-    if not is_plain(window_size, softcap, alibi_slopes):
+    if not is_plain(window_size, softcap, alibi_slopes) or dropout_p:
         qa, ka, _ = check_qkv(q, k, v)
-        mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
+        mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
+                        rng_state=rng_state)
     return backward_memo(dout, q, k, v, out, softmax_lse, softmax_scale, causal, dq_strategy, deterministic,
                          warp_partition, mods)

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
 from ._configs import (DecodeTile, append_spec, combine_spec, decode_mf, decode_spec, decode_tile, fwd_smem_bytes,
-                       split_tile)
+                       kernel_headdim, split_tile)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
@@ -191,7 +191,8 @@ def _append_fields(kca, vca, kna, vna) -> dict:
     f = {}
     for short, a in (("kc", kca), ("vc", vca), ("kn", kna), ("vn", vna)):
         f[f"{short}_bs"], f[f"{short}_rs"], f[f"{short}_hs"] = a.strides[:3]
-    return dict(f, batch=kna.shape[0], seqlen_new=kna.shape[1], nheads_k=kna.shape[2], seqlen_cache=kca.shape[1])
+    return dict(f, batch=kna.shape[0], seqlen_new=kna.shape[1], nheads_k=kna.shape[2], seqlen_cache=kca.shape[1],
+                headdim=kna.shape[3])
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,6 +212,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None."""
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod)
@@ -223,14 +227,12 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     blocks = b * kheads * num_splits * m_blocks
     if blocks > _MAX_GRID_X:
         raise ValueError(f"problem too large for the decode grid: {blocks} blocks")
-    if softmax_scale is None:
-        softmax_scale = d ** -0.5
     # q rows / heads as the kernel sees them (GQA fold: q [b, 1, h, d] seen as [b, G, hk, d])
     if fold:
         q_row, q_head = qa.strides[2], rows * qa.strides[2]
     else:
         q_row, q_head = qa.strides[1], qa.strides[2]
-    osb, osq, osh = sq * h * d, h * d, d  # out is allocated contiguous [b, sq, h, d]
+    osb, osq, osh = sq * h * hd, h * hd, hd  # out is allocated contiguous [b, sq, h, hd]
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
@@ -240,9 +242,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
            num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
-           **mod_fields(mods, float(softmax_scale)))
+           **mod_fields(mods, float(softmax_scale), hd))
     p.add_launch(main, (blocks, 1, 1))
-    out, lse = p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True)
+    out, lse = p.spec((b, sq, h, hd)), p.spec((b, h, sq), float32=True)
     if num_splits > 1:
         partial_rows = num_splits * b * kheads * rows
         p.scratch_elems = partial_rows * (d + 1)  # o_accum [n, b, hk', rows, d] then lse_accum [n, b, hk', rows]
@@ -258,9 +260,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         p.outs = (a_out, a_out, a_lse, a_lse)
     p.append = None
     if kna is not None:
-        lau = get_launcher(append_spec(qa.dtype, d), dev)
+        lau = get_launcher(append_spec(qa.dtype), dev)
         s_new = kna.shape[1]
-        n = 2 * b * s_new * hk * (d // 8)
+        n = 2 * b * s_new * hk * (hd // 8)
         p.append = HostPlan(qa)
         p.append.bind(APPEND_ARGS, ("k_cache", "v_cache", "k_new", "v_new", "seqlens"),
                       **_append_fields(kca, vca, kna, vna))
@@ -341,8 +343,9 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     Args:
         q: [batch, seqlen_q, nheads, headdim] (seqlen_q small: 1 for decoding, a few for speculative decoding).
         k_cache, v_cache: [batch, seqlen_cache, nheads_k, headdim], nheads a multiple of nheads_k. q, k_cache,
-            v_cache (and k, v) float16 or bfloat16 (all the same), head dim 32, 64, 96, 128 or 256, on one CUDA
-            device, of one kind, last dimension contiguous, other strides multiples of 8 elements, 16-byte aligned.
+            v_cache (and k, v) float16 or bfloat16 (all the same), any head dim up to 256 that is a multiple of 8,
+            on one CUDA device, of one kind, last dimension contiguous, other strides multiples of 8 elements, 16-byte
+            aligned.
         k, v: optional [batch, seqlen_new, nheads_k, headdim], written into the caches at cache_seqlens first (in
             place; entries past the capacity are dropped); the kernel attends to cache_seqlens + seqlen_new keys.
             Need cache_seqlens as a device array.
@@ -426,7 +429,7 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]
     if kna is not None:
-        lau = get_launcher(append_spec(qa.dtype, d), qa.device)
+        lau = get_launcher(append_spec(qa.dtype), qa.device)
         n = 2 * b * seqlen_k_new * hk * (d // 8)
         with _interop.device_guard(qa.device):
             lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_ARGS,
@@ -436,13 +439,13 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
                                                       kca.dtype, kca.device)
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
-    tile = split_tile(d)
+    tile = split_tile(kernel_headdim(d))
     fold = folds_gqa(sq, h, hk, kernel_mode(mods, causal)[1])
     rows = h // hk if fold else sq
     kheads = hk if fold else h
     if num_splits == 0:
         blocks = b * kheads * -(-rows // tile.block_m)
-        num_splits = num_splits_heuristic(blocks, decode_slots(qa.device, fwd_smem_bytes(d, tile)),
+        num_splits = num_splits_heuristic(blocks, decode_slots(qa.device, fwd_smem_bytes(kernel_headdim(d), tile)),
                                           -(-seqlen_k // tile.block_n))
     num_splits = max(1, min(num_splits, MAX_SPLITS))
     out, lse = forward(qa, kc, vc, softmax_scale, causal, tile=tile if num_splits > 1 else None,

@@ -33,16 +33,22 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Any = None, deterministic: bool = False, return_attn_probs: bool = False, *,
                     algorithm: str = "v2", grid_order: str = "auto", dq_strategy: Optional[str] = None,
-                    warp_partition: str = "auto", backend: str = "auto") -> Union[Any, Tuple[Any, Any, None]]:
+                    warp_partition: str = "auto", backend: str = "auto") -> Union[Any, Tuple[Any, Any, Any]]:
     """Exact attention softmax(scale * Q K^T) V: flash-attn's `flash_attn_func` on torch tensors or CuPy arrays.
 
     Args:
         q: [batch, seqlen_q, nheads, headdim]; k, v: [batch, seqlen_k, nheads_k, headdim], nheads a multiple of
-            nheads_k (GQA / MQA). float16 or bfloat16 (all three the same), head dim 32, 64, 96, 128 or 256,
+            nheads_k (GQA / MQA). float16 or bfloat16 (all three the same), any head dim up to 256 that is a
+            multiple of 8 (32, 64, 96, 128, 256 are compiled; the others run on the next one, padded with zeros
+            in shared memory),
             all on one CUDA device and of one kind (torch CUDA tensors, CuPy arrays, or other DLPack producers,
             which get CuPy results). Last dimension contiguous, other strides multiples of 8 elements, data
             16-byte aligned (views such as q, k, v slices of one packed tensor are read in place, no copy).
-        dropout_p: only 0.0 (dropout is not implemented).
+        dropout_p: the probability of dropping each attention probability (flash-attn's: the kept ones are
+            scaled by 1 / (1 - dropout_p), the softmax normaliser keeps all). Applied whenever it is > 0 (pass 0.0
+            for evaluation). Random numbers: Philox, keyed by torch's CUDA generator for torch tensors (reproducible
+            under torch.manual_seed; the backward drops exactly what the forward dropped), by cuflash's own
+            counter for CuPy arrays (cuflash.manual_seed, cuflash.get_rng_state); the mma.sync kernels run it.
         window_size: (left, right) keys around each query's diagonal position: query i sees key j iff
             i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves that side
             unbounded; with causal, right = 0 (flash-attn's sliding window). Blocks outside the band are skipped.
@@ -53,8 +59,9 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         softmax_scale: the scale of Q K^T, a positive finite number; None: headdim ** -0.5.
         causal: mask keys after each query, bottom-right aligned (query i sees keys j <= i + seqlen_k - seqlen_q).
         deterministic: for the backward (autograd): a dQ strategy without atomics.
-        return_attn_probs: also return the softmax LSE (flash-attn's convention; the probabilities are never
-            materialised, so the third element is None).
+        return_attn_probs: also return the softmax LSE and, with dropout, the probabilities: float32 [batch,
+            nheads, seqlen_q, seqlen_k], negated where dropped (flash-attn's S_dmask; recomputed for inspection,
+            quadratic in memory); without dropout the third element is None.
         algorithm: "v2" (FlashAttention-2, the default) or "v1" (FlashAttention-1, head dims 32-128).
         grid_order: V2 forward block order: "qtile" (Q-tile index in grid x: one head's blocks run together and
             share K/V in L2), "bh" (batch/head first) or "auto" (the default: "bh" for causal problems of >=
@@ -65,8 +72,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
             cuflash._configs.BWD_AUTO_PARTITION), "kv" (warps split the KV rows), "q" (warps split the Q rows) or
             "2d" (FlashAttention-2's 32-row warp tiles in every product, head dims 32-128).
         backend: the V2 forward's kernels: "auto" (the default: on a compute capability 9.0 GPU the Hopper
-            kernels -- wgmma, TMA, warp specialization -- for head dims 64, 96, 128, 256 and inputs whose base and
-            strides are 16-byte aligned, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
+            kernels -- wgmma, TMA, warp specialization -- for head dims 40-256 and inputs whose base and strides are
+            16-byte aligned, without dropout, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
             saying why not), "sm80" (the mma.sync kernels, any CUDA GPU of compute capability >= 8.0).
 
     Returns:
@@ -81,7 +88,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         ValueError: bad ranks, shapes, head dims, strides or alignment, arrays on different devices, a
             non-positive softmax_scale, an unknown algorithm / grid_order / dq_strategy / warp_partition /
             backend, backend="sm90" where it cannot run, a problem too large for the launch grid.
-        NotImplementedError: dropout; window_size, softcap or alibi_slopes with algorithm="v1".
+        NotImplementedError: dropout, window_size, softcap or alibi_slopes with algorithm="v1"; a head dim that is
+            not a multiple of 8.
     """
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
     check_softmax_scale(softmax_scale)
@@ -93,11 +101,24 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
     check_backend(backend)
     if backend != "auto" and algorithm != "v2":
         raise ValueError(f"backend={backend!r} selects the V2 forward's kernels; algorithm={algorithm!r} has one path")
+    rng_state = None
+    if dropout_p and algorithm == "v2":  # the (seed, offset) of this call, validated inputs first
+        from ._dropout import next_state
+
+        qa, ka, va = check_qkv(q, k, v)
+        rng_state = next_state(qa.kind, qa.device)
     if _is_torch_grad(q, k, v):
         from ._autograd import flash_attn_autograd
 
         out, lse = flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order,
-                                       dq_strategy, warp_partition, backend, window_size, softcap, alibi_slopes)
+                                       dq_strategy, warp_partition, backend, window_size, softcap, alibi_slopes,
+                                       dropout_p, rng_state)
+    elif rng_state is not None:  # dropout without autograd: not memoized (every call has its own rng state)
+        from ._mods import mods_for
+
+        mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
+                        rng_state=rng_state)
+        out, lse = forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
     elif algorithm == "v2":
         out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order, backend, window_size, softcap,
                                 alibi_slopes)
@@ -106,4 +127,13 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
 
         qa, ka, va = check_qkv(q, k, v)
         out, lse = v1_forward(qa, ka, va, softmax_scale, causal)[:2]
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    probs = None
+    if rng_state is not None:
+        from ._dropout import attention_probs
+        from ._interop import wrap
+
+        probs = attention_probs(qa, ka, wrap(lse, "lse").obj, softmax_scale, causal, window_size, softcap,
+                                alibi_slopes, dropout_p, rng_state)
+    return out, lse, probs

@@ -60,8 +60,9 @@ def select_specs(args) -> list:
             or args.scores):
         return _configs.all_specs()
     for d in args.headdims or ():
-        if d not in _configs.HEADDIMS:
-            raise SystemExit(f"--headdims: {d} is not one of {_configs.HEADDIMS}")
+        if _configs.kernel_headdim(d) is None:
+            raise SystemExit(f"--headdims: {d} is not a head dim cuflash runs (a multiple of "
+                             f"{_configs.HEADDIM_MULTIPLE} up to {_configs.MAX_HEADDIM})")
     for dt in args.dtypes or ():
         if dt not in _configs.DTYPES:
             raise SystemExit(f"--dtypes: {dt} is not one of {_configs.DTYPES}")

@@ -173,25 +173,34 @@ def _naive_probs(q, k, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_s
     return e * _safe_inv(l)[..., None], m, l, dcap
 
 
+def _dropped(p, dropout_mask, dropout_p):
+    """P with dropout: P * Z / (1 - p), Z the keep mask [b, h, sq, sk] (None: no dropout)."""
+    if dropout_mask is None:
+        return p
+    return p * np.asarray(dropout_mask, dtype=np.float64) / (1.0 - dropout_p)
+
+
 def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                      alibi_slopes=None):
+                      alibi_slopes=None, dropout_mask=None, dropout_p=0.0):
     """Naive attention: O = softmax(scores) V with flash-attn's score options (sliding window, softcap, ALiBi;
-    see _scores). Returns out [b, sq, h, d], LSE [b, h, sq]."""
+    see _scores) and dropout: with a keep mask Z [b, h, sq, sk] (1 keep, 0 drop), O = (P * Z / (1 - dropout_p)) V,
+    the LSE that of the undropped softmax. Returns out [b, sq, h, d], LSE [b, h, sq]."""
     q, k, v, scale, _ = _prep(q, k, v, softmax_scale)
     p, m, l, _ = _naive_probs(q, k, scale, causal, window_size, softcap, alibi_slopes)
-    return _bshd(p @ v), _lse(m, l)
+    return _bshd(_dropped(p, dropout_mask, dropout_p) @ v), _lse(m, l)
 
 
 def attention_backward(dout, q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                       alibi_slopes=None):
+                       alibi_slopes=None, dropout_mask=None, dropout_p=0.0):
     """Naive backward from the full P: dV = P^T dO, dP = dO V^T, dS = P * (dP - D), times the softcap
     derivative, dQ = scale dS K, dK = scale dS^T Q with D = rowsum(P * dP) = rowsum(dO * O) (ALiBi's bias has
-    no gradient). Returns dq like q, dk and dv like k (summed over the query heads of each kv head)."""
+    no gradient). With dropout (keep mask Z): dV = (P Z / (1 - p))^T dO and dP = (dO V^T) Z / (1 - p). Returns
+    dq like q, dk and dv like k (summed over the query heads of each kv head)."""
     q, k, v, scale, hk = _prep(q, k, v, softmax_scale)
     do = _bhsd(dout)  # [b, h, sq, d]
     p, _, _, dcap = _naive_probs(q, k, scale, causal, window_size, softcap, alibi_slopes)  # [b, h, sq, sk]
-    dv = p.swapaxes(-1, -2) @ do  # [b, h, sk, d]
-    dp = do @ v.swapaxes(-1, -2)  # [b, h, sq, sk]
+    dv = _dropped(p, dropout_mask, dropout_p).swapaxes(-1, -2) @ do  # [b, h, sk, d]
+    dp = _dropped(do @ v.swapaxes(-1, -2), dropout_mask, dropout_p)  # [b, h, sq, sk]
     ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * dcap
     dq = scale * (ds @ k)  # [b, h, sq, d]
     dk = scale * (ds.swapaxes(-1, -2) @ q)  # [b, h, sk, d]

@@ -147,10 +147,12 @@ def to_np(x) -> np.ndarray:
     return cupy.asnumpy(x.astype(cupy.float64))
 
 
-def torch_attention_lowp(q, k, v, softmax_scale, causal, window_size=(-1, -1), softcap=0.0, alibi=None):
+def torch_attention_lowp(q, k, v, softmax_scale, causal, window_size=(-1, -1), softcap=0.0, alibi=None,
+                         dropout=None):
     """torch's own attention in the inputs' dtype (the yardstick of the error rule); bottom-right causal,
     rows with no visible key -> 0. The score modifiers as flash-attn's reference applies them: soft-cap, then the
-    window's mask, then ALiBi's bias (`alibi`: a float32 tensor of slopes, (h,) or (b, h))."""
+    window's mask, then ALiBi's bias (`alibi`: a float32 tensor of slopes, (h,) or (b, h)). dropout: (keep mask
+    [b, h, sq, sk], p): P * mask / (1 - p)."""
     import torch
 
     b, sq, h, d = q.shape
@@ -172,6 +174,9 @@ def torch_attention_lowp(q, k, v, softmax_scale, causal, window_size=(-1, -1), s
         bias = reference.alibi_bias(alibi.double().cpu().numpy(), b, h, sq, sk)
         s = s + torch.from_numpy(bias).to(q.device, q.dtype)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if dropout is not None:
+        mask, pd = dropout
+        p = p * mask.to(p.dtype) / (1.0 - pd)
     return (p @ vh).transpose(1, 2)
 
 

@@ -275,7 +275,7 @@ def test_host_path_one_split_writes_directly(host_path):
 
 def test_host_path_speculative_append(host_path):
     app, main, comb = host_path["spec"]["launches"]
-    assert app["name"] == "cuflash::kvcache_append_kernel<__half, 128>"
+    assert app["name"] == "cuflash::kvcache_append_kernel<__half>"
     assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, true, 2, ")
     p = main["p"]
     # no fold with 3 query rows: heads 32, rows 3, heads_per_kv 4; 5 splits
@@ -284,7 +284,7 @@ def test_host_path_speculative_append(host_path):
     assert main["grid"] == [2 * 32 * 5, 1, 1]
     a = struct.unpack_from(APPEND_FORMAT, bytes.fromhex(app["raw"]), 0)
     assert a[:5] == (p["k"], p["v"], a[2], a[3], p["seqlens_k"]) and a[2] and a[3]
-    assert a[5:8] == (4096 * 8 * 128, 8 * 128, 128) and a[-4:] == (2, 3, 8, 4096)
+    assert a[5:8] == (4096 * 8 * 128, 8 * 128, 128) and a[-5:] == (2, 3, 8, 4096, 128)  # ..., headdim
     assert app["grid"] == [-(-(2 * 2 * 3 * 8 * 16) // app["threads"]), 1, 1]
 
 

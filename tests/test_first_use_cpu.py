@@ -95,6 +95,6 @@ def test_precompile_command_line_selects(monkeypatch):
                                                 "--no-backward", "--no-decode"]))
     assert sel == _configs.model_specs(("bfloat16",), (128,), (True,), False, False, 90)
     with pytest.raises(SystemExit, match="--headdims"):
-        precompile.select_specs(p.parse_args(["--headdims", "48"]))
+        precompile.select_specs(p.parse_args(["--headdims", "52"]))
     with pytest.raises(SystemExit, match="--dtypes"):
         precompile.select_specs(p.parse_args(["--dtypes", "float32"]))

@@ -169,7 +169,9 @@ def test_mod_values_match_the_kernels():
     from cuflash._loader import source_dir
 
     src = (source_dir() / "attn" / "mask.cuh").read_text()
-    m = re.search(r"enum\s*:\s*int\s*\{\s*MOD_NONE\s*=\s*(\d+)\s*,\s*MOD_SCORE\s*=\s*(\d+)\s*\}", src)
-    assert m, "mask.cuh: enum { MOD_NONE, MOD_SCORE } not found"
-    assert (int(m.group(1)), int(m.group(2))) == (_configs.MOD_NONE, _configs.MOD_SCORE) == (_mods.MOD_NONE,
-                                                                                             _mods.MOD_SCORE)
+    m = re.search(r"enum\s*:\s*int\s*\{([^}]*)\}", src)
+    assert m, "mask.cuh: the MOD enum not found"
+    values = {k: int(v) for k, v in re.findall(r"(MOD_\w+)\s*=\s*(\d+)", m.group(1))}
+    assert values == {"MOD_NONE": _configs.MOD_NONE, "MOD_SCORE": _configs.MOD_SCORE,
+                      "MOD_DROPOUT": _configs.MOD_DROPOUT, "MOD_SCORE_DROPOUT": _configs.MOD_SCORE_DROPOUT}
+    assert (_mods.MOD_NONE, _mods.MOD_SCORE, _mods.MOD_SCORE_DROPOUT) == (0, 1, 3)

@@ -39,8 +39,10 @@ def test_valid_inputs_pass():
         (dict(k=view((3, 40, 2, 64))), ValueError, ["k", "batch"]),
         (dict(v=view((2, 41, 2, 64))), ValueError, ["v", "shape of k"]),
         (dict(k=view((2, 40, 2, 128)), v=view((2, 40, 2, 128))), ValueError, ["k", "head dim"]),
-        (dict(q=view((2, 33, 8, 80)), k=view((2, 40, 2, 80)), v=view((2, 40, 2, 80))), ValueError,
-         ["head dim 80", "supported"]),
+        (dict(q=view((2, 33, 8, 264)), k=view((2, 40, 2, 264)), v=view((2, 40, 2, 264))), ValueError,
+         ["head dim 264", "at most 256"]),
+        (dict(q=view((2, 33, 8, 84)), k=view((2, 40, 2, 84)), v=view((2, 40, 2, 84))), NotImplementedError,
+         ["head dim 84", "multiples of 8"]),
         (dict(k=view((2, 40, 3, 64)), v=view((2, 40, 3, 64))), ValueError, ["heads", "multiple"]),
         (dict(q=view((2, 33, 8, 64), strides=(33 * 8 * 128, 8 * 128, 128, 2))), ValueError,
          ["q", "last dimension", "stride 1"]),
@@ -70,11 +72,11 @@ def test_non_array_rejected():
         cuflash.flash_attn_func([1.0], [1.0], [1.0])
 
 
-def test_dropout_refused():
+def test_dropout_refused_on_v1():
     with pytest.raises(NotImplementedError, match="dropout_p"):
-        check_unsupported(dropout_p=0.1)
+        check_unsupported(dropout_p=0.1, scores=False)
     with pytest.raises(NotImplementedError, match="dropout_p"):
-        cuflash.flash_attn_func(None, None, None, dropout_p=0.1)
+        cuflash.flash_attn_func(None, None, None, dropout_p=0.1, algorithm="v1")
 
 
 @pytest.mark.parametrize("kw, word", [

@@ -38,13 +38,16 @@
 
 namespace cuflash {
 
-enum : int { MOD_NONE = 0, MOD_SCORE = 1 };
+// MOD bits: MOD_SCORE (this file), MOD_DROPOUT (attn/dropout.cuh). A dropout kernel is compiled with both
+// (MOD_SCORE_DROPOUT): one more kernel per configuration covers dropout with or without the modifiers.
+enum : int { MOD_NONE = 0, MOD_SCORE = 1, MOD_DROPOUT = 2, MOD_SCORE_DROPOUT = 3 };
 
 template <bool CAUSAL, int MOD = MOD_NONE>
 struct Mask {
   static constexpr bool IS_CAUSAL = CAUSAL;
-  static constexpr bool LOCAL = MOD == MOD_SCORE;  // band edges, soft-cap and ALiBi from the parameter block
-  static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: MOD_NONE or MOD_SCORE");
+  static constexpr bool LOCAL = (MOD & MOD_SCORE) != 0;  // band edges, soft-cap and ALiBi from the parameter block
+  static_assert(MOD == MOD_NONE || MOD == MOD_SCORE || MOD == MOD_SCORE_DROPOUT,
+                "MOD: MOD_NONE, MOD_SCORE or MOD_SCORE_DROPOUT");
   static_assert(!(CAUSAL && LOCAL), "MOD_SCORE: a causal window is the band with right = 0");
 
   int seqlen_k;  // keys of this (batch, head), or, for a tile-local mask (local()), keys past the tile origin

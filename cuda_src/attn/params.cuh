@@ -37,6 +37,12 @@ struct FwdParams {
   int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
   double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
   double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
+  int64_t head_dim;                   // the inputs' head dim: <= the kernel's D, a multiple of 8; columns past it
+                                      // are zero-filled in shared memory and never stored
+  // dropout (attn/dropout.cuh; read only by the kernels compiled with MOD_DROPOUT)
+  int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
+  int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
+  double dropout_scale;               // 1 / (1 - p)
 };
 
 }  // namespace cuflash
@@ -77,6 +83,12 @@ struct BwdParams {
   int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
   double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
   double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
+  int64_t head_dim;                   // the inputs' head dim: <= the kernel's D, a multiple of 8; columns past it
+                                      // are zero-filled in shared memory and never stored
+  // dropout (attn/dropout.cuh; read only by the kernels compiled with MOD_DROPOUT)
+  int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
+  int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
+  double dropout_scale;               // 1 / (1 - p)
 };
 
 }  // namespace cuflash

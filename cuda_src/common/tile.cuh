@@ -13,11 +13,21 @@ struct PaddedRow {
   static constexpr int LDS = D + 8;  // elements between consecutive rows
 };
 
-// Copy rows [row0, row0 + ROWS) of a [nrows, D] matrix (row stride in elements, columns contiguous) into
-// tile[ROWS][D + 8] with 16-byte cp.async, NT threads cooperating. Rows >= nrows are zero-filled.
-template <int ROWS, int D, int NT, typename T>
+// Head dims below the kernel's D. A matrix of `cols` < D columns (a multiple of 8: the kernel of the next compiled
+// head dim runs it) fills the columns [cols, D) of its tiles by one of two rules:
+//   PAD_ZERO  zeros (cp.async with source size 0). A kernel loads one operand of every product that contracts over
+//             the head dim this way (the forward's Q, the backward's K and V), so those products are exact.
+//   PAD_COPY  the row's own first columns again (the chunk's source column clamped to 0): finite values, no read
+//             past a row's cols, and no register or test in the copy loops. Their products either meet a PAD_ZERO
+//             operand or land in output columns past cols, which are never stored.
+enum PadMode { PAD_ZERO = 0, PAD_COPY = 1 };
+
+// Copy rows [row0, row0 + ROWS) of a [nrows, cols] matrix (row stride in elements, columns contiguous) into
+// tile[ROWS][D + 8] with 16-byte cp.async, NT threads cooperating. Rows >= nrows are zero-filled; columns >= cols
+// follow PAD.
+template <int ROWS, int D, int NT, int PAD = PAD_ZERO, typename T>
 __device__ __forceinline__ void load_tile_async(T* tile, const T* gmem, int64_t row_stride, int row0, int nrows,
-                                                int tid) {
+                                                int tid, int cols = D) {
   constexpr int LDS = PaddedRow<D>::LDS;
   constexpr int CHUNKS_PER_ROW = D / 8;  // 16-byte chunks
   constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
@@ -28,8 +38,9 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* gmem, int64_t 
     if (TOTAL % NT == 0 || c < TOTAL) {
       const int r = c / CHUNKS_PER_ROW;
       const int col = (c % CHUNKS_PER_ROW) * 8;
-      const bool valid = row0 + r < nrows;
-      const T* src = gmem + (valid ? (int64_t)(row0 + r) * row_stride + col : 0);
+      const bool valid = row0 + r < nrows && (PAD == PAD_COPY || col < cols);
+      const int src_col = PAD == PAD_COPY && col >= cols ? 0 : col;
+      const T* src = gmem + (valid ? (int64_t)(row0 + r) * row_stride + src_col : 0);
       cp_async_16(smem_addr(tile + r * LDS + col), src, valid);
     }
   }
@@ -43,8 +54,9 @@ namespace cuflash {
 // copies chunk column `col` of rows r, r + ROWS_PER_ITER, ... Its shared offsets are compile-time
 // constants past `smem_off`; each global address is one IMAD.WIDE.U32 (row x row_bytes + base). Three
 // registers per matrix: the 64-bit base and the 32-bit row stride in bytes (the host rejects sequence
-// strides of 2^30 elements or more). Falls back to load_tile_async when the chunks do not divide evenly
-// among the threads (head dim 96).
+// strides of 2^30 elements or more). Columns at or past `cols` (the matrix's head dim, when it is below D) are
+// PAD_COPY: the thread's source column is clamped once, here. Falls back to load_tile_async when the chunks do
+// not divide evenly among the threads (head dim 96).
 template <int ROWS, int D, int NT, typename T>
 struct FullTileLoader {
   static constexpr int LDS = PaddedRow<D>::LDS;
@@ -56,12 +68,13 @@ struct FullTileLoader {
   int row_bytes;      // row stride in bytes (< 2^31)
   uint32_t smem_off;  // byte offset of this thread's first chunk inside a tile
   const T* gmem;      // fallback path
-  int tid;
+  int tid, cols;
 
-  __device__ __forceinline__ FullTileLoader(const T* gmem_, int64_t row_stride, int tid_) : gmem(gmem_), tid(tid_) {
+  __device__ __forceinline__ FullTileLoader(const T* gmem_, int64_t row_stride, int tid_, int cols_ = D)
+      : gmem(gmem_), tid(tid_), cols(cols_) {
     const int r = tid_ / CHUNKS_PER_ROW, col = (tid_ % CHUNKS_PER_ROW) * 8;
     row_bytes = (int)(row_stride * (int64_t)sizeof(T));
-    gbase = reinterpret_cast<const char*>(gmem_ + col) + (int64_t)r * row_bytes;
+    gbase = reinterpret_cast<const char*>(gmem_ + (col < cols_ ? col : 0)) + (int64_t)r * row_bytes;  // PAD_COPY
     smem_off = (uint32_t)((r * LDS + col) * sizeof(T));
   }
   // Rows [row0, row0 + ROWS) -> tile (all in range).
@@ -73,7 +86,8 @@ struct FullTileLoader {
         cp_async_16_full(dst + i * ROWS_PER_ITER * LDS * (int)sizeof(T),
                          gbase + (unsigned long long)(unsigned)(row0 + i * ROWS_PER_ITER) * (unsigned)row_bytes);
     } else {
-      load_tile_async<ROWS, D, NT>(tile, gmem, (int64_t)row_bytes / (int64_t)sizeof(T), row0, row0 + ROWS, tid);
+      load_tile_async<ROWS, D, NT, PAD_COPY>(tile, gmem, (int64_t)row_bytes / (int64_t)sizeof(T), row0, row0 + ROWS,
+                                             tid, cols);
     }
   }
 };

@@ -1,0 +1,144 @@
+"""What flash-attn parity costs (suites dropout and headdims).
+
+dropout: attention dropout (p = 0.1) next to the same call without it, forward and forward + backward through
+autograd, fp16 causal and not, head dims 64 and 128, seqlen 2k and 8k (batch x seqlen = 16k, hidden 2048), with
+SDPA's FLASH and CUDNN backends given the same dropout_p, timed in turn, medians of `rounds` rounds. The cuflash
+dropout kernels are the mma.sync ones (backend sm80); `ratio_to_plain` = the time without dropout / with it
+(cuflash's plain record is its default path: the Hopper forward on an sm_90 GPU).
+
+headdims: head dims that are not compiled (80, 160, 192, 224: run on the kernel of the next compiled head dim,
+zero-padded in shared memory) next to the compiled ones around them and SDPA FLASH / CUDNN at the same head dim,
+forward (backend auto) and forward + backward, fp16, seqlen 4k, causal and not. TFLOP/s counts the inputs' own
+head dim (FlashAttention-2's formula), so a padded head dim's rate is what the user gets."""
+from __future__ import annotations
+
+import gc
+
+from .harness import record, time_rounds
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def _sdpa(provider, dropout_p=0.0):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[provider]
+
+    def call(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
+
+    return call
+
+
+def _fwd_bwd(fn, dout, inputs):
+    def run():
+        for x in inputs:
+            x.grad = None
+        fn().backward(dout)
+
+    return run
+
+
+def dropout(headdims=(64, 128), seqlens=(2048, 8192), rounds=3, p=0.1):
+    import torch
+
+    import cuflash
+
+    recs = []
+    for d in headdims:
+        h = HIDDEN // d
+        for s in seqlens:
+            b = max(1, TOKENS // s)
+            for causal in (False, True):
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                           for _ in range(3))
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+                dout, doutt = torch.randn_like(q), torch.randn_like(qt)
+                fns = {
+                    "cuflash/plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
+                    "cuflash/sm80-plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm80"),
+                    "cuflash/dropout": lambda: cuflash.flash_attn_func(q, k, v, p, causal=causal),
+                }
+                for prov in ("flash", "cudnn"):
+                    fn0, fn1 = _sdpa(prov), _sdpa(prov, p)
+                    fns[f"{prov}/plain"] = lambda fn=fn0: fn(qt, kt, vt, causal)
+                    fns[f"{prov}/dropout"] = lambda fn=fn1: fn(qt, kt, vt, causal)
+                with torch.no_grad():
+                    res = time_rounds(fns, rounds)
+                recs += _records(res, "fwd", b, h, s, d, causal, rounds, p)
+                res = time_rounds({key: _fwd_bwd(fn, dout, (q, k, v)) if key.startswith("cuflash")
+                                   else _fwd_bwd(fn, doutt, (qt, kt, vt)) for key, fn in fns.items()}, rounds)
+                recs += _records(res, "fwd_bwd", b, h, s, d, causal, rounds, p)
+                gc.collect()
+    return recs
+
+
+def _records(res, mode, b, h, s, d, causal, rounds, p):
+    out = []
+    for key, (ms, per) in res.items():
+        prov, name = key.split("/")
+        base = res.get(f"{prov}/{'sm80-plain' if prov == 'cuflash' else 'plain'}", (None,))[0]
+        ratio = (base / ms) if (name == "dropout" and base and ms) else None
+        drop = p if name == "dropout" else 0.0
+        if prov == "cuflash":
+            be = "sm80" if name != "plain" else default_backend(d, mode)
+            out.append(record("cuflash", f"v2-{name}", mode, "float16", b, h, s, s, d, causal, ms, backend=be, rounds=rounds,
+                              round_ms=per, dropout_p=drop, ratio_to_plain=ratio))
+        else:
+            out.append(record(prov, "sdpa", mode, "float16", b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per,
+                              dropout_p=drop, ratio_to_plain=ratio))
+    line = " ".join(f"{k}={v[0]:.3f}ms" if v[0] else f"{k}=n/a" for k, v in res.items())
+    print(f"dropout {mode} d={d} s={s} causal={causal}: {line}", flush=True)
+    return out
+
+
+def default_backend(d, mode) -> str:
+    """The kernel path of a default cuflash call: the Hopper forward on an sm_90 GPU (with the mma.sync backward:
+    "sm90+sm80" for forward + backward), else the mma.sync kernels."""
+    from cuflash._fwd_sm90 import device_cc
+
+    if device_cc(0) != 90 or d > 256:
+        return "sm80"
+    return "sm90" if mode == "fwd" else "sm90+sm80"
+
+
+def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256), seqlen=4096, rounds=3):
+    import torch
+
+    import cuflash
+    from cuflash._configs import kernel_headdim
+
+    recs = []
+    for d in dims:
+        h = max(1, HIDDEN // d)
+        b = max(1, TOKENS // seqlen)
+        for causal in (False, True):
+            q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                       for _ in range(3))
+            qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+            dout, doutt = torch.randn_like(q), torch.randn_like(qt)
+            fns = {"cuflash": lambda: cuflash.flash_attn_func(q, k, v, causal=causal)}
+            for prov in ("flash", "cudnn"):
+                fn = _sdpa(prov)
+                fns[prov] = lambda fn=fn: fn(qt, kt, vt, causal)
+            for mode in ("fwd", "fwd_bwd"):
+                if mode == "fwd":
+                    with torch.no_grad():
+                        res = time_rounds(fns, rounds)
+                else:
+                    res = time_rounds({key: _fwd_bwd(fn, dout if key == "cuflash" else doutt,
+                                                     (q, k, v) if key == "cuflash" else (qt, kt, vt))
+                                       for key, fn in fns.items()}, rounds)
+                for key, (ms, per) in res.items():
+                    if key == "cuflash":
+                        recs.append(record("cuflash", "v2", mode, "float16", b, h, seqlen, seqlen, d, causal, ms,
+                                           backend=default_backend(d, mode), rounds=rounds, round_ms=per, kernel_headdim=kernel_headdim(d)))
+                    else:
+                        recs.append(record(key, "sdpa", mode, "float16", b, h, seqlen, seqlen, d, causal, ms,
+                                           rounds=rounds, round_ms=per))
+                line = " ".join(f"{k}={v[0]:.3f}ms" if v[0] else f"{k}=n/a" for k, v in res.items())
+                print(f"headdims {mode} d={d} causal={causal}: {line}", flush=True)
+            gc.collect()
+    return recs

@@ -1,0 +1,135 @@
+"""GPU: head dims that are not compiled (multiples of 8 up to 256) on the kernel of the next compiled head dim,
+whose loads zero-fill the columns past the inputs' head dim in shared memory and whose stores skip them: the
+forward on both backends, the backward in every warp partition, the decode and split-KV paths with the cache
+append, strided views whose rows are longer than the head dim, and outputs that never touch the padding
+(neighbouring heads of a contiguous output stay exact). Against the float64 reference with conftest.py's rule."""
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash import _configs, reference
+from cuflash import backward as bwd_mod
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+from test_decode import check as check_decode, make_cache
+
+pytestmark = pytest.mark.gpu
+
+# every run-time padding class: below 32, between each pair of compiled head dims, and just below 256
+HEADDIMS = [8, 16, 24, 40, 48, 56, 72, 80, 88, 104, 112, 120, 136, 160, 192, 200, 224, 248]
+
+
+def backend_ok(backend):
+    if backend == "sm90":
+        from cuflash._fwd_sm90 import device_cc
+
+        if device_cc(0) != 90:
+            pytest.skip("backend sm90 needs a compute capability 9.0 GPU")
+
+
+def check_fwd(q, k, v, out, lse, causal, what):
+    d = q.shape[-1]
+    ref_o, ref_lse = reference.attention_forward(to_np(q), to_np(k), to_np(v), None, causal)
+    assert_close_to_ref(f"out {what}", out, torch_attention_lowp(q, k, v, d ** -0.5, causal), ref_o)
+    fin = np.isfinite(ref_lse)
+    assert np.allclose(to_np(lse)[fin], ref_lse[fin], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("backend", ["sm80", "sm90"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,sq,sk", [(False, 77, 300), (True, 300, 77), (True, 257, 257)])
+def test_forward(d, backend, dtype, causal, sq, sk):
+    backend_ok(backend)
+    assert _configs.kernel_headdim(d) != d
+    q, k, v = torch_inputs((2, sq, 4, d), (2, sk, 2, d), dtype)
+    if backend == "sm90" and d <= 32:  # the sm80 kernels' own head dim 32 runs these
+        with pytest.raises(ValueError, match=f"head dim {d}"):
+            cuflash.flash_attn_func(q, k, v, causal=causal, backend=backend)
+        return
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, backend=backend)
+    assert out.shape == q.shape
+    check_fwd(q, k, v, out, lse, causal, f"d{d} {backend}")
+
+
+def check_bwd(d, dtype, causal, warp_partition="auto", dq_strategy=None, sq=190, sk=333, hk=2):
+    import torch
+
+    q, k, v = torch_inputs((2, sq, 4, d), (2, sk, hk, d), dtype, requires_grad=True)
+    out = cuflash.flash_attn_func(q, k, v, causal=causal, warp_partition=warp_partition, dq_strategy=dq_strategy)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, causal)
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    torch_attention_lowp(qq, kk, vv, d ** -0.5, causal).backward(dout)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), (qq.grad, kk.grad, vv.grad), ref):
+        assert ours.shape == lp.shape
+        assert_close_to_ref(f"{name} d{d} {warp_partition} {dq_strategy}", ours, lp, r, factor=3.0)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward(d, dtype):
+    check_bwd(d, dtype, causal=d % 16 == 0)
+
+
+@pytest.mark.parametrize("d,part", [(d, part) for d in (40, 80, 112, 200) for part in ("kv", "q", "2d")
+                                    if _configs.kernel_headdim(d) in bwd_mod.bwd_tiles(part)])
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar", "loop"])
+def test_backward_partitions(d, part, dq_strategy):
+    check_bwd(d, "float16", True, part, dq_strategy)
+
+
+@pytest.mark.parametrize("d", [8, 40, 80, 112, 160, 248])
+@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
+def test_decode_with_append(d, kernel):
+    import torch
+
+    b, s_cache, h, hk, s_new = 3, 700, 8, 2, 3
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([10, 0, 600], dtype=torch.int32, device="cuda")
+    kn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    vn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    q = torch.randn(b, s_new, h, d, device="cuda", dtype=torch.float16)
+    expect_k, expect_v = kc.clone(), vc.clone()
+    for i, n in enumerate(seqlens.tolist()):
+        expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
+    for num_splits in (1, 4):
+        kc2, vc2 = kc.clone(), vc.clone()
+        out, lse = cuflash.flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=seqlens, causal=True,
+                                                   num_splits=num_splits, return_softmax_lse=True, kernel=kernel)
+        assert torch.equal(kc2, expect_k) and torch.equal(vc2, expect_v), "append writes exactly the head dim"
+        check_decode(out, lse, q, kc2, vc2, [n + s_new for n in seqlens.tolist()], True)
+
+
+@pytest.mark.parametrize("backend", ["sm80", "sm90"])
+def test_strided_views_and_neighbours(backend):
+    """q, k, v as the first 80 columns of head-dim-96 tensors (rows longer than the head dim: the padding reads
+    stop at 80, not at the row's end), and dq/dk/dv of every head exact (a store past the head dim would overwrite
+    the next head's first columns)."""
+    import torch
+
+    backend_ok(backend)
+    big = [torch.randn(2, 200, 4, 96, device="cuda", dtype=torch.float16) for _ in range(3)]
+    q, k, v = (x[..., :80] for x in big)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, backend=backend)
+    check_fwd(q, k, v, out, lse, True, f"strided {backend}")
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    o = cuflash.flash_attn_func(qg, kg, vg, causal=True, backend=backend)
+    dout = torch.randn_like(o)
+    o.backward(dout)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, True)
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    torch_attention_lowp(qq, kk, vv, 80 ** -0.5, True).backward(dout)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), (qq.grad, kk.grad, vv.grad), ref):
+        assert_close_to_ref(f"{name} strided", ours, lp, r, factor=3.0)
+
+
+def test_headdim_validation():
+    import torch
+
+    q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dim 264"):
+        cuflash.flash_attn_func(q, q, q)
+    q = torch.randn(1, 8, 2, 59, device="cuda", dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="multiples of 8"):
+        cuflash.flash_attn_func(q, q, q)

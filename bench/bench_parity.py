@@ -6,10 +6,11 @@ SDPA's FLASH and CUDNN backends given the same dropout_p, timed in turn, medians
 dropout kernels are the mma.sync ones (backend sm80); `ratio_to_plain` = the time without dropout / with it
 (cuflash's plain record is its default path: the Hopper forward on an sm_90 GPU).
 
-headdims: head dims that are not compiled (80, 160, 192, 224: run on the kernel of the next compiled head dim,
-zero-padded in shared memory) next to the compiled ones around them and SDPA FLASH / CUDNN at the same head dim,
-forward (backend auto) and forward + backward, fp16, seqlen 4k, causal and not. TFLOP/s counts the inputs' own
-head dim (FlashAttention-2's formula), so a padded head dim's rate is what the user gets."""
+headdims: head dims that are not compiled (80, 160, 192, 224, 384: run on the kernel of the next compiled head
+dim, zero-padded in shared memory) next to the compiled ones around them and SDPA FLASH / CUDNN at the same head
+dim, forward (backend auto) and forward + backward (up to 256), fp16, seqlen 4k, causal and not; 384 and 512 on
+the forward-only head-dim-512 kernel. TFLOP/s counts the inputs' own head dim (FlashAttention-2's formula), so a
+padded head dim's rate is what the user gets (and the 512 kernel's repeated Q K^T is not counted)."""
 from __future__ import annotations
 
 import gc
@@ -32,6 +33,15 @@ def _sdpa(provider, dropout_p=0.0):
     return call
 
 
+def _inputs(b, s, h, d):
+    """q, k, v [b, s, h, d] fp16 requiring grad, their [b, h, s, d] copies for SDPA, and a dout for each layout."""
+    import torch
+
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    return q, k, v, qt, kt, vt, torch.randn_like(q), torch.randn_like(qt)
+
+
 def _fwd_bwd(fn, dout, inputs):
     def run():
         for x in inputs:
@@ -52,10 +62,7 @@ def dropout(headdims=(64, 128), seqlens=(2048, 8192), rounds=3, p=0.1):
         for s in seqlens:
             b = max(1, TOKENS // s)
             for causal in (False, True):
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                           for _ in range(3))
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-                dout, doutt = torch.randn_like(q), torch.randn_like(qt)
+                q, k, v, qt, kt, vt, dout, doutt = _inputs(b, s, h, d)
                 fns = {
                     "cuflash/plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
                     "cuflash/sm80-plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm80"),
@@ -104,26 +111,23 @@ def default_backend(d, mode) -> str:
     return "sm90" if mode == "fwd" else "sm90+sm80"
 
 
-def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256), seqlen=4096, rounds=3):
+def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256, 384, 512), seqlen=4096, rounds=3):
     import torch
 
     import cuflash
-    from cuflash._configs import kernel_headdim
+    from cuflash._configs import FWD_HEADDIMS, kernel_headdim
 
     recs = []
     for d in dims:
         h = max(1, HIDDEN // d)
         b = max(1, TOKENS // seqlen)
         for causal in (False, True):
-            q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                       for _ in range(3))
-            qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-            dout, doutt = torch.randn_like(q), torch.randn_like(qt)
+            q, k, v, qt, kt, vt, dout, doutt = _inputs(b, seqlen, h, d)
             fns = {"cuflash": lambda: cuflash.flash_attn_func(q, k, v, causal=causal)}
             for prov in ("flash", "cudnn"):
                 fn = _sdpa(prov)
                 fns[prov] = lambda fn=fn: fn(qt, kt, vt, causal)
-            for mode in ("fwd", "fwd_bwd"):
+            for mode in ("fwd", "fwd_bwd") if d <= 256 else ("fwd",):  # (above 256: the forward only)
                 if mode == "fwd":
                     with torch.no_grad():
                         res = time_rounds(fns, rounds)
@@ -134,7 +138,8 @@ def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256), seqlen=4096, rounds=3):
                 for key, (ms, per) in res.items():
                     if key == "cuflash":
                         recs.append(record("cuflash", "v2", mode, "float16", b, h, seqlen, seqlen, d, causal, ms,
-                                           backend=default_backend(d, mode), rounds=rounds, round_ms=per, kernel_headdim=kernel_headdim(d)))
+                                           backend=default_backend(d, mode), rounds=rounds, round_ms=per,
+                                           kernel_headdim=kernel_headdim(d, FWD_HEADDIMS)))
                     else:
                         recs.append(record(key, "sdpa", mode, "float16", b, h, seqlen, seqlen, d, causal, ms,
                                            rounds=rounds, round_ms=per))

@@ -473,13 +473,16 @@ def headdims_table(records, section="headdims"):
     rs = _sec(records, section)
     if not rs:
         return ""
+    from cuflash._configs import FWD_HEADDIMS, kernel_headdim
+
     dims = sorted({r["headdim"] for r in rs})
     cell = defaultdict(dict)
     for r in rs:
         k = (r["mode"], r["causal"], r["provider"])
         txt = f"{r['tflops']:.0f}" if r.get("tflops") else "-"
-        if r["provider"] == "cuflash" and r.get("kernel_headdim") not in (None, r["headdim"]):
-            txt += f" (on {r['kernel_headdim']})"
+        kd = r.get("kernel_headdim") or kernel_headdim(r["headdim"], FWD_HEADDIMS)  # (the configuration's rule)
+        if r["provider"] == "cuflash" and kd != r["headdim"]:
+            txt += f" (on {kd})"
         cell[k][r["headdim"]] = txt
     lines = ["| mode | causal | provider | " + " | ".join(str(d) for d in dims) + " |", "|" + "---|" * (3 + len(dims))]
     order = {"cuflash": 0, "flash": 1, "cudnn": 2}

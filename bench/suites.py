@@ -61,8 +61,9 @@ SUITES = {s.name: s for s in (
           "attention dropout (p 0.1) next to the same call without it, forward and forward + backward, fp16 hdim "
           "64/128 at 2k/8k, causal or not, SDPA FLASH / cuDNN with the same dropout, timed in turn, 3 rounds"),
     Suite("headdims", "bench_parity", "headdims", 1.0,
-          "head dims that are not compiled (80, 160, 192, 224: zero-padded on the next kernel) next to the compiled "
-          "ones and SDPA FLASH / cuDNN at the same head dim, forward and forward + backward, fp16 4k, 3 rounds"),
+          "head dims that are not compiled (80, 160, 192, 224, 384: zero-padded on the next kernel) next to the "
+          "compiled ones (and the forward-only 512) and SDPA FLASH / cuDNN at the same head dim, forward and forward "
+          "+ backward, fp16 4k, 3 rounds"),
     Suite("fwd_single", "bench_fwd", "fa2_grid", 2.0,
           "the forward grid from 512, one call per timing, with SDPA EFFICIENT and the naive baseline (fp16)"),
     Suite("grid_order", "bench_fwd", "grid_order", 0.3, "forward grid order: Q tile in grid x vs (batch, head) in grid x"),

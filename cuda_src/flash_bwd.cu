@@ -1016,15 +1016,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     }
     // dK = softmax_scale * acc_dk, dV = acc_dv (/ (1 - p) with dropout): this warp's KV row bands x DCOLS
     // columns, written once.
-    if constexpr (DROP) {
-      const float ds = (float)p.dropout_scale;
-#pragma unroll
-      for (int r = 0; r < RBW; ++r)
-#pragma unroll
-        for (int df = 0; df < DFO; ++df)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_dv[r][df][e] *= ds;
-    }
+    if constexpr (DROP) scale_frags(acc_dv, (float)p.dropout_scale);
 #pragma unroll
     for (int r = 0; r < RBW; ++r)
       store_dkdv<T, DFO>(p, batch, kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS, seqlen_k,

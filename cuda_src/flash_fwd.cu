@@ -32,6 +32,10 @@
 //              Fully unrolled, ptxas hoists later steps' ldmatrix; with 64-key tiles at head dim 128 that runs
 //              out of 255 registers. On sm_80 at most 2 steps per trip: 4 spill 8 B there (NVRTC 13.0), while on
 //              sm_90 4 fit and were measured 1-2% faster than 2 (bench/NOTES.md, forward tiles).
+//   DO         O columns per block (0: D). Below D (head dim 512: two blocks of 256 columns) each block computes
+//              S = Q K^T over all of D and O = P V for its columns [split * DO, +DO) only, the split index of the
+//              grid naming the column slice: the O accumulators of a 512-wide head do not fit one thread's
+//              registers, and the Q K^T of one slice is repeated by the other (1.5x the FLOPs of one block).
 //   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
 //              S = Q K^T. Later issue keeps the S registers live across the copies, so ptxas cannot hand the
 //              copies' address registers to S (the zeroing of S then waited for the copies to read them:
@@ -50,16 +54,18 @@
 namespace cuflash {
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE>
+          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE, int DO = 0>
 __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
   constexpr int MF = WARP_M / 16;           // m16 fragments per warp
   constexpr int NF = BLOCK_N / 8;           // n8 fragments of S per row band
-  constexpr int DF = D / 8;                 // n8 fragments of O per row band
+  constexpr int DV = DO ? DO : D;           // O (and V) columns of this block
+  constexpr int DF = DV / 8;                // n8 fragments of O per row band
   constexpr int KD = D / 16;                // k16 steps of Q K^T
   constexpr int KN = BLOCK_N / 16;          // k16 steps of P V
   constexpr int LDS = PaddedRow<D>::LDS;
+  constexpr int LDSV = PaddedRow<DV>::LDS;  // V tile rows
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr int KU = KUNROLL > 2 ? 2 : KUNROLL;  // sm_80: see KUNROLL above
 #else
@@ -72,13 +78,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   static_assert(!(DROP && SPLIT), "dropout: the plain forward only");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
-  static_assert(SMEM_BYTES == (BLOCK_M + 4 * BLOCK_N) * LDS * (int)sizeof(T),
+  static_assert(D % DV == 0 && DV % 16 == 0 && (DV == D || !SPLIT), "O column slices: whole n8 pairs, no split-KV");
+  static_assert(SMEM_BYTES == ((BLOCK_M + 2 * BLOCK_N) * LDS + 2 * BLOCK_N * LDSV) * (int)sizeof(T),
                 "host smem size must match: Q tile + 2 stages of K and V tiles");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_M][LDS]
   T* k_smem = q_smem + BLOCK_M * LDS;          // [2][BLOCK_N][LDS]
-  T* v_smem = k_smem + 2 * BLOCK_N * LDS;      // [2][BLOCK_N][LDS]
+  T* v_smem = k_smem + 2 * BLOCK_N * LDS;      // [2][BLOCK_N][LDSV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -90,11 +97,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int seqlen_k = si.seqlen_k;
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
   const int hd = (int)p.head_dim;  // the inputs' head dim (<= D; attn/params.cuh)
+  const int o_col0 = DV == D ? 0 : blk.split * DV;  // this block's O (and V) columns
+  const int hd_v = DV == D ? hd : min(DV, hd - o_col0);
 
   const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, blk.batch, blk.head);
   const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
   const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, blk.batch, kv_head);
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, blk.batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, blk.batch, kv_head) +
+                   o_col0;
 
   // KV tiles this block visits: [n_begin, n_end) (attn/block.cuh). Causal: tiles entirely above the diagonal of
   // the last row of this Q tile are never loaded. Split-KV: this row's own KV tiles, cut into num_splits
@@ -125,8 +135,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // BLOCK_N rows further).
   const uint32_t q_lane = smem_addr(q_smem) + 2u * warp * WARP_M * LDS + lane_off_a<false, LDS>(lane);
   const uint32_t k_lane = smem_addr(k_smem) + lane_off_b<false, LDS>(lane);
-  const uint32_t v_lane = smem_addr(v_smem) + lane_off_b<true, LDS>(lane);
-  constexpr uint32_t STAGE_BYTES = 2u * BLOCK_N * LDS;
+  const uint32_t v_lane = smem_addr(v_smem) + lane_off_b<true, LDSV>(lane);
+  constexpr uint32_t STAGE_BYTES = 2u * BLOCK_N * LDS, STAGE_BYTES_V = 2u * BLOCK_N * LDSV;
   // ldmatrix row address of this lane for the A fragment (m16 block mf, k16 block kd) of the warp's Q rows
   auto q_frag_addr = [&](int mf, int kd) { return q_lane + 2u * (mf * 16 * LDS + kd * 16); };
   uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   auto accumulate_pv = [&](const float (&p)[MF][NF][4], uint32_t v_addr) {
     gemm_pv_x4<T, MF, KN, DF>(
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(p[mf], kn, a); },
-        [&](int kn, int df) { return v_addr + 2u * (kn * 16 * LDS + df * 8); });
+        [&](int kn, int df) { return v_addr + 2u * (kn * 16 * LDSV + df * 8); });
   };
 
   const int num_tiles = n_end - n_begin;
@@ -168,10 +178,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     // tiles that need a mask (the ragged end and the diagonal) come first. Tile i lives in stage i % 2.
     auto tile_n = [&](int i) { return n_end - 1 - i; };
     auto k_stage = [&](int i) { return k_smem + (i & 1) * BLOCK_N * LDS; };
-    auto v_stage = [&](int i) { return v_smem + (i & 1) * BLOCK_N * LDS; };
+    auto v_stage = [&](int i) { return v_smem + (i & 1) * BLOCK_N * LDSV; };
     // Every tile but the first may be loaded without bounds checks (it lies below a full tile's end).
     const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid, hd);
-    const FullTileLoader<BLOCK_N, D, NT, T> v_loader(v_ptr, p.v_row_stride, tid, hd);
+    const FullTileLoader<BLOCK_N, DV, NT, T> v_loader(v_ptr, p.v_row_stride, tid, hd_v);
 
     // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads, and
     // so does a warp on a causal tile that lies entirely above the diagonal of its own rows, or outside their
@@ -202,8 +212,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
     load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
     load_tile_async<BLOCK_N, D, NT, PAD_COPY>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
                                               hd);
-    load_tile_async<BLOCK_N, D, NT, PAD_COPY>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
-                                              hd);
+    load_tile_async<BLOCK_N, DV, NT, PAD_COPY>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
+                                               hd_v);
     cp_async_commit();
     for (int i = 0; i < num_tiles; ++i) {
       cp_async_wait<0>();
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
       if constexpr (DROP)  // the row sums keep every probability; O += P V only the kept ones
         Dropout(p, (int64_t)blk.batch * p.nheads + blk.head)
             .apply<false>(s_a, m0 + warp * WARP_M, tile_n(i) * BLOCK_N, lane);
-      accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES);
+      accumulate_pv(s_a, v_lane + (i & 1) * STAGE_BYTES_V);
     }
   }
 
@@ -241,21 +251,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   const int64_t bh = (int64_t)eblk.batch * p.nheads + eblk.head;
   float lse[MF][2];
   softmax.finalize(acc_o, lse);
-  if constexpr (DROP) {  // O / (1 - p)
-    const float ds = (float)p.dropout_scale;
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int df = 0; df < DF; ++df)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[mf][df][e] *= ds;
-  }
+  if constexpr (DROP) scale_frags(acc_o, (float)p.dropout_scale);  // O / (1 - p)
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
-      if (t == 0 && row < seqlen_q) {
+      if (t == 0 && row < seqlen_q && (DV == D || eblk.split == 0)) {  // (O column slices: the first writes it)
         if (SPLIT)
           p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse[mf][h];
         else if (p.lse)
@@ -290,13 +292,15 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
         *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
             pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
   __syncwarp();
-  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, eblk.batch, eblk.head);
-  constexpr int CHUNKS = WARP_M * D / 8;
+  const int e_col0 = DV == D ? 0 : eblk.split * DV;
+  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, eblk.batch, eblk.head) +
+             e_col0;
+  constexpr int CHUNKS = WARP_M * DV / 8;
 #pragma unroll
   for (int c = lane; c < CHUNKS; c += 32) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
     const int row = m0 + warp * WARP_M + r;
-    if (row < seqlen_q && col < (int)p.head_dim)
+    if (row < seqlen_q && col < (int)p.head_dim - e_col0)
       *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
           *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
   }

@@ -18,6 +18,7 @@ Public API (flash-attn's names and keywords):
 * `scaled_dot_product_attention(query, key, value, is_causal=False, scale=None, enable_gqa=False)`: the same
   in torch SDPA's [batch, heads, seqlen, headdim] layout, through views (no copy).
 * `reference`: float64 NumPy references of every algorithm (CPU).
+* Under torch.compile each entry point is one `torch.library` custom operator (cuflash._torch_ops): no graph break.
 * `manual_seed(seed)`, `get_rng_state()`: the dropout generator of CuPy inputs (torch inputs use torch's).
 * `dropout_mask(q, k, dropout_p, rng_state)`: the keep mask of a dropout call, [batch, nheads, seqlen_q, seqlen_k].
 
@@ -27,7 +28,7 @@ anything and raises TypeError / ValueError / NotImplementedError naming the offe
 """
 from . import reference
 from .backward import flash_attn_backward
-from .decode import flash_attn_with_kvcache
+from .kvcache import flash_attn_with_kvcache
 from .flash import flash_attn_func
 from .naive import naive_attention
 from .packed import flash_attn_kvpacked_func, flash_attn_qkvpacked_func

@@ -7,7 +7,7 @@ from . import _fwd
 from .backward import backward_memo, check_score_partition
 from ._interop import wrap
 from ._mods import mods_for
-from ._validate import check_layout, check_qkv
+from ._validate import check_backward_headdim, check_layout, check_qkv
 
 
 def _grad_view(x, like, name):
@@ -26,6 +26,7 @@ class FlashAttnFunction(torch.autograd.Function):
                 warp_partition="auto", backend="auto", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                 dropout_p=0.0, rng_state=None):
         qa, ka, va = check_qkv(q, k, v)
+        check_backward_headdim(qa.shape[3], "the backward (autograd)")  # refused before the forward launches
         mods = None
         if algorithm == "v1":  # V1's backward uses the row statistics m and l themselves
             from .v1 import forward as v1_forward

@@ -22,7 +22,10 @@ from dataclasses import dataclass, replace
 from ._launch import KernelSpec
 
 HEADDIMS = (32, 64, 96, 128, 256)  # the head dims the kernels are compiled for
+FWD_HEADDIMS = HEADDIMS + (512,)  # the V2 forward's (flash_attn_func): 512 has no backward, decode or sm90 kernel
 MAX_HEADDIM = 256
+MAX_FWD_HEADDIM = 512
+SM80_ONLY_MAX_HEADDIM = 32  # head dims up to this run on the sm80 kernels (their 32; the Hopper forward's least is 64)
 HEADDIM_MULTIPLE = 8  # a 16-byte chunk of a row: the unit of every tile load
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -46,6 +49,7 @@ class FwdTile:
     nwarps: int  # warps per block; each owns block_m / nwarps rows (a multiple of 16)
     kunroll: int = 0  # k16 steps of S = Q K^T unrolled per loop trip (0: all; cuda_src/flash_fwd.cu KUNROLL)
     load_at: int = 0  # where a KV step issues the next tile's cp.async: 0 or 1 (cuda_src/flash_fwd.cu LOAD_AT)
+    o_split: int = 1  # blocks per (Q tile, head), each computing headdim / o_split O columns (flash_fwd.cu DO)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -58,6 +62,9 @@ FWD_TILES = {
     # 255 registers without spills (the kernel caps it at 2 on sm_80, where 4 spill; flash_fwd.cu KUNROLL).
     128: FwdTile(128, 64, 4, 4, 1),
     256: FwdTile(64, 32, 4),
+    # two blocks of 256 O columns each (d256's O registers), each with the whole Q K^T: 1.5x one block's FLOPs. Q,
+    # 2 x K (520-element rows) and 2 x V (264) take 166,912 B, exactly sm_80's limit.
+    512: FwdTile(64, 32, 4, o_split=2),
 }
 # load_at=1 (head dims 64, 128): the next K / V tile's cp.async issued after S = Q K^T, not before it
 # (flash_fwd.cu LOAD_AT; bench/results, section fwd_interleaved, two runs: +2-6% at non-causal d128, +1-4% at
@@ -136,8 +143,11 @@ def auto_grid_order(causal: bool, rows: int, headdim: int) -> str:
 
 
 def fwd_smem_bytes(headdim: int, tile: FwdTile) -> int:
-    """Q tile + 2 stages x (K tile + V tile), rows padded (cuda_src/flash_fwd.cu static_asserts it)."""
-    return (tile.block_m + 4 * tile.block_n) * (headdim + SMEM_ROW_PAD) * ELEM_BYTES
+    """Q tile + 2 stages x (K tile + V tile of the block's O columns), rows padded (cuda_src/flash_fwd.cu
+    static_asserts it)."""
+    dv = headdim // tile.o_split
+    return ((tile.block_m + 2 * tile.block_n) * (headdim + SMEM_ROW_PAD) +
+            2 * tile.block_n * (dv + SMEM_ROW_PAD)) * ELEM_BYTES
 
 
 def _mod_checked(causal: bool, mod: int) -> int:
@@ -151,12 +161,18 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
              exp_variant: int = 0, mod: int = 0) -> KernelSpec:
     """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder; mod:
     MOD_SCORE for the score modifiers, cuflash/_mods.py)."""
+    if split and headdim not in DECODE_TILES:
+        raise ValueError(f"the split-KV forward has no kernel for head dim {headdim} (head dims {tuple(DECODE_TILES)})")
     if tile is None:
         tile = split_tile(headdim) if split else fwd_tile(headdim, causal, mod)
     if split and mod & MOD_DROPOUT:
         raise ValueError("dropout: the split-KV forward has no dropout kernel")
     smem = fwd_smem_bytes(headdim, tile)
-    if _mod_checked(causal, mod):
+    if tile.o_split > 1:
+        if split:
+            raise ValueError("o_split: the split-KV forward has no O column slices")
+        extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {headdim // tile.o_split}"
+    elif _mod_checked(causal, mod):
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {mod}"
     elif tile.load_at:
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}"
@@ -644,14 +660,19 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
     append. With scores, also the kernels of the score modifiers (window, soft-cap, ALiBi: MOD_SCORE). A subset of
     all_specs(). A head dim that is not compiled stands for the kernels that run it (kernel_headdim)."""
     out = []
-    headdims = list(dict.fromkeys(kernel_headdim(d) for d in headdims))
+    # (the V2 forward's kernel head dim, the Hopper forward's or None) of each head dim asked for
+    kernels = dict.fromkeys((kernel_headdim(h, FWD_HEADDIMS),
+                             kernel_headdim(h, SM90_HEADDIMS) if h > SM80_ONLY_MAX_HEADDIM else None) for h in headdims)
     modes = [(c, m) for c, m in MASK_MODES if (m == MOD_NONE and c in causal) or (m == MOD_SCORE and scores)]
     for dt in dtypes:
-        for d in headdims:
+        for d, d90 in kernels:
+            fwd_only = d > MAX_HEADDIM  # (no backward, decode or Hopper kernels)
             for c, m in modes:
                 out.append(fwd_spec(dt, d, c, split=False, mod=m))
-                if arch == 90 and kernel_headdim(d, SM90_HEADDIMS):
-                    out.append(sm90_fwd_spec(dt, kernel_headdim(d, SM90_HEADDIMS), c, mod=m))
+                if arch == 90 and d90:
+                    out.append(sm90_fwd_spec(dt, d90, c, mod=m))
+                if fwd_only:
+                    continue
                 if backward:
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
@@ -659,9 +680,9 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
                     out += [decode_spec(dt, d, c, mf, mod=m) for mf in range(1, DECODE_MAX_MF[d] + 1)]
-            if backward:
+            if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
-            if decode:
+            if decode and not fwd_only:
                 out += [combine_spec(dt, d), append_spec(dt)]
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
 
@@ -691,6 +712,10 @@ def all_specs():
                             specs.append(conv)
         specs.append(softmax_spec(dt))
     specs.append(dropout_mask_spec())
+    for dt in DTYPES:  # the forward-only head dims: flash_attn_func's kernels, no split-KV
+        for d in FWD_HEADDIMS:
+            if d not in HEADDIMS:
+                specs += [fwd_spec(dt, d, c, split=False, mod=m) for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT))]
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only

@@ -11,7 +11,7 @@ parameter block and launches. `forward` validates nothing and memoizes nothing; 
 from __future__ import annotations
 
 from . import _interop
-from ._configs import combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile
+from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile
 from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order  # noqa: F401
 from ._interop import desc
 from ._launch import get_launcher
@@ -42,7 +42,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernel's (padding columns zero-filled)
+    hd, d = d, kernel_headdim(d, FWD_HEADDIMS)  # the inputs' head dim; the kernel's (padded in shared memory)
     causal, mod = kernel_mode(mods, causal)
     osb, osq, osh = o_strides
     if folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
@@ -56,8 +56,10 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     split = num_splits > 1
     spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod)
     lau = get_launcher(spec, qa.device)
-    block_m = (tile or (split_tile(d) if split else fwd_tile(d, causal, mod))).block_m
-    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // block_m), kheads,
+    tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
+    # the grid's split index: the KV split (split-KV), or the block's O column slice (tile.o_split > 1)
+    num_splits = num_splits if split else tile.o_split
+    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // tile.block_m), kheads,
                         b, num_splits)
     fields = dict(
         q_batch_stride=qa.strides[0], q_row_stride=q_row, q_head_stride=q_head,

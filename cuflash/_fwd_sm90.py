@@ -19,7 +19,7 @@ import threading
 
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order
-from ._configs import SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
+from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
 from ._mods import has_dropout, kernel_mode, mod_fields
 from ._params import FWD_PARAMS
@@ -48,10 +48,6 @@ def device_cc(device_id: int) -> int:
 
         cc = _cc[device_id] = _device_cc(device_id)
     return cc
-
-
-# Head dims up to this one run on the sm80 kernels (their compiled head dim 32; the sm90 forward's smallest is 64).
-SM80_ONLY_MAX_HEADDIM = 32
 
 
 def ineligible(qa, ka, va, mods=None) -> str | None:

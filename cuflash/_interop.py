@@ -62,6 +62,14 @@ def wrap(x, name: str) -> Arr:
                     f"got {type(x).__name__}")
 
 
+def compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing the caller: then cuflash's entry points return custom-operator
+    nodes (cuflash._torch_ops) instead of launching. False without torch imported (and cheap: one dict look-up and
+    one call in eager mode)."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    return compiler is not None and compiler.is_compiling()
+
+
 def empty(like: Arr, shape, dtype: str):
     """Uninitialised array of `like`'s kind and device (NaN-filled when POISON is set)."""
     if like.kind == TORCH:

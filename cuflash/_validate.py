@@ -1,7 +1,7 @@
 """Input validation: every check runs before anything is launched, and every error names the argument."""
 from __future__ import annotations
 
-from ._configs import HEADDIM_MULTIPLE, MAX_HEADDIM
+from ._configs import HEADDIM_MULTIPLE, MAX_FWD_HEADDIM, MAX_HEADDIM
 from ._interop import KIND_NAME, Arr, wrap
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
@@ -27,16 +27,26 @@ def check_layout(a: Arr, name: str) -> None:
 
 
 def check_headdim(d: int, name: str = "q") -> None:
-    """Head dims the kernels run: multiples of 8 (a 16-byte chunk, the unit of every tile load) up to 256; the
-    kernel of the next compiled head dim runs one that is not compiled (cuflash._configs.kernel_headdim)."""
-    if d > MAX_HEADDIM:
-        raise ValueError(f"head dim {d} of {name} is not supported: at most {MAX_HEADDIM}")
+    """Head dims the kernels run: multiples of 8 (a 16-byte chunk, the unit of every tile load) up to 512, above
+    256 in the forward only (check_backward_headdim); the kernel of the next compiled head dim runs one that is not
+    compiled (cuflash._configs.kernel_headdim)."""
+    if d > MAX_FWD_HEADDIM:
+        raise ValueError(f"head dim {d} of {name} is not supported: at most {MAX_FWD_HEADDIM} (the forward), "
+                         f"{MAX_HEADDIM} with a backward or a KV cache")
     if d < 1 or d % HEADDIM_MULTIPLE:
         raise NotImplementedError(
             f"head dim {d} of {name}: cuflash runs head dims that are multiples of {HEADDIM_MULTIPLE} (16-byte rows, "
             f"the unit of its tile loads); zero-pad q, k and v to head dim "
             f"{-(-max(d, 1) // HEADDIM_MULTIPLE) * HEADDIM_MULTIPLE} and pass softmax_scale={d}**-0.5 (the scores "
             "and the output's first columns are then unchanged)")
+
+
+def check_backward_headdim(d: int, what: str) -> None:
+    """Head dims above 256 have forward kernels only (flash_attn_func without autograd): NotImplementedError
+    naming `what` (the backward, the KV-cache path) otherwise."""
+    if d > MAX_HEADDIM:
+        raise NotImplementedError(f"head dim {d}: {what} runs head dims up to {MAX_HEADDIM}; above that cuflash has "
+                                  "the forward only (flash_attn_func without autograd)")
 
 
 def check_same(ref: Arr, ref_name: str, a: Arr, name: str) -> None:

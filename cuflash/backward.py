@@ -12,8 +12,8 @@ from ._launch import get_launcher
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
-                        check_unsupported)
+from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv, check_rank, check_same,
+                        check_softmax_scale, check_unsupported)
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
 # seqpar's per-KV-tile dQ buffers may take at most this fraction of the free device memory.
@@ -83,6 +83,7 @@ def choose_dq_strategy(dq_strategy, deterministic, extra_seqpar: int, device: in
 
 def check_backward_inputs(dout, q, k, v, out, lse):
     qa, ka, va = check_qkv(q, k, v)
+    check_backward_headdim(qa.shape[3], "the backward")
     da, oa, la = _interop.wrap(dout, "dout"), _interop.wrap(out, "out"), _interop.wrap(lse, "softmax_lse")
     for a, n in ((da, "dout"), (oa, "out")):
         check_same(qa, "q", a, n)

@@ -37,8 +37,8 @@ from ._launch import get_launcher
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import (check_dtype, check_layout, check_qkv, check_rank, check_same, check_softmax_scale,
-                        check_unsupported)
+from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv, check_rank, check_same,
+                        check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
@@ -294,6 +294,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scal
     """Every check of flash_attn_with_kvcache, before anything is launched. Returns the views and
     (seqlen_k, seqlen_k_new): keys per batch element as the kernel's static bound, keys appended."""
     qa, kca, vca = check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"))
+    check_backward_headdim(qa.shape[3], "flash_attn_with_kvcache")
     check_softmax_scale(softmax_scale)
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]

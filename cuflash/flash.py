@@ -14,6 +14,7 @@ from ._configs import AUTO_BH_HEADDIMS, AUTO_BH_MIN_ROWS  # noqa: F401 (re-expor
 from ._fwd import (GRID_ORDER_CHOICES, GRID_ORDERS, LOG2E, _launch_setup, _make_plan, _strides_of,  # noqa: F401
                    fold_gqa_rows, forward, forward_memo, resolve_grid_order)
 from ._fwd_sm90 import BACKENDS, check_backend  # noqa: F401 (BACKENDS re-exported)
+from ._interop import compiling
 from ._validate import check_qkv, check_softmax_scale, check_unsupported
 from .backward import check_warp_partition
 
@@ -40,7 +41,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         q: [batch, seqlen_q, nheads, headdim]; k, v: [batch, seqlen_k, nheads_k, headdim], nheads a multiple of
             nheads_k (GQA / MQA). float16 or bfloat16 (all three the same), any head dim up to 256 that is a
             multiple of 8 (32, 64, 96, 128, 256 are compiled; the others run on the next one, padded with zeros
-            in shared memory),
+            in shared memory), and up to 512 without autograd (a forward-only kernel),
             all on one CUDA device and of one kind (torch CUDA tensors, CuPy arrays, or other DLPack producers,
             which get CuPy results). Last dimension contiguous, other strides multiples of 8 elements, data
             16-byte aligned (views such as q, k, v slices of one packed tensor are read in place, no copy).
@@ -78,7 +79,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q (a new contiguous array of q's kind, dtype and device);
-        with return_attn_probs=True, (out, softmax_lse [batch, nheads, seqlen_q] float32 natural log, None).
+        with return_attn_probs=True, (out, softmax_lse [batch, nheads, seqlen_q] float32 natural log, S_dmask or
+        None). Under torch.compile the call is one custom-operator node (cuflash._torch_ops; no graph break).
         Torch tensors that require grad (under grad mode) get a differentiable out (backward: cuflash kernels;
         the LSE is not differentiable).
 
@@ -91,6 +93,12 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         NotImplementedError: dropout, window_size, softcap or alibi_slopes with algorithm="v1"; a head dim that is
             not a multiple of 8.
     """
+    if compiling():  # torch.compile: one custom-operator node and its autograd formula (cuflash._torch_ops)
+        from ._torch_ops import compiled_flash_attn
+
+        return compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                   deterministic, return_attn_probs, algorithm, grid_order, dq_strategy,
+                                   warp_partition, backend)
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
     check_softmax_scale(softmax_scale)
     if grid_order not in GRID_ORDER_CHOICES:

@@ -12,6 +12,10 @@ from .flash import flash_attn_func
 
 
 def _unpack(x, name: str, n: int, what: str):
+    if _interop.compiling():  # torch.compile: plain tensor views (flash_attn_func is then one operator node)
+        if x.dim() != 5 or x.shape[2] != n:
+            raise ValueError(f"{name} must be [batch, seqlen, {n}, nheads, headdim] ({what}); got shape {tuple(x.shape)}")
+        return tuple(x.select(2, i) for i in range(n))
     a = _interop.wrap(x, name)
     if len(a.shape) != 5 or a.shape[2] != n:
         raise ValueError(f"{name} must be [batch, seqlen, {n}, nheads, headdim] ({what}); got shape {tuple(a.shape)}")

@@ -60,9 +60,10 @@ def select_specs(args) -> list:
             or args.scores):
         return _configs.all_specs()
     for d in args.headdims or ():
-        if _configs.kernel_headdim(d) is None:
+        if _configs.kernel_headdim(d, _configs.FWD_HEADDIMS) is None:
             raise SystemExit(f"--headdims: {d} is not a head dim cuflash runs (a multiple of "
-                             f"{_configs.HEADDIM_MULTIPLE} up to {_configs.MAX_HEADDIM})")
+                             f"{_configs.HEADDIM_MULTIPLE} up to {_configs.MAX_FWD_HEADDIM}; above "
+                             f"{_configs.MAX_HEADDIM} the forward only)")
     for dt in args.dtypes or ():
         if dt not in _configs.DTYPES:
             raise SystemExit(f"--dtypes: {dt} is not one of {_configs.DTYPES}")

@@ -14,6 +14,10 @@ from .flash import flash_attn_func
 
 
 def _t12(x, name):
+    if _interop.compiling():  # torch.compile: plain tensor views
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [batch, heads, seqlen, headdim]; got shape {tuple(x.shape)}")
+        return x.transpose(1, 2)
     a = _interop.wrap(x, name)
     if len(a.shape) != 4:
         raise ValueError(f"{name} must be [batch, heads, seqlen, headdim]; got shape {tuple(a.shape)}")
@@ -29,12 +33,13 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if attn_mask is not None:
         raise NotImplementedError("attn_mask is not supported (is_causal covers the causal mask)")
     q, k, v = _t12(query, "query"), _t12(key, "key"), _t12(value, "value")
-    qa, ka = _interop.wrap(q, "query"), _interop.wrap(k, "key")
-    hq, hk = qa.shape[2], ka.shape[2]
-    if is_causal and qa.shape[1] != ka.shape[1]:
-        raise NotImplementedError(f"is_causal with seqlen_q {qa.shape[1]} != seqlen_k {ka.shape[1]}: torch aligns "
+    hq, hk = q.shape[2], k.shape[2]
+    if is_causal and q.shape[1] != k.shape[1]:
+        raise NotImplementedError(f"is_causal with seqlen_q {q.shape[1]} != seqlen_k {k.shape[1]}: torch aligns "
                                   "this mask top-left, cuflash bottom-right (flash_attn_func(causal=True))")
     if hq != hk and not enable_gqa:
         raise ValueError(f"query has {hq} heads and key {hk}: pass enable_gqa=True for grouped-query attention")
     out = flash_attn_func(q, k, v, dropout_p, scale, is_causal, **kwargs)
-    return out.transpose(1, 2) if _interop.wrap(out, "out").kind == _interop.TORCH else out.transpose(0, 2, 1, 3)
+    if _interop.compiling() or _interop.wrap(out, "out").kind == _interop.TORCH:
+        return out.transpose(1, 2)
+    return out.transpose(0, 2, 1, 3)

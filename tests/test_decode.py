@@ -44,6 +44,22 @@ def check(out, lse, q, kc, vc, seqlens, causal):
     assert np.allclose(got[fin], ref_lse[fin], atol=2e-4)
 
 
+def append_case(d, s_new, b=3, s_cache=700, h=8, hk=2):
+    """A cache of lengths (10, 0, 600), s_new new keys per batch element and as many queries (fp16), and the caches
+    as the append must leave them: (q, k_cache, v_cache, k_new, v_new, cache_seqlens, expected k, expected v)."""
+    import torch
+
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([10, 0, 600][:b], dtype=torch.int32, device="cuda")
+    kn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    vn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
+    q = torch.randn(b, s_new, h, d, device="cuda", dtype=torch.float16)
+    expect_k, expect_v = kc.clone(), vc.clone()
+    for i, n in enumerate(seqlens.tolist()):
+        expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
+    return q, kc, vc, kn, vn, seqlens, expect_k, expect_v
+
+
 SPLITS_BY_KERNEL = [("decode", n) for n in (1, 2, 3, 7, 16, 40, 128)] + [("fwd_split", n) for n in (1, 3, 128)]
 
 
@@ -86,19 +102,11 @@ def test_append_then_attend_speculative(causal, num_splits, kernel):
     """k, v of 4 new tokens appended at cache_seqlens, then 4 queries attend (causal: bottom-right)."""
     import torch
 
-    b, s_cache, h, hk, d, s_new = 3, 700, 8, 2, 64, 4
-    kc, vc = make_cache(b, s_cache, hk, d, "float16")
-    seqlens = torch.tensor([10, 0, 600], dtype=torch.int32, device="cuda")
-    kn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
-    vn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
-    q = torch.randn(b, s_new, h, d, device="cuda", dtype=torch.float16)
-    expect_k, expect_v = kc.clone(), vc.clone()
-    for i, n in enumerate(seqlens.tolist()):
-        expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
+    q, kc, vc, kn, vn, seqlens, expect_k, expect_v = append_case(64, 4)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
                                                num_splits=num_splits, return_softmax_lse=True, kernel=kernel)
     assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
-    check(out, lse, q, kc, vc, [n + s_new for n in seqlens.tolist()], causal)
+    check(out, lse, q, kc, vc, [n + 4 for n in seqlens.tolist()], causal)
 
 
 def test_cupy_decode():

@@ -1,7 +1,6 @@
 """CPU: dropout's host side and the head-dim rule. Philox4x32-10 against Random123's known-answer vectors, the
 reference numbers' layout (cuda_src/attn/dropout.cuh) and statistics, the keep threshold and parameter fields, the
-CuPy-side generator state, input checks; every dropout kernel listed for CI's compile pass; kernel_headdim and
-the head-dim errors."""
+CuPy-side generator state, input checks; every dropout kernel listed for CI's compile pass."""
 import struct
 
 import numpy as np
@@ -121,17 +120,3 @@ def test_every_dropout_kernel_is_listed():
                         assert conv.name in names, conv.name
     with pytest.raises(ValueError, match="split"):
         _configs.fwd_spec("float16", 64, False, True, mod=_configs.MOD_SCORE_DROPOUT)
-
-
-def test_kernel_headdim():
-    assert [_configs.kernel_headdim(d) for d in (8, 32, 40, 64, 72, 96, 104, 128, 136, 248, 256)] == [
-        32, 32, 64, 64, 96, 96, 128, 128, 256, 256, 256]
-    assert _configs.kernel_headdim(264) is None and _configs.kernel_headdim(59) is None
-    assert _configs.kernel_headdim(40, _configs.SM90_HEADDIMS) == 64
-    with pytest.raises(ValueError, match="at most 256"):
-        _validate.check_headdim(264)
-    with pytest.raises(NotImplementedError, match="multiples of 8"):
-        _validate.check_headdim(59)
-    _validate.check_headdim(80)
-    # a model's kernels for an uncompiled head dim are those of the compiled one that runs it
-    assert set(_configs.model_specs(headdims=(80,), arch=80)) == set(_configs.model_specs(headdims=(96,), arch=80))

@@ -10,7 +10,7 @@ import cuflash
 from cuflash import _configs, reference
 from cuflash import backward as bwd_mod
 from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
-from test_decode import check as check_decode, make_cache
+from test_decode import append_case, check as check_decode
 
 pytestmark = pytest.mark.gpu
 
@@ -84,15 +84,8 @@ def test_backward_partitions(d, part, dq_strategy):
 def test_decode_with_append(d, kernel):
     import torch
 
-    b, s_cache, h, hk, s_new = 3, 700, 8, 2, 3
-    kc, vc = make_cache(b, s_cache, hk, d, "float16")
-    seqlens = torch.tensor([10, 0, 600], dtype=torch.int32, device="cuda")
-    kn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
-    vn = torch.randn(b, s_new, hk, d, device="cuda", dtype=torch.float16)
-    q = torch.randn(b, s_new, h, d, device="cuda", dtype=torch.float16)
-    expect_k, expect_v = kc.clone(), vc.clone()
-    for i, n in enumerate(seqlens.tolist()):
-        expect_k[i, n:n + s_new], expect_v[i, n:n + s_new] = kn[i], vn[i]
+    s_new = 3
+    q, kc, vc, kn, vn, seqlens, expect_k, expect_v = append_case(d, s_new)
     for num_splits in (1, 4):
         kc2, vc2 = kc.clone(), vc.clone()
         out, lse = cuflash.flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=seqlens, causal=True,
@@ -127,9 +120,75 @@ def test_strided_views_and_neighbours(backend):
 def test_headdim_validation():
     import torch
 
-    q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.float16)
-    with pytest.raises(ValueError, match="head dim 264"):
+    q = torch.randn(1, 8, 2, 520, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dim 520"):
         cuflash.flash_attn_func(q, q, q)
     q = torch.randn(1, 8, 2, 59, device="cuda", dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="multiples of 8"):
         cuflash.flash_attn_func(q, q, q)
+
+
+# ------------------------------------------------------------------ head dims above 256: the forward only
+WIDE = [512, 264, 384, 448]
+
+
+@pytest.mark.parametrize("d", WIDE)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,sq,sk,h,hk", [(False, 77, 300, 4, 2), (True, 300, 77, 4, 4), (True, 257, 257, 4, 1),
+                                               (False, 1, 333, 8, 2)])
+def test_wide_forward(d, dtype, causal, sq, sk, h, hk):
+    """Head dims 264-512 on the 512 kernel (two blocks of 256 O columns per Q tile), GQA/MQA, ragged, sq != sk, single
+    query; backend auto takes it (the Hopper forward stops at 256)."""
+    q, k, v = torch_inputs((2, sq, h, d), (2, sk, hk, d), dtype)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    check_fwd(q, k, v, out, lse, causal, f"d{d}")
+
+
+def test_wide_modifiers_dropout_and_cupy():
+    """The 512 forward with window + soft-cap + ALiBi, with dropout (against the reference with the kernels' keep
+    mask), and on CuPy arrays."""
+    import cupy
+    import torch
+
+    from test_dropout import torch_rng_state
+    from test_score_mods import slopes
+
+    q, k, v = torch_inputs((2, 200, 4, 512), (2, 333, 2, 512), "float16", scale=3.0)
+    alibi = slopes(2, 4)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, window_size=(60, -1), softcap=20.0,
+                                          alibi_slopes=alibi, return_attn_probs=True)
+    an = alibi.double().cpu().numpy()
+    ref_o, _ = reference.attention_forward(to_np(q), to_np(k), to_np(v), None, True, (60, -1), 20.0, an)
+    assert_close_to_ref("out d512 modifiers", out,
+                        torch_attention_lowp(q, k, v, 512 ** -0.5, True, (60, -1), 20.0, alibi), ref_o)
+    state = torch_rng_state()
+    out = cuflash.flash_attn_func(q, k, v, 0.2)
+    mask = torch.as_tensor(cuflash.dropout_mask(q, k, 0.2, state), device="cuda").bool()
+    ref_o, _ = reference.attention_forward(to_np(q), to_np(k), to_np(v), None, False, dropout_mask=mask.cpu().numpy(),
+                                           dropout_p=0.2)
+    assert_close_to_ref("out d512 dropout", out, torch_attention_lowp(q, k, v, 512 ** -0.5, False, dropout=(mask, 0.2)),
+                        ref_o)
+    qc, kc, vc = (cupy.asarray(x.cpu().numpy()) for x in (q, k, v))
+    out_c = cuflash.flash_attn_func(qc, kc, vc, causal=True)
+    assert torch.equal(torch.as_tensor(out_c, device="cuda"), cuflash.flash_attn_func(q, k, v, causal=True))
+
+
+def test_wide_refusals():
+    """Above 256: no backward (autograd, flash_attn_backward), no KV-cache path, no Hopper forward -- each a clear
+    error before anything launches."""
+    import torch
+
+    q, k, v = torch_inputs((1, 64, 2, 320), (1, 64, 2, 320), "float16", requires_grad=True)
+    with pytest.raises(NotImplementedError, match="head dim 320"):
+        cuflash.flash_attn_func(q, k, v)
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    out, lse, _ = cuflash.flash_attn_func(qd, kd, vd, return_attn_probs=True)
+    with pytest.raises(NotImplementedError, match="the backward"):
+        cuflash.flash_attn_backward(torch.randn_like(out), qd, kd, vd, out, lse)
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
+        cuflash.flash_attn_with_kvcache(qd[:, :1], kd, vd)
+    from cuflash._fwd_sm90 import device_cc
+
+    if device_cc(0) == 90:
+        with pytest.raises(ValueError, match="head dim 320"):
+            cuflash.flash_attn_func(qd, kd, vd, backend="sm90")

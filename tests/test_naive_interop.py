@@ -113,8 +113,8 @@ def test_device_inputs_validation_messages():
         cuflash.flash_attn_func(q.float(), k.float(), v.float())
     with pytest.raises(ValueError, match="q must be contiguous in its last dimension"):
         cuflash.flash_attn_func(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
-    with pytest.raises(ValueError, match="head dim 264"):
-        x = torch.randn(1, 16, 2, 264, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dim 520"):
+        x = torch.randn(1, 16, 2, 520, device="cuda", dtype=torch.float16)
         cuflash.flash_attn_func(x, x, x)
     import cupy
 

@@ -14,6 +14,16 @@ __device__ __forceinline__ void zero_frags(float (&acc)[NF][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
 }
+// acc *= s for every fragment of [M][NF] accumulator blocks.
+template <int M, int NF>
+__device__ __forceinline__ void scale_frags(float (&acc)[M][NF][4], float s) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][f][e] *= s;
+}
 
 // Byte offset of this lane's ldmatrix.x4 row address from the origin of a 16-bit smem block with row stride
 // LD elements. Added once to a 32-bit shared base address, it leaves every fragment's address a compile-time

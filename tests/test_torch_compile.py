@@ -1,0 +1,125 @@
+"""GPU: torch.compile through cuflash. Every entry point (flash_attn_func with the score options and dropout, the
+packed functions, scaled_dot_product_attention, flash_attn_with_kvcache) traces as one custom-operator node with
+no graph break (torch._dynamo.explain), compiled results equal the eager ones (forward, gradients with
+deterministic=True, dropout under one torch.manual_seed, the cache append), and torch.library.opcheck passes on
+each operator (schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes)."""
+import pytest
+
+import cuflash
+from conftest import torch_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+def graph_breaks(fn, *args):
+    import torch
+
+    torch._dynamo.reset()
+    return torch._dynamo.explain(fn)(*args).graph_break_count
+
+
+def attention(q, k, v):
+    return cuflash.flash_attn_func(q, k, v, causal=True, window_size=(100, -1), softcap=30.0, deterministic=True)
+
+
+@pytest.mark.parametrize("what", ["func", "dropout", "packed", "sdpa", "kvcache"])
+def test_no_graph_breaks(what):
+    import torch
+
+    q, k, v = torch_inputs((2, 256, 4, 64), (2, 256, 2, 64), "bfloat16")
+    if what == "func":
+        assert graph_breaks(lambda q, k, v: attention(q, k, v) * 2, q, k, v) == 0
+    elif what == "dropout":
+        assert graph_breaks(lambda q, k, v: cuflash.flash_attn_func(q, k, v, 0.1) + 1, q, k, v) == 0
+    elif what == "packed":
+        qkv = torch.randn(2, 256, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+        assert graph_breaks(lambda x: cuflash.flash_attn_qkvpacked_func(x, causal=True).sum(), qkv) == 0
+    elif what == "sdpa":
+        qt = q.transpose(1, 2).contiguous()
+        assert graph_breaks(lambda a: cuflash.scaled_dot_product_attention(a, a, a, is_causal=True), qt) == 0
+    else:
+        kc, vc = torch.randn(2, 512, 2, 64, device="cuda", dtype=torch.bfloat16), torch.randn(
+            2, 512, 2, 64, device="cuda", dtype=torch.bfloat16)
+        sl = torch.tensor([100, 300], dtype=torch.int32, device="cuda")
+        assert graph_breaks(lambda q, kc, vc, kn, vn, sl: cuflash.flash_attn_with_kvcache(
+            q, kc, vc, kn, vn, cache_seqlens=sl), q[:, :1], kc, vc, k[:, :1], v[:, :1], sl) == 0
+
+
+def test_compiled_forward_and_backward_equal_eager():
+    """fullgraph=True around attention and the ops next to it: the same out and (deterministic) gradients."""
+    import torch
+
+    q, k, v = torch_inputs((2, 333, 4, 64), (2, 333, 2, 64), "bfloat16", requires_grad=True)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(2, 333, 4, 64, device="cuda", dtype=torch.bfloat16)
+
+    def block(q, k, v):
+        return attention(q * 0.5, k, v) @ w
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    results = []
+    for fn in (block, compiled):
+        for x in (q, k, v):
+            x.grad = None
+        out = fn(q, k, v)
+        out.backward(dout)
+        results.append([out.detach().clone()] + [x.grad.clone() for x in (q, k, v)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-2 * float(a.abs().max()), msg=name)
+    # the attention alone: bitwise
+    torch._dynamo.reset()
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    assert torch.equal(torch.compile(attention, fullgraph=True)(qd, kd, vd), attention(qd, kd, vd))
+
+
+def test_compiled_dropout_replays_torch_generator():
+    """Dropout inside the compiled graph draws from torch's generator at run time, as the eager call does: under one
+    torch.manual_seed the compiled and eager outputs are equal, and two compiled calls in a row differ."""
+    import torch
+
+    q, k, v = torch_inputs((2, 200, 4, 64), (2, 200, 2, 64), "float16")
+    fn = lambda q, k, v: cuflash.flash_attn_func(q, k, v, 0.3, causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    torch.manual_seed(5)
+    eager = fn(q, k, v)
+    torch.manual_seed(5)
+    c1 = compiled(q, k, v)
+    c2 = compiled(q, k, v)
+    assert torch.equal(eager, c1) and not torch.equal(c1, c2)
+
+
+def test_compiled_kvcache_append():
+    import torch
+
+    q = torch.randn(2, 3, 8, 64, device="cuda", dtype=torch.float16)
+    kc, vc = (torch.randn(2, 400, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    kn, vn = (torch.randn(2, 3, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    sl = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    fn = lambda q, kc, vc, kn, vn, sl: cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=sl,  # noqa
+                                                                       causal=True)
+    eager = fn(q, kc, vc, kn, vn, sl)
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True)(q, kc2, vc2, kn, vn, sl)
+    assert torch.equal(out, eager) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_opcheck():
+    import torch
+
+    q, k, v = torch_inputs((2, 96, 4, 64), (2, 96, 2, 64), "float16", requires_grad=True)
+    fwd_args = (q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", "auto", True, None, "auto")
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_fwd.default, fwd_args)
+    out, lse, rng = torch.ops.cuflash.flash_attn_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
+                                                       for x in fwd_args))
+    dout = torch.randn_like(out)
+    bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, rng, 0.0, 0.125, True, -1, -1, 0.0, None, True,
+                None, "auto")
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_bwd.default, bwd_args)
+    kc, vc = (torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    kn, vn = (torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    sl = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_with_kvcache.default,
+                          (q[:, :2].detach(), kc, vc, kn, vn, sl, -1, 0.125, True, 1, -1, -1, 0.0, None))

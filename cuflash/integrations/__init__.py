@@ -1,0 +1,1 @@
+"""Integrations of cuflash with other libraries (each imports its library when imported itself)."""

@@ -5,9 +5,10 @@ and flash_attn_with_kvcache import it only while Dynamo traces, so eager calls k
 
 * `cuflash::flash_attn_fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
   alibi_slopes, grid_order, backend, deterministic, dq_strategy, warp_partition) -> (out, softmax_lse,
-  rng_state)`: the V2 forward (the last three are the backward's options, kept for its autograd formula). rng_state is an int64 [2]
-  CPU tensor, the (seed, offset) dropout took from torch's generator at run time (zeros without dropout), so that
-  the backward replays it; the random draw happens inside the operator, once per call of the compiled graph.
+  rng_state)`: the V2 forward (the last three are the backward's options, kept for its autograd formula).
+  rng_state is an int64 [2] CPU tensor, the (seed, offset) dropout took from torch's generator at run time (zeros
+  without dropout), so that the backward replays it; the random draw happens inside the operator, once per call
+  of the compiled graph.
 * `cuflash::flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal, ...)
   -> (dq, dk, dv)`: the V2 backward; the forward's autograd formula (`register_autograd`).
 * `cuflash::flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, ...) -> (out, softmax_lse)`: the

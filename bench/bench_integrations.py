@@ -9,7 +9,9 @@ time of the same mode / cuflash's: > 1 faster).
 
 hf_llama: a randomly initialised Llama (8 layers, hidden 2048, 16 / 4 heads, bf16, 4 x 2048 tokens) with
 attn_implementation="cufa" (cuflash.integrations.transformers) and "sdpa": a training step (forward with labels +
-backward), and a greedy generation loop (prefill 512 tokens, 64 new ones: ms per new token), timed in turn."""
+backward), the same step on a padded batch (three rows left-padded: cuflash runs it as packed sequences, SDPA with
+its padding mask), and a greedy generation loop (prefill 512 tokens, 64 new ones: ms per new token), timed in
+turn."""
 from __future__ import annotations
 
 import gc
@@ -120,6 +122,17 @@ def hf_llama(batch=4, seqlen=2048, prefill=512, new_tokens=64, rounds=3):
             m(ids, labels=ids).loss.backward()
         return run
 
+    pad_mask = torch.ones_like(ids)  # a padded batch: rows 1-3 left-padded by 300, 700 and 1500 tokens
+    for row, n in ((1, 300), (2, 700), (3, 1500)):
+        pad_mask[row, :n] = 0
+    pad_labels = ids.masked_fill(pad_mask == 0, -100)
+
+    def train_step_padded(m):
+        def run():
+            m.zero_grad(set_to_none=True)
+            m(ids, attention_mask=pad_mask, labels=pad_labels).loss.backward()
+        return run
+
     def generate(m):
         def run():
             with torch.no_grad():
@@ -128,7 +141,8 @@ def hf_llama(batch=4, seqlen=2048, prefill=512, new_tokens=64, rounds=3):
         return run
 
     recs = []
-    for what, make, tokens in (("train_step", train_step, seqlen), ("generate", generate, new_tokens)):
+    for what, make, tokens in (("train_step", train_step, seqlen), ("train_step_padded", train_step_padded, seqlen),
+                               ("generate", generate, new_tokens)):
         fns = {name: make(m) for name, m in models.items()}
         for fn in fns.values():
             fn()  # warm up

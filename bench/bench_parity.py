@@ -1,4 +1,4 @@
-"""What flash-attn parity costs (suites dropout and headdims).
+"""What flash-attn parity costs (suites dropout, headdims and varlen).
 
 dropout: attention dropout (p = 0.1) next to the same call without it, forward and forward + backward through
 autograd, fp16 causal and not, head dims 64 and 128, seqlen 2k and 8k (batch x seqlen = 16k, hidden 2048), with
@@ -10,12 +10,15 @@ headdims: head dims that are not compiled (80, 160, 192, 224, 384: run on the ke
 dim, zero-padded in shared memory) next to the compiled ones around them and SDPA FLASH / CUDNN at the same head
 dim, forward (backend auto) and forward + backward (up to 256), fp16, seqlen 4k, causal and not; 384 and 512 on
 the forward-only head-dim-512 kernel. TFLOP/s counts the inputs' own head dim (FlashAttention-2's formula), so a
-padded head dim's rate is what the user gets (and the 512 kernel's repeated Q K^T is not counted)."""
+padded head dim's rate is what the user gets (and the 512 kernel's repeated Q K^T is not counted).
+
+varlen: packed sequences of three length mixtures (VARLEN_MIXES) against the padded batch they make (see `varlen`).
+"""
 from __future__ import annotations
 
 import gc
 
-from .harness import record, time_rounds
+from .harness import flops, record, time_rounds
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -146,4 +149,84 @@ def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256, 384, 512), seqlen=4096, 
                 line = " ".join(f"{k}={v[0]:.3f}ms" if v[0] else f"{k}=n/a" for k, v in res.items())
                 print(f"headdims {mode} d={d} causal={causal}: {line}", flush=True)
             gc.collect()
+    return recs
+
+
+# ------------------------------------------------------------------------------------------------- varlen
+VARLEN_MIXES = {
+    # name: (lengths, seed) -- random mixtures are drawn once from a seeded generator
+    "uniform-512-4k": ("uniform", 16, 512, 4096, 1),
+    "one-long-4k+15x256": ("fixed", (4096,) + (256,) * 15),
+    "short-64x64-512": ("uniform", 64, 64, 512, 2),
+}
+
+
+def mix_lengths(spec) -> list:
+    import numpy as np
+
+    if spec[0] == "fixed":
+        return list(spec[1])
+    _, n, lo, hi, seed = spec
+    return [int(x) for x in np.random.default_rng(seed).integers(lo, hi + 1, size=n)]
+
+
+def real_token_work(lens, h, d, causal, mode) -> float:
+    """FlashAttention-2's count (bench.harness.flops) summed over the sequences: the real tokens only."""
+    return sum(flops(1, h, n, n, d, causal, mode) for n in lens)
+
+
+def varlen(headdim=128, heads=16, heads_k=16, rounds=3):
+    """Packed sequences (flash_attn_varlen_func, backend auto) against the padded batch the same sequences make
+    ([b, max_len]: what a caller without varlen runs): cuflash's fixed-length kernels and SDPA FLASH / CUDNN on it,
+    forward and forward + backward, fp16, causal and not, timed in turn. TFLOP/s counts the real tokens only
+    (real_token_work) for every provider, so padding's waste shows as a lower rate."""
+    import torch
+
+    import cuflash
+
+    recs = []
+    d, h, hk = headdim, heads, heads_k
+    for name, spec in VARLEN_MIXES.items():
+        lens = mix_lengths(spec)
+        b, mx, total = len(lens), max(lens), sum(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(total, n, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for n in (h, hk, hk))
+        qp, kp, vp = (torch.randn(b, mx, n, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                      for n in (h, hk, hk))
+        qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (qp, kp, vp))
+        dout, doutp, doutt = torch.randn_like(q), torch.randn_like(qp), torch.randn_like(qt)
+        for causal in (False, True):
+            fns = {
+                "cuflash/varlen": lambda: cuflash.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, causal=causal),
+                "cuflash/padded": lambda: cuflash.flash_attn_func(qp, kp, vp, causal=causal),
+            }
+            for prov in ("flash", "cudnn"):
+                fn = _sdpa(prov)
+                fns[f"{prov}/padded"] = lambda fn=fn: fn(qt, kt, vt, causal)
+            grads = {"cuflash/varlen": (dout, (q, k, v)), "cuflash/padded": (doutp, (qp, kp, vp)),
+                     "flash/padded": (doutt, (qt, kt, vt)), "cudnn/padded": (doutt, (qt, kt, vt))}
+            for mode in ("fwd", "fwd_bwd"):
+                if mode == "fwd":
+                    with torch.no_grad():
+                        res = time_rounds(fns, rounds)
+                else:
+                    res = time_rounds({key: _fwd_bwd(fn, *grads[key]) for key, fn in fns.items()}, rounds)
+                varlen_ms = res["cuflash/varlen"][0]
+                for key, (ms, per) in res.items():
+                    prov, layout = key.split("/")
+                    extra = dict(mix=name, lengths=lens, total_tokens=total, max_len=mx, layout=layout, rounds=rounds,
+                                 round_ms=per, varlen_speedup=(ms / varlen_ms) if ms and varlen_ms else None)
+                    if prov == "cuflash":
+                        be = default_backend(d, mode)
+                        r = record("cuflash", f"v2-{layout}", mode, "float16", b, h, mx, mx, d, causal, ms,
+                                   backend=be, heads_k=hk, **extra)
+                    else:
+                        r = record(prov, "sdpa", mode, "float16", b, h, mx, mx, d, causal, ms, heads_k=hk, **extra)
+                    r["tflops"] = real_token_work(lens, h, d, causal, mode) / (ms * 1e-3) / 1e12 if ms else None
+                    recs.append(r)
+                line = " ".join(f"{k}={v[0]:.3f}ms" if v[0] else f"{k}=n/a" for k, v in res.items())
+                print(f"varlen {mode} {name} causal={causal}: {line}", flush=True)
+        del q, k, v, qp, kp, vp, qt, kt, vt
+        gc.collect()
     return recs

@@ -491,6 +491,55 @@ def headdims_table(records, section="headdims"):
     return "\n".join(lines) + "\n"
 
 
+def varlen_table(records, section="varlen"):
+    """Packed sequences: per (mix, mode, causal), TFLOP/s of the real tokens for cuflash's varlen call (its path), and
+    for the padded batch run by cuflash's fixed-length kernels and SDPA FLASH / cuDNN; the varlen call's speed-up
+    over the padded cuDNN call (time ratio)."""
+    rs = _sec(records, section)
+    if not rs:
+        return ""
+    cell = defaultdict(dict)
+    for r in rs:
+        k = (r.get("mix"), r["mode"], r["causal"])
+        cell[k][(r["provider"], r.get("layout"))] = r
+    lines = ["| mix (sequences, max) | mode | causal | cuflash varlen (path) | cuflash padded | FLASH padded | "
+             "cuDNN padded | varlen / cuDNN padded |", "|" + "---|" * 8]
+
+    def tf(r):
+        return f"{r['tflops']:.0f}" if r and r.get("tflops") else "-"
+
+    mixes = list(dict.fromkeys(k[0] for k in cell))
+    for k in sorted(cell, key=lambda k: (mixes.index(k[0]), k[1] != "fwd", k[2])):
+        c = cell[k]
+        vl = c.get(("cuflash", "varlen"))
+        cud = c.get(("cudnn", "padded"))
+        sp = cud.get("varlen_speedup") if cud else None
+        desc = f"{k[0]} ({len(vl['lengths'])}, {vl['max_len']})" if vl else k[0]
+        lines.append(f"| {desc} | {k[1]} | {k[2]} | {tf(vl)} ({vl.get('backend') if vl else '-'}) | "
+                     f"{tf(c.get(('cuflash', 'padded')))} | {tf(c.get(('flash', 'padded')))} | {tf(cud)} | "
+                     f"{f'{sp:.2f}x' if sp else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def integrations_table(records):
+    """torch.compile and Transformers: per case, cuflash's and SDPA's step time (ms) and SDPA's / cuflash's."""
+    rows = []
+    for section in ("compile_block", "hf_llama"):
+        cell = defaultdict(dict)
+        for r in _sec(records, section):
+            cell[(r["algo"].replace("hf-llama-", "llama "), r["dtype"], r["batch"], r["seqlen_q"])][r["provider"]] = r
+        for k, c in cell.items():
+            ours, sd = c.get("cuflash"), c.get("sdpa")
+            ms = (lambda r: (f"{r['ms_per_token']:.2f} / token" if r.get("ms_per_token") else f"{r['ms']:.2f}")
+                  if r and r.get("ms") else "-")
+            ratio = ours.get("ratio_to_sdpa") if ours else None
+            rows.append(f"| {k[0]} | {k[1]} | {k[2]} x {k[3]} | {ms(ours)} | {ms(sd)} | "
+                        f"{f'{ratio:.2f}x' if ratio else '-'} |")
+    if not rows:
+        return ""
+    return "\n".join(["| case | dtype | tokens | cuflash ms | SDPA ms | SDPA / cuflash |", "|" + "---|" * 6, *rows]) + "\n"
+
+
 # The README's result blocks: <!-- results:NAME --> ... <!-- /results:NAME -->
 README_BLOCKS = {
     "fwd": lambda rs: headline_table(rs, "fwd", "fwd"),
@@ -509,6 +558,8 @@ README_BLOCKS = {
     "scores": scores_table,
     "dropout": dropout_table,
     "headdims": headdims_table,
+    "varlen": varlen_table,
+    "integrations": integrations_table,
     "ladder": ladder_tables,
     "traffic": traffic_readme_table,
 }

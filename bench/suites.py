@@ -64,12 +64,17 @@ SUITES = {s.name: s for s in (
           "head dims that are not compiled (80, 160, 192, 224, 384: zero-padded on the next kernel) next to the "
           "compiled ones (and the forward-only 512) and SDPA FLASH / cuDNN at the same head dim, forward and forward "
           "+ backward, fp16 4k, 3 rounds"),
+    Suite("varlen", "bench_parity", "varlen", 1.5,
+          "packed sequences (flash_attn_varlen_func) of three length mixtures against the padded batch they make, "
+          "run by cuflash's fixed-length kernels and SDPA FLASH / cuDNN; forward and forward + backward, fp16 hdim "
+          "128, 16 heads, causal or not, TFLOP/s of the real tokens, timed in turn, 3 rounds"),
     Suite("compile_block", "bench_integrations", "compile_block", 2.0,
           "a transformer block's training step (RMSNorm, QKV, causal GQA 16/4 x 128, MLP; bf16, 16k tokens) with "
           "cuflash's attention and SDPA's, eager and under torch.compile(fullgraph=True), timed in turn, 3 rounds"),
     Suite("hf_llama", "bench_integrations", "hf_llama", 2.0,
           "a random 8-layer Llama (hidden 2048, 16/4 heads, bf16) with attn_implementation 'cufa' and 'sdpa': "
-          "training step on 4 x 2048 tokens, greedy generation of 64 tokens after 512, timed in turn, 3 rounds"),
+          "training step on 4 x 2048 tokens (also with three rows left-padded), greedy generation of 64 tokens after 512, "
+          "timed in turn, 3 rounds"),
     Suite("fwd_single", "bench_fwd", "fa2_grid", 2.0,
           "the forward grid from 512, one call per timing, with SDPA EFFICIENT and the naive baseline (fp16)"),
     Suite("grid_order", "bench_fwd", "grid_order", 0.3, "forward grid order: Q tile in grid x vs (batch, head) in grid x"),

@@ -100,6 +100,20 @@ enum BwdPartition { PART_KV = 0, PART_Q = 1, PART_2D = 2 };
 // The largest dynamic shared memory a block may opt into on sm_80 (163 KB): every configuration must fit it.
 constexpr int SM80_MAX_SMEM = 163 * 1024;
 
+// The fp32 row buffers (lse_log2, D, each dQ accumulator split) have seqlen_q_pad rows per (batch element, head),
+// a multiple of BWD_ROW_PAD (cuflash/_configs.py: the same number), or packed, seqlen_q_pad rows per head holding
+// every element's rows, element b's from varlen_pad_start<BWD_ROW_PAD>(b) (attn/seqlen.cuh).
+constexpr int BWD_ROW_PAD = 128;
+// Rows of one buffer (one split of the dQ accumulator).
+__device__ __forceinline__ int64_t bwd_ws_rows(const BwdParams& p, bool varlen) {
+  return (varlen ? 1 : p.batch) * p.nheads * p.seqlen_q_pad;
+}
+// The first row of batch element `batch` (head 0): (batch, head hq, row i) is at bwd_ws_base + hq sq_pad + i
+// (packed: varlen_pad_start, from the element's first packed row si.q_start = cu_seqlens_q[batch]).
+__device__ __forceinline__ int64_t bwd_ws_base(const BwdParams& p, const SeqInfo& si, int batch, bool varlen) {
+  return varlen ? (int64_t)BWD_ROW_PAD * (si.q_start / BWD_ROW_PAD + batch) : batch * p.nheads * p.seqlen_q_pad;
+}
+
 // LPR threads per row (the host's _configs.bwd_pre_lanes_per_row: a power of two >= D / 8, each thread reading 8
 // columns, 16 bytes, of O and dO) of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
 // accumulator (the row's D floats in memory order; over all rows of a 16-row band that is the whole band, whatever
@@ -108,19 +122,31 @@ constexpr int SM80_MAX_SMEM = 163 * 1024;
 template <typename T, int D, int LPR>
 __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
   static_assert(LPR * 8 >= D && LPR <= 32 && (LPR & (LPR - 1)) == 0, "preprocess: lanes per row");
-  const int64_t rows = p.batch * p.nheads * p.seqlen_q_pad;
+  const int64_t rows = bwd_ws_rows(p, p.cu_seqlens_q != nullptr);
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t row = tid / LPR;
   const int c = (int)(tid % LPR) * 8;  // this thread's columns [c, c + 8), if c < D
   const bool live = row < rows && c < D;  // no early return: every lane takes part in the shuffles below
-  const int64_t i = row % p.seqlen_q_pad, bh = row / p.seqlen_q_pad;
+  int64_t i = row % p.seqlen_q_pad, bh = row / p.seqlen_q_pad;
+  // (b, h) and the row i of the element (packed: the element whose padded rows hold this one), and the row's
+  // offset in a q-like tensor (packed: its packed row)
+  int64_t h = bh % p.nheads, b = bh / p.nheads, seqlen_q = p.seqlen_q, qrow = i;
+  if (p.cu_seqlens_q) {
+    const int2 br = varlen_padded_row<BWD_ROW_PAD>(p.cu_seqlens_q, (int)p.batch, i);
+    h = bh;
+    b = br.x;
+    i = br.y;
+    const int q0 = b < p.batch ? __ldg(p.cu_seqlens_q + b) : 0;
+    seqlen_q = b < p.batch ? __ldg(p.cu_seqlens_q + b + 1) - q0 : 0;
+    qrow = q0 + i;
+  }
+  const bool real = i < seqlen_q;  // not a padding row
   float dsum = 0.f;
-  if (live && i < p.seqlen_q && c < p.head_dim) {  // columns past the inputs' head dim add nothing
-    const int64_t h = bh % p.nheads, b = bh / p.nheads;
+  if (live && real && c < p.head_dim) {  // columns past the inputs' head dim add nothing
     const uint4 o = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.o) + b * p.o_batch_stride +
-                                                     i * p.o_row_stride + h * p.o_head_stride + c);
+                                                     qrow * p.o_row_stride + h * p.o_head_stride + c);
     const uint4 g = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride +
-                                                     i * p.do_row_stride + h * p.do_head_stride + c);
+                                                     qrow * p.do_row_stride + h * p.do_head_stride + c);
     const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -133,7 +159,8 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
   if (!live) return;
   if (c == 0) {
     const float log2e = 1.4426950408889634f;
-    const float lse = i < p.seqlen_q ? p.lse[bh * p.seqlen_q + i] : -INFINITY;
+    // LSE: [b, h, sq], or [h, total_q] packed
+    const float lse = !real ? -INFINITY : p.cu_seqlens_q ? p.lse[h * p.seqlen_q + qrow] : p.lse[bh * p.seqlen_q + i];
     p.delta[row] = dsum;
     p.lse_log2[row] = lse == -INFINITY ? INFINITY : lse * log2e;
   }
@@ -149,24 +176,32 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
 // row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq).
 template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE>
 __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
-  const int64_t slots = p.batch * p.nheads * p.seqlen_q_pad * (D / 4);
+  const int64_t slots = bwd_ws_rows(p, p.cu_seqlens_q != nullptr) * (D / 4);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= slots) return;
   const int l = (int)(idx % 32), c = (int)(idx / 32 % (D / 8)) * 8 + 2 * (l % 4);
   const int64_t band = idx / (32 * (D / 8));
   const int64_t bh = band / (p.seqlen_q_pad / 16);
-  const int64_t i0 = (band % (p.seqlen_q_pad / 16)) * 16 + l / 4;  // rows i0 and i0 + 8
-  if (i0 >= p.seqlen_q) return;
-  const int64_t h = bh % p.nheads, b = bh / p.nheads;
+  int64_t i0 = (band % (p.seqlen_q_pad / 16)) * 16 + l / 4;  // rows i0 and i0 + 8
+  int64_t h = bh % p.nheads, b = bh / p.nheads;
+  if (p.cu_seqlens_q) {  // packed: the element whose padded rows hold the band (one element per 16-row band)
+    const int2 br = varlen_padded_row<BWD_ROW_PAD>(p.cu_seqlens_q, (int)p.batch, i0);
+    if (br.x >= p.batch) return;
+    h = bh;
+    b = br.x;
+    i0 = br.y;
+  }
+  const SeqInfo si = seqinfo(p, (int)b, p.cu_seqlens_q != nullptr);
+  if (i0 >= si.seqlen_q) return;
   int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits, begin0 = 0, begin8 = 0;
   if ((CAUSAL || MOD != MOD_NONE) && p.dq_strategy == DQ_SEQPAR) {  // the KV tiles rows i0, i0 + 8 see (attn/block.cuh)
-    const Mask<CAUSAL, MOD> mask = seqinfo_fixed(p).mask<CAUSAL, MOD>(p, (int)b, (int)h);
+    const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, (int)b, (int)h);
     splits0 = min(splits0, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 1)));
     splits8 = min(splits8, (int64_t)max(0, kv_block_end<BLOCK_N>(mask, (int)i0 + 9)));
     begin0 = kv_block_begin<BLOCK_N>(mask, (int)i0);
     begin8 = kv_block_begin<BLOCK_N>(mask, (int)i0 + 8);
   }
-  const int64_t split_stride = p.batch * p.nheads * p.seqlen_q_pad * D;
+  const int64_t split_stride = bwd_ws_rows(p, p.cu_seqlens_q != nullptr) * D;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum) + idx;
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int64_t s = begin0; s < splits8; ++s) {  // splits8 >= splits0, begin8 >= begin0
@@ -183,9 +218,10 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   }
   if (c >= p.head_dim) return;  // the padding columns of a head dim below D
   const float scale = (float)p.softmax_scale;
-  T* dq = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + i0 * p.dq_row_stride + h * p.dq_head_stride + c;
+  T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h) +
+          i0 * p.dq_row_stride + c;
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
-  if (i0 + 8 < p.seqlen_q)
+  if (i0 + 8 < si.seqlen_q)
     *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum.z * scale, sum.w * scale);
 }
 
@@ -312,21 +348,24 @@ __device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_str
 }
 
 template <typename T, int D, int BLOCK_M, int NT, bool FAST>
-__device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, int batch, int hq, int m0, int seqlen_q,
-                                             int tid) {
-  const T* do_head = reinterpret_cast<const T*>(p.dout) + SeqInfo::offset(p.do_batch_stride, p.do_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, seqlen_q, tid, (int)p.head_dim);
+__device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, const SeqInfo& si, int batch, int hq,
+                                             int m0, int tid) {
+  const T* do_head = reinterpret_cast<const T*>(p.dout) +
+                     si.q_offset(p.do_batch_stride, p.do_row_stride, p.do_head_stride, batch, hq);
+  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
 }
 
 // Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles (dO only if LOAD_DO),
-// lse_log2 and D rows (fp32 rows are padded to sq_pad: no guard).
-template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool LOAD_DO = true>
+// lse_log2 and D rows (fp32 rows are padded to sq_pad: no guard). VARLEN: packed sequences.
+template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool VARLEN, bool LOAD_DO = true>
 __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
-                                            int batch, int hq, int m0, int seqlen_q, int tid) {
-  const T* q_head = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, seqlen_q, tid, (int)p.head_dim);
-  if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, batch, hq, m0, seqlen_q, tid);
-  const int64_t row0 = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
+                                            const SeqInfo& si, int batch, int hq, int m0, int tid) {
+  const T* q_head = reinterpret_cast<const T*>(p.q) +
+                    si.q_offset(p.q_batch_stride, p.q_row_stride, p.q_head_stride, batch, hq);
+  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
+  if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, si, batch, hq, m0, tid);
+  const int64_t row0 = VARLEN ? bwd_ws_base(p, si, batch, true) + hq * p.seqlen_q_pad + m0
+                              : ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
   if (tid < BLOCK_M / 4)
     cp_async_16(smem_addr(lse_dst + tid * 4), p.lse_log2 + row0 + tid * 4, true);
   else if (tid < BLOCK_M / 2)
@@ -336,11 +375,16 @@ __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_
 // This lane's slot of the first fragment of the 16-row band starting at `row0` (a multiple of 16) of (query head
 // hq)'s fp32 dQ accumulator, in the buffer this KV tile writes (seqpar: its own). Fragment (band + mf, column
 // block c / 8) is at + mf 16 D + 16 c (dq_frag_offset).
-template <int D>
-__device__ __forceinline__ float* dq_accum_band(const BwdParams& p, int n_block, int batch, int hq, int row0,
-                                                int lane) {
+template <int D, bool VARLEN>
+__device__ __forceinline__ float* dq_accum_band(const BwdParams& p, int n_block, const SeqInfo& si, int batch, int hq,
+                                                int row0, int lane) {
   const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
-  return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * lane;
+  if constexpr (VARLEN)
+    return p.dq_accum + (split * bwd_ws_rows(p, true) + bwd_ws_base(p, si, batch, true) + hq * p.seqlen_q_pad + row0) *
+                            D +
+           4 * lane;
+  else
+    return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * lane;
 }
 template <int D>
 __device__ __forceinline__ constexpr int dq_frag_offset(int mf, int c) { return mf * 16 * D + 16 * c; }
@@ -374,12 +418,14 @@ __device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, con
 // dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
 // are not written).
 template <typename T, int NF>
-__device__ __forceinline__ void store_dkdv(const BwdParams& p, int batch, int kv_head, int j0, int c0, int seqlen_k,
-                                           const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si, int batch, int kv_head, int j0,
+                                           int c0, const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
   const float scale = (float)p.softmax_scale;
-  const int g = lane / 4, t = lane % 4;
-  T* dk_ptr = reinterpret_cast<T*>(p.dk) + SeqInfo::offset(p.dk_batch_stride, p.dk_head_stride, batch, kv_head);
-  T* dv_ptr = reinterpret_cast<T*>(p.dv) + SeqInfo::offset(p.dv_batch_stride, p.dv_head_stride, batch, kv_head);
+  const int g = lane / 4, t = lane % 4, seqlen_k = si.seqlen_k;
+  T* dk_ptr = reinterpret_cast<T*>(p.dk) + si.k_offset(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, batch,
+                                                       kv_head);
+  T* dv_ptr = reinterpret_cast<T*>(p.dv) + si.k_offset(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batch,
+                                                       kv_head);
   // n8 blocks before the inputs' head dim (warp-uniform): all NF unless the head dim is below the kernel's
   const int live_frags = ((int)p.head_dim - c0) / 8;
   const bool all_live = live_frags >= NF;
@@ -458,9 +504,12 @@ struct BwdSmem {
 //   EXP_IL (2D): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it, 1 / KD of
 //   the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block queued behind
 //   the ldmatrix of dP in the MIO pipe (S and dP accumulators both live during dP).
+//   VARLEN: packed sequences (attn/seqlen.cuh; BwdParams::cu_seqlens_q): grid x over every element's KV tiles
+//   ("loop": z over the elements, as fixed), each element's lengths and first rows from cu_seqlens. A template
+//   parameter so that the fixed-length kernels keep their lengths in the parameter block, not in registers.
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, bool P_REGS = false, int LOAD_AT = 0,
-          bool EXP_IL = false, int MOD = MOD_NONE>
+          bool EXP_IL = false, int MOD = MOD_NONE, bool VARLEN = false>
 // Launch bounds: at head dim 32 the kernels need ~130-200 registers and ptxas (NVRTC 13.5) caps some at 128 to fit
 // two blocks per SM, spilling 4-8 B; one block per SM (the second argument; 0 = no minimum) lets them keep their
 // registers. Other head dims are far above 128 and unaffected (their SASS is identical either way).
@@ -537,8 +586,8 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   // from warp-uniform values only. Each 16-row band is DQC / 8 consecutive fragments, in shared memory as in the
   // accumulator: one bulk reduction per band. The lanes' stores must reach the async proxy first.
   const int warp_u = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
-  auto dq_bulk_reduce = [&](int n_block_, int batch_, int hq_, int m0_) {
-    float* dst = dq_accum_band<D>(p, n_block_, batch_, hq_, m0_ + (warp_u / TD::WD_Q) * 16 * TD::MFQ, 0) +
+  auto dq_bulk_reduce = [&](int n_block_, const SeqInfo& si_, int batch_, int hq_, int m0_) {
+    float* dst = dq_accum_band<D, VARLEN>(p, n_block_, si_, batch_, hq_, m0_ + (warp_u / TD::WD_Q) * 16 * TD::MFQ, 0) +
                  dq_frag_offset<D>(0, (warp_u % TD::WD_Q) * TD::DQC);
     fence_proxy_async_shared();
     __syncwarp();
@@ -556,24 +605,87 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   const int g = lane / 4, t = lane % 4;
   const uint32_t smem_base = smem_addr(smem_raw);
   const int band0 = (warp / CB) * RBW, cband = warp % CB;  // dK/dV: first KV row band, column band
-  const int batch = blockIdx.z, kv_head = blockIdx.y;
-  const SeqInfo si = seqinfo_fixed(p);
-  const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
+  // The block's sequence. Fixed lengths: the parameter block and the grid (x: KV tiles, y: KV heads, z: batch).
+  // VARLEN (attn/seqlen.cuh): x over the KV tiles of every sequence ("loop": z over the sequences, as fixed); the
+  // sequence's index, first KV tile, lengths and first rows are found once, kept in shared memory and read back
+  // afresh where used (volatile loads), so that no register carries them across the loops (the fixed-length
+  // kernels leave none to spare, and the packed ones run the same code).
+  const int kv_head = blockIdx.y;
   const int group = (int)p.heads_per_kv;
-  // The KV head's mask (its band and soft-cap); the ALiBi slope is each query head's (head_mask below).
-  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
-  const int num_n_blocks = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
-  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  __shared__ int seq_smem[6];  // VARLEN: batch, first KV tile, seqlen_q, seqlen_k, q_start, k_start
+  if constexpr (VARLEN) {
+    if (threadIdx.x == 0) {
+      int2 bt = make_int2((int)blockIdx.z, 0);
+      if (p.dq_strategy != DQ_LOOP) bt = varlen_tile<BLOCK_N>(p.cu_seqlens_k, (int)p.batch, blockIdx.x);
+      const SeqInfo s0 = seqinfo_varlen(p.cu_seqlens_q, p.cu_seqlens_k, bt.x);
+      seq_smem[0] = bt.x;
+      seq_smem[1] = bt.y;
+      seq_smem[2] = s0.seqlen_q;
+      seq_smem[3] = s0.seqlen_k;
+      seq_smem[4] = s0.q_start;
+      seq_smem[5] = s0.k_start;
+    }
+    __syncthreads();
+  }
+  const int batch_fixed = blockIdx.z;
+  const SeqInfo si_fixed = seqinfo_fixed(p);
+  auto cur_batch = [&]() -> int {
+    if constexpr (VARLEN) return lds_fresh(seq_smem); else return batch_fixed;
+  };
+  auto cur_si = [&]() -> SeqInfo {
+    if constexpr (VARLEN)
+      return {lds_fresh(seq_smem + 2), lds_fresh(seq_smem + 3), lds_fresh(seq_smem + 4), lds_fresh(seq_smem + 5)};
+    else
+      return si_fixed;
+  };
+  // The KV head's mask (its band and soft-cap); the ALiBi slope is each query head's (mask() below).
+  const Mask<CAUSAL, MOD> mask_kv_fixed = seqinfo_fixed(p).mask<CAUSAL, MOD>(p, blockIdx.z, kv_head * group);
+  auto mask_kv = [&]() -> Mask<CAUSAL, MOD> {
+    if constexpr (VARLEN) return cur_si().mask<CAUSAL, MOD>(p, cur_batch(), kv_head * group); else return mask_kv_fixed;
+  };
+  const int num_m_blocks_fixed = ((int)p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  auto num_m_blocks = [&]() {
+    if constexpr (VARLEN) return (cur_si().seqlen_q + BLOCK_M - 1) / BLOCK_M; else return num_m_blocks_fixed;
+  };
   const float scale_log2 = (float)p.scale_log2;
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
+  const T* k_ptr_fixed = reinterpret_cast<const T*>(p.k) +
+                         SeqInfo::offset(p.k_batch_stride, p.k_head_stride, blockIdx.z, kv_head);
+  const T* v_ptr_fixed = reinterpret_cast<const T*>(p.v) +
+                         SeqInfo::offset(p.v_batch_stride, p.v_head_stride, blockIdx.z, kv_head);
+  auto k_ptr = [&]() {
+    if constexpr (VARLEN)
+      return reinterpret_cast<const T*>(p.k) +
+             cur_si().k_offset(p.k_batch_stride, p.k_row_stride, p.k_head_stride, cur_batch(), kv_head);
+    else
+      return k_ptr_fixed;
+  };
+  auto v_ptr = [&]() {
+    if constexpr (VARLEN)
+      return reinterpret_cast<const T*>(p.v) +
+             cur_si().k_offset(p.v_batch_stride, p.v_row_stride, p.v_head_stride, cur_batch(), kv_head);
+    else
+      return v_ptr_fixed;
+  };
+  // KV tiles [first, stop), step: fixed, one per block (gridDim.x) or all ("loop"); packed, the block's own one, or
+  // all ("loop"). seqpar's buffers hold num_dq_splits KV tiles (packed: max_seqlen_k's): never write past them.
+  const int num_n_blocks_fixed = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+  auto n_stop = [&]() {
+    if constexpr (VARLEN) {
+      const int n = (cur_si().seqlen_k + BLOCK_N - 1) / BLOCK_N;
+      return p.dq_strategy == DQ_SEQPAR ? min(n, (int)p.num_dq_splits) : n;
+    } else {
+      return num_n_blocks_fixed;
+    }
+  };
+  const int n_first = VARLEN ? lds_fresh(seq_smem + 1) : (int)blockIdx.x;
+  const bool one_tile = VARLEN && p.dq_strategy != DQ_LOOP;
 
   // "loop": gridDim.x == 1 and this block walks every KV tile; otherwise one KV tile per block.
-  for (int n_block = blockIdx.x; n_block < num_n_blocks; n_block += gridDim.x) {
+  for (int n_block = n_first; n_block < n_stop(); n_block += VARLEN && one_tile ? (1 << 30) : (int)gridDim.x) {
     const int n0 = n_block * BLOCK_N;
     // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
-    const int m_begin = q_block_begin<BLOCK_M>(mask_kv, n0);
-    const int num_m = max(0, q_block_end<BLOCK_M>(mask_kv, n0 + BLOCK_N, num_m_blocks) - m_begin);
+    const int m_begin = q_block_begin<BLOCK_M>(mask_kv(), n0);
+    const int num_m = max(0, q_block_end<BLOCK_M>(mask_kv(), n0 + BLOCK_N, num_m_blocks()) - m_begin);
     const int total = group * num_m;  // iterations: (query head of the group, Q tile)
     // Iteration it works on (query head within the group, Q tile) = (cur_h, cur_m), stepped without divisions.
     int cur_h = 0, cur_m = 0;
@@ -594,10 +706,12 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     if (total > 0) {
       // a head dim below D (common/tile.cuh): K and V zero-padded, Q and dO PAD_COPY (S = Q K^T and dP = dO V^T
       // are exact; the padding columns of dK, dV are not stored, dQ's are K's zeros)
-      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(k_smem, k_ptr, p.k_row_stride, n0, seqlen_k, tid, (int)p.head_dim);
-      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(v_smem, v_ptr, p.v_row_stride, n0, seqlen_k, tid, (int)p.head_dim);
-      load_q_tile<T, D, BLOCK_M, NT, P2D>(p, q_smem, do_smem, lse_smem, delta_smem, batch, kv_head * group + cur_h,
-                                          (m_begin + cur_m) * BLOCK_M, seqlen_q,
+      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(k_smem, k_ptr(), p.k_row_stride, n0, cur_si().seqlen_k, tid,
+                                                (int)p.head_dim);
+      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(v_smem, v_ptr(), p.v_row_stride, n0, cur_si().seqlen_k, tid,
+                                                (int)p.head_dim);
+      load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN>(p, q_smem, do_smem, lse_smem, delta_smem, cur_si(), cur_batch(),
+                                          kv_head * group + cur_h, (m_begin + cur_m) * BLOCK_M,
                                           tid);  // dO into stage 0 (DO_STAGES = 1: the only one)
       cp_async_commit();
     }
@@ -605,12 +719,20 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
       cp_async_wait<0>();  // iteration it's tiles (and K, V) have landed for this thread ...
       __syncthreads();     // ... for all threads (barrier 1 of 2); every warp is done with stage^1 and xc_smem
       const int hq = kv_head * group + cur_h, m0 = (m_begin + cur_m) * BLOCK_M;
-      const Mask<CAUSAL, MOD> mask = MOD == MOD_NONE || group == 1
-                                         ? mask_kv
-                                         : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
+      // this query head's mask (VARLEN: rebuilt where used, from the shared copies)
+      const Mask<CAUSAL, MOD> mask_it = MOD == MOD_NONE || group == 1
+                                            ? mask_kv()
+                                            : mask_kv().with_alibi(SeqInfo::alibi_slope(p, cur_batch(), hq));
+      auto mask = [&]() -> Mask<CAUSAL, MOD> {
+        if constexpr (VARLEN)
+          return MOD == MOD_NONE || group == 1 ? mask_kv()
+                                               : mask_kv().with_alibi(SeqInfo::alibi_slope(p, cur_batch(), hq));
+        else
+          return mask_it;
+      };
       step(cur_h, cur_m);  // (cur_h, cur_m) now name the next iteration's tile
       if constexpr (DQ_BULK) {  // the previous step's dQ tile, now that no cp.async of this thread is in flight
-        if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
+        if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, cur_si(), cur_batch(), dq_pending_hq, dq_pending_m0);
         dq_pending_hq = -1;
       }
       // the next iteration's Q, dO, lse and D rows into the other stage (every warp is done with it)
@@ -618,10 +740,10 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         if (it + 1 < total) {
           const int nst = stage ^ 1;
           const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
-          load_q_tile<T, D, BLOCK_M, NT, P2D, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS,
+          load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS,
                                                               do_smem + nst * BLOCK_M * LDS, lse_smem + nst * BLOCK_M,
-                                                              delta_smem + nst * BLOCK_M, batch, hq_next, m0_next,
-                                                              seqlen_q, tid);
+                                                              delta_smem + nst * BLOCK_M, cur_si(),
+                                                              cur_batch(), hq_next, m0_next, tid);
           cp_async_commit();
         }
       };
@@ -642,9 +764,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         gemm_rows_rows_t<T, KD, NFQ, U_D>(acc, k_smem + wk * 16 * LDS, q_tile, LDS, lane);
         // (2) P^T = exp2(S^T * scale_log2 - lse_log2[q]), masked only on tiles that cross the end of the
         // keys or the diagonal; kept as 16-bit A fragments (the operand of dV += P^T dO).
-        const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
+        const bool need_mask = mask().needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
         if constexpr (MOD != MOD_NONE) {
-          if (need_mask) mask.apply_t(acc, n0 + wk * 16, m0, lane);
+          if (need_mask) mask().apply_t(acc, n0 + wk * 16, m0, lane);
         }
         uint32_t pa[KQ][4];
 #pragma unroll
@@ -653,11 +775,11 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = acc[nf][e];
-            if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, n0 + wk * 16, m0, nf, e, lane);
+            if (MOD == MOD_NONE && need_mask) x = mask().score_t(x, n0 + wk * 16, m0, nf, e, lane);
             acc[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           }
         }
-        if constexpr (DROP) Dropout(p, (int64_t)batch * p.nheads + hq).apply_t<true>(acc, n0 + wk * 16, m0, lane);
+        if constexpr (DROP) Dropout(p, (int64_t)cur_batch() * p.nheads + hq).apply_t<true>(acc, n0 + wk * 16, m0, lane);
         frags_to_a<T>(acc, pa);
         // (3) dV += P^T dO: B = dO [Q rows, D] via ldmatrix.trans; this warp's DOUT columns.
         if constexpr (DROP) {  // the kept probabilities: max(P, 0) of the sign-marked P
@@ -683,9 +805,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           acc[nf][2] = ds_of(p23.x, acc[nf][2], dl.x);
           acc[nf][3] = ds_of(p23.y, acc[nf][3], dl.y);
         }
-        if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
-          if (mask.softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key n0 + 16 wk + g + 8 (e / 2)
-            const float dist0 = mask.dist_of(m0 + 2 * t, n0 + wk * 16 + g);
+        if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask().cuh: softcap_grad)
+          if (mask().softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key n0 + 16 wk + g + 8 (e / 2)
+            const float dist0 = mask().dist_of(m0 + 2 * t, n0 + wk * 16 + g);
 #pragma unroll
             for (int nf = 0; nf < NFQ; ++nf) {
               const float2 lse = *reinterpret_cast<const float2*>(lse_tile + nf * 8 + 2 * t);
@@ -693,7 +815,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
               const float pv[4] = {abs_if<DROP>(p01.x), abs_if<DROP>(p01.y), abs_if<DROP>(p23.x), abs_if<DROP>(p23.y)};
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                acc[nf][e] *= mask.softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
+                acc[nf][e] *= mask().softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
                                                 dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)), scale_log2);
             }
           }
@@ -711,7 +833,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         float acc_dq[DQF][4];
         zero_frags(acc_dq);
         gemm_smem_at_b<T, KN, DQF, U_N>(acc_dq, ds_smem, LDS_DS, dq_rb * 16, k_smem, LDS, dq_cb * DQ_COLS, lane);
-        dq_accumulate<D>(p, dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_rb * 16, lane) +
+        dq_accumulate<D>(p, dq_accum_band<D, VARLEN>(p, n_block, cur_si(), cur_batch(), hq, m0 + dq_rb * 16, lane) +
                                 dq_frag_offset<D>(0, dq_cb * DQ_COLS),
                          acc_dq);
       } else if constexpr (QPART) {
@@ -721,16 +843,16 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         T* ds_smem = xc_smem + BLOCK_M * LDS_PS;     // [BLOCK_M][LDS_PS]  dS
         const int r0 = warp * 16;                    // this warp's rows in the Q tile
         // Warp-uniform: do any of the warp's rows lie before seqlen_q and see a key of this KV tile?
-        const bool active = m0 + r0 < seqlen_q && !mask.above_diagonal(m0 + r0 + 15, n0);
+        const bool active = m0 + r0 < cur_si().seqlen_q && !mask().above_diagonal(m0 + r0 + 15, n0);
         if (active) {
           // (1) S = Q_w K^T [16, BLOCK_N]: A = this warp's 16 Q rows, B = K^T = rows of K (plain ldmatrix).
           float acc[NFK][4];
           zero_frags(acc);
           gemm_rows_rows_t<T, KD, NFK, U_D>(acc, q_tile + r0 * LDS, k_smem, LDS, lane);
           // (2) P = exp2(S * scale_log2 - lse_log2[row]); rows g and g + 8 of the warp's band.
-          const bool need_mask = mask.needs_mask(m0 + r0, m0 + r0 + 15, n0, n0 + BLOCK_N - 1);
+          const bool need_mask = mask().needs_mask(m0 + r0, m0 + r0 + 15, n0, n0 + BLOCK_N - 1);
           if constexpr (MOD != MOD_NONE) {
-            if (need_mask) mask.apply(reinterpret_cast<float(&)[1][NFK][4]>(acc), m0 + r0, n0, lane);
+            if (need_mask) mask().apply(reinterpret_cast<float(&)[1][NFK][4]>(acc), m0 + r0, n0, lane);
           }
           const float lse_g = lse_tile[r0 + g], lse_g8 = lse_tile[r0 + g + 8];
 #pragma unroll
@@ -738,11 +860,11 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float x = acc[nf][e];
-              if (MOD == MOD_NONE && need_mask) x = mask.score_c(x, m0 + r0, n0, nf, e, lane);
+              if (MOD == MOD_NONE && need_mask) x = mask().score_c(x, m0 + r0, n0, nf, e, lane);
               acc[nf][e] = softmax_p_from_lse(x, scale_log2, e / 2 ? lse_g8 : lse_g);
             }
           if constexpr (DROP)
-            Dropout(p, (int64_t)batch * p.nheads + hq)
+            Dropout(p, (int64_t)cur_batch() * p.nheads + hq)
                 .apply<true>(reinterpret_cast<float(&)[1][NFK][4]>(acc), m0 + r0, n0, lane);
           {
             uint32_t pa[KN][4];
@@ -765,16 +887,16 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             acc[nf][2] = ds_of(p23.x, acc[nf][2], dl_g8);
             acc[nf][3] = ds_of(p23.y, acc[nf][3], dl_g8);
           }
-          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
-            if (mask.softcap()) {  // element e of block nf: row m0 + r0 + g + 8 (e / 2), key n0 + 8 nf + 2t + e % 2
-              const float dist0 = mask.dist_of(m0 + r0 + g, n0 + 2 * t);
+          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask().cuh: softcap_grad)
+            if (mask().softcap()) {  // element e of block nf: row m0 + r0 + g + 8 (e / 2), key n0 + 8 nf + 2t + e % 2
+              const float dist0 = mask().dist_of(m0 + r0 + g, n0 + 2 * t);
 #pragma unroll
               for (int nf = 0; nf < NFK; ++nf) {
                 const float2 p01 = unpack2<T>(p_g[nf * 4]), p23 = unpack2<T>(p_g8[nf * 4]);
                 const float pv[4] = {abs_if<DROP>(p01.x), abs_if<DROP>(p01.y), abs_if<DROP>(p23.x), abs_if<DROP>(p23.y)};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                  acc[nf][e] *= mask.softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
+                  acc[nf][e] *= mask().softcap_grad(pv[e], e / 2 ? lse_g8 : lse_g,
                                                   dist0 + (float)(8 * (e / 2) - nf * 8 - (e % 2)), scale_log2);
               }
             }
@@ -791,7 +913,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           store_a_frags(ds_smem, LDS_PS, r0, dsa, lane);
           // (5) dQ_w += dS K_j: warp-local (A = dS in registers, B = K [KV, D] via ldmatrix.trans), written
           // out DQ_CHUNK columns at a time straight from the accumulator fragments.
-          float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + r0, lane);
+          float* dq_band = dq_accum_band<D, VARLEN>(p, n_block, cur_si(), cur_batch(), hq, m0 + r0, lane);
 #pragma unroll
           for (int c0 = 0; c0 < D; c0 += DQ_CHUNK) {
             float acc_dq[DQ_CHUNK / 8][4];
@@ -843,9 +965,9 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
                                                              k_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane));
         if constexpr (LOAD_AT == 1) request_next();
         // (2) P = exp2(S * scale_log2 - lse_log2[row]) -> 16-bit, into smem (for dV, and for dS below).
-        // In warp-tile-local indices (row r, key c; attn/mask.cuh: Mask::local), as a separate pass, so that
+        // In warp-tile-local indices (row r, key c; attn/mask().cuh: Mask::local), as a separate pass, so that
         // unmasked tiles run none of it.
-        const Mask<CAUSAL, MOD> wmask = mask.local(m0 + qr0, n0 + kc0);
+        const Mask<CAUSAL, MOD> wmask = mask().local(m0 + qr0, n0 + kc0);
         if (wmask.needs_mask(0, 31, 0, KW - 1)) wmask.apply(acc, 0, 0, lane);
         uint32_t pa[2][NFS / 2][4];  // P, packed (P_REGS: kept for dS; else only live per mf)
         if constexpr (EXP_IL) {
@@ -870,7 +992,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
                 acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]);
               if (nf % 2 == 1) {  // k16 step nf / 2 of this band's A fragments
                 if constexpr (DROP)
-                  Dropout(p, (int64_t)batch * p.nheads + hq)
+                  Dropout(p, (int64_t)cur_batch() * p.nheads + hq)
                       .pair<true>(acc[mf][nf - 1], acc[mf][nf], m0 + qr0 + mf * 16, n0 + kc0 + 16 * (nf / 2), g, t);
                 frag_to_a<T>(acc[mf], nf / 2, pa[mf][nf / 2]);
               }
@@ -896,7 +1018,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
               for (int e = 0; e < 4; ++e)
                 acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, e / 2 ? lse_g8 : lse_g);
             if constexpr (DROP)
-              Dropout(p, (int64_t)batch * p.nheads + hq)
+              Dropout(p, (int64_t)cur_batch() * p.nheads + hq)
                   .apply<true>(reinterpret_cast<float(&)[1][NFS][4]>(acc[mf]), m0 + qr0 + mf * 16, n0 + kc0, lane);
             frags_to_a<T>(acc[mf], pa[mf]);
             store_a_frags(p_smem + kc0, LDS_PS, qr0 + mf * 16, pa[mf], lane);
@@ -925,7 +1047,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
             acc[mf][nf][2] = ds_of(p23.x, acc[mf][nf][2], dl_g8);
             acc[mf][nf][3] = ds_of(p23.y, acc[mf][nf][3], dl_g8);
           }
-          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad), tile-local
+          if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask().cuh: softcap_grad), tile-local
             if (wmask.softcap()) {
               const float lse_g = lse_tile[qr0 + mf * 16 + g], lse_g8 = lse_tile[qr0 + mf * 16 + g + 8];
               const float dist0 = wmask.dist_of(g, 2 * t);
@@ -959,7 +1081,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         // in front of the next tile's loads: rows [dq_r0, +16 MFQ) x columns [dq_c0, +DQC); A = dS (plain
         // ldmatrix), B = K via ldmatrix.trans.
         const int dq_r0 = (warp / WD_Q) * 16 * MFQ, dq_c0 = (warp % WD_Q) * DQC;
-        float* dq_band = dq_accum_band<D>(p, n_block, batch, hq, m0 + dq_r0, opaque(lane));
+        float* dq_band = dq_accum_band<D, VARLEN>(p, n_block, cur_si(), cur_batch(), hq, m0 + dq_r0, opaque(lane));
         if (dq_bulk) {  // the previous tile's reductions have read the staging
           if (lane == 0) bulk_wait_group_read<0>();
           __syncwarp();
@@ -998,8 +1120,8 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         if constexpr (DO_STAGES == 1) {
           __syncthreads();  // barrier 3: every warp is done with dO (dP, dV): bring in the next dO tile
           if (it + 1 < total) {
-            load_do_tile<T, D, BLOCK_M, NT, true>(p, do_smem, batch, kv_head * group + cur_h,
-                                                  (m_begin + cur_m) * BLOCK_M, seqlen_q, tid);
+            load_do_tile<T, D, BLOCK_M, NT, true>(p, do_smem, cur_si(), cur_batch(), kv_head * group + cur_h,
+                                                  (m_begin + cur_m) * BLOCK_M, tid);
             cp_async_commit();
           }
         }
@@ -1011,7 +1133,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     }
 
     if constexpr (DQ_BULK) {  // the last Q tile's dQ
-      if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, batch, dq_pending_hq, dq_pending_m0);
+      if (dq_pending_hq >= 0) dq_bulk_reduce(n_block, cur_si(), cur_batch(), dq_pending_hq, dq_pending_m0);
       dq_pending_hq = -1;
     }
     // dK = softmax_scale * acc_dk, dV = acc_dv (/ (1 - p) with dropout): this warp's KV row bands x DCOLS
@@ -1019,7 +1141,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     if constexpr (DROP) scale_frags(acc_dv, (float)p.dropout_scale);
 #pragma unroll
     for (int r = 0; r < RBW; ++r)
-      store_dkdv<T, DFO>(p, batch, kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS, seqlen_k,
+      store_dkdv<T, DFO>(p, cur_si(), cur_batch(), kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS,
                          acc_dk[r], acc_dv[r], lane);
     __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
   }

@@ -36,6 +36,7 @@
 //              S = Q K^T over all of D and O = P V for its columns [split * DO, +DO) only, the split index of the
 //              grid naming the column slice: the O accumulators of a 512-wide head do not fit one thread's
 //              registers, and the Q K^T of one slice is repeated by the other (1.5x the FLOPs of one block).
+//   VARLEN     packed sequences (attn/seqlen.cuh: FwdParams::cu_seqlens_q; the grid over every element's tiles)
 //   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
 //              S = Q K^T. Later issue keeps the S registers live across the copies, so ptxas cannot hand the
 //              copies' address registers to S (the zeroing of S then waited for the copies to read them:
@@ -54,8 +55,12 @@
 namespace cuflash {
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
-          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE, int DO = 0>
-__global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_constant__ FwdParams p) {
+          int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE, int DO = 0,
+          bool VARLEN = false>
+// Launch bounds: the packed head-dim-32 kernel is capped at 168 registers by ptxas for sm_90 (to fit more blocks)
+// and spills 28 B there; one block per SM as the minimum (0: none) lets it keep its registers.
+__global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
+    flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int NT = NWARPS * 32;
   constexpr int WARP_M = BLOCK_M / NWARPS;  // Q rows per warp
   constexpr int MF = WARP_M / 16;           // m16 fragments per warp
@@ -76,6 +81,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   static_assert(LOAD_AT == 0 || LOAD_AT == 1, "LOAD_AT: 0 or 1");
   constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
   static_assert(!(DROP && SPLIT), "dropout: the plain forward only");
+  static_assert(!(VARLEN && SPLIT), "packed sequences: the plain forward only");
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(D % DV == 0 && DV % 16 == 0 && (DV == D || !SPLIT), "O column slices: whole n8 pairs, no split-KV");
@@ -89,22 +95,23 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int seqlen_q = (int)p.seqlen_q;
-  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);
+  const FwdBlock blk = fwd_block_coords<BLOCK_M>(p, blockIdx, VARLEN);
   const int m0 = blk.m_block * BLOCK_M;
-  const SeqInfo si = seqinfo(p, blk.batch);
-  const int seqlen_k = si.seqlen_k;
+  const SeqInfo si = seqinfo(p, blk.batch, VARLEN);
+  const int seqlen_q = si.seqlen_q, seqlen_k = si.seqlen_k;
+  if (VARLEN && m0 >= seqlen_q) return;  // a tile past this element's rows (attn/seqlen.cuh)
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
   const int hd = (int)p.head_dim;  // the inputs' head dim (<= D; attn/params.cuh)
   const int o_col0 = DV == D ? 0 : blk.split * DV;  // this block's O (and V) columns
   const int hd_v = DV == D ? hd : min(DV, hd - o_col0);
 
-  const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, blk.batch, blk.head);
+  const T* q_ptr = reinterpret_cast<const T*>(p.q) +
+                   si.q_offset(p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.batch, blk.head);
   const int64_t kv_head = blk.head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, blk.batch, kv_head);
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, blk.batch, kv_head) +
-                   o_col0;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) +
+                   si.k_offset(p.k_batch_stride, p.k_row_stride, p.k_head_stride, blk.batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) +
+                   si.k_offset(p.v_batch_stride, p.v_row_stride, p.v_head_stride, blk.batch, kv_head) + o_col0;
 
   // KV tiles this block visits: [n_begin, n_end) (attn/block.cuh). Causal: tiles entirely above the diagonal of
   // the last row of this Q tile are never loaded. Split-KV: this row's own KV tiles, cut into num_splits
@@ -247,7 +254,8 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
   // Epilogue. l is reduced across the quad once; O = acc_o / l (0 for rows that saw no key). The head, batch
   // and split are derived again from a fresh read of blockIdx (cheap) rather than kept live across the KV
   // loop: at head dim 128 the loop uses all 255 registers, and NVRTC 13.0 otherwise spills them.
-  const FwdBlock eblk = fwd_block_coords(p, num_m_blocks, block_idx_reread());
+  const FwdBlock eblk = fwd_block_coords<BLOCK_M>(p, block_idx_reread(), VARLEN);
+  const SeqInfo esi = seqinfo(p, eblk.batch, VARLEN);
   const int64_t bh = (int64_t)eblk.batch * p.nheads + eblk.head;
   float lse[MF][2];
   softmax.finalize(acc_o, lse);
@@ -257,22 +265,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
-      if (t == 0 && row < seqlen_q && (DV == D || eblk.split == 0)) {  // (O column slices: the first writes it)
+      if (t == 0 && row < esi.seqlen_q && (DV == D || eblk.split == 0)) {  // (O column slices: the first writes it)
         if (SPLIT)
-          p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q + row] = lse[mf][h];
+          p.lse_accum[((int64_t)eblk.split * p.batch * p.nheads + bh) * esi.seqlen_q + row] = lse[mf][h];
         else if (p.lse)
-          p.lse[bh * seqlen_q + row] = lse[mf][h];
+          p.lse[lse_row0(p, esi, eblk.batch, eblk.head, VARLEN) + row] = lse[mf][h];
       }
     }
 
   if (SPLIT) {  // fp32 partial output [split, b, h, sq, d], float2 stores
-    float* o_acc = p.o_accum + (((int64_t)eblk.split * p.batch * p.nheads + bh) * seqlen_q) * D;
+    float* o_acc = p.o_accum + (((int64_t)eblk.split * p.batch * p.nheads + bh) * esi.seqlen_q) * D;
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + warp * WARP_M + mf * 16 + g + h * 8;
-        if (row < seqlen_q)
+        if (row < esi.seqlen_q)
 #pragma unroll
           for (int df = 0; df < DF; ++df)
             *reinterpret_cast<float2*>(o_acc + (int64_t)row * D + df * 8 + 2 * t) =
@@ -293,14 +301,14 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_fwd_kernel(const __grid_con
             pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
   __syncwarp();
   const int e_col0 = DV == D ? 0 : eblk.split * DV;
-  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, eblk.batch, eblk.head) +
-             e_col0;
+  T* o_ptr = reinterpret_cast<T*>(p.o) +
+             esi.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, eblk.batch, eblk.head) + e_col0;
   constexpr int CHUNKS = WARP_M * DV / 8;
 #pragma unroll
   for (int c = lane; c < CHUNKS; c += 32) {
     const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
     const int row = m0 + warp * WARP_M + r;
-    if (row < seqlen_q && col < (int)p.head_dim - e_col0)
+    if (row < esi.seqlen_q && col < (int)p.head_dim - e_col0)
       *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
           *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
   }

@@ -93,11 +93,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   uint64_t* empty_k = full_v + STAGES;
   uint64_t* empty_v = empty_k + STAGES;
 
-  const int seqlen_q = (int)p.seqlen_q;
-  const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  const FwdBlock blk = fwd_block_coords(p, num_m_blocks, blockIdx);  // heaviest causal Q tiles first
+  const bool varlen = p.cu_seqlens_q != nullptr;  // (a run-time test here: no register pressure to spare it)
+  const FwdBlock blk = fwd_block_coords<BLOCK_M>(p, blockIdx, varlen);  // heaviest causal Q tiles first
   const int m0 = blk.m_block * BLOCK_M;
-  const SeqInfo si = seqinfo(p, blk.batch);
+  const SeqInfo si = seqinfo(p, blk.batch, varlen);
+  const int seqlen_q = si.seqlen_q;
+  if (m0 >= seqlen_q) return;  // varlen: a tile past this element's rows (attn/seqlen.cuh)
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
   // KV tiles [n_begin, n_end), visited last first: the tile that needs the mask comes first, the rest need none
   // but, with a window, the ones at its left edge (attn/block.cuh: tiles right of the diagonal / band of the
@@ -124,24 +125,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && n_iters > 0) {
       const int kv_head = (int)(blk.head / p.heads_per_kv);  // GQA/MQA: the shared K/V head
+      // varlen: the maps see [1, total, h, d]; a tile's rows past the element's end are the next element's (never
+      // stored; keys past its end are masked) or past the total (zero-filled by TMA)
+      const int tb = varlen ? 0 : blk.batch;
       mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
 #pragma unroll
       for (int c = 0; c < CH; ++c)
-        tma_load_4d(sm + L::Q_OFF + c * BLOCK_M * 128, &maps.q, bar_q, c * 64, m0, blk.head, blk.batch);
+        tma_load_4d(sm + L::Q_OFF + c * BLOCK_M * 128, &maps.q, bar_q, c * 64, si.q_start + m0, blk.head, tb);
       for (int it = 0; it < n_iters; ++it) {
         const int n = n_end - 1 - it, s = it % STAGES, ph = (it / STAGES) & 1;
         mbar_wait(&empty_k[s], ph ^ 1);
         mbar_arrive_expect_tx(&full_k[s], L::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
-          tma_load_4d(sm + L::K_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.k, &full_k[s], c * 64, n * BLOCK_N,
-                      kv_head, blk.batch);
+          tma_load_4d(sm + L::K_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.k, &full_k[s], c * 64,
+                      si.k_start + n * BLOCK_N, kv_head, tb);
         mbar_wait(&empty_v[s], ph ^ 1);
         mbar_arrive_expect_tx(&full_v[s], L::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
-          tma_load_4d(sm + L::V_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.v, &full_v[s], c * 64, n * BLOCK_N,
-                      kv_head, blk.batch);
+          tma_load_4d(sm + L::V_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.v, &full_v[s], c * 64,
+                      si.k_start + n * BLOCK_N, kv_head, tb);
       }
     }
     return;
@@ -267,11 +271,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   softmax.finalize(acc_o, lse);
   const int g = lane / 4, t = lane % 4;
   if (p.lse && t == 0) {
-    const int64_t bh = (int64_t)blk.batch * p.nheads + blk.head;
+    const int64_t row0 = lse_row0(p, si, blk.batch, blk.head, varlen);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_w + g + 8 * h;
-      if (row < seqlen_q) p.lse[bh * seqlen_q + row] = lse[0][h];
+      if (row < seqlen_q) p.lse[row0 + row] = lse[0][h];
     }
   }
   // O -> this warpgroup's 64 rows of the Q tile (only its own products read them, all completed), in the same
@@ -289,7 +293,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     }
   }
   named_bar_sync(4 + cw, 128);
-  T* o_ptr = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, blk.batch, blk.head);
+  T* o_ptr = reinterpret_cast<T*>(p.o) + si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, blk.batch,
+                                                     blk.head);
   constexpr int PIECES = D / 8;  // 16-byte pieces of a row of O
 #pragma unroll
   for (int i = tid; i < 64 * PIECES; i += 128) {

@@ -12,6 +12,9 @@ Public API (flash-attn's names and keywords):
 * `flash_attn_qkvpacked_func(qkv, ...)`, `flash_attn_kvpacked_func(q, kv, ...)`: the same on packed inputs
   ([b, s, 3, h, d] / [b, s, 2, hk, d]), split into views without a copy.
 * `flash_attn_backward(dout, q, k, v, out, softmax_lse, ...)`: its gradients without autograd (CuPy).
+* `flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` and its
+  `_qkvpacked` / `_kvpacked` forms: packed sequences of different lengths ([total, h, d]), forward and backward;
+  `flash_attn_varlen_backward` for CuPy.
 * `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, ...)`: Flash-Decoding
   against a KV cache, with an optional in-place append.
 * `naive_attention(q, k, v, softmax_scale=None, causal=False)`: the unfused baseline.
@@ -33,8 +36,12 @@ from .flash import flash_attn_func
 from .naive import naive_attention
 from .packed import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .sdpa import scaled_dot_product_attention
+from .varlen import (flash_attn_varlen_backward, flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                     flash_attn_varlen_qkvpacked_func)
 from ._dropout import dropout_mask, get_rng_state, manual_seed
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward", "flash_attn_with_kvcache", "naive_attention", "scaled_dot_product_attention", "reference", "manual_seed", "get_rng_state", "dropout_mask", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_backward",
+           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_backward", "flash_attn_with_kvcache", "naive_attention", "scaled_dot_product_attention", "reference", "manual_seed", "get_rng_state", "dropout_mask", "__version__"]

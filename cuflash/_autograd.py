@@ -79,3 +79,38 @@ def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm
     from torch's generator when None: cuflash._dropout)."""
     return FlashAttnFunction.apply(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order, dq_strategy,
                                    warp_partition, backend, window_size, softcap, alibi_slopes, dropout_p, rng_state)
+
+
+class FlashAttnVarlenFunction(torch.autograd.Function):
+    """flash_attn_varlen_func under autograd (cuflash.varlen): saves q, k, v, out, the LSE and cu_seqlens."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                window_size, softcap, alibi_slopes, dropout_p, rng_state, deterministic, dq_strategy, backend):
+        from ._varlen import check_varlen, varlen_forward
+
+        q4, k4, v4, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        out, lse, mods = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap,
+                                        alibi_slopes, dropout_p, rng_state, backend)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.cfg = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, dq_strategy)
+        ctx.mods, ctx.alibi = mods, alibi_slopes
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        from ._varlen import varlen_backward
+
+        if dout is None:
+            return (None,) * 17
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, softmax_scale, causal, deterministic, dq_strategy = ctx.cfg
+        try:
+            check_layout(wrap(dout, "dout"), "dout")
+        except ValueError:  # autograd may hand in a gradient with any strides
+            dout = dout.contiguous()
+        dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                                     deterministic, dq_strategy, ctx.mods)
+        return (dq, dk, dv) + (None,) * 14

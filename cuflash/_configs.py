@@ -158,9 +158,9 @@ def _mod_checked(causal: bool, mod: int) -> int:
 
 
 def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None,
-             exp_variant: int = 0, mod: int = 0) -> KernelSpec:
+             exp_variant: int = 0, mod: int = 0, varlen: bool = False) -> KernelSpec:
     """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder; mod:
-    MOD_SCORE for the score modifiers, cuflash/_mods.py)."""
+    MOD_SCORE for the score modifiers, cuflash/_mods.py; varlen: packed sequences, the VARLEN kernel)."""
     if split and headdim not in DECODE_TILES:
         raise ValueError(f"the split-KV forward has no kernel for head dim {headdim} (head dims {tuple(DECODE_TILES)})")
     if tile is None:
@@ -168,7 +168,12 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     if split and mod & MOD_DROPOUT:
         raise ValueError("dropout: the split-KV forward has no dropout kernel")
     smem = fwd_smem_bytes(headdim, tile)
-    if tile.o_split > 1:
+    if varlen:
+        if split:
+            raise ValueError("varlen: the split-KV forward has no packed-sequence kernel")
+        do = headdim // tile.o_split if tile.o_split > 1 else 0
+        extra = (f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {do}, true")
+    elif tile.o_split > 1:
         if split:
             raise ValueError("o_split: the split-KV forward has no O column slices")
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {headdim // tile.o_split}"
@@ -462,12 +467,15 @@ BWD_DROPOUT_TILES = {
 BWD_SCORE_UNSUPPORTED = {("q", 256)}
 
 
-def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = None, mod: int = 0) -> dict:
+def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = None, mod: int = 0,
+              varlen: bool = False) -> dict:
     """The tile table of one backward warp partition ("kv", "q" or "2d") for a device of compute capability
     `arch` (e.g. 90; the sm_80 tables unless the partition has sm_90 tiles) and inputs of `dtype` ("float16" or
-    "bfloat16"; None: the fp16 table); mod = MOD_SCORE: with BWD_SCORE_TILES."""
+    "bfloat16"; None: the fp16 table); mod = MOD_SCORE: with BWD_SCORE_TILES. varlen: the packed-sequence kernels,
+    which take the sm_80 tables on sm_90 too (the sm_90 2D tiles, DQ_BULK, spill 8-36 B with the packed kernel's
+    extra code under NVRTC 13.0; the sm_80 2D tiles compiled for sm_90 do not)."""
     table = {"kv": BWD_TILES, "q": BWD_TILES_Q, "2d": BWD_TILES_2D}[warp_partition]
-    sm90 = arch >= 90 and warp_partition == "2d"
+    sm90 = arch >= 90 and warp_partition == "2d" and not varlen
     if sm90:
         table = {**table, **BWD_TILES_2D_SM90, **BWD_TILES_2D_SM90_DTYPE.get(dtype, {})}
     if mod:
@@ -482,11 +490,11 @@ def bwd_tiles(warp_partition: str = "kv", arch: int = 80, dtype: str | None = No
 
 
 def bwd_tile(headdim: int, warp_partition: str = "kv", arch: int = 80, dtype: str | None = None,
-             mod: int = 0) -> BwdTile:
+             mod: int = 0, varlen: bool = False) -> BwdTile:
     """The V2 backward tile of a head dim in one warp partition ("kv", "q", "2d"; resolve "auto" first with
     cuflash.backward.resolve_warp_partition) on a device of compute capability `arch`, for inputs of `dtype`, in
-    mask mode `mod`."""
-    return bwd_tiles(warp_partition, arch, dtype, mod)[headdim]
+    mask mode `mod`, packed (varlen) or not."""
+    return bwd_tiles(warp_partition, arch, dtype, mod, varlen)[headdim]
 
 
 def bwd_do_stages(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> int:
@@ -516,12 +524,12 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
     return _bwd_smem(headdim, tile, warp_partition, bwd_do_stages(headdim, tile, warp_partition))
 
 
-def _bwd_name_extras(tile: BwdTile, mod: int = 0) -> str:
-    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, MOD, written up to the last one
-    that is not its default."""
+def _bwd_name_extras(tile: BwdTile, mod: int = 0, varlen: bool = False) -> str:
+    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, MOD, VARLEN, written up to the
+    last one that is not its default."""
     args = ["true" if tile.dq_bulk else "false", "true" if tile.p_regs else "false", str(tile.load_at),
-            "true" if tile.exp_il else "false", str(mod)]
-    defaults = ["false", "false", "0", "false", "0"]
+            "true" if tile.exp_il else "false", str(mod), "true" if varlen else "false"]
+    defaults = ["false", "false", "0", "false", "0", "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)
@@ -533,12 +541,13 @@ def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:
 
 
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
-             warp_partition: str = "kv", mod: int = 0) -> KernelSpec:
+             warp_partition: str = "kv", mod: int = 0, varlen: bool = False) -> KernelSpec:
+    """The V2 backward kernel (varlen: packed sequences, the VARLEN kernel)."""
     tile = tile or bwd_tile(headdim, warp_partition, mod=mod)
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}{_bwd_name_extras(tile, _mod_checked(causal, mod))}>")
+            f"{tile.kunroll}{_bwd_name_extras(tile, _mod_checked(causal, mod), varlen)}>")
     min_arch = 90 if sm90_only(headdim, tile, warp_partition) else 80
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem, min_arch)
 
@@ -652,13 +661,14 @@ def v1_specs():
 
 
 def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward: bool = True, decode: bool = True,
-                arch: int = 90, scores: bool = False):
+                arch: int = 90, scores: bool = False, varlen: bool = False):
     """The kernels a model's calls launch on sm_<arch> with the default options (`python -m cuflash.precompile
     --dtypes/--headdims/--causal/--no-backward/--no-decode`): the V2 forward (and the Hopper forward for its head
     dims on sm_90); with backward, the default backward (preprocess, the auto partition's main kernel with this
     arch's tile, dQ convert); with decode, the decode kernel, the split-KV forward, its combine and the cache
-    append. With scores, also the kernels of the score modifiers (window, soft-cap, ALiBi: MOD_SCORE). A subset of
-    all_specs(). A head dim that is not compiled stands for the kernels that run it (kernel_headdim)."""
+    append. With scores, also the kernels of the score modifiers (window, soft-cap, ALiBi: MOD_SCORE); with varlen,
+    the packed-sequence (VARLEN) forward and backward of the same modes. A subset of all_specs(). A head dim that is
+    not compiled stands for the kernels that run it (kernel_headdim)."""
     out = []
     # (the V2 forward's kernel head dim, the Hopper forward's or None) of each head dim asked for
     kernels = dict.fromkeys((kernel_headdim(h, FWD_HEADDIMS),
@@ -671,12 +681,18 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 out.append(fwd_spec(dt, d, c, split=False, mod=m))
                 if arch == 90 and d90:
                     out.append(sm90_fwd_spec(dt, d90, c, mod=m))
+                if varlen:
+                    out.append(fwd_spec(dt, d, c, split=False, mod=m, varlen=True))
                 if fwd_only:
                     continue
                 if backward:
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
                     out += [bwd_spec(dt, d, c, tile, part, mod=m), bwd_convert_spec(dt, d, c, tile.block_n, mod=m)]
+                    if varlen:
+                        vt = bwd_tile(d, part, arch, dt, m, varlen=True)
+                        out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),
+                                bwd_convert_spec(dt, d, c, vt.block_n, mod=m)]
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
                     out += [decode_spec(dt, d, c, mf, mod=m) for mf in range(1, DECODE_MAX_MF[d] + 1)]
@@ -685,6 +701,22 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
             if decode and not fwd_only:
                 out += [combine_spec(dt, d), append_spec(dt)]
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
+
+
+def varlen_specs():
+    """The packed-sequence kernels: the V2 forward of every head dim and mask mode, and the backward in the partition
+    "auto" picks (the varlen functions have no warp_partition argument; the sm_80 tiles on every device: bwd_tiles)."""
+    specs = []
+    for dt in DTYPES:
+        for d in FWD_HEADDIMS:
+            for causal, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
+                specs.append(fwd_spec(dt, d, causal, split=False, mod=m, varlen=True))
+                if d not in HEADDIMS:
+                    continue
+                part = BWD_AUTO_PARTITION.get(d, "kv")
+                specs.append(bwd_spec(dt, d, causal, bwd_tile(d, part, 80, dt, m, varlen=True), part, mod=m,
+                                      varlen=True))
+    return list(dict.fromkeys(specs))
 
 
 def all_specs():
@@ -716,6 +748,7 @@ def all_specs():
         for d in FWD_HEADDIMS:
             if d not in HEADDIMS:
                 specs += [fwd_spec(dt, d, c, split=False, mod=m) for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT))]
+    specs += varlen_specs()  # packed sequences (flash_attn_varlen_func): the VARLEN forward and backward kernels
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only

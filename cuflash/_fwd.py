@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from . import _interop
 from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile
-from ._fwd_grid import GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order  # noqa: F401
+from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
+                        resolve_grid_order)
 from ._interop import desc
 from ._launch import get_launcher
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for  # noqa: F401 (LOG2E re-exported)
@@ -33,11 +34,11 @@ def fold_gqa_rows(qa, hk: int):
 
 
 def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, num_splits=1,
-                  seqlen_k_new=0, mods=None):
+                  seqlen_k_new=0, mods=None, packed=None):
     """The V2 forward launch of validated views, less its pointers: (launcher, grid, fields), fields being
     FwdParams' non-pointer fields by name (strides as the kernel sees them -- GQA fold included --, sizes,
     grid order, scale, score modifiers). o_strides: out's (batch, seqlen, head) strides. mods: cuflash._mods.Mods
-    of the call, or None."""
+    of the call, or None. packed: a cuflash._varlen.Packed (qa, ka, va its [1, total, ...] views) or None."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
@@ -45,7 +46,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     hd, d = d, kernel_headdim(d, FWD_HEADDIMS)  # the inputs' head dim; the kernel's (padded in shared memory)
     causal, mod = kernel_mode(mods, causal)
     osb, osq, osh = o_strides
-    if folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
+    if packed is None and folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
         rows, kheads, q_row, q_head = fold_gqa_rows(qa, hk)
         o_row, o_head = osh, rows * osh
         heads_per_kv, causal = 1, False
@@ -54,7 +55,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_row, o_head = osq, osh
         heads_per_kv = h // hk
     split = num_splits > 1
-    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod)
+    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod, varlen=packed is not None)
     lau = get_launcher(spec, qa.device)
     tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
     # the grid's split index: the KV split (split-KV), or the block's O column slice (tile.o_split > 1)
@@ -70,11 +71,14 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         seqlen_k_new=seqlen_k_new, grid_order=order,
         **mod_fields(mods, softmax_scale, hd),
     )
+    if packed is not None:
+        grid = packed.grid(tile.block_m, kheads, num_splits)
+        packed.patch(fields)
     return lau, grid, fields
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out=None, lse=None,
-            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80", mods=None):
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80", mods=None, packed=None):
     """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
 
     backend: "sm80" (the mma.sync kernels, every option below), "sm90" or "auto" (cuflash._fwd_sm90: the Hopper
@@ -84,22 +88,24 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     configured tile (benchmark sweeps). mods: the score modifiers (cuflash._mods.mods_for), or None. KV cache: `seqlens_k_ptr` is an int32 [b] device array of valid
     keys per batch element (plus `seqlen_k_new` appended by this call). num_splits > 1 runs the split-KV
     kernel into fp32 partials (`scratch` = (o_accum, lse_accum), allocated here when None) and combines.
+    packed (cuflash._varlen.Packed; qa, ka, va its [1, total, ...] views): packed sequences, out [total_q, h, d]
+    and lse [h, total_q] (flash-attn's varlen layouts), not with a KV cache or splits.
     """
     if backend != "sm80" and tile is None and not seqlens_k_ptr and num_splits == 1:
         from . import _fwd_sm90
 
-        if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods) == "sm90":
-            return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse, mods=mods)
+        if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods, packed) == "sm90":
+            return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse, mods=mods,
+                                     packed=packed)
     b, sq, h, d = qa.shape
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     check_softmax_scale(softmax_scale)
-    if out is None:
-        out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
-    if lse is None:
-        lse = _interop.empty(qa, (b, h, sq), "float32")
-    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile,
-                                      num_splits, seqlen_k_new, mods)
+    out, lse, o_strides = outputs(qa, out, lse, packed)
+    if packed is not None and packed.total_q == 0:
+        return out, lse
+    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile,
+                                      num_splits, seqlen_k_new, mods, packed)
     split = num_splits > 1
     o_accum = lse_accum = 0
     if split:
@@ -113,7 +119,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     with _interop.device_guard(qa.device):
         lau.launch_block(grid, stream, FWD_PARAMS, FWD_PARAMS.values(
             q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum,
-            seqlens_k=seqlens_k_ptr, **fields))
+            seqlens_k=seqlens_k_ptr, **(packed.pointers() if packed is not None else _NOT_PACKED), **fields))
         if split:  # flash_combine_kernel: the partials -> out, lse (the fields it reads; the others 0)
             comb = get_launcher(combine_spec(qa.dtype, kernel_headdim(d)), qa.device)
             nrows = b * fields["nheads"] * fields["seqlen_q"]
@@ -122,6 +128,9 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
             comb.launch_block((-(-nrows // (comb.threads // 32)), 1, 1), stream, FWD_PARAMS, FWD_PARAMS.values(
                 0, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum, heads_per_kv=1, **lau_fields))
     return out, lse
+
+
+_NOT_PACKED = dict(cu_seqlens_q=0, cu_seqlens_k=0)
 
 
 class _FwdPlan(HostPlan):
@@ -150,7 +159,8 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mo
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                       mods=mods)
     p = _FwdPlan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, cu_seqlens_q=0,
+           cu_seqlens_k=0, **fields)
     p.add_launch(lau, grid)
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

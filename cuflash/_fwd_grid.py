@@ -1,7 +1,9 @@
 """The forward launch grid, shared by the mma.sync (cuflash._fwd) and Hopper (cuflash._fwd_sm90) forwards: the
-grid orders, the grid of a launch, the strides of an output array, and when single-query GQA is folded into rows."""
+grid orders, the grid of a launch, the strides of an output array, when single-query GQA is folded into rows, and
+the outputs of a forward (fixed or packed)."""
 from __future__ import annotations
 
+from . import _interop
 from ._configs import auto_grid_order
 
 GRID_ORDERS = {"qtile": 0, "bh": 1}
@@ -35,3 +37,20 @@ def _grid(order: int, m_blocks: int, nheads: int, batch: int, splits: int):
 def _strides_of(x):
     s = x.stride() if callable(getattr(x, "stride", None)) else tuple(v // x.itemsize for v in x.strides)
     return tuple(s)
+
+
+def outputs(qa, out, lse, packed):
+    """(out, lse, out's (batch, seqlen, head) strides as the kernels see them) of a forward, allocated where None:
+    [b, sq, h, d] and [b, h, sq], or packed [total_q, h, d] and [h, total_q] (batch stride 0)."""
+    b, sq, h, d = qa.shape
+    if packed is None:
+        if out is None:
+            out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
+        if lse is None:
+            lse = _interop.empty(qa, (b, h, sq), "float32")
+        return out, lse, _strides_of(out)[:3]
+    if out is None:
+        out = _interop.empty(qa, (packed.total_q, h, d), qa.dtype)
+    if lse is None:
+        lse = _interop.empty(qa, (h, packed.total_q), "float32")
+    return out, lse, (0, *_strides_of(out)[:2])

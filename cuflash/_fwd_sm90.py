@@ -18,7 +18,7 @@ import ctypes
 import threading
 
 from . import _interop
-from ._fwd_grid import GRID_ORDERS, _grid, _strides_of, folds_gqa, resolve_grid_order
+from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
 from ._mods import has_dropout, kernel_mode, mod_fields
@@ -50,7 +50,7 @@ def device_cc(device_id: int) -> int:
     return cc
 
 
-def ineligible(qa, ka, va, mods=None) -> str | None:
+def ineligible(qa, ka, va, mods=None, packed=None) -> str | None:
     """Why the sm90 kernels cannot take these validated views, or None when they can. With score modifiers
     (`mods` of MOD_SCORE) single-query GQA is eligible: the sm80 kernels do not fold the heads into rows then
     either."""
@@ -61,7 +61,7 @@ def ineligible(qa, ka, va, mods=None) -> str | None:
                 f"{SM90_HEADDIMS[-1]}; the sm80 kernels have head dim {SM80_ONLY_MAX_HEADDIM} itself)")
     if has_dropout(mods):
         return "dropout (the mma.sync kernels run it)"
-    if folds_gqa(sq, h, hk, kernel_mode(mods, False)[1]):
+    if packed is None and folds_gqa(sq, h, hk, kernel_mode(mods, False)[1]):
         return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
     if not (b and h and sq and sk):
         return "an empty batch, head count or sequence"
@@ -71,7 +71,7 @@ def ineligible(qa, ka, va, mods=None) -> str | None:
     return None
 
 
-def resolve_backend(backend: str, qa, ka, va, mods=None) -> str:
+def resolve_backend(backend: str, qa, ka, va, mods=None, packed=None) -> str:
     """"sm80" or "sm90": the path a validated call takes (see the module docstring)."""
     if backend == "sm80":
         return "sm80"
@@ -79,14 +79,14 @@ def resolve_backend(backend: str, qa, ka, va, mods=None) -> str:
     if backend == "sm90":
         if cc != 90:
             raise ValueError(f"backend='sm90' needs a compute capability 9.0 GPU; device {qa.device} is sm_{cc}")
-        why = ineligible(qa, ka, va, mods)
+        why = ineligible(qa, ka, va, mods, packed)
         if why:
             raise ValueError(f"backend='sm90' cannot take this input: {why}")
         return "sm90"
-    return "sm90" if cc == 90 and ineligible(qa, ka, va, mods) is None else "sm80"
+    return "sm90" if cc == 90 and ineligible(qa, ka, va, mods, packed) is None else "sm80"
 
 
-def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, mods=None):
+def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, mods=None, packed=None):
     """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs) of a validated, eligible call;
     `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark sweeps); mods: the score
     modifiers (cuflash._mods.Mods) or None."""
@@ -108,6 +108,9 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
         grid_order=order, **mod_fields(mods, softmax_scale, hd),
     )
+    if packed is not None:  # the maps see [1, total, heads, d] (cuda_src/flash_fwd_sm90.cu)
+        grid = packed.grid(tile.block_m, h)
+        packed.patch(fields)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n))
@@ -142,22 +145,20 @@ def _launch(fn, grid, threads, smem, stream, pack, maps_bytes, device, *values):
         driver.launchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, argv, 0)
 
 
-def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None, mods=None):
+def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None, mods=None,
+            packed=None):
     """The sm90 forward of validated, eligible views (no memo: autograd, explicit calls, tile sweeps); returns
-    (out, lse)."""
+    (out, lse). packed: as cuflash._fwd.forward's."""
     from ._validate import check_softmax_scale
 
-    b, sq, h, d = qa.shape
     check_softmax_scale(softmax_scale)
-    if out is None:
-        out = _interop.empty(qa, (b, sq, h, d), qa.dtype)
-    if lse is None:
-        lse = _interop.empty(qa, (b, h, sq), "float32")
-    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, _strides_of(out)[:3], tile,
-                                           mods)
+    out, lse, o_strides = outputs(qa, out, lse, packed)
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile, mods,
+                                           packed)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
+    cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
     values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, seqlens_k=0,
-                               **fields)
+                               **cu, **fields)
     _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
             encode_args(maps, qa.ptr, ka.ptr, va.ptr), qa.device, *values)
     return out, lse
@@ -188,7 +189,8 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90P
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                            mods=mods)
     p = Sm90Plan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, **fields)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, cu_seqlens_q=0,
+           cu_seqlens_k=0, **fields)
     p.add_launch(lau, grid)
     p.maps, p.encoded = maps, {}
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))

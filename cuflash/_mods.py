@@ -123,14 +123,15 @@ def is_plain(window_size, softcap, alibi_slopes) -> bool:
 
 def mods_for(qa: Arr, ka: Arr, causal: bool, window_size, softcap: float, alibi_slopes: Any,
              softmax_scale: float | None, seqlen_k: int | None = None, dropout_p: float = 0.0,
-             rng_state=None) -> Mods | None:
+             rng_state=None, batch: int | None = None) -> Mods | None:
     """Mods of validated views (None without modifiers or dropout); validates alibi_slopes. seqlen_k: the key
     count the kernels bound the band with (default: k's; a KV cache passes its capacity). dropout_p > 0: dropout
-    with rng_state = (seed, offset), or a new state of the inputs' generator when None (cuflash._dropout)."""
+    with rng_state = (seed, offset), or a new state of the inputs' generator when None (cuflash._dropout). batch:
+    the sequences of a packed call (qa its [1, total, h, d] view; alibi_slopes may be (batch, nheads))."""
     if is_plain(window_size, softcap, alibi_slopes) and not dropout_p:
         return None
     b, sq, h, d = qa.shape
-    alibi = check_alibi(alibi_slopes, qa, b, h)
+    alibi = check_alibi(alibi_slopes, qa, b if batch is None else batch, h)
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     drop = None
     if dropout_p:

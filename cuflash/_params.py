@@ -135,14 +135,16 @@ _MODS = (("alibi_batch_stride", INT64), ("window_left", INT64), ("window_right",
          ("rng_seed", INT64), ("rng_offset", INT64), ("dropout_keep", INT64), ("dropout_scale", DOUBLE))
 # cuda_src/attn/params.cuh: struct FwdParams (V2 forward, split-KV, decode, combine).
 FWD_PARAMS = ParamBlock("FwdParams", (
-    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "alibi_slopes"),
+    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k",
+           "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
     ("scale_log2", DOUBLE), *_MODS,
 ))
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
-    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "alibi_slopes"),
+    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "cu_seqlens_q",
+           "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
     ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,

@@ -11,6 +11,9 @@ and flash_attn_with_kvcache import it only while Dynamo traces, so eager calls k
   of the compiled graph.
 * `cuflash::flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal, ...)
   -> (dq, dk, dv)`: the V2 backward; the forward's autograd formula (`register_autograd`).
+* `cuflash::flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` and
+  `cuflash::flash_attn_varlen_bwd`: the same for packed sequences (cuflash.varlen; max_seqlen -1 when the caller
+  passed a 0-dim tensor, which is never read).
 * `cuflash::flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, ...) -> (out, softmax_lse)`: the
   decode path; it mutates k_cache and v_cache (the append), declared in the schema.
 
@@ -132,7 +135,110 @@ def _(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, softmax_scale
     return q.new_empty((b, sq, h, d)), q.new_empty((b, h, sq), dtype=torch.float32)
 
 
+@torch.library.custom_op("cuflash::flash_attn_varlen_fwd", mutates_args=(), device_types="cuda")
+def flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
+                          window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                          backend: str, deterministic: bool,
+                          dq_strategy: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The packed forward (cuflash.varlen); max_seqlen_* -1 where the caller passed a 0-dim tensor."""
+    from ._varlen import check_varlen, varlen_forward
+
+    check_unsupported(dropout_p, _window(window_left, window_right), softcap, alibi_slopes)
+    check_softmax_scale(softmax_scale)
+    mq = None if max_seqlen_q < 0 else max_seqlen_q
+    mk = None if max_seqlen_k < 0 else max_seqlen_k
+    q4, k4, v4, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq if mq is not None else 0,
+                                      mk if mk is not None else 0)
+    packed.max_q, packed.max_k = mq, mk
+    state = _dropout.next_state(q4.kind, q4.device) if dropout_p else None
+    out, lse, mods = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, _window(window_left, window_right),
+                                    softcap, alibi_slopes, dropout_p, state, backend)
+    seed, offset = rng_state_of(mods) or _NO_RNG
+    return out, lse, torch.tensor([_dropout._int64(seed), _dropout._int64(offset)], dtype=torch.int64)
+
+
+@flash_attn_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+      window_left, window_right, softcap, alibi_slopes, backend, deterministic, dq_strategy):
+    total, h, d = q.shape
+    return (q.new_empty((total, h, d)), q.new_empty((h, total), dtype=torch.float32),
+            torch.empty((2,), dtype=torch.int64, device="cpu"))
+
+
+@torch.library.custom_op("cuflash::flash_attn_varlen_bwd", mutates_args=(), device_types="cuda")
+def flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                          rng_state: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_left: int,
+                          window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool,
+                          dq_strategy: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+    from ._varlen import check_varlen, varlen_backward
+
+    q4, k4, _, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, 0, 0)
+    state = tuple(int(x) for x in rng_state.tolist()) if dropout_p else None
+    mods = mods_for(q4, k4, causal, _window(window_left, window_right), softcap, alibi_slopes, softmax_scale,
+                    dropout_p=dropout_p, rng_state=state, batch=packed.batch)
+    if not dout.is_contiguous():
+        dout = dout.contiguous()
+    mq = max_seqlen_q if max_seqlen_q >= 0 else torch.zeros((), dtype=torch.int32)
+    mk = max_seqlen_k if max_seqlen_k >= 0 else torch.zeros((), dtype=torch.int32)
+    return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, mq, mk, softmax_scale, causal,
+                           deterministic, dq_strategy, mods)
+
+
+@flash_attn_varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, dropout_p,
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, dq_strategy):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+     alibi_slopes, backend, deterministic, dq_strategy) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng_state)
+    ctx.opts = (max_q, max_k, dropout_p, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                dq_strategy)
+    ctx.alibi = alibi_slopes
+
+
+def _varlen_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, cu_q, cu_k, rng_state = ctx.saved_tensors
+    max_q, max_k, dropout_p, softmax_scale, causal, wl, wr, softcap, deterministic, dq_strategy = ctx.opts
+    dq, dk, dv = torch.ops.cuflash.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                                                         rng_state, dropout_p, softmax_scale, causal, wl, wr,
+                                                         softcap, ctx.alibi, deterministic, dq_strategy)
+    return (dq, dk, dv) + (None,) * 14
+
+
+flash_attn_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
 # ------------------------------------------------------------------------------- the compiled paths
+def compiled_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                               return_attn_probs, block_table, dq_strategy, backend):
+    """flash_attn_varlen_func while Dynamo traces: one cuflash::flash_attn_varlen_fwd node (max_seqlen given as a
+    tensor goes in as -1: never read)."""
+    from ._varlen import NO_PAGES
+
+    if block_table is not None:
+        raise NotImplementedError(NO_PAGES)
+    if return_attn_probs and dropout_p:
+        raise NotImplementedError("return_attn_probs with dropout_p > 0: not implemented for packed sequences")
+    d = q.shape[-1]
+    scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
+    left, right = window_size
+    mq = max_seqlen_q if isinstance(max_seqlen_q, int) else -1
+    mk = max_seqlen_k if isinstance(max_seqlen_k, int) else -1
+    out, lse, _ = torch.ops.cuflash.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk,
+                                                          float(dropout_p), scale, bool(causal), int(left),
+                                                          int(right), float(softcap), alibi_slopes, backend,
+                                                          bool(deterministic), dq_strategy)
+    return (out, lse, None) if return_attn_probs else out
+
+
 def compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                         deterministic, return_attn_probs, algorithm, grid_order, dq_strategy, warp_partition,
                         backend):

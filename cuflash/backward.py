@@ -108,17 +108,19 @@ class _BwdPlan(HostPlan):
 
     __slots__ = ("outs", "ws_off", "strategy")
 
-    def run(self, dp, qp, kp, vp, op, lp):
+    def run(self, dp, qp, kp, vp, op, lp, *cu):
+        """cu: a packed plan's (cu_seqlens_q, cu_seqlens_k) pointers."""
         (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = self.outs()
         o_lse, o_delta, o_acc = self.ws_off
-        self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp)
+        self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *cu)
         return dq, dk, dv
 
 
 def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile, warp_partition,
-               mods=None):
+               mods=None, packed=None):
     """The plan of validated views (every strategy; "seqpar" checks free memory when the plan is made); mods: the
-    forward's score modifiers (cuflash._mods.Mods) or None."""
+    forward's score modifiers (cuflash._mods.Mods) or None; packed: a cuflash._varlen.Packed (the views its [1,
+    total, ...] ones; the plan then takes the cu_seqlens pointers in `run` and returns packed gradients)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
@@ -129,34 +131,56 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     causal, mod = kernel_mode(mods, causal)
     if mod:
         check_score_partition(warp_partition, d)
-    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod)
-    n_blocks = -(-sk // tile.block_n)
-    sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
-    strategy = choose_dq_strategy(dq_strategy, deterministic,
-                                  seqpar_extra_bytes(b, h, sq, sk, d, tile), qa.device)
+    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod, varlen=packed is not None)
+    if packed is None:
+        n_blocks = -(-sk // tile.block_n)  # KV tiles per sequence (seqpar's dQ buffers)
+        sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
+        rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
+        dq_shape, dkv_shape = (b, sq, h, hd), (b, sk, hk, hd)
+    else:  # packed: the rows of every sequence per head; seqpar's buffers: the KV tiles of the longest sequence
+        b = packed.batch
+        n_blocks = None if packed.max_k is None else max(1, -(-packed.max_k // tile.block_n))
+        sq_pad = packed.padded_rows()
+        rows = h * sq_pad
+        dq_shape, dkv_shape = (sq, h, hd), (sk, hk, hd)
+    if packed is not None and n_blocks is None:
+        if dq_strategy == "seqpar":
+            raise ValueError("dq_strategy='seqpar' with packed sequences needs max_seqlen_k as an int (it sizes one "
+                             "dQ buffer per KV tile of the longest sequence); use 'loop' or pass an int")
+        if dq_strategy is None and deterministic:
+            dq_strategy = "loop"
+    strategy = choose_dq_strategy(dq_strategy, deterministic, (n_blocks or 0) * rows * d * 4, qa.device)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy = strategy
-    dq_shape, dkv_shape = (b, sq, h, hd), (b, sk, hk, hd)
-    rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d),), float32=True))
     p.ws_off = (0, 4 * rows, 8 * rows)
-    p.bind(BWD_PARAMS, ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv"),
-           **stride_fields("q", qa.strides), **stride_fields("k", ka.strides), **stride_fields("v", va.strides),
-           **stride_fields("o", oa.strides), **stride_fields("do", da.strides),
-           **contiguous_fields("dq", dq_shape), **contiguous_fields("dk", dkv_shape),
-           **contiguous_fields("dv", dkv_shape),
-           batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
-           dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
-           **mod_fields(mods, softmax_scale, hd))
+    c4 = (lambda shape: shape) if packed is None else (lambda shape: (1, *shape))  # the kernels' [b, s, h, d] view
+    fields = dict(
+        **stride_fields("q", qa.strides), **stride_fields("k", ka.strides), **stride_fields("v", va.strides),
+        **stride_fields("o", oa.strides), **stride_fields("do", da.strides),
+        **contiguous_fields("dq", c4(dq_shape)), **contiguous_fields("dk", c4(dkv_shape)),
+        **contiguous_fields("dv", c4(dkv_shape)),
+        batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
+        dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
+        **mod_fields(mods, softmax_scale, hd))
+    dynamic = ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv")
+    if packed is None:
+        p.bind(BWD_PARAMS, dynamic, cu_seqlens_q=0, cu_seqlens_k=0, **fields)
+    else:
+        packed.patch(fields, ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
+        p.bind(BWD_PARAMS, dynamic + ("cu_seqlens_q", "cu_seqlens_k"), **fields)
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
-    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod), dev)
+    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n, mod & MOD_SCORE), dev)  # (no dropout)
-    slots = b * h * sq_pad * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
+    slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
-    p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
+    if packed is None:
+        p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
+    else:  # x over every sequence's KV tiles ("loop": one block per (KV head, sequence))
+        p.add_launch(main, (1, hk, b) if strategy == "loop" else (packed.kv_tiles(tile.block_n), hk, 1))
     p.add_launch(conv, (-(-slots // conv.threads), 1, 1))
     return p
 

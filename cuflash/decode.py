@@ -236,7 +236,8 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k"),
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k"), cu_seqlens_q=0,
+           cu_seqlens_k=0,
            q_batch_stride=qa.strides[0], q_row_stride=q_row, q_head_stride=q_head,
            **stride_fields("k", kca.strides), **stride_fields("v", vca.strides),
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,

@@ -57,7 +57,7 @@ def select_specs(args) -> list:
     from . import _configs
 
     if not (args.dtypes or args.headdims or args.causal != "both" or args.no_backward or args.no_decode
-            or args.scores):
+            or args.scores or args.varlen):
         return _configs.all_specs()
     for d in args.headdims or ():
         if _configs.kernel_headdim(d, _configs.FWD_HEADDIMS) is None:
@@ -71,7 +71,7 @@ def select_specs(args) -> list:
     from ._loader import device_cc
 
     return _configs.model_specs(args.dtypes or _configs.DTYPES, args.headdims or _configs.HEADDIMS, causal,
-                                not args.no_backward, not args.no_decode, device_cc(0), args.scores)
+                                not args.no_backward, not args.no_decode, device_cc(0), args.scores, args.varlen)
 
 
 def parser():
@@ -84,6 +84,8 @@ def parser():
     ap.add_argument("--no-decode", action="store_true", help="no KV-cache decoding kernels")
     ap.add_argument("--scores", action="store_true",
                     help="also the kernels of the score modifiers (window_size, softcap, alibi_slopes)")
+    ap.add_argument("--varlen", action="store_true",
+                    help="also the packed-sequence kernels (flash_attn_varlen_func and its backward)")
     ap.add_argument("--progress", action="store_true", help="a one-line counter instead of a line per kernel")
     return ap
 

@@ -85,6 +85,12 @@ def test_model_specs_select_a_models_kernels():
     assert {s.filename for s in full} == {"flash_fwd.cu", "flash_fwd_sm90.cu", "flash_bwd.cu", "flash_decode.cu"}
     assert not [s for s in _configs.model_specs(arch=80) if s.arch_suffix or s.min_arch > 80]
     assert set(_configs.model_specs()) <= every
+    packed = _configs.model_specs(("float16",), (64, 104), (True,), decode=False, arch=90, varlen=True)
+    assert set(packed) <= every
+    assert _configs.fwd_spec("float16", 128, True, split=False, varlen=True) in packed  # (104 runs on 128)
+    for d in (64, 128):
+        tile = _configs.bwd_tile(d, "2d", 90, "float16", 0, varlen=True)
+        assert _configs.bwd_spec("float16", d, True, tile, "2d", varlen=True) in packed
 
 
 def test_precompile_command_line_selects(monkeypatch):

@@ -1,5 +1,5 @@
 """GPU: torch.compile through cuflash. Every entry point (flash_attn_func with the score options and dropout, the
-packed functions, scaled_dot_product_attention, flash_attn_with_kvcache) traces as one custom-operator node with
+packed functions, the varlen functions, scaled_dot_product_attention, flash_attn_with_kvcache) traces as one custom-operator node with
 no graph break (torch._dynamo.explain), compiled results equal the eager ones (forward, gradients with
 deterministic=True, dropout under one torch.manual_seed, the cache append), and torch.library.opcheck passes on
 each operator (schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes)."""
@@ -22,7 +22,7 @@ def attention(q, k, v):
     return cuflash.flash_attn_func(q, k, v, causal=True, window_size=(100, -1), softcap=30.0, deterministic=True)
 
 
-@pytest.mark.parametrize("what", ["func", "dropout", "packed", "sdpa", "kvcache"])
+@pytest.mark.parametrize("what", ["func", "dropout", "packed", "sdpa", "kvcache", "varlen", "varlen_tensor_max"])
 def test_no_graph_breaks(what):
     import torch
 
@@ -34,6 +34,12 @@ def test_no_graph_breaks(what):
     elif what == "packed":
         qkv = torch.randn(2, 256, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
         assert graph_breaks(lambda x: cuflash.flash_attn_qkvpacked_func(x, causal=True).sum(), qkv) == 0
+    elif what.startswith("varlen"):
+        cu = torch.tensor([0, 100, 100, 512], dtype=torch.int32, device="cuda")
+        mx = torch.tensor(412, dtype=torch.int32, device="cuda") if what.endswith("max") else 412
+        qp, kp, vp = (x.reshape(512, *x.shape[2:]) for x in (q, k, v))
+        assert graph_breaks(lambda q, k, v, cu: cuflash.flash_attn_varlen_func(
+            q, k, v, cu, cu, mx, mx, causal=True, softcap=5.0).float().sum(), qp, kp, vp, cu) == 0
     elif what == "sdpa":
         qt = q.transpose(1, 2).contiguous()
         assert graph_breaks(lambda a: cuflash.scaled_dot_product_attention(a, a, a, is_causal=True), qt) == 0
@@ -123,3 +129,44 @@ def test_opcheck():
     sl = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
     torch.library.opcheck(torch.ops.cuflash.flash_attn_with_kvcache.default,
                           (q[:, :2].detach(), kc, vc, kn, vn, sl, -1, 0.125, True, 1, -1, -1, 0.0, None))
+
+
+def test_compiled_varlen_equals_eager():
+    """flash_attn_varlen_func under torch.compile(fullgraph=True): the same out and (deterministic) gradients."""
+    import torch
+
+    lens = (100, 0, 257, 1)
+    cu = torch.tensor([0, 100, 100, 357, 358], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(358, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for n in (4, 2, 2))
+    dout = torch.randn(358, 4, 64, device="cuda", dtype=torch.bfloat16)
+
+    def fn(q, k, v, cu):
+        return cuflash.flash_attn_varlen_func(q * 0.5, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                              window_size=(64, -1), deterministic=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    results = []
+    for f in (fn, compiled):
+        for x in (q, k, v):
+            x.grad = None
+        out = f(q, k, v, cu)
+        out.backward(dout)
+        results.append([out.detach().clone()] + [x.grad.clone() for x in (q, k, v)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-2 * float(a.abs().max()) + 1e-3, msg=name)
+
+
+def test_opcheck_varlen():
+    import torch
+
+    cu = torch.tensor([0, 50, 50, 170], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(170, n, 64, device="cuda", dtype=torch.float16, requires_grad=True) for n in (4, 2, 2))
+    fwd_args = (q, k, v, cu, cu, 120, 120, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", True, None)
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_varlen_fwd.default, fwd_args)
+    out, lse, rng = torch.ops.cuflash.flash_attn_varlen_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
+                                                              for x in fwd_args))
+    dout = torch.randn_like(out)
+    bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, cu, cu, 120, 120, rng, 0.0, 0.125, True, -1, -1,
+                0.0, None, True, None)
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_varlen_bwd.default, bwd_args)

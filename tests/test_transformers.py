@@ -1,7 +1,8 @@
 """GPU: Hugging Face Transformers with attn_implementation="cufa" (cuflash.integrations.transformers) on small
 randomly initialised models (no downloads), against the same weights with "sdpa" in bf16: Llama (causal, GQA)
 logits, loss and every gradient; generation with the model's cache (prefill, then one-token steps: the scores of
-each step); Mistral's sliding window; a padded batch is a NotImplementedError naming variable-length attention."""
+each step); Mistral's sliding window; padded batches (left and right padding, through flash_attn_varlen_func):
+logits at the real tokens, gradients, and generation from a left-padded batch."""
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -63,7 +64,7 @@ def test_llama_generation_with_cache():
             break
 
 
-def test_mistral_sliding_window_and_padding_refused():
+def test_mistral_sliding_window_and_padding():
     import torch
 
     transformers = pytest.importorskip("transformers")
@@ -75,6 +76,50 @@ def test_mistral_sliding_window_and_padding_refused():
     with torch.no_grad():
         assert close(ours(ids).logits, ref(ids).logits)
         mask = torch.ones_like(ids)
-        mask[0, :10] = 0
-        with pytest.raises(NotImplementedError, match="variable-length"):
-            ours(ids, attention_mask=mask)
+        mask[0, :10] = 0  # left padding
+        real = mask.bool()
+        assert close(ours(ids, attention_mask=mask).logits[real], ref(ids, attention_mask=mask).logits[real])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_llama_padded_batch_logits_and_gradients(side):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    ref, ours = pair(LlamaForCausalLM, llama_config())
+    ids = torch.randint(0, 1000, (3, 200), device="cuda")
+    mask = torch.ones_like(ids)
+    for row, n in ((0, 37), (2, 150)):
+        if side == "left":
+            mask[row, :n] = 0
+        else:
+            mask[row, -n:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    out_r = ref(ids, attention_mask=mask, labels=labels)
+    out_o = ours(ids, attention_mask=mask, labels=labels)
+    real = mask.bool()
+    assert close(out_o.logits[real], out_r.logits[real])
+    assert abs(float(out_o.loss) - float(out_r.loss)) <= 1e-2 * float(out_r.loss)
+    out_r.loss.backward()
+    out_o.loss.backward()
+    for (name, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
+        assert close(po.grad, pr.grad, rel=5e-2), name
+
+
+def test_llama_generation_left_padded():
+    import torch
+    from transformers import LlamaForCausalLM
+
+    ref, ours = pair(LlamaForCausalLM, llama_config())
+    ids = torch.randint(0, 1000, (2, 60), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :23] = 0
+    kw = dict(max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
+              attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        gr = ref.generate(ids, **kw)
+        go = ours.generate(ids, **kw)
+    for step, (sr, so) in enumerate(zip(gr.scores, go.scores)):
+        assert close(so, sr), step
+        if not torch.equal(gr.sequences[:, 60 + step], go.sequences[:, 60 + step]):
+            break

@@ -15,18 +15,20 @@ struct FwdParams {
   const void* k;          // [b, sk, hk, d]
   const void* v;          // [b, sk, hk, d]
   void* o;                // [b, sq, h, d]
-  float* lse;             // [b, h, sq] fp32, natural log (may be null: not written)
+  float* lse;             // [b, h, sq] fp32, natural log (may be null: not written); packed: [h, total_q]
   float* o_accum;         // split-KV only: [splits, b, h, sq, d] fp32 partial outputs
   float* lse_accum;       // split-KV only: [splits, b, h, sq] fp32 partial LSE
   const int* seqlens_k;   // optional [b] int32: valid keys per batch element before this call's append
                           // (KV cache); keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k); null: seqlen_k
+  const int* cu_seqlens_q;  // varlen (packed sequences; attn/seqlen.cuh): int32 [b + 1] prefix sums of the query
+  const int* cu_seqlens_k;  // and key counts, rows of [total, h, d] tensors; null: fixed lengths
   const float* alibi_slopes;  // MOD_SCORE: fp32 [batch or 1, nheads], slope of (b, h) at b * alibi_batch_stride + h;
                               // null: no ALiBi
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k;
+  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k;  // packed: seqlen_q, seqlen_k = total_q, total_k
   int64_t num_splits;                    // split-KV: the KV tiles of each row are cut into this many ranges
   int64_t seqlen_k_new;                  // keys appended to the cache by this call (see seqlens_k)
   int64_t grid_order;                    // 0: Q tile in grid x (same-head blocks together); 1: (b, h) in x
@@ -64,6 +66,8 @@ struct BwdParams {
   void* dq;             // [b, sq, h, d]
   void* dk;             // [b, sk, hk, d]
   void* dv;             // [b, sk, hk, d]
+  const int* cu_seqlens_q;  // varlen: as FwdParams'; the fp32 row buffers are then [h, sq_pad] with element b's
+  const int* cu_seqlens_k;  // rows from 128 (cu_q[b] / 128 + b) (attn/seqlen.cuh: varlen_pad_start)
   const float* alibi_slopes;  // MOD_SCORE: as FwdParams::alibi_slopes
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -73,7 +77,8 @@ struct BwdParams {
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
-  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k, seqlen_q_pad;
+  int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k, seqlen_q_pad;  // packed: totals; seqlen_q_pad the
+                                                                        // padded rows of one head (all elements)
   int64_t dq_strategy;  // 0 atomic (fp32 atomics), 1 seqpar (buffer per KV tile + reduce), 2 loop (no atomics)
   int64_t num_dq_splits;
   double scale_log2;    // softmax_scale * log2(e)

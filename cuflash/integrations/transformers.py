@@ -13,8 +13,11 @@ expect from their attention functions. Causal self-attention, GQA (key / value w
 generation with the model's cache (a query shorter than the keys is bottom-right aligned, as in flash-attn), the
 module's scaling, dropout while training, sliding windows (`sliding_window`: the current key and the
 sliding_window - 1 before it) and Gemma's soft-cap (`softcap`). The mask is transformers' flash-attention mask
-(registered with `AttentionMaskInterface` under the same name): None for batches without padding; a padded batch
-(a 2-D mask) needs variable-length attention, which cuflash does not have yet: a NotImplementedError saying so.
+(registered with `AttentionMaskInterface` under the same name): None for batches without padding; for a padded
+batch, the 2-D padding mask [batch, keys] (1: a real token, left or right padding): the real tokens are gathered
+into packed sequences and run through cuflash.flash_attn_varlen_func (each sequence causal on its own, bottom-right
+aligned), and the output scattered back (zeros at padded query positions). The queries' own mask is the last
+seqlen_q columns of the keys' (transformers' convention: prefill, or generation steps after left padding).
 """
 from __future__ import annotations
 
@@ -33,10 +36,6 @@ def cuflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                               softcap: Optional[float] = None, is_causal: Optional[bool] = None, **kwargs):
     """transformers' attention-function contract: (attn_output [batch, seqlen, heads, headdim], attn_weights =
     None)."""
-    if attention_mask is not None:
-        raise NotImplementedError(
-            "cuflash: this batch has padding (a 2-D attention mask); padded batches need variable-length attention "
-            "(flash_attn_varlen_func), which cuflash does not have yet. Pass batches without padding")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("cuflash: attention sinks (s_aux) are not supported")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -44,8 +43,41 @@ def cuflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     window = (-1, -1)
     if sliding_window:
         window = (int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1)
-    out = flash_attn_func(q, k, v, float(dropout or 0.0), scaling, bool(causal), window, float(softcap or 0.0))
-    return out, None
+    opts = (float(dropout or 0.0), scaling, bool(causal), window, float(softcap or 0.0))
+    if attention_mask is not None:
+        return _padded(q, k, v, attention_mask, opts), None
+    return flash_attn_func(q, k, v, *opts), None
+
+
+def _packed(x, mask):
+    """The rows of x [batch, seqlen, heads, headdim] where mask [batch, seqlen] is set: (x [total, heads, headdim],
+    flat indices, cu_seqlens int32 [batch + 1], max length as a 0-dim tensor)."""
+    lens = mask.sum(dim=1, dtype=torch.int32)
+    idx = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    cu = torch.nn.functional.pad(torch.cumsum(lens, dim=0, dtype=torch.int32), (1, 0))
+    b, s = x.shape[:2]
+    return x.reshape(b * s, *x.shape[2:]).index_select(0, idx), idx, cu, lens.max()
+
+
+def _padded(q, k, v, attention_mask, opts):
+    """A padded batch through flash_attn_varlen_func (module docstring)."""
+    from ..varlen import flash_attn_varlen_func
+
+    if attention_mask.dim() != 2:
+        raise ValueError(f"cuflash: expected transformers' 2-D padding mask [batch, keys]; got shape "
+                         f"{tuple(attention_mask.shape)}")
+    b, sq, h, d = q.shape
+    mask_k = attention_mask.bool()
+    if mask_k.shape != (b, k.shape[1]):
+        raise ValueError(f"cuflash: the padding mask has shape {tuple(mask_k.shape)}, not (batch, keys) = "
+                         f"{(b, k.shape[1])}")
+    mask_q = mask_k[:, -sq:]
+    kp, idx_k, cu_k, max_k = _packed(k, mask_k)
+    vp = v.reshape(b * k.shape[1], *v.shape[2:]).index_select(0, idx_k)
+    qp, idx_q, cu_q, max_q = _packed(q, mask_q)
+    out = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max_q, max_k, *opts)
+    full = out.new_zeros((b * sq, h, d)).index_copy(0, idx_q, out)
+    return full.view(b, sq, h, d)
 
 
 def register(name: str = NAME) -> None:

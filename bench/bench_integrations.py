@@ -151,8 +151,9 @@ def hf_llama(batch=4, seqlen=2048, prefill=512, new_tokens=64, rounds=3):
         for name, (ms, per) in res.items():
             prov = "cuflash" if name == "cufa" else "sdpa"
             per_token = ms / tokens if what == "generate" and ms else None
-            recs.append(record(prov, f"hf-llama-{what}", "step", "bfloat16", batch, HEADS, seqlen if what ==
-                               "train_step" else prefill, seqlen if what == "train_step" else prefill + new_tokens,
+            train = what.startswith("train_step")
+            recs.append(record(prov, f"hf-llama-{what}", "step", "bfloat16", batch, HEADS, seqlen if train else
+                               prefill, seqlen if train else prefill + new_tokens,
                                HEADDIM, True, ms, backend="sm90+sm80" if prov == "cuflash" else None, rounds=rounds,
                                round_ms=per,
                                attn_implementation=name, ms_per_token=per_token,

@@ -681,7 +681,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   const bool one_tile = VARLEN && p.dq_strategy != DQ_LOOP;
 
   // "loop": gridDim.x == 1 and this block walks every KV tile; otherwise one KV tile per block.
-  for (int n_block = n_first; n_block < n_stop(); n_block += VARLEN && one_tile ? (1 << 30) : (int)gridDim.x) {
+  for (int n_block = n_first; n_block < n_stop(); n_block += one_tile ? (1 << 30) : (int)gridDim.x) {
     const int n0 = n_block * BLOCK_N;
     // causal: Q tiles whose rows all lie above this KV tile's diagonal are skipped (attn/block.cuh)
     const int m_begin = q_block_begin<BLOCK_M>(mask_kv(), n0);

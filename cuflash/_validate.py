@@ -1,6 +1,8 @@
 """Input validation: every check runs before anything is launched, and every error names the argument."""
 from __future__ import annotations
 
+import math
+
 from ._configs import HEADDIM_MULTIPLE, MAX_FWD_HEADDIM, MAX_HEADDIM
 from ._interop import KIND_NAME, Arr, wrap
 
@@ -102,6 +104,26 @@ def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
         raise ValueError(f"{qn} must have seqlen >= 1; got shape {qa.shape}")
     for a, n in ((qa, qn), (ka, kn), (va, vn)):
         check_layout(a, n)
+
+
+def check_grad_inputs(qa: Arr, dout, out, lse, lse_shape: tuple, lse_what: str):
+    """The backward's dout and out (q's kind, device, dtype, shape; kernel layout) and softmax_lse (float32 of
+    `lse_shape`, contiguous) next to validated q: (dout, out, lse) views."""
+    da, oa, la = wrap(dout, "dout"), wrap(out, "out"), wrap(lse, "softmax_lse")
+    for a, n in ((da, "dout"), (oa, "out")):
+        check_same(qa, "q", a, n)
+        check_dtype(a, n, qa, "q")
+        if a.shape != qa.shape:
+            raise ValueError(f"{n} must have the shape of q {qa.shape}; got {a.shape}")
+        check_layout(a, n)
+    check_same(qa, "q", la, "softmax_lse")
+    check_rank(la, "softmax_lse", len(lse_shape), lse_what)
+    if la.shape != lse_shape or la.dtype != "float32":
+        raise ValueError(f"softmax_lse must be float32 of shape {lse_shape}; got {la.dtype} {la.shape}")
+    contiguous = tuple(math.prod(lse_shape[i + 1:]) for i in range(len(lse_shape)))
+    if any(n > 1 and st != c for n, st, c in zip(lse_shape, la.strides, contiguous)):
+        raise ValueError(f"softmax_lse must be contiguous; got strides {la.strides}")
+    return da, oa, la
 
 
 def check_score_options(dropout_p=0.0, window_size=(-1, -1), softcap=0.0) -> None:

@@ -136,26 +136,12 @@ def varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softc
 
 def check_varlen_backward_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """Validated views of a packed backward: (dout, q, k, v, out as [1, total, ...] views, lse, Packed)."""
-    from . import _interop
-    from ._validate import check_backward_headdim, check_dtype, check_layout, check_rank, check_same
+    from ._validate import check_backward_headdim, check_grad_inputs
 
     q4, k4, v4, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_backward_headdim(q4.shape[3], "the backward")
-    qa = _interop.wrap(q, "q")
-    da, oa, la = _interop.wrap(dout, "dout"), _interop.wrap(out, "out"), _interop.wrap(lse, "softmax_lse")
-    for a, n in ((da, "dout"), (oa, "out")):
-        check_same(qa, "q", a, n)
-        check_dtype(a, n, qa, "q")
-        if a.shape != qa.shape:
-            raise ValueError(f"{n} must have the shape of q {qa.shape}; got {a.shape}")
-        check_layout(a, n)
-    check_same(qa, "q", la, "softmax_lse")
-    check_rank(la, "softmax_lse", 2, "(nheads, total_q)")
-    total, h = qa.shape[0], qa.shape[1]
-    if la.shape != (h, total) or la.dtype != "float32":
-        raise ValueError(f"softmax_lse must be float32 of shape {(h, total)}; got {la.dtype} {la.shape}")
-    if total > 1 and la.strides != (total, 1):
-        raise ValueError(f"softmax_lse must be contiguous; got strides {la.strides}")
+    qa = wrap(q, "q")
+    da, oa, la = check_grad_inputs(qa, dout, out, lse, (qa.shape[1], qa.shape[0]), "(nheads, total_q)")
     return view4(da), q4, k4, v4, view4(oa), la, packed
 
 

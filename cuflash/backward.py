@@ -12,8 +12,7 @@ from ._launch import get_launcher
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv, check_rank, check_same,
-                        check_softmax_scale, check_unsupported)
+from ._validate import check_backward_headdim, check_grad_inputs, check_qkv, check_softmax_scale, check_unsupported
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
 # seqpar's per-KV-tile dQ buffers may take at most this fraction of the free device memory.
@@ -84,20 +83,8 @@ def choose_dq_strategy(dq_strategy, deterministic, extra_seqpar: int, device: in
 def check_backward_inputs(dout, q, k, v, out, lse):
     qa, ka, va = check_qkv(q, k, v)
     check_backward_headdim(qa.shape[3], "the backward")
-    da, oa, la = _interop.wrap(dout, "dout"), _interop.wrap(out, "out"), _interop.wrap(lse, "softmax_lse")
-    for a, n in ((da, "dout"), (oa, "out")):
-        check_same(qa, "q", a, n)
-        check_dtype(a, n, qa, "q")
-        if a.shape != qa.shape:
-            raise ValueError(f"{n} must have the shape of q {qa.shape}; got {a.shape}")
-        check_layout(a, n)
-    check_same(qa, "q", la, "softmax_lse")
-    check_rank(la, "softmax_lse", 3, "(batch, nheads, seqlen_q)")
     b, sq, h, _ = qa.shape
-    if la.shape != (b, h, sq) or la.dtype != "float32":
-        raise ValueError(f"softmax_lse must be float32 of shape {(b, h, sq)}; got {la.dtype} {la.shape}")
-    if la.strides != (h * sq, sq, 1):
-        raise ValueError(f"softmax_lse must be contiguous; got strides {la.strides}")
+    da, oa, la = check_grad_inputs(qa, dout, out, lse, (b, h, sq), "(batch, nheads, seqlen_q)")
     return da, qa, ka, va, oa, la
 
 

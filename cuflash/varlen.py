@@ -17,6 +17,7 @@ from . import _interop
 from ._fwd_sm90 import check_backend
 from ._mods import mods_for
 from ._validate import check_backward_headdim, check_softmax_scale, check_unsupported
+from .packed import unpack
 from ._varlen import NO_PAGES, check_varlen, varlen_backward, varlen_forward
 
 
@@ -94,20 +95,6 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     return (out, lse, None) if return_attn_probs else out
 
 
-def _unpack(x, name: str, n: int, what: str):
-    """Views x[:, i] of a [total, n, heads, headdim] tensor (no copy)."""
-    if _interop.compiling():
-        if x.dim() != 4 or x.shape[1] != n:
-            raise ValueError(f"{name} must be [total, {n}, nheads, headdim] ({what}); got shape {tuple(x.shape)}")
-        return tuple(x.select(1, i) for i in range(n))
-    a = _interop.wrap(x, name)
-    if len(a.shape) != 4 or a.shape[1] != n:
-        raise ValueError(f"{name} must be [total, {n}, nheads, headdim] ({what}); got shape {tuple(a.shape)}")
-    if a.kind == _interop.TORCH:
-        return tuple(a.obj.select(1, i) for i in range(n))
-    return tuple(a.obj[:, i] for i in range(n))
-
-
 def flash_attn_varlen_qkvpacked_func(qkv: Any, cu_seqlens: Any, max_seqlen: Any, dropout_p: float = 0.0,
                                      softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -115,7 +102,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Any, cu_seqlens: Any, max_seqlen: Any,
                                      return_attn_probs: bool = False, **kwargs):
     """flash_attn_varlen_func on q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2] (views; gradients flow back into qkv).
     qkv: [total, 3, nheads, headdim]; cu_seqlens, max_seqlen serve q and k; the rest as flash_attn_varlen_func's."""
-    q, k, v = _unpack(qkv, "qkv", 3, "q, k and v stacked in dim 1")
+    q, k, v = unpack(qkv, "qkv", 3, "q, k and v stacked in dim 1", dim=1, layout="total")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                                   **kwargs)
@@ -127,7 +114,7 @@ def flash_attn_varlen_kvpacked_func(q: Any, kv: Any, cu_seqlens_q: Any, cu_seqle
                                     softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
                                     return_attn_probs: bool = False, **kwargs):
     """flash_attn_varlen_func on q and k, v = kv[:, 0], kv[:, 1] (views). kv: [total_k, 2, nheads_k, headdim]."""
-    k, v = _unpack(kv, "kv", 2, "k and v stacked in dim 1")
+    k, v = unpack(kv, "kv", 2, "k and v stacked in dim 1", dim=1, layout="total")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, **kwargs)

@@ -6,12 +6,15 @@ prefill kernel cut into splits, kernel="fwd_split", heuristic splits) and SDPA F
 
 Two times per case: `us` = median CUDA-event time of one call made from Python (includes the host time
 when it exceeds the GPU time, as a caller sees it), and `graph_us` = GPU time per call of GRAPH_CALLS calls
-captured in one CUDA graph (the GPU time, host overhead removed; cuflash and SDPA FLASH only)."""
+captured in one CUDA graph (the GPU time, host overhead removed; every provider whose call can be captured).
+Bandwidth: `bw_fraction` / `graph_bw_fraction` against the copy bandwidth (bytes read + written per second) and
+`read_fraction` / `graph_read_fraction` against the read-only probe of the same run (harness.measure_ceilings):
+the K/V bytes over the time, as a fraction of what a kernel that only reads streams."""
 from __future__ import annotations
 
 import gc
 
-from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, record, sdpa, time_ms
+from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, read_bandwidth, record, sdpa, time_ms
 
 MAX_KV_BYTES = 24 * 2 ** 30
 GRAPH_CALLS = 20
@@ -79,7 +82,8 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
     import cuflash
     from cuflash.decode import plan_for
 
-    bw = measure_ceilings()[0]["tb_per_s"] * 1e12
+    ceilings = measure_ceilings()
+    bw, read_bw = ceilings[0]["tb_per_s"] * 1e12, read_bandwidth(ceilings)
     recs = decode_latency(d=d)
     t_start = time.perf_counter()
     for hk in kv_heads:
@@ -94,7 +98,13 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                                        heads_k=hk, kv_bytes=kv_bytes, skipped=True))
                     continue
                 q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
-                common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us)
+                read_us = kv_bytes / read_bw * 1e6 if read_bw else None
+                common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us, read_floor_us=read_us)
+
+                def fractions(us, gus):
+                    return dict(read_fraction=read_us / us if read_us and us else None,
+                                graph_read_fraction=read_us / gus if read_us and gus else None)
+
                 auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
                 for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
                                                ("decode-unsplit", "decode", 1, 1),
@@ -108,7 +118,8 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                     recs.append(record("cuflash", name, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
                                        graph_us=gus, kernel=kernel, num_splits=used,
                                        bw_fraction=floor_us / (ms * 1e3),
-                                       graph_bw_fraction=floor_us / gus if gus else None, **common))
+                                       graph_bw_fraction=floor_us / gus if gus else None,
+                                       **fractions(ms * 1e3, gus), **common))
                 qt = q.transpose(1, 2)
                 expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
                 if expand:
@@ -120,22 +131,30 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 for prov in SDPA_PROVIDERS:
                     fn = sdpa(prov)
                     ms = gus = None
-                    # FLASH takes GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so it gets
-                    # the caches as they are; the other backends get them expanded to h heads (when that fits).
-                    native = prov == "flash" and h > hk
+                    # FLASH and cuDNN take GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so they
+                    # get the caches as they are (cuDNN falls back to expanded heads if it refuses); the other
+                    # backends get them expanded to h heads (when that fits).
+                    native = prov in ("flash", "cudnn") and h > hk
                     args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
                     try:
-                        if expand or native:
-                            ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
-                            if prov == "flash":  # the yardstick; other backends are not captured (cuDNN may refuse)
-                                gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
+                        try:
+                            if expand or native:
+                                ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
+                        except RuntimeError:
+                            if not (native and prov == "cudnn" and expand):
+                                raise
+                            native, args = False, (qt, kt, vt)
+                            ms = time_ms(lambda: fn(*args, enable_gqa=False), rep=10, min_warmup_ms=5.0)
+                        if ms is not None:  # (None where the capture is refused)
+                            gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
                     except RuntimeError as e:
                         print(f"sdpa {prov} decode failed: {e}")
                     recs.append(record(prov, "sdpa-enable-gqa" if native else "sdpa", "decode", "float16", b, h, 1, s,
                                        d, False, ms,
                                        us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
                                        bw_fraction=floor_us / (ms * 1e3) if ms else None,
-                                       graph_bw_fraction=floor_us / gus if gus else None, **common))
+                                       graph_bw_fraction=floor_us / gus if gus else None,
+                                       **fractions(ms * 1e3 if ms else None, gus), **common))
                 r = recs[-6:]
                 print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
                     f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="

@@ -204,7 +204,9 @@ def save(path, head: dict, records: list) -> None:
 
 
 def measure_ceilings() -> list:
-    """Copy bandwidth (bytes read + written) and cuBLAS bf16 matmul rate, measured in this run."""
+    """Copy bandwidth (bytes read + written), cuBLAS bf16 matmul rate and read-only bandwidth, measured in this run.
+    The read probe is the faster of two full reductions of 1 GiB (sum in fp32, max): the bytes a kernel that only
+    reads can stream (the yardstick of decoding, which reads the cache and writes almost nothing)."""
     import torch
 
     x = torch.empty(2 ** 29, dtype=torch.float16, device="cuda").normal_()  # 1 GiB
@@ -214,6 +216,15 @@ def measure_ceilings() -> list:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms_mm = time_ms(lambda: a @ b)
+    ms_read = min(time_ms(lambda: x.sum(dtype=torch.float32)), time_ms(lambda: x.max()))
     return [dict(provider="ceiling", algo="copy", mode="copy", ms=ms, tb_per_s=bw),
             dict(provider="ceiling", algo="cublas_bf16_8192", mode="matmul", ms=ms_mm,
-                 tflops=2 * 8192 ** 3 / (ms_mm * 1e-3) / 1e12)]
+                 tflops=2 * 8192 ** 3 / (ms_mm * 1e-3) / 1e12),
+            dict(provider="ceiling", algo="read", mode="read", ms=ms_read,
+                 tb_per_s=x.numel() * 2 / (ms_read * 1e-3) / 1e12)]
+
+
+def read_bandwidth(ceilings) -> float | None:
+    """Bytes per second of the read probe among measure_ceilings() records (None without one)."""
+    r = next((c for c in ceilings if c.get("algo") == "read"), None)
+    return r["tb_per_s"] * 1e12 if r and r.get("tb_per_s") else None

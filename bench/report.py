@@ -170,8 +170,9 @@ def memory_table(records, section="memory"):
 
 
 def decode_table(records, section="decode", big="decode_big_gqa"):
-    """One row per decoding case: cuflash's decode kernel (event us / GPU us, splits, % of copy bandwidth),
-    unsplit and the split-KV prefill path in GPU time, SDPA FLASH and cuDNN, cuflash's speed-up over FLASH.
+    """One row per decoding case: cuflash's decode kernel (event us / GPU us, splits, % of the copy and read-only
+    bandwidth), unsplit and the split-KV prefill path in GPU time, SDPA FLASH and cuDNN (event / GPU us),
+    cuflash's speed-up over FLASH (event, GPU) and over cuDNN (GPU: graph replay).
     Rows marked * come from `big` (FLASH with native GQA next to cuflash in one loop)."""
     rs = _sec(records, section, mode="decode")
     if not rs:
@@ -183,11 +184,15 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
         if r.get("_big") or name not in cases[key]:
             cases[key][name] = r
     lines = ["| KV heads | batch | cache | K/V MB | floor us | cuflash decode: us / GPU us (splits) | % of copy bw (GPU) "
-             "| unsplit GPU us | previous path GPU us | SDPA flash: us / GPU us | SDPA cudnn us | vs flash (us, GPU) |",
-             "|" + "---|" * 12]
+             "| % of read bw (GPU) | unsplit GPU us | previous path GPU us | SDPA flash: us / GPU us | SDPA cudnn: us / "
+             "GPU us | vs flash (us, GPU) | vs cudnn (GPU) |",
+             "|" + "---|" * 14]
 
     def k(n):
         return f"{n // 1024}k" if n >= 1024 else str(n)
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
 
     for key in sorted(cases, key=lambda x: (-x[0], x[1], x[2])):
         c = cases[key]
@@ -196,18 +201,19 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
             continue
         star = "*" if cu.get("_big") else ""
         splits = cu.get("num_splits")
-        unsplit, prev, cd = c.get("decode-unsplit"), c.get("fwd_split-split"), c.get("cudnn")
-        gbw = cu.get("graph_bw_fraction")
+        unsplit, prev, cd = c.get("decode-unsplit"), c.get("fwd_split-split"), c.get("cudnn") or {}
+        gbw, grd = cu.get("graph_bw_fraction"), cu.get("graph_read_fraction")
         vs = "-"
         if fl and fl.get("us") and cu.get("us"):
-            g = f"{fl['graph_us'] / cu['graph_us']:.2f}x" if fl.get("graph_us") and cu.get("graph_us") else "-"
-            vs = f"{fl['us'] / cu['us']:.2f}x, {g}"
+            vs = f"{fl['us'] / cu['us']:.2f}x, {ratio(fl.get('graph_us'), cu.get('graph_us'))}"
         lines.append(
             f"| {key[0]} | {key[1]} | {k(key[2])}{star} | {cu.get('kv_bytes', 0) / 1e6:.0f} | {_fmt(cu.get('floor_us'))} | "
             f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}) | "
-            f"{f'{gbw:.0%}' if gbw else '-'} | {_fmt((unsplit or {}).get('graph_us'))} | "
+            f"{f'{gbw:.0%}' if gbw else '-'} | {f'{grd:.0%}' if grd else '-'} | "
+            f"{_fmt((unsplit or {}).get('graph_us'))} | "
             f"{_fmt((prev or {}).get('graph_us'))} | {_fmt((fl or {}).get('us'))} / {_fmt((fl or {}).get('graph_us'))} | "
-            f"{_fmt((cd or {}).get('us'))} | {vs} |")
+            f"{_fmt(cd.get('us'))} / {_fmt(cd.get('graph_us'))} | {vs} | "
+            f"{ratio(cd.get('graph_us'), cu.get('graph_us'))} |")
     lat = [r for r in _sec(records, section) if r.get("mode") == "decode_latency"]
     if lat:
         lines += ["", "Small step (a loop of calls from Python, batch 1, 8 heads, 8 KV heads, 4k cache): " + ", ".join(

@@ -22,6 +22,11 @@ def _fmt(x, nd=0):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def tf(r):
+    """A record's TFLOP/s, rounded ("-" without a record or a rate)."""
+    return _fmt((r or {}).get("tflops") or None)
+
+
 def _sec(records, *sections, mode=None):
     return [r for r in records if r.get("section") in sections and r.get("provider") not in ("error", "skipped")
             and (mode is None or r.get("mode") == mode)]
@@ -457,9 +462,6 @@ def dropout_table(records, section="dropout"):
     lines = ["| mode | hdim | seqlen | causal | cuflash plain (path) | cuflash dropout (sm80) | x plain sm80 | "
              "FLASH / +dropout | cuDNN / +dropout | dropout: cuflash / cuDNN |", "|" + "---|" * 10]
 
-    def tf(r):
-        return f"{r['tflops']:.0f}" if r and r.get("tflops") else "-"
-
     for k in sorted(cell, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
         c = cell[k]
         plain, drop = c.get("cuflash"), c.get("cuflash+drop")
@@ -510,9 +512,6 @@ def varlen_table(records, section="varlen"):
         cell[k][(r["provider"], r.get("layout"))] = r
     lines = ["| mix (sequences, max) | mode | causal | cuflash varlen (path) | cuflash padded | FLASH padded | "
              "cuDNN padded | varlen / cuDNN padded |", "|" + "---|" * 8]
-
-    def tf(r):
-        return f"{r['tflops']:.0f}" if r and r.get("tflops") else "-"
 
     mixes = list(dict.fromkeys(k[0] for k in cell))
     for k in sorted(cell, key=lambda k: (mixes.index(k[0]), k[1] != "fwd", k[2])):

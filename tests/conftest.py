@@ -136,12 +136,14 @@ def torch_inputs(shape_q, shape_kv, dtype, requires_grad=False, scale=1.0):
 
 
 def to_np(x) -> np.ndarray:
-    """float64 host copy of a torch tensor or CuPy array (any dtype, bf16 included)."""
+    """float64 host copy of a torch tensor, CuPy array or NumPy array (any dtype, bf16 included)."""
     import sys
 
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return x.detach().double().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64)
     import cupy
 
     return cupy.asnumpy(x.astype(cupy.float64))

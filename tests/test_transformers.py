@@ -13,6 +13,14 @@ def close(a, b, rel=2e-2):
     return float((a.float() - b.float()).abs().max()) <= rel * float(b.float().abs().max()) + 1e-3
 
 
+def assert_same_step(ref, ours, out_r, out_o):
+    """The losses' backward on both models: every parameter's gradient within bf16 agreement."""
+    out_r.loss.backward()
+    out_o.loss.backward()
+    for (name, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
+        assert close(po.grad, pr.grad, rel=5e-2), name
+
+
 def pair(cls, cfg):
     import torch
 
@@ -40,10 +48,7 @@ def test_llama_logits_loss_and_gradients():
     out_r, out_o = ref(ids, labels=ids), ours(ids, labels=ids)
     assert close(out_o.logits, out_r.logits)
     assert abs(float(out_o.loss) - float(out_r.loss)) <= 1e-2 * float(out_r.loss)
-    out_r.loss.backward()
-    out_o.loss.backward()
-    for (name, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
-        assert close(po.grad, pr.grad, rel=5e-2), name
+    assert_same_step(ref, ours, out_r, out_o)
 
 
 def test_llama_generation_with_cache():
@@ -100,10 +105,7 @@ def test_llama_padded_batch_logits_and_gradients(side):
     real = mask.bool()
     assert close(out_o.logits[real], out_r.logits[real])
     assert abs(float(out_o.loss) - float(out_r.loss)) <= 1e-2 * float(out_r.loss)
-    out_r.loss.backward()
-    out_o.loss.backward()
-    for (name, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
-        assert close(po.grad, pr.grad, rel=5e-2), name
+    assert_same_step(ref, ours, out_r, out_o)
 
 
 def test_llama_generation_left_padded():

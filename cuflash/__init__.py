@@ -15,7 +15,8 @@ Public API (flash-attn's names and keywords):
 * `flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` and its
   `_qkvpacked` / `_kvpacked` forms: packed sequences of different lengths ([total, h, d]), forward and backward;
   `flash_attn_varlen_backward` for CuPy.
-* `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, ...)`: Flash-Decoding
+* `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+  ...)` (flash-attn's order): Flash-Decoding
   against a KV cache, with an optional in-place append.
 * `naive_attention(q, k, v, softmax_scale=None, causal=False)`: the unfused baseline.
 * `scaled_dot_product_attention(query, key, value, is_causal=False, scale=None, enable_gqa=False)`: the same

@@ -123,7 +123,8 @@ def flash_attn_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: O
     from .decode import flash_attn_with_kvcache
 
     seqlens = cache_seqlens if cache_seqlens is not None else (None if cache_seqlens_int < 0 else cache_seqlens_int)
-    return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, seqlens, softmax_scale, causal, num_splits, True,
+    return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, softmax_scale=softmax_scale,
+                                   causal=causal, num_splits=num_splits, return_softmax_lse=True,
                                    window_size=_window(window_left, window_right), softcap=softcap,
                                    alibi_slopes=alibi_slopes)
 
@@ -258,11 +259,15 @@ def compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, 
     return (out, lse, None) if return_attn_probs else out
 
 
-def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
-                     num_splits=0, return_softmax_lse=False, *, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                     scratch=None, kernel="decode"):
-    """flash_attn_with_kvcache while Dynamo traces (its arguments): one cuflash::flash_attn_with_kvcache node (the
-    decode kernel; scratch and kernel are eager-only options)."""
+def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                     cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                     window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                     return_softmax_lse=False, *, scratch=None, kernel="decode"):
+    """flash_attn_with_kvcache while Dynamo traces (its arguments, flash-attn's order): one
+    cuflash::flash_attn_with_kvcache node (the decode kernel; scratch and kernel are eager-only options)."""
+    from .decode import check_cache_options
+
+    check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, rotary_interleaved)
     if scratch is not None or kernel != "decode":
         raise NotImplementedError("scratch / kernel under torch.compile: the decode kernel with its own partials")
     d = q.shape[-1]

@@ -286,6 +286,19 @@ def _check_cache_seqlens(cache_seqlens, qa, b):
     return ca, 0
 
 
+def check_cache_options(rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                        rotary_interleaved=True) -> None:
+    """flash-attn's cache options cuflash does not run yet: a NotImplementedError naming the first one given (a
+    rotary_interleaved that is not a bool: TypeError)."""
+    if not isinstance(rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved must be a bool; got {type(rotary_interleaved).__name__}")
+    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+        if x is not None:
+            raise NotImplementedError(f"{name}: flash_attn_with_kvcache in cuflash has no {name} yet (rotary "
+                                      "embeddings, batch indices, left padding and paged caches are not implemented)")
+
+
 def check_kernel(kernel) -> None:
     if not isinstance(kernel, str) or kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
@@ -333,11 +346,13 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
-                            cache_seqlens: Union[Any, int, None] = None, softmax_scale: Optional[float] = None,
-                            causal: bool = False, num_splits: int = 0, return_softmax_lse: bool = False, *,
-                            window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0, alibi_slopes: Any = None,
-                            scratch: Optional[Sequence[Any]] = None,
+def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None, rotary_cos: Any = None,
+                            rotary_sin: Any = None, cache_seqlens: Union[Any, int, None] = None,
+                            cache_batch_idx: Any = None, cache_leftpad: Any = None, block_table: Any = None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Any = None, num_splits: int = 0,
+                            return_softmax_lse: bool = False, *, scratch: Optional[Sequence[Any]] = None,
                             kernel: str = "decode") -> Union[Any, Tuple[Any, Any]]:
     """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays: attention of a few new queries
     against a KV cache (Flash-Decoding: the keys split across thread blocks, partials combined).
@@ -351,8 +366,12 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         k, v: optional [batch, seqlen_new, nheads_k, headdim], written into the caches at cache_seqlens first (in
             place; entries past the capacity are dropped); the kernel attends to cache_seqlens + seqlen_new keys.
             Need cache_seqlens as a device array.
+        rotary_cos, rotary_sin, rotary_interleaved: rotary embedding of q and the appended k (flash-attn's); not
+            implemented: a NotImplementedError when given.
         cache_seqlens: int32 [batch] contiguous device array of valid entries per cache, or an int >= 1 (the same
             for every batch element, clamped to the capacity), or None (the whole cache).
+        cache_batch_idx, cache_leftpad, block_table: flash-attn's cache indirections (the cache row of each batch
+            element, the first visible key, a paged cache); not implemented: a NotImplementedError when given.
         softmax_scale: positive finite scale of Q K^T; None: headdim ** -0.5.
         causal: bottom-right aligned against each batch element's key count (matters for seqlen_q > 1).
         num_splits: 0 picks the split count from static shapes only (`num_splits_heuristic`; never from the values
@@ -375,6 +394,9 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
             cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid.
     """
+    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or cache_leftpad is not None \
+            or block_table is not None or rotary_interleaved is not True:
+        check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, rotary_interleaved)
     plain = window_size is _NO_WINDOW and not softcap and alibi_slopes is None
     if not plain:
         check_unsupported(0.0, window_size, softcap, alibi_slopes)

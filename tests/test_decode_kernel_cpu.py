@@ -315,3 +315,31 @@ def test_host_overhead_script_runs():
     assert len(fwd) == 4 and all("torch.empty x2  launches x1" in x for x in fwd)
     bwd = [x for x in lines if x.startswith("bwd ")]  # dq, dk, dv + one fp32 workspace; three kernels
     assert len(bwd) == 2 and all("torch.empty x4  launches x3" in x for x in bwd)
+
+
+def test_kvcache_signature_is_flash_attns():
+    """flash_attn_with_kvcache takes flash-attn's arguments in flash-attn's order (cuflash's own options after them,
+    keyword-only), so positional calls written for flash-attn mean the same here."""
+    import inspect
+
+    flash_attn_order = ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                        "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
+                        "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+    import cuflash
+    from cuflash import decode
+
+    for fn in (cuflash.flash_attn_with_kvcache, decode.flash_attn_with_kvcache):
+        params = inspect.signature(fn).parameters
+        positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert positional == flash_attn_order
+        assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel"]
+
+
+@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table"])
+def test_kvcache_options_not_implemented_name_themselves(name):
+    import cuflash
+
+    with pytest.raises(NotImplementedError, match=name):
+        cuflash.flash_attn_with_kvcache(None, None, None, **{name: object()})
+    with pytest.raises(TypeError, match="rotary_interleaved"):
+        cuflash.flash_attn_with_kvcache(None, None, None, rotary_interleaved=1)

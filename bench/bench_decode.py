@@ -205,6 +205,75 @@ def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32
     return recs
 
 
+PAGED_CASES = ((1, 131072, 8), (8, 32768, 8), (64, 8192, 8), (8, 65536, 1), (16, 16384, 32), (1, 8192, 8))
+PAGE_SIZES = (16, 256)
+
+
+def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128):
+    """Paged caches (block_table; pages in a random order, as a serving engine's allocator leaves them) against
+    the same shapes laid out contiguously, in one loop: CUDA-graph GPU time, the K/V bytes over it as a fraction
+    of the read-only probe, and paged / contiguous bandwidth. Then the serving step (a one-token rotary append
+    into the pages, then attention) next to the plain paged step."""
+    import torch
+
+    import cuflash
+
+    read_bw = read_bandwidth(measure_ceilings())
+    recs = []
+    for b, s, hk in cases:
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * b * s * hk * d * 2
+        read_us = kv_bytes / read_bw * 1e6 if read_bw else None
+        kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
+        vc = torch.randn_like(kc)
+
+        def contiguous():
+            return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+
+        def one(algo, fn, **extra):
+            ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
+            gus = graph_us(fn, event_ms=ms)
+            recs.append(record("cuflash", algo, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
+                               graph_us=gus, heads_k=hk, kv_bytes=kv_bytes, read_floor_us=read_us,
+                               graph_read_fraction=read_us / gus if read_us and gus else None, **extra))
+            return gus
+
+        base = one("decode-contiguous", contiguous, page_size=0)
+        del kc, vc
+        for ps in page_sizes:
+            n_pages = b * s // ps
+            kp = torch.randn(n_pages, ps, hk, d, device="cuda", dtype=torch.float16)
+            vp = torch.randn_like(kp)
+            bt = torch.randperm(n_pages, device="cuda").reshape(b, s // ps).to(torch.int32)
+
+            def paged():
+                return cuflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=bt)
+
+            gus = one("decode-paged", paged, page_size=ps)
+            recs[-1]["vs_contiguous_bw"] = base / gus if base and gus else None
+            if ps == page_sizes[0] and (b, s, hk) == cases[0]:  # the serving step: rotary append, then attend
+                kn, vn = (torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                cos, sin = torch.rand(s, d // 2, device="cuda").half(), torch.rand(s, d // 2, device="cuda").half()
+                short = seqlens - 1
+
+                def step():
+                    return cuflash.flash_attn_with_kvcache(q, kp, vp, kn, vn, cos, sin, short, block_table=bt,
+                                                           rotary_interleaved=False)
+
+                one("decode-paged-rotary-append", step, page_size=ps)
+            del kp, vp, bt
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(f"decode paged b={b} s={s} hk={hk} (GPU us, % of read bw): " + " ".join(
+            f"{r['algo']}[{r['page_size']}]={r['graph_us'] or 0:.1f} ({(r['graph_read_fraction'] or 0):.0%})"
+            for r in recs if (r["batch"], r["seqlen_k"], r["heads_k"]) == (b, s, hk)))
+        del q
+        gc.collect()
+        torch.cuda.empty_cache()
+    return recs
+
+
 def decode_latency(b=1, h=8, hk=8, s=4096, d=128):
     """Host overhead of a small step: per-call time of a loop of calls from Python (batch 1, 8 heads,
     cache 4k, head dim 128), both cuflash kernels next to SDPA FLASH."""

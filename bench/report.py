@@ -226,6 +226,38 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
     return "\n".join(lines) + "\n"
 
 
+def paged_table(records, section="decode_paged"):
+    """One row per case: the contiguous cache's GPU time and % of read bandwidth, then each page size's, and its
+    bandwidth relative to the contiguous cache; the rotary append step where it ran."""
+    rs = _sec(records, section, mode="decode")
+    if not rs:
+        return ""
+    sizes = sorted({r.get("page_size") for r in rs if r["algo"] == "decode-paged"})
+    cases = defaultdict(dict)
+    for r in rs:
+        cases[(r["batch"], r["seqlen_k"], r.get("heads_k"))][(r["algo"], r.get("page_size"))] = r
+    lines = ["| batch | cache | KV heads | K/V MB | contiguous: GPU us (% of read bw) | " + " | ".join(
+        f"page {p}: GPU us (% of read bw, vs contiguous)" for p in sizes) + " | rotary append + attend (page "
+        f"{sizes[0] if sizes else '-'}) GPU us |", "|" + "---|" * (6 + len(sizes))]
+
+    def cell(r, rel=False):
+        if not r or not r.get("graph_us"):
+            return "-"
+        frac = r.get("graph_read_fraction")
+        extra = f", {r['vs_contiguous_bw']:.2f}x" if rel and r.get("vs_contiguous_bw") else ""
+        return f"{r['graph_us']:.1f} ({f'{frac:.0%}' if frac else '-'}{extra})"
+
+    for key in sorted(cases, key=lambda x: (-x[0] * x[1] * x[2], x)):
+        c = cases[key]
+        base = c.get(("decode-contiguous", 0))
+        rot = next((r for (a, _), r in c.items() if a == "decode-paged-rotary-append"), None)
+        s = f"{key[1] // 1024}k" if key[1] >= 1024 else str(key[1])
+        lines.append(f"| {key[0]} | {s} | {key[2]} | {(base or {}).get('kv_bytes', 0) / 1e6:.0f} | {cell(base)} | "
+                     + " | ".join(cell(c.get(("decode-paged", p)), True) for p in sizes)
+                     + f" | {_fmt((rot or {}).get('graph_us'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def partition_readme_table(records, section="bwd_partition"):
     """hdim | causal | per seqlen: TFLOP/s of the partitions "kv" / "q" / "2d"."""
     rs = [r for r in _sec(records, section) if r["provider"] == "cuflash"]
@@ -556,6 +588,7 @@ README_BLOCKS = {
     "grid_order": lambda rs: pair_table(rs, "grid_order", "fwd", a="qtile", b="bh", by="grid_order"),
     "memory": memory_table,
     "decode": decode_table,
+    "decode_paged": paged_table,
     "micro": micro_table,
     "fwd90": hopper_table,
     "fwd90_ceiling": hopper_ceiling_table,
@@ -775,6 +808,10 @@ EXTRA_TABLES = [
     ("decode_big_gqa", ["provider", "algo", "batch", "heads", "heads_k", "seqlen_k", "us", "graph_us", "kv_bytes",
                         "floor_us", "graph_bw_fraction"],
      "Decoding, the large GQA/MQA cases: SDPA FLASH with enable_gqa=True (caches not expanded), same loop"),
+    ("decode_paged", ["algo", "page_size", "batch", "heads", "heads_k", "seqlen_k", "us", "graph_us", "kv_bytes",
+                      "graph_read_fraction", "vs_contiguous_bw"],
+     "Decoding from paged caches (page_size 0: the contiguous cache; hdim 128, fp16, 32 heads): GPU time, % of the "
+     "read-only bandwidth, bandwidth relative to the contiguous cache"),
     ("layout", ["provider", "algo", "headdim", "seqlen_q", "causal", "memory_layout", "ms", "tflops"],
      "Same memory for both: forward on [b, s, h, d]- vs [b, h, s, d]-contiguous data (fp16)"),
     ("micro", ["name", "variant", "metric", "value", "unit", "reference_value", "fraction"], "Microbenchmarks"),

@@ -105,6 +105,9 @@ SUITES = {s.name: s for s in (
     Suite("decode_sweep", "bench_decode", "decode_sweep", 1.0, "decode-kernel tile and split-count sweep"),
     Suite("decode_big_gqa", "bench_decode", "decode_big_gqa", 0.3,
           "the large GQA/MQA decoding cases with SDPA FLASH's native GQA"),
+    Suite("decode_paged", "bench_decode", "decode_paged", 0.6,
+          "paged KV caches (page sizes 16 and 256, pages in a random order) against contiguous ones, and the "
+          "rotary append step"),
     Suite("micro", "bench_micro", "micro", 1.5, "instruction-level microbenchmarks (cuda_src/micro/micro.cu)"),
     Suite("micro90", "bench_micro_sm90", "micro90", 0.3,
           "Hopper instruction microbenchmarks (cuda_src/micro/micro_sm90.cu, sm_90a): wgmma ss/rs, TMA, mbarrier"),

@@ -34,6 +34,18 @@
 // lse = -inf and o = 0; a row that sees no key (all masked) ends with m = -inf, l = 0 and gets o = 0,
 // lse = -inf (the base-2 exponent uses 0 in place of an -inf max, so no inf - inf = NaN anywhere).
 //
+// KV-cache indirections (flash-attn's flash_attn_with_kvcache; FwdParams' KV-cache fields, null when absent):
+//   cache_batch_idx  element b reads cache row cache_batch_idx[b];
+//   leftpad_k        element b's keys are the cache rows from leftpad_k[b] on (attn/seqlen.cuh: seqinfo_cache; its
+//                    key positions, causal diagonal and ALiBi distances count from there);
+//   block_table      PAGED = true: key row r of element b is row r % page_size of page block_table[b, r / page_size]
+//                    (warp_load_kv_paged: one table look-up per 16 rows; a template parameter, so the contiguous
+//                    kernels keep their registers: the run-time branch spilled the head-dim-128 two-fragment and
+//                    head-dim-256 kernels under NVRTC 13.0);
+//   rotary_cos/sin   Q is rotated while it is loaded (attn/rotary.cuh: load_tile_rotated, plain loads into shared
+//                    memory), query row i at position cache_seqlens[b] + i when causal or local, else all at
+//                    cache_seqlens[b]; the appended keys are rotated by the append kernel (cuda_src/flash_fwd.cu).
+//
 // Bytes in flight (the design target: HBM bandwidth x latency ~ 4.2 TB/s x ~1-1.5 us / 132 SMs
 // ~ 32-48 KB per SM; we aim at >= 64 KB so that the loaded latency may grow). At the top of iteration k
 // a warp has issued tiles 0 .. k + STAGES - 2 and waits for tile k; right after, it refills the slot of
@@ -64,6 +76,8 @@
 //   SMEM_BYTES dynamic shared memory the host reserves; checked here against the layout
 //   MOD        MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh; rows are
 //              then query positions of one head: the host does not fold GQA heads into rows)
+//   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
+//              page stride)
 //
 // Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
@@ -75,6 +89,7 @@
 #include "attn/mask.cuh"
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
+#include "attn/rotary.cuh"
 
 namespace cuflash {
 
@@ -131,8 +146,77 @@ __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const
   }
 }
 
+// Paged cache (FwdParams::block_table). Page sizes are multiples of 16 and warp tiles start on multiples of 16, so
+// the 16-key chunks of a tile never straddle two pages: one table look-up per chunk. The look-ups of a warp's next
+// tile are made one tile ahead (PagedChunks::lookup after each copy), so the table's latency is never waited for
+// before the copies are issued.
+template <int ROWS>
+struct PagedChunks {
+  static constexpr int N = ROWS / 16;
+  int page[N];  // the page of chunk c (unset past the end)
+  int row[N];   // the chunk's first row in its page
+  // The chunks of rows [row0, row0 + ROWS) of one element's pages; chunks at or past nrows are not looked up
+  // (their table entries may be anything, or past the table's end).
+  __device__ __forceinline__ void lookup(const int* pages, int page_size, int row0, int nrows) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+      const int r0 = row0 + c * 16;
+      if (r0 < nrows) {
+        const int pg = r0 / page_size;
+        page[c] = __ldg(pages + pg);
+        row[c] = r0 - pg * page_size;
+      }
+    }
+  }
+};
+
+// warp_load_tile for the K and the V tile of rows [row0, row0 + ROWS) of a paged element, from the chunks' pages
+// (`pc`, looked up for this row0). `dst` as warp_load_tile's (the V tile TILE_BYTES after the K tile);
+// k_head / v_head: page 0 of the head (always mapped: the address of zero-filled chunks); col: the lane's
+// (clamped) source column.
+template <int ROWS, int D, int TILE_BYTES, typename T>
+__device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head, const T* v_head,
+                                                   const PagedChunks<ROWS>& pc, int64_t k_page_stride,
+                                                   int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
+                                                   int row0, int nrows, int lane, int col) {
+  using W = WarpTileLanes<D>;
+  constexpr int LDS = PaddedRow<D>::LDS;
+  constexpr int CHUNK = 16;
+  static_assert(ROWS % CHUNK == 0 && CHUNK % W::RPP == 0, "16-row page chunks in whole passes");
+  if (W::USED < 32 && lane >= W::USED) return;
+  const int lr = lane / W::CPR;
+  // pass i of a chunk: byte offsets i x RPP x row bytes (32-bit: row strides are < 2^30 elements, and a chunk's
+  // 16 rows stay well inside 2^32 bytes), one IMAD.WIDE.U32 per copy
+  const uint32_t k_step = (uint32_t)(W::RPP * k_row_stride * (int64_t)sizeof(T));
+  const uint32_t v_step = (uint32_t)(W::RPP * v_row_stride * (int64_t)sizeof(T));
+#pragma unroll
+  for (int ch = 0; ch < ROWS / CHUNK; ++ch) {
+    const int r0 = row0 + ch * CHUNK;  // warp-uniform
+    if (r0 >= nrows) {  // past the end: zero-fill
+#pragma unroll
+      for (int i = 0; i < CHUNK / W::RPP; ++i) {
+        const uint32_t d = dst + (uint32_t)((ch * CHUNK + i * W::RPP) * LDS * 2);
+        cp_async_16(d, k_head, false);
+        cp_async_16(d + TILE_BYTES, v_head, false);
+      }
+      continue;
+    }
+    const int64_t page = pc.page[ch], in_page = pc.row[ch] + lr;
+    const char* ks = reinterpret_cast<const char*>(k_head + page * k_page_stride + in_page * k_row_stride + col);
+    const char* vs = reinterpret_cast<const char*>(v_head + page * v_page_stride + in_page * v_row_stride + col);
+    const int left = nrows - r0 - lr;  // valid rows from this lane's first one in the chunk
+#pragma unroll
+    for (int i = 0; i < CHUNK / W::RPP; ++i) {
+      const bool valid = i * W::RPP < left;
+      const uint32_t d = dst + (uint32_t)((ch * CHUNK + i * W::RPP) * LDS * 2);
+      cp_async_16(d, valid ? ks + (uint32_t)i * k_step : reinterpret_cast<const char*>(k_head), valid);
+      cp_async_16(d + TILE_BYTES, valid ? vs + (uint32_t)i * v_step : reinterpret_cast<const char*>(v_head), valid);
+    }
+  }
+}
+
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE>
+          int MOD = MOD_NONE, bool PAGED = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
   using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
   constexpr int NT = NWARPS * 32;
@@ -170,7 +254,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   const int m0 = m_block * BLOCK_M;
   const int valid_rows = min(BLOCK_M, seqlen_q - m0);
 
-  const SeqInfo si = seqinfo(p, batch);
+  const SeqInfo si = seqinfo_cache(p, batch);  // left padding: keys from cache row si.k_start
   const int seqlen_k = si.seqlen_k;
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, batch, head);
   // keys any valid row of this block may see: [0, kv_len)
@@ -205,8 +289,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 
   const T* q_ptr = reinterpret_cast<const T*>(p.q) + SeqInfo::offset(p.q_batch_stride, p.q_head_stride, batch, head);
   const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA without the fold: shared K/V head, no copy
-  const T* k_ptr = reinterpret_cast<const T*>(p.k) + SeqInfo::offset(p.k_batch_stride, p.k_head_stride, batch, kv_head);
-  const T* v_ptr = reinterpret_cast<const T*>(p.v) + SeqInfo::offset(p.v_batch_stride, p.v_head_stride, batch, kv_head);
+  // The cache row of this element (FwdParams::cache_batch_idx), or, paged, page 0 (the pages are found per tile).
+  const int* pages = PAGED ? p.block_table + (int64_t)batch * p.block_table_batch_stride : nullptr;
+  const int64_t kv_batch = PAGED ? 0 : p.cache_batch_idx ? __ldg(p.cache_batch_idx + batch) : batch;
+  const T* k_ptr = reinterpret_cast<const T*>(p.k) +
+                   si.k_offset(p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_batch, kv_head);
+  const T* v_ptr = reinterpret_cast<const T*>(p.v) +
+                   si.k_offset(p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_batch, kv_head);
 
   // This warp's tiles: tile_begin + warp + i * NWARPS, i in [0, my_tiles). The lane's K and V pointers
   // walk them (one 64-bit add per tile); next_row is the first key of the next tile to load.
@@ -220,18 +309,34 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   int next_row = first * BLOCK_N;
   const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + src_col;
   const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + src_col;
+  PagedChunks<PAGED ? BLOCK_N : 16> chunks;  // paged: the pages of the tile at next_row
+  if constexpr (PAGED) chunks.lookup(pages, (int)p.page_size, next_row, seqlen_k);
   auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
     const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
-    warp_load_tile<BLOCK_N, D>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
-    warp_load_tile<BLOCK_N, D>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
-    k_src += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
-    v_src += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
+    if constexpr (PAGED) {
+      warp_load_kv_paged<BLOCK_N, D, L::TILE_BYTES>(dst, k_ptr, v_ptr, chunks, p.k_batch_stride, p.k_row_stride,
+                                                    p.v_batch_stride, p.v_row_stride, next_row, seqlen_k, lane,
+                                                    src_col);
+      chunks.lookup(pages, (int)p.page_size, next_row + NWARPS * BLOCK_N, seqlen_k);  // one tile ahead
+    } else {
+      warp_load_tile<BLOCK_N, D>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
+      warp_load_tile<BLOCK_N, D>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
+      k_src += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
+      v_src += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
+    }
     next_row += NWARPS * BLOCK_N;
   };
 
-  // Q (all threads, one cp.async group), then each warp's first STAGES - 1 tiles (one group each, empty
-  // groups included so that the group count per iteration is static).
-  load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
+  // Q (all threads, one cp.async group; with a rotary embedding, plain loads rotated into shared memory,
+  // attn/rotary.cuh: query row i at position seqlens_k[b] (+ i when causal or local)), then each warp's first
+  // STAGES - 1 tiles (one group each, empty groups included so that the group count per iteration is static).
+  if (p.rotary_cos) {
+    load_tile_rotated<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd, p.rotary_cos,
+                                      p.rotary_sin, (int)p.rotary_dim, p.rotary_interleaved != 0, (int)p.seqlen_ro,
+                                      __ldg(p.seqlens_k + batch), p.rotary_q_per_row != 0);
+  } else {
+    load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
+  }
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {

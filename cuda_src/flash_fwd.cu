@@ -51,6 +51,7 @@
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
 #include "attn/dropout.cuh"
+#include "attn/rotary.cuh"
 
 namespace cuflash {
 
@@ -389,14 +390,23 @@ __global__ void dropout_mask_kernel(const __grid_constant__ FwdParams p) {
 
 // KV-cache append, before attending: k_cache[b, seqlens[b] + i] = k_new[b, i] and the same for v, one
 // 16-byte chunk per thread (headdim, a multiple of 8, is a run-time value: any head dim the attention kernels
-// take). Rows that would land past the cache's capacity are dropped (the attention kernel clamps the key count to
-// the capacity too). Strides in elements; last dims contiguous.
+// take). Rows that would land past the cache's capacity (seqlen_cache) are dropped (the attention kernel clamps the
+// key count to the capacity too). Strides in elements; last dims contiguous. The cache indirections of
+// flash_attn_with_kvcache (null: none):
+//   cache_batch_idx [b]  element b writes cache row cache_batch_idx[b] (kc_bs / vc_bs apart);
+//   block_table [b, bt_stride]  paged: cache row r of element b is row r % page_size of page
+//                        block_table[b, r / page_size] (kc_bs / vc_bs: the page strides);
+//   rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]  the new keys are rotated first (attn/rotary.cuh), key i
+//                        of element b at position seqlens[b] + i; the values are copied as they are.
 template <typename T>
 __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, const T* v_new, const int* seqlens,
-                                      int64_t kc_bs, int64_t kc_rs, int64_t kc_hs, int64_t vc_bs, int64_t vc_rs,
-                                      int64_t vc_hs, int64_t kn_bs, int64_t kn_rs, int64_t kn_hs, int64_t vn_bs,
-                                      int64_t vn_rs, int64_t vn_hs, int64_t batch, int64_t seqlen_new, int64_t nheads_k,
-                                      int64_t seqlen_cache, int64_t headdim) {
+                                      const int* block_table, const int* cache_batch_idx, const void* rotary_cos,
+                                      const void* rotary_sin, int64_t kc_bs, int64_t kc_rs, int64_t kc_hs,
+                                      int64_t vc_bs, int64_t vc_rs, int64_t vc_hs, int64_t kn_bs, int64_t kn_rs,
+                                      int64_t kn_hs, int64_t vn_bs, int64_t vn_rs, int64_t vn_hs, int64_t batch,
+                                      int64_t seqlen_new, int64_t nheads_k, int64_t seqlen_cache, int64_t headdim,
+                                      int64_t bt_stride, int64_t page_size, int64_t rotary_dim,
+                                      int64_t rotary_interleaved, int64_t seqlen_ro) {
   const int64_t CHUNKS = headdim / 8;
   const int64_t per_tensor = batch * seqlen_new * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -408,10 +418,62 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
   const int64_t h = r % nheads_k;
   r /= nheads_k;
   const int64_t i = r % seqlen_new, b = r / seqlen_new;
-  const int64_t dst_row = seqlens[b] + i;
-  if (dst_row >= seqlen_cache) return;
+  const int pos = seqlens[b] + (int)i;
+  if (pos >= seqlen_cache) return;
+  // the destination: (cache row, row in it) -- the page and its row when paged
+  int64_t dst_b = cache_batch_idx ? cache_batch_idx[b] : b, dst_row = pos;
+  if (block_table) {
+    dst_b = block_table[b * bt_stride + pos / page_size];
+    dst_row = pos % page_size;
+  }
   const T* src = is_v ? v_new + b * vn_bs + i * vn_rs + h * vn_hs : k_new + b * kn_bs + i * kn_rs + h * kn_hs;
-  T* dst = is_v ? v_cache + b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + b * kc_bs + dst_row * kc_rs + h * kc_hs;
+  T* dst = is_v ? v_cache + dst_b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + dst_b * kc_bs + dst_row * kc_rs + h * kc_hs;
+  uint4 x = *reinterpret_cast<const uint4*>(src + c);
+  if (!is_v && rotary_cos) {
+    const RotaryRow<T> rot = rotary_row<T>(rotary_cos, rotary_sin, (int)rotary_dim, rotary_interleaved != 0,
+                                           (int)seqlen_ro, pos);
+    x = rot.chunk(x, *reinterpret_cast<const uint4*>(src + rot.partner_col(c)), c);
+  }
+  *reinterpret_cast<uint4*>(dst + c) = x;
+}
+
+// Paged K/V of packed sequences, gathered into packed rows (flash_attn_varlen_func with a block_table; the packed
+// kernels then read them as any packed K/V): key r of sequence b, row r % page_size of page
+// block_table[b, r / page_size] of k_pages, v_pages [pages, page_size, nheads_k, headdim], goes to packed row
+// cu_seqlens_k[b] + r of k_out, v_out [rows, nheads_k, headdim] (contiguous; rows >= cu_seqlens_k[batch] + pad_rows,
+// the total, which the host does not read, plus pad_rows). The pad_rows rows after the total are zeroed: a kernel
+// whose last KV tile runs past the last sequence reads them (the Hopper forward's TMA tiles; a zero V row times a
+// zero probability stays 0, a stale one could be NaN), the rows after those are never read. One 16-byte chunk per
+// thread; a thread finds its sequence by an upper-bound binary search over cu_seqlens_k. Strides in elements, last
+// dims contiguous.
+template <typename T>
+__global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, const T* v_pages,
+                                       const int* cu_seqlens_k, const int* block_table, int64_t kp_ps, int64_t kp_rs,
+                                       int64_t kp_hs, int64_t vp_ps, int64_t vp_rs, int64_t vp_hs, int64_t batch,
+                                       int64_t rows, int64_t nheads_k, int64_t headdim, int64_t bt_stride,
+                                       int64_t page_size, int64_t pad_rows) {
+  const int64_t CHUNKS = headdim / 8;
+  const int64_t per_tensor = rows * nheads_k * CHUNKS;
+  int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= 2 * per_tensor) return;
+  const bool is_v = idx >= per_tensor;
+  idx -= is_v ? per_tensor : 0;
+  const int64_t c = idx % CHUNKS * 8, h = idx / CHUNKS % nheads_k, t = idx / (CHUNKS * nheads_k);
+  T* dst = (is_v ? v_out : k_out) + (t * nheads_k + h) * headdim;
+  const int64_t total = __ldg(cu_seqlens_k + batch);
+  if (t >= total) {
+    if (t < total + pad_rows) *reinterpret_cast<uint4*>(dst + c) = make_uint4(0u, 0u, 0u, 0u);
+    return;
+  }
+  int lo = 0, hi = (int)batch - 1;  // the last sequence b with cu[b] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(cu_seqlens_k + mid) <= t) lo = mid; else hi = mid - 1;
+  }
+  const int64_t r = t - __ldg(cu_seqlens_k + lo);
+  const int64_t page = __ldg(block_table + lo * bt_stride + r / page_size), in_page = r % page_size;
+  const T* src = is_v ? v_pages + page * vp_ps + in_page * vp_rs + h * vp_hs
+                      : k_pages + page * kp_ps + in_page * kp_rs + h * kp_hs;
   *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 

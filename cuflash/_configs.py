@@ -301,19 +301,27 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
 
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0) -> KernelSpec:
-    """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec."""
+                mod: int = 0, paged: bool = False) -> KernelSpec:
+    """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
+    paged-cache kernel (its K/V loads look up a block table)."""
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
+    mod = _mod_checked(causal, mod)
+    tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
-            f"{'true' if causal else 'false'}, {tile.stages}, {smem}{', %d' % mod if _mod_checked(causal, mod) else ''}>")
+            f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
+
+
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
+    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
+            for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
     """Every decode-kernel configuration the package can launch."""
-    return [decode_spec(dt, d, causal, mf, mod=m) for dt in DTYPES for d in HEADDIMS
-            for mf in range(1, DECODE_MAX_MF[d] + 1) for causal, m in MASK_MODES]
+    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
@@ -333,6 +341,16 @@ DROPOUT_MASK_THREADS = 256
 def dropout_mask_spec() -> KernelSpec:
     """The dropout keep mask (cuda_src/flash_fwd.cu: dropout_mask_kernel), one thread per Philox group."""
     return KernelSpec("flash_fwd.cu", "cuflash::dropout_mask_kernel", DROPOUT_MASK_THREADS, 0)
+
+
+# Zeroed rows after the total of gathered paged K/V (paged_kv_gather_kernel): at least the widest KV tile of any
+# forward kernel, whose last tile may run past the last sequence (tests/test_varlen_cpu.py checks the tile tables).
+GATHER_PAD_ROWS = 256
+
+
+def gather_spec(dtype: str) -> KernelSpec:
+    """Paged K/V of packed sequences -> packed rows (cuda_src/flash_fwd.cu: paged_kv_gather_kernel)."""
+    return KernelSpec("flash_fwd.cu", f"cuflash::paged_kv_gather_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)
 
 
 def append_spec(dtype: str) -> KernelSpec:
@@ -695,11 +713,13 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                                 bwd_convert_spec(dt, d, c, vt.block_n, mod=m)]
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
-                    out += [decode_spec(dt, d, c, mf, mod=m) for mf in range(1, DECODE_MAX_MF[d] + 1)]
+                    out += decode_family(dt, d, c, m)
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:
                 out += [combine_spec(dt, d), append_spec(dt)]
+            if varlen:
+                out.append(gather_spec(dt))
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
 
 
@@ -730,6 +750,7 @@ def all_specs():
             specs.append(fwd_spec(dt, d, False, split=False, mod=MOD_SCORE_DROPOUT))
             specs.append(combine_spec(dt, d))
             specs.append(append_spec(dt))
+            specs.append(gather_spec(dt))
             specs.append(bwd_preprocess_spec(dt, d))
             for causal, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
                 for part in BWD_PARTITIONS:

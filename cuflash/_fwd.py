@@ -17,7 +17,7 @@ from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, fol
 from ._interop import desc
 from ._launch import get_launcher
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for  # noqa: F401 (LOG2E re-exported)
-from ._params import FWD_PARAMS
+from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan, remember
 from ._validate import check_qkv, check_softmax_scale
 
@@ -119,7 +119,8 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     with _interop.device_guard(qa.device):
         lau.launch_block(grid, stream, FWD_PARAMS, FWD_PARAMS.values(
             q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum,
-            seqlens_k=seqlens_k_ptr, **(packed.pointers() if packed is not None else _NOT_PACKED), **fields))
+            **dict(NO_CACHE, seqlens_k=seqlens_k_ptr), **(packed.pointers() if packed is not None else _NOT_PACKED),
+            **fields))
         if split:  # flash_combine_kernel: the partials -> out, lse (the fields it reads; the others 0)
             comb = get_launcher(combine_spec(qa.dtype, kernel_headdim(d)), qa.device)
             nrows = b * fields["nheads"] * fields["seqlen_q"]
@@ -159,8 +160,8 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mo
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                       mods=mods)
     p = _FwdPlan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, cu_seqlens_q=0,
-           cu_seqlens_k=0, **fields)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
+           **NO_CACHE, **fields)
     p.add_launch(lau, grid)
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

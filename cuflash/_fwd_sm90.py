@@ -22,7 +22,7 @@ from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_orde
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
 from ._mods import has_dropout, kernel_mode, mod_fields
-from ._params import FWD_PARAMS
+from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
@@ -157,7 +157,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
                                            packed)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
     cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
-    values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, seqlens_k=0,
+    values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, **NO_CACHE,
                                **cu, **fields)
     _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
             encode_args(maps, qa.ptr, ka.ptr, va.ptr), qa.device, *values)
@@ -189,8 +189,8 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90P
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                            mods=mods)
     p = Sm90Plan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, seqlens_k=0, cu_seqlens_q=0,
-           cu_seqlens_k=0, **fields)
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
+           **NO_CACHE, **fields)
     p.add_launch(lau, grid)
     p.maps, p.encoded = maps, {}
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))

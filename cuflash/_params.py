@@ -133,14 +133,20 @@ def _ints(*names) -> tuple:
 _MODS = (("alibi_batch_stride", INT64), ("window_left", INT64), ("window_right", INT64),
          ("softcap_pre", DOUBLE), ("alibi_mul", DOUBLE), ("head_dim", INT64),
          ("rng_seed", INT64), ("rng_offset", INT64), ("dropout_keep", INT64), ("dropout_scale", DOUBLE))
+# The KV-cache indirections of FwdParams (the decode kernel's): pointers after seqlens_k, sizes at the end.
+_CACHE_PTRS = ("block_table", "cache_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin")
+_CACHE_INTS = ("block_table_batch_stride", "page_size", "rotary_dim", "rotary_interleaved", "rotary_q_per_row",
+               "seqlen_ro")
 # cuda_src/attn/params.cuh: struct FwdParams (V2 forward, split-KV, decode, combine).
 FWD_PARAMS = ParamBlock("FwdParams", (
-    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k",
-           "alibi_slopes"),
+    *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", *_CACHE_PTRS, "cu_seqlens_q",
+           "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
-    ("scale_log2", DOUBLE), *_MODS,
+    ("scale_log2", DOUBLE), *_MODS, *_ints(*_CACHE_INTS),
 ))
+# FwdParams with no KV-cache indirection (every kernel but the decode kernel's cache calls).
+NO_CACHE = dict.fromkeys(("seqlens_k", *_CACHE_PTRS, *_CACHE_INTS), 0)
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
     *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "cu_seqlens_q",
@@ -168,7 +174,16 @@ PARAM_BLOCKS = (FWD_PARAMS, BWD_PARAMS, V1_FWD_PARAMS, V1_BWD_PARAMS)
 # The plain arguments of kvcache_append_kernel (cuda_src/flash_fwd.cu), one 8-byte slot each (cuflash/_launch.py:
 # _scratch), so they pack like a struct of these fields.
 APPEND_ARGS = ParamBlock("kvcache_append_kernel", (
-    *_ptrs("k_cache", "v_cache", "k_new", "v_new", "seqlens"),
+    *_ptrs("k_cache", "v_cache", "k_new", "v_new", "seqlens", "block_table", "cache_batch_idx", "rotary_cos",
+           "rotary_sin"),
     *_ints("kc_bs", "kc_rs", "kc_hs", "vc_bs", "vc_rs", "vc_hs", "kn_bs", "kn_rs", "kn_hs", "vn_bs", "vn_rs", "vn_hs",
-           "batch", "seqlen_new", "nheads_k", "seqlen_cache", "headdim"),
+           "batch", "seqlen_new", "nheads_k", "seqlen_cache", "headdim", "bt_stride", "page_size", "rotary_dim",
+           "rotary_interleaved", "seqlen_ro"),
+))
+
+# The plain arguments of paged_kv_gather_kernel (cuda_src/flash_fwd.cu), one 8-byte slot each.
+GATHER_ARGS = ParamBlock("paged_kv_gather_kernel", (
+    *_ptrs("k_out", "v_out", "k_pages", "v_pages", "cu_seqlens_k", "block_table"),
+    *_ints("kp_ps", "kp_rs", "kp_hs", "vp_ps", "vp_rs", "vp_hs", "batch", "rows", "nheads_k", "headdim", "bt_stride",
+           "page_size", "pad_rows"),
 ))

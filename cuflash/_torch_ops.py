@@ -14,8 +14,11 @@ and flash_attn_with_kvcache import it only while Dynamo traces, so eager calls k
 * `cuflash::flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` and
   `cuflash::flash_attn_varlen_bwd`: the same for packed sequences (cuflash.varlen; max_seqlen -1 when the caller
   passed a 0-dim tensor, which is never read).
-* `cuflash::flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, ...) -> (out, softmax_lse)`: the
-  decode path; it mutates k_cache and v_cache (the append), declared in the schema.
+* `cuflash::paged_kv_gather(q, k, v, block_table, cu_seqlens_k) -> (k, v)`: a paged varlen call's pages as packed
+  rows (no autograd: the paged path is inference-only), before `flash_attn_varlen_fwd`.
+* `cuflash::flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, ..., rotary_cos, rotary_sin,
+  cache_batch_idx, cache_leftpad, block_table, rotary_interleaved) -> (out, softmax_lse)`: the decode path; it
+  mutates k_cache and v_cache (the append), declared in the schema.
 
 Each has a fake implementation that gives the outputs' shapes, dtypes and strides without launching anything, and
 the real one validates as the eager functions do. `compiled_flash_attn` / `compiled_kvcache` are what the public
@@ -119,21 +122,43 @@ flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 def flash_attn_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                                cache_seqlens: Optional[Tensor], cache_seqlens_int: int, softmax_scale: float,
                                causal: bool, num_splits: int, window_left: int, window_right: int, softcap: float,
-                               alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                               alibi_slopes: Optional[Tensor], rotary_cos: Optional[Tensor],
+                               rotary_sin: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                               cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+                               rotary_interleaved: bool) -> Tuple[Tensor, Tensor]:
     from .decode import flash_attn_with_kvcache
 
     seqlens = cache_seqlens if cache_seqlens is not None else (None if cache_seqlens_int < 0 else cache_seqlens_int)
-    return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, softmax_scale=softmax_scale,
-                                   causal=causal, num_splits=num_splits, return_softmax_lse=True,
+    return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
+                                   cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
+                                   num_splits=num_splits, return_softmax_lse=True,
                                    window_size=_window(window_left, window_right), softcap=softcap,
-                                   alibi_slopes=alibi_slopes)
+                                   rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes)
 
 
 @flash_attn_with_kvcache_op.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, softmax_scale, causal, num_splits, window_left,
-      window_right, softcap, alibi_slopes):
+      window_right, softcap, alibi_slopes, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+      rotary_interleaved):
     b, sq, h, d = q.shape
     return q.new_empty((b, sq, h, d)), q.new_empty((b, h, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("cuflash::paged_kv_gather", mutates_args=(), device_types="cuda")
+def paged_kv_gather(q: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
+                    cu_seqlens_k: Tensor) -> Tuple[Tensor, Tensor]:
+    """Paged K/V of a varlen call as packed rows (cuflash._varlen.gather_pages)."""
+    from ._varlen import gather_pages
+
+    return gather_pages(q, k, v, block_table, cu_seqlens_k)
+
+
+@paged_kv_gather.register_fake
+def _(q, k, v, block_table, cu_seqlens_k):
+    from ._configs import GATHER_PAD_ROWS
+
+    rows = block_table.shape[0] * block_table.shape[1] * k.shape[1] + GATHER_PAD_ROWS
+    return k.new_empty((rows, k.shape[2], k.shape[3])), v.new_empty((rows, v.shape[2], v.shape[3]))
 
 
 @torch.library.custom_op("cuflash::flash_attn_varlen_fwd", mutates_args=(), device_types="cuda")
@@ -222,12 +247,14 @@ def compiled_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                return_attn_probs, block_table, dq_strategy, backend):
     """flash_attn_varlen_func while Dynamo traces: one cuflash::flash_attn_varlen_fwd node (max_seqlen given as a
     tensor goes in as -1: never read)."""
-    from ._varlen import NO_PAGES
+    from ._varlen import NO_PAGES_GRAD
 
-    if block_table is not None:
-        raise NotImplementedError(NO_PAGES)
     if return_attn_probs and dropout_p:
         raise NotImplementedError("return_attn_probs with dropout_p > 0: not implemented for packed sequences")
+    if block_table is not None:  # paged K/V: the gather is a node of its own, then the packed forward
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            raise NotImplementedError(NO_PAGES_GRAD)
+        k, v = torch.ops.cuflash.paged_kv_gather(q, k, v, block_table, cu_seqlens_k)
     d = q.shape[-1]
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
     left, right = window_size
@@ -265,9 +292,8 @@ def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotar
                      return_softmax_lse=False, *, scratch=None, kernel="decode"):
     """flash_attn_with_kvcache while Dynamo traces (its arguments, flash-attn's order): one
     cuflash::flash_attn_with_kvcache node (the decode kernel; scratch and kernel are eager-only options)."""
-    from .decode import check_cache_options
-
-    check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, rotary_interleaved)
+    if not isinstance(rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved must be a bool; got {type(rotary_interleaved).__name__}")
     if scratch is not None or kernel != "decode":
         raise NotImplementedError("scratch / kernel under torch.compile: the decode kernel with its own partials")
     d = q.shape[-1]
@@ -277,5 +303,7 @@ def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotar
     seqlens_int = -1 if cache_seqlens is None or tensor_seqlens is not None else int(cache_seqlens)
     out, lse = torch.ops.cuflash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, tensor_seqlens, seqlens_int, scale,
                                                          bool(causal), int(num_splits), int(left), int(right),
-                                                         float(softcap), alibi_slopes)
+                                                         float(softcap), alibi_slopes, rotary_cos, rotary_sin,
+                                                         cache_batch_idx, cache_leftpad, block_table,
+                                                         rotary_interleaved)
     return (out, lse) if return_softmax_lse else out

@@ -79,8 +79,9 @@ def check_qkv(q, k, v, names=("q", "k", "v")):
     return qa, ka, va
 
 
-def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
-    """The checks of check_qkv on already wrapped views (testable on a CPU with hand-made views)."""
+def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v"), same_batch: bool = True) -> None:
+    """The checks of check_qkv on already wrapped views (testable on a CPU with hand-made views); same_batch=False
+    leaves k's batch to the caller (KV caches addressed through a batch index or a block table)."""
     qn, kn, vn = names
     for a, n in ((qa, qn), (ka, kn), (va, vn)):
         check_rank(a, n, 4, "(batch, seqlen, nheads, headdim)")
@@ -90,7 +91,7 @@ def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v")) -> None:
     check_dtype(ka, kn, qa, qn)
     check_dtype(va, vn, qa, qn)
     b, sq, h, d = qa.shape
-    if ka.shape[0] != b:
+    if same_batch and ka.shape[0] != b:
         raise ValueError(f"{kn} has batch {ka.shape[0]} but {qn} has batch {b}")
     if va.shape != ka.shape:
         raise ValueError(f"{vn} must have the shape of {kn} {ka.shape}; got {va.shape}")
@@ -129,6 +130,9 @@ def check_grad_inputs(qa: Arr, dout, out, lse, lse_shape: tuple, lse_what: str):
 def check_score_options(dropout_p=0.0, window_size=(-1, -1), softcap=0.0) -> None:
     """flash-attn's option values, checked before anything else: dropout_p a number in [0, 1), window_size a pair
     of ints >= -1 (-1: unbounded), softcap a finite number >= 0. TypeError / ValueError naming the argument."""
+    if (dropout_p.__class__ is float and softcap.__class__ is float and window_size.__class__ is tuple
+            and dropout_p == 0.0 and softcap == 0.0 and window_size == (-1, -1)):
+        return  # flash-attn's defaults, the common call: a few identity tests instead of the isinstance checks
     import math
     import numbers
 

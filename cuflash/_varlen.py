@@ -21,7 +21,8 @@ from ._validate import check_dtype, check_rank, check_same
 
 from ._configs import BWD_ROW_PAD  # the backward's fp32 row buffers pad every sequence to it (flash_bwd.cu)
 
-NO_PAGES = "block_table: paged K/V caches are not implemented in cuflash; pass contiguous packed k and v"
+NO_PAGES_GRAD = ("block_table with autograd: paged K/V is an inference path (flash-attn's too); pass contiguous "
+                 "packed k and v to differentiate")
 
 
 class Packed:
@@ -120,6 +121,58 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     else:
         check_qkv_views(q4, k4, v4, names)
     return q4, k4, v4, Packed(cq.shape[0] - 1, qa.shape[0], ka.shape[0], cq, ck, mq, mk)
+
+
+def gather_pages(q, k, v, block_table, cu_seqlens_k):
+    """Paged K/V of a varlen call gathered into packed rows: k, v [num_pages, page_size, nheads_k, headdim] (q's kind,
+    device and dtype; page_size a multiple of 16), block_table int32 [batch, max_pages] (last dim contiguous):
+    sequence b's key r is row r % page_size of page block_table[b, r // page_size] and lands at packed row
+    cu_seqlens_k[b] + r (cuda_src/flash_fwd.cu: paged_kv_gather_kernel, one pass over the keys). Returns (k, v)
+    [batch x max_pages x page_size + GATHER_PAD_ROWS, nheads_k, headdim], contiguous: room for every sequence's pages
+    without reading the total on the host; the GATHER_PAD_ROWS rows after the total are zeros (the last KV tile of a
+    forward kernel may read them), the rest is left unwritten (never read)."""
+    from . import _interop
+    from ._configs import GATHER_PAD_ROWS, gather_spec
+    from ._launch import get_launcher
+    from ._params import GATHER_ARGS
+    from ._validate import check_headdim, check_layout
+
+    qa = wrap(q, "q")
+    ka, va = wrap(k, "k"), wrap(v, "v")
+    for a, n in ((ka, "k"), (va, "v")):
+        check_same(qa, "q", a, n)
+        check_rank(a, n, 4, "(num_pages, page_size, nheads_k, headdim) with a block_table")
+        check_dtype(a, n, qa, "q")
+    if va.shape != ka.shape:
+        raise ValueError(f"v must have the shape of k {ka.shape}; got {va.shape}")
+    check_headdim(ka.shape[3], "k")
+    for a, n in ((ka, "k"), (va, "v")):
+        check_layout(a, n)
+    ck = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qa)
+    bt = wrap(block_table, "block_table")
+    check_same(qa, "q", bt, "block_table")
+    if bt.dtype != "int32":
+        raise TypeError(f"block_table must be int32; got {bt.dtype}")
+    check_rank(bt, "block_table", 2, "(batch, max_num_blocks_per_seq)")
+    batch = ck.shape[0] - 1
+    if bt.shape[0] != batch or bt.shape[1] < 1:
+        raise ValueError(f"block_table must have shape ({batch}, max_num_blocks_per_seq >= 1); got {bt.shape}")
+    if bt.shape[1] > 1 and bt.strides[1] != 1:
+        raise ValueError(f"block_table must be contiguous in its last dimension; got strides {bt.strides}")
+    page_size, hk, d = ka.shape[1:]
+    if page_size % 16:
+        raise ValueError(f"k's page size (dimension 1 with a block_table) must be a multiple of 16; got {page_size}")
+    rows = batch * bt.shape[1] * page_size + GATHER_PAD_ROWS
+    kg, vg = (_interop.empty(qa, (rows, hk, d), qa.dtype) for _ in range(2))
+    lau = get_launcher(gather_spec(qa.dtype), qa.device)
+    n = 2 * rows * hk * (d // 8)
+    with _interop.device_guard(qa.device):
+        lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), GATHER_ARGS, GATHER_ARGS.values(
+            k_out=_interop.data_ptr(kg), v_out=_interop.data_ptr(vg), k_pages=ka.ptr, v_pages=va.ptr,
+            cu_seqlens_k=ck.ptr, block_table=bt.ptr, kp_ps=ka.strides[0], kp_rs=ka.strides[1], kp_hs=ka.strides[2],
+            vp_ps=va.strides[0], vp_rs=va.strides[1], vp_hs=va.strides[2], batch=batch, rows=rows, nheads_k=hk,
+            headdim=d, bt_stride=bt.strides[0], page_size=page_size, pad_rows=GATHER_PAD_ROWS))
+    return kg, vg
 
 
 def varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,

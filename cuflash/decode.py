@@ -37,7 +37,7 @@ from ._launch import get_launcher
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv, check_rank, check_same,
+from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv_views, check_rank, check_same,
                         check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = 128
@@ -166,7 +166,8 @@ class _Plan(HostPlan):
 
     __slots__ = ("outs", "num_splits", "scratch_elems", "lse_accum_offset", "append")
 
-    def run(self, qp, kcp, vcp, knp, vnp, sp, return_lse, scratch):
+    def run(self, qp, kcp, vcp, knp, vnp, sp, xp, return_lse, scratch):
+        """xp: the pointers of (block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin), 0 for None."""
         arrs, ptrs, stream = self.outs[(2 if return_lse else 0) + (scratch is None)]()
         if return_lse:
             lse, lp = arrs[1], ptrs[1]
@@ -180,19 +181,32 @@ class _Plan(HostPlan):
             oa = ptrs[-1]
             la = oa + self.lse_accum_offset
         if self.append is None:
-            self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp)
-        else:  # k, v -> the caches at cache_seqlens, before attending
-            self.launch_after(self.append, (kcp, vcp, knp, vnp, sp), stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp)
+            self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp)
+        else:  # k, v -> the caches at cache_seqlens (rotated, paged, at the batch index), before attending
+            bt, bi, _, cos, sin = xp
+            self.launch_after(self.append, (kcp, vcp, knp, vnp, sp, bt, bi, cos, sin), stream, qp, kcp, vcp, ptrs[0],
+                              lp, oa, la, sp, *xp)
         return (arrs[0], lse) if return_lse else arrs[0]
 
 
-def _append_fields(kca, vca, kna, vna) -> dict:
+def _append_fields(kca, vca, kna, vna, cache: CacheOptions) -> dict:
     """kvcache_append_kernel's non-pointer arguments by name (cuflash._params.APPEND_ARGS)."""
     f = {}
     for short, a in (("kc", kca), ("vc", vca), ("kn", kna), ("vn", vna)):
         f[f"{short}_bs"], f[f"{short}_rs"], f[f"{short}_hs"] = a.strides[:3]
-    return dict(f, batch=kna.shape[0], seqlen_new=kna.shape[1], nheads_k=kna.shape[2], seqlen_cache=kca.shape[1],
-                headdim=kna.shape[3])
+    return dict(f, batch=kna.shape[0], seqlen_new=kna.shape[1], nheads_k=kna.shape[2], seqlen_cache=cache.capacity or kca.shape[1],
+                headdim=kna.shape[3], bt_stride=cache.bt_stride, page_size=cache.page_size,
+                rotary_dim=cache.rotary_dim, rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro)
+
+
+def _append_plan(qa, kca, vca, kna, vna, cache: CacheOptions) -> HostPlan:
+    """The append kernel's plan: 2 x batch x seqlen_new x nheads_k x headdim / 8 chunks, one per thread."""
+    lau = get_launcher(append_spec(qa.dtype), qa.device)
+    n = 2 * kna.shape[0] * kna.shape[1] * kna.shape[2] * (kna.shape[3] // 8)
+    p = HostPlan(qa)
+    p.bind(APPEND_ARGS, APPEND_DYNAMIC, **_append_fields(kca, vca, kna, vna, cache))
+    p.add_launch(lau, (-(-n // lau.threads), 1, 1))
+    return p
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,9 +221,14 @@ def _resident(spec, device: int) -> int:
 
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
-               tile: DecodeTile | None = None, mods=None) -> _Plan:
+               tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
+               local: bool = False) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
-    the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None."""
+    the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
+    the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
+    positions, as with causal)."""
+    cache = cache or NO_CACHE_OPTIONS
+    rotate_rows = bool(causal) or local  # before kernel_mode: causal may become a band of the modifiers
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
     if softmax_scale is None:
@@ -217,7 +236,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
-    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod)
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
     dev = qa.device
     main = get_launcher(spec, dev)
     if num_splits == 0:
@@ -236,8 +255,10 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k"), cu_seqlens_q=0,
-           cu_seqlens_k=0,
+    p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0,
+           block_table_batch_stride=cache.bt_stride, page_size=cache.page_size, rotary_dim=cache.rotary_dim,
+           rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro,
+           rotary_q_per_row=int(bool(cache.rotary_dim) and rotate_rows and not fold),
            q_batch_stride=qa.strides[0], q_row_stride=q_row, q_head_stride=q_head,
            **stride_fields("k", kca.strides), **stride_fields("v", vca.strides),
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
@@ -259,15 +280,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, a_out, a_lse, a_lse)
-    p.append = None
-    if kna is not None:
-        lau = get_launcher(append_spec(qa.dtype), dev)
-        s_new = kna.shape[1]
-        n = 2 * b * s_new * hk * (hd // 8)
-        p.append = HostPlan(qa)
-        p.append.bind(APPEND_ARGS, ("k_cache", "v_cache", "k_new", "v_new", "seqlens"),
-                      **_append_fields(kca, vca, kna, vna))
-        p.append.add_launch(lau, (-(-n // lau.threads), 1, 1))
+    p.append = None if kna is None else _append_plan(qa, kca, vca, kna, vna, cache)
     return p
 
 
@@ -286,17 +299,114 @@ def _check_cache_seqlens(cache_seqlens, qa, b):
     return ca, 0
 
 
-def check_cache_options(rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                        rotary_interleaved=True) -> None:
-    """flash-attn's cache options cuflash does not run yet: a NotImplementedError naming the first one given (a
-    rotary_interleaved that is not a bool: TypeError)."""
+class CacheOptions:
+    """flash_attn_with_kvcache's cache indirections, validated: the views (None when not given) and the sizes the
+    kernels take (cuda_src/attn/params.cuh: FwdParams' KV-cache fields; the append kernel's arguments)."""
+
+    __slots__ = ("block_table", "batch_idx", "leftpad", "cos", "sin", "interleaved", "capacity", "bt_stride",
+                 "page_size", "rotary_dim", "seqlen_ro")
+
+    def __init__(self, block_table=None, batch_idx=None, leftpad=None, cos=None, sin=None, interleaved=True,
+                 capacity=0, page_size=0):
+        self.block_table, self.batch_idx, self.leftpad, self.cos, self.sin = block_table, batch_idx, leftpad, cos, sin
+        self.interleaved = interleaved
+        self.capacity = capacity  # keys a cache row holds (paged: pages per row x page size)
+        self.page_size = page_size
+        self.bt_stride = block_table.strides[0] if block_table is not None else 0
+        self.rotary_dim = 2 * cos.shape[1] if cos is not None else 0
+        self.seqlen_ro = cos.shape[0] if cos is not None else 0
+
+    @property
+    def given(self) -> tuple:
+        """The names of the indirections given."""
+        return tuple(n for n, x in (("block_table", self.block_table), ("cache_batch_idx", self.batch_idx),
+                                    ("cache_leftpad", self.leftpad), ("rotary_cos", self.cos)) if x is not None)
+
+
+NO_CACHE_OPTIONS = CacheOptions()
+NO_CACHE_PTRS = (0, 0, 0, 0, 0)
+# The per-call pointers of the decode kernel's block and of the append kernel's arguments, in field order.
+DECODE_DYNAMIC = ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", "block_table", "cache_batch_idx",
+                  "leftpad_k", "rotary_cos", "rotary_sin")
+APPEND_DYNAMIC = ("k_cache", "v_cache", "k_new", "v_new", "seqlens", "block_table", "cache_batch_idx", "rotary_cos",
+                  "rotary_sin")
+
+
+def _int_vector(x, name: str, qa, n: int, what: str):
+    """A contiguous int32 device array of shape (n,) next to q."""
+    a = _interop.wrap(x, name)
+    check_same(qa, "q", a, name)
+    if a.dtype != "int32":
+        raise TypeError(f"{name} must be int32; got {a.dtype}")
+    if a.shape != (n,) or (n > 1 and a.strides != (1,)):
+        raise ValueError(f"{name} must be a contiguous int32 array of shape ({n},) ({what}); got shape {a.shape}")
+    return a
+
+
+def _check_cache_batch(kca, b: int, cache_batch_idx) -> None:
+    if kca.shape[0] != b and cache_batch_idx is None:
+        raise ValueError(f"k_cache has batch {kca.shape[0]} but q has batch {b} (pass cache_batch_idx to pick rows)")
+
+
+def check_cache_options(qa, kca, vca, rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None,
+                        block_table=None, rotary_interleaved=True, appending=False) -> CacheOptions:
+    """flash-attn's cache options next to validated q and caches (before anything is launched; errors name the
+    argument): block_table int32 (batch, max_pages) with k_cache / v_cache (num_pages, page_size, nheads_k,
+    headdim), page_size a multiple of 16; cache_batch_idx and cache_leftpad int32 (batch,) (neither with a block
+    table, as in flash-attn); rotary_cos / rotary_sin (seqlen_ro >= the cache capacity, rotary_dim / 2) of q's
+    dtype, contiguous, rotary_dim a multiple of 16 and <= headdim, only with appended k, v."""
     if not isinstance(rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved must be a bool; got {type(rotary_interleaved).__name__}")
-    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                    ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
-        if x is not None:
-            raise NotImplementedError(f"{name}: flash_attn_with_kvcache in cuflash has no {name} yet (rotary "
-                                      "embeddings, batch indices, left padding and paged caches are not implemented)")
+    b, d = qa.shape[0], qa.shape[3]
+    bt = bi = lp = cos = sin = None
+    capacity, page_size = kca.shape[1], 0
+    if block_table is not None:
+        bt = _interop.wrap(block_table, "block_table")
+        check_same(qa, "q", bt, "block_table")
+        if bt.dtype != "int32":
+            raise TypeError(f"block_table must be int32; got {bt.dtype}")
+        check_rank(bt, "block_table", 2, "(batch, max_num_blocks_per_seq)")
+        if bt.shape[0] != b or bt.shape[1] < 1:
+            raise ValueError(f"block_table must have shape ({b}, max_num_blocks_per_seq >= 1); got {bt.shape}")
+        if bt.shape[1] > 1 and bt.strides[1] != 1:
+            raise ValueError(f"block_table must be contiguous in its last dimension; got strides {bt.strides}")
+        page_size = kca.shape[1]
+        if page_size % 16:
+            raise ValueError(f"k_cache's page size (dimension 1 with a block_table) must be a multiple of 16; got "
+                             f"{page_size}")
+        capacity = bt.shape[1] * page_size
+        for name, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if x is not None:
+                raise ValueError(f"{name} with a block_table: a paged cache's rows are its block_table rows "
+                                 f"(flash-attn does not take both either)")
+    else:
+        _check_cache_batch(kca, b, cache_batch_idx)
+    if cache_batch_idx is not None:
+        bi = _int_vector(cache_batch_idx, "cache_batch_idx", qa, b, "the k_cache row of each batch element")
+    if cache_leftpad is not None:
+        lp = _int_vector(cache_leftpad, "cache_leftpad", qa, b, "the first visible key of each batch element")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        if not appending:
+            raise ValueError("rotary_cos / rotary_sin rotate q and the appended keys: pass k and v with them")
+        cos, sin = _interop.wrap(rotary_cos, "rotary_cos"), _interop.wrap(rotary_sin, "rotary_sin")
+        for a, n in ((cos, "rotary_cos"), (sin, "rotary_sin")):
+            check_same(qa, "q", a, n)
+            check_dtype(a, n, qa, "q")
+            check_rank(a, n, 2, "(seqlen_ro, rotary_dim / 2)")
+        if sin.shape != cos.shape:
+            raise ValueError(f"rotary_sin must have the shape of rotary_cos {cos.shape}; got {sin.shape}")
+        rd = 2 * cos.shape[1]
+        if rd < 16 or rd % 16 or rd > d:
+            raise ValueError(f"rotary_dim (2 x rotary_cos.shape[1] = {rd}) must be a multiple of 16 and at most the "
+                             f"head dim {d}")
+        if cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos must have at least the cache's {capacity} positions; got {cos.shape[0]}")
+        for a, n in ((cos, "rotary_cos"), (sin, "rotary_sin")):
+            if a.strides != (cos.shape[1], 1) and cos.shape[0] > 1:
+                raise ValueError(f"{n} must be contiguous; got strides {a.strides}")
+    return CacheOptions(bt, bi, lp, cos, sin, rotary_interleaved, capacity, page_size)
 
 
 def check_kernel(kernel) -> None:
@@ -304,14 +414,23 @@ def check_kernel(kernel) -> None:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale=None):
-    """Every check of flash_attn_with_kvcache, before anything is launched. Returns the views and
-    (seqlen_k, seqlen_k_new): keys per batch element as the kernel's static bound, keys appended."""
-    qa, kca, vca = check_qkv(q, k_cache, v_cache, names=("q", "k_cache", "v_cache"))
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale=None, options=None):
+    """Every check of flash_attn_with_kvcache, before anything is launched. options: (rotary_cos, rotary_sin,
+    cache_batch_idx, cache_leftpad, block_table, rotary_interleaved) or None. Returns the views, (seqlen_k,
+    seqlen_k_new): keys per batch element as the kernel's static bound, keys appended, and the CacheOptions."""
+    names = ("q", "k_cache", "v_cache")
+    qa, kca, vca = (_interop.wrap(x, n) for x, n in zip((q, k_cache, v_cache), names))
+    check_qkv_views(qa, kca, vca, names, same_batch=False)
     check_backward_headdim(qa.shape[3], "flash_attn_with_kvcache")
     check_softmax_scale(softmax_scale)
     b, sq, h, d = qa.shape
-    s_cache, hk = kca.shape[1], kca.shape[2]
+    hk = kca.shape[2]
+    if options is None:
+        _check_cache_batch(kca, b, None)
+        cache = NO_CACHE_OPTIONS
+    else:
+        cache = check_cache_options(qa, kca, vca, *options, appending=k is not None)
+    s_cache = cache.capacity or kca.shape[1]
     ca, seqlen_int = _check_cache_seqlens(cache_seqlens, qa, b)
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0; got {num_splits!r}")
@@ -338,7 +457,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scal
     # Keys seen per batch element: a device array (cache_seqlens [+ s_new], clamped on the device to the
     # capacity) or one host int.
     seqlen_k = s_cache if ca is not None or cache_seqlens is None else min(seqlen_int, s_cache)
-    return qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new
+    return qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache
 
 
 # ------------------------------------------------------------------------------------------- the API
@@ -366,12 +485,21 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         k, v: optional [batch, seqlen_new, nheads_k, headdim], written into the caches at cache_seqlens first (in
             place; entries past the capacity are dropped); the kernel attends to cache_seqlens + seqlen_new keys.
             Need cache_seqlens as a device array.
-        rotary_cos, rotary_sin, rotary_interleaved: rotary embedding of q and the appended k (flash-attn's); not
-            implemented: a NotImplementedError when given.
+        rotary_cos, rotary_sin: [seqlen_ro, rotary_dim / 2] of q's dtype, contiguous (seqlen_ro >= the cache
+            capacity, rotary_dim a multiple of 16 up to headdim), only with k, v: the appended keys are rotated at
+            positions cache_seqlens + i (in the append kernel), q at cache_seqlens + i when causal or local and at
+            cache_seqlens otherwise (in the decode kernel, as it is loaded); columns past rotary_dim unchanged.
+        rotary_interleaved: True: pairs of columns (2k, 2k + 1) (GPT-J); False: (k, k + rotary_dim / 2) (GPT-NeoX).
         cache_seqlens: int32 [batch] contiguous device array of valid entries per cache, or an int >= 1 (the same
             for every batch element, clamped to the capacity), or None (the whole cache).
-        cache_batch_idx, cache_leftpad, block_table: flash-attn's cache indirections (the cache row of each batch
-            element, the first visible key, a paged cache); not implemented: a NotImplementedError when given.
+        cache_batch_idx: int32 [batch]: the k_cache / v_cache row each batch element reads and appends to (the
+            caches may have more rows than the batch; the indices are trusted, as in flash-attn).
+        cache_leftpad: int32 [batch]: element b's keys start at cache row cache_leftpad[b] (the causal diagonal,
+            the window and ALiBi count from there).
+        block_table: int32 [batch, max_pages] (last dim contiguous): a paged cache, k_cache / v_cache [num_pages,
+            page_size, nheads_k, headdim] with page_size a multiple of 16; key r of element b is row
+            r % page_size of page block_table[b, r // page_size]; capacity max_pages x page_size. Not with
+            cache_batch_idx or cache_leftpad (flash-attn takes neither with it).
         softmax_scale: positive finite scale of Q K^T; None: headdim ** -0.5.
         causal: bottom-right aligned against each batch element's key count (matters for seqlen_q > 1).
         num_splits: 0 picks the split count from static shapes only (`num_splits_heuristic`; never from the values
@@ -383,7 +511,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         scratch: optional preallocated fp32 partials (o_accum [n, b, hk', rows, d], lse_accum [n, b, hk', rows])
             for split launches; otherwise they come from the inputs' allocator.
         kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
-            splits, for comparison).
+            splits, for comparison; without the cache indirections and rotary embedding: NotImplementedError).
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q; with return_softmax_lse=True, (out, softmax_lse
@@ -392,11 +520,22 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     Raises (before anything is launched; messages name the argument):
         TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes, a cache_seqlens array not int32.
         ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
-            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid.
+            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid, a
+            page size that is no multiple of 16, rotary tables without k / v or of a bad shape, cache_batch_idx or
+            cache_leftpad with block_table.
+        NotImplementedError: the indirections or rotary embedding with kernel="fwd_split".
     """
-    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or cache_leftpad is not None \
-            or block_table is not None or rotary_interleaved is not True:
-        check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, rotary_interleaved)
+    if rotary_cos is None and rotary_sin is None and cache_batch_idx is None and cache_leftpad is None \
+            and block_table is None and rotary_interleaved is True:
+        options, xp, xd = None, NO_CACHE_PTRS, None
+    else:
+        options = (rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, rotary_interleaved)
+        xs = [_desc(x) if x is not None else (0, ()) for x in (block_table, cache_batch_idx, cache_leftpad,
+                                                               rotary_cos, rotary_sin)]
+        xp = tuple(x[0] for x in xs)
+        xd = (tuple(x[1] for x in xs), rotary_interleaved)
+        if None in xp or type(rotary_interleaved) is not bool:
+            xp = xd = None  # not a plain tensor / array, or a bad flag: the validating path
     plain = window_size is _NO_WINDOW and not softcap and alibi_slopes is None
     if not plain:
         check_unsupported(0.0, window_size, softcap, alibi_slopes)
@@ -404,6 +543,8 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     if kernel != "decode":
         check_kernel(kernel)
         if kernel == "fwd_split":
+            if options is not None:
+                _refuse_fwd_split(options)
             return _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits,
                               return_softmax_lse, scratch, opts)
     # Fast path: a memoized plan for these shapes / strides / dtypes / devices / scalar arguments.
@@ -424,31 +565,48 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     key = None
     mk = () if plain else memo_key(causal, window_size, softcap, alibi_slopes)
     if qd is not None and kcd is not None and vcd is not None and sp is not None and knp is not None \
-            and vnp is not None and mk is not None:
-        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk)
+            and vnp is not None and mk is not None and xp is not None:
+        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk, xd)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and fail) below
             key = None
     if plan is None or (qp | kcp | vcp | knp | vnp) & 15:
-        qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
-                                                                       num_splits, softmax_scale)
+        qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(
+            q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale, options)
         mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
-                          mods=mods)
+                          mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
         sp = ca.ptr if ca is not None else 0
-    return plan.run(qp, kcp, vcp, knp, vnp, sp, return_softmax_lse, scratch)
+        xp = _cache_ptrs(cache)
+    return plan.run(qp, kcp, vcp, knp, vnp, sp, xp, return_softmax_lse, scratch)
+
+
+def _cache_ptrs(cache: CacheOptions) -> tuple:
+    """The pointers of the indirections, in DECODE_DYNAMIC's order (0 for those not given)."""
+    return tuple(a.ptr if a is not None else 0 for a in (cache.block_table, cache.batch_idx, cache.leftpad, cache.cos,
+                                                         cache.sin))
+
+
+def _refuse_fwd_split(options) -> None:
+    """The cache indirections run on the decode kernel only: a NotImplementedError naming the first one given."""
+    names = ("rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table")
+    for name, x in zip(names, options):
+        if x is not None:
+            raise NotImplementedError(f"{name} runs on kernel='decode' (the default), not on kernel='fwd_split'")
+    if options[5] is not True and not isinstance(options[5], bool):
+        raise TypeError(f"rotary_interleaved must be a bool; got {type(options[5]).__name__}")
 
 
 def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits, return_softmax_lse,
                scratch, opts=None):
     """The prefill kernel cut into KV splits (the path before the decode kernel); opts: (window_size, softcap,
     alibi_slopes) or None."""
-    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
-                                                                   num_splits, softmax_scale)
+    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, _ = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                                      num_splits, softmax_scale)
     mods = None if opts is None else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]
@@ -458,7 +616,8 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
         with _interop.device_guard(qa.device):
             lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_ARGS,
                              APPEND_ARGS.values(k_cache=kca.ptr, v_cache=vca.ptr, k_new=kna.ptr, v_new=vna.ptr,
-                                                seqlens=ca.ptr, **_append_fields(kca, vca, kna, vna)))
+                                                seqlens=ca.ptr, block_table=0, cache_batch_idx=0, rotary_cos=0,
+                                                rotary_sin=0, **_append_fields(kca, vca, kna, vna, NO_CACHE_OPTIONS)))
     kc = kca if seqlen_k == s_cache else _interop.Arr(kca.kind, kca.obj, kca.ptr, (b, seqlen_k, hk, d), kca.strides,
                                                       kca.dtype, kca.device)
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
@@ -480,21 +639,23 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None) -> _Plan:
+             alibi_slopes=None, block_table=None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, and sweep tiles with `tile` (run it with `run_plan`)."""
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
-    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
-                                                                   num_splits, softmax_scale)
+    options = None if block_table is None else (None, None, None, None, block_table, True)
+    qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
+                                                                          num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods)
+                      mods, cache, tuple(window_size) != _NO_WINDOW)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,
-             scratch=None):
+             scratch=None, block_table=None):
     """Run a plan from `plan_for` on arrays of the shapes it was made for (benchmarks; no checks)."""
     ptr = _interop.data_ptr
     sp = ptr(cache_seqlens) if cache_seqlens is not None and not isinstance(cache_seqlens, int) else 0
     knp, vnp = (ptr(k), ptr(v)) if k is not None else (0, 0)
-    return plan.run(ptr(q), ptr(k_cache), ptr(v_cache), knp, vnp, sp, return_softmax_lse, scratch)
+    xp = NO_CACHE_PTRS if block_table is None else (ptr(block_table), 0, 0, 0, 0)
+    return plan.run(ptr(q), ptr(k_cache), ptr(v_cache), knp, vnp, sp, xp, return_softmax_lse, scratch)

@@ -18,7 +18,7 @@ from ._fwd_sm90 import check_backend
 from ._mods import mods_for
 from ._validate import check_backward_headdim, check_softmax_scale, check_unsupported
 from .packed import unpack
-from ._varlen import NO_PAGES, check_varlen, varlen_backward, varlen_forward
+from ._varlen import NO_PAGES_GRAD, check_varlen, gather_pages, varlen_backward, varlen_forward
 
 
 def _is_torch_grad(*xs) -> bool:
@@ -50,7 +50,11 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
         return_attn_probs: also return the LSE (float32 [nheads, total_q], flash-attn's varlen layout); the third
             element is None (with dropout_p > 0 the probabilities are not implemented for packed sequences:
             NotImplementedError).
-        block_table: paged K/V: not implemented (NotImplementedError when given).
+        block_table: paged K/V (inference): k, v are then [num_pages, page_size, nheads_k, headdim] (page_size a
+            multiple of 16) and block_table int32 [batch, max_pages]: sequence b's key r is row r % page_size of
+            page block_table[b, r // page_size]. The pages are gathered into packed rows (one pass, room for
+            batch x max_pages x page_size keys) and the packed kernels run on them; with autograd:
+            NotImplementedError (flash-attn's paged path has no backward either).
         dq_strategy: the backward's, as flash_attn_func's ("seqpar" needs max_seqlen_k as an int).
         backend: the forward's kernels, as flash_attn_func's ("auto": the Hopper kernels on sm_90 where they apply).
 
@@ -60,7 +64,8 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
 
     Raises (before anything is launched, naming the argument): TypeError, ValueError as flash_attn_func's, and for
         cu_seqlens of the wrong dtype, rank, length or layout, and max_seqlen that is neither an int nor a 0-dim
-        integer tensor; NotImplementedError for block_table, and return_attn_probs with dropout.
+        integer tensor, a bad block_table or page size; NotImplementedError for block_table with autograd, and
+        return_attn_probs with dropout.
     """
     if _interop.compiling():
         from ._torch_ops import compiled_flash_attn_varlen
@@ -71,8 +76,10 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     check_backend(backend)
-    if block_table is not None:
-        raise NotImplementedError(NO_PAGES)
+    if block_table is not None:  # paged K/V (inference): the pages gathered into packed rows, one pass
+        if _is_torch_grad(q, k, v):
+            raise NotImplementedError(NO_PAGES_GRAD)
+        k, v = gather_pages(q, k, v, block_table, cu_seqlens_k)
     if return_attn_probs and dropout_p:
         raise NotImplementedError("return_attn_probs with dropout_p > 0: the dropped probabilities (S_dmask) are not "
                                   "implemented for packed sequences (flash_attn_func returns them)")

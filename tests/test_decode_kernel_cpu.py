@@ -4,6 +4,7 @@ attention, its configurations (names, shared memory, occupancy), and the host fa
 flash_attn_with_kvcache (plans, packed parameters, validation) with the GPU replaced by stand-ins."""
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 from cuflash import _configs, reference
-from cuflash.decode import (APPEND_FORMAT, KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
+from cuflash._params import APPEND_ARGS
+from cuflash.decode import (KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
                             resident_blocks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +98,8 @@ def test_decode_specs_fit_and_name_their_smem():
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
-        assert (s.name.endswith(f", {s.smem}>") or s.name.endswith(f", {s.smem}, 1>")) and s.smem % 16 == 0
+        # ..., SMEM_BYTES[, MOD[, PAGED]]>
+        assert re.search(rf", {s.smem}(, [01](, true)?)?>$", s.name) and s.smem % 16 == 0, s.name
         assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
     for d, t in _configs.DECODE_KERNEL_TILES.items():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
@@ -225,6 +228,43 @@ for scale in (-1.0, float("nan"), "x"):
         res.setdefault("bad_scale", []).append("no error")
     except (TypeError, ValueError) as e:
         res.setdefault("bad_scale", []).append(str(e))
+# the cache indirections: a paged cache (6 pages of 256 keys, 3 per sequence) with a one-token append
+kp = T((6, 256, 8, 128), torch.float16); vp = T((6, 256, 8, 128), torch.float16)
+bt = T((2, 3), torch.int32)
+k1 = T((2, 1, 8, 128), torch.float16); v1 = T((2, 1, 8, 128), torch.float16)
+call("paged", q, kp, vp, k1, v1, cache_seqlens=sl, block_table=bt)
+# two rows of a 5-row cache, left-padded
+k5 = T((5, 4096, 8, 128), torch.float16); v5 = T((5, 4096, 8, 128), torch.float16)
+bi = T((2,), torch.int32); lp = T((2,), torch.int32)
+call("batch_idx", q, k5, v5, cache_seqlens=sl, cache_batch_idx=bi, cache_leftpad=lp)
+# rotary (half-split, rotary_dim 64) on a causal speculative step, and on a folded GQA step
+cos = T((4096, 32), torch.float16); sin = T((4096, 32), torch.float16)
+call("rotary", q4, kc, vc, kn, vn, cos, sin, sl, causal=True, rotary_interleaved=False)
+call("rotary_fold", q, kc, vc, k1, v1, cos, sin, sl)
+errs = {}
+def err(tag, *args, **kw):
+    try:
+        cuflash.flash_attn_with_kvcache(*args, **kw)
+        errs[tag] = "no error"
+    except (TypeError, ValueError, NotImplementedError) as e:
+        errs[tag] = type(e).__name__ + ": " + str(e)
+err("leftpad_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, cache_leftpad=lp)
+err("idx_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, cache_batch_idx=bi)
+err("page_40", q, T((6, 40, 8, 128), torch.float16), T((6, 40, 8, 128), torch.float16), cache_seqlens=sl,
+    block_table=bt)
+err("bt_float", q, kp, vp, cache_seqlens=sl, block_table=T((2, 3), torch.float32))
+err("bt_batch", q, kp, vp, cache_seqlens=sl, block_table=T((3, 3), torch.int32))
+err("batch_no_idx", q, k5, v5, cache_seqlens=sl)
+err("idx_shape", q, k5, v5, cache_seqlens=sl, cache_batch_idx=T((3,), torch.int32))
+err("rotary_no_k", q, kc, vc, rotary_cos=cos, rotary_sin=sin, cache_seqlens=sl)
+err("rotary_cos_only", q, kc, vc, k1, v1, rotary_cos=cos, cache_seqlens=sl)
+err("rotary_dim_24", q, kc, vc, k1, v1, T((4096, 12), torch.float16), T((4096, 12), torch.float16), sl)
+err("rotary_dim_big", q, kc, vc, k1, v1, T((4096, 72), torch.float16), T((4096, 72), torch.float16), sl)
+err("rotary_short", q, kc, vc, k1, v1, T((4000, 32), torch.float16), T((4000, 32), torch.float16), sl)
+err("rotary_dtype", q, kc, vc, k1, v1, T((4096, 32), torch.bfloat16), T((4096, 32), torch.bfloat16), sl)
+err("interleaved_int", q, kc, vc, k1, v1, cos, sin, sl, rotary_interleaved=1)
+err("fwd_split_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, kernel="fwd_split")
+res["errors"] = errs
 print("RESULT" + json.dumps(res))
 """
 
@@ -282,9 +322,11 @@ def test_host_path_speculative_append(host_path):
     assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"], p["num_splits"], p["seqlen_k_new"]) == (32, 3, 4, 5, 3)
     assert (p["q_row_stride"], p["q_head_stride"]) == (32 * 128, 128)
     assert main["grid"] == [2 * 32 * 5, 1, 1]
-    a = struct.unpack_from(APPEND_FORMAT, bytes.fromhex(app["raw"]), 0)
-    assert a[:5] == (p["k"], p["v"], a[2], a[3], p["seqlens_k"]) and a[2] and a[3]
-    assert a[5:8] == (4096 * 8 * 128, 8 * 128, 128) and a[-5:] == (2, 3, 8, 4096, 128)  # ..., headdim
+    a = APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
+    assert (a["k_cache"], a["v_cache"], a["seqlens"]) == (p["k"], p["v"], p["seqlens_k"]) and a["k_new"] and a["v_new"]
+    assert (a["kc_bs"], a["kc_rs"], a["kc_hs"]) == (4096 * 8 * 128, 8 * 128, 128)
+    assert [a[n] for n in ("batch", "seqlen_new", "nheads_k", "seqlen_cache", "headdim")] == [2, 3, 8, 4096, 128]
+    assert a["block_table"] == a["cache_batch_idx"] == a["rotary_cos"] == a["rotary_dim"] == 0
     assert app["grid"] == [-(-(2 * 2 * 3 * 8 * 16) // app["threads"]), 1, 1]
 
 
@@ -335,11 +377,54 @@ def test_kvcache_signature_is_flash_attns():
         assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel"]
 
 
-@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table"])
-def test_kvcache_options_not_implemented_name_themselves(name):
-    import cuflash
+def test_host_path_paged(host_path):
+    app, main = host_path["paged"]["launches"][:2]
+    p, a = main["p"], APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
+    assert p["block_table"] and p["block_table"] == a["block_table"]
+    assert (p["page_size"], p["block_table_batch_stride"], p["seqlen_k"]) == (256, 3, 3 * 256)  # capacity 768
+    assert (p["k_batch_stride"], p["k_row_stride"]) == (256 * 8 * 128, 8 * 128)  # the page stride
+    assert (a["page_size"], a["bt_stride"], a["seqlen_cache"], a["kc_bs"]) == (256, 3, 768, 256 * 8 * 128)
+    assert p["cache_batch_idx"] == p["leftpad_k"] == p["rotary_cos"] == 0
 
-    with pytest.raises(NotImplementedError, match=name):
-        cuflash.flash_attn_with_kvcache(None, None, None, **{name: object()})
-    with pytest.raises(TypeError, match="rotary_interleaved"):
-        cuflash.flash_attn_with_kvcache(None, None, None, rotary_interleaved=1)
+
+def test_host_path_batch_idx_and_leftpad(host_path):
+    (main, *_) = host_path["batch_idx"]["launches"]
+    p = main["p"]
+    assert p["cache_batch_idx"] and p["leftpad_k"] and p["cache_batch_idx"] != p["leftpad_k"]
+    assert p["block_table"] == 0 and p["batch"] == 2 and p["seqlen_k"] == 4096
+    # a second call with the same descriptors reuses the plan; the pointers come per call
+    assert host_path["batch_idx"]["plans"] > host_path["gqa"]["plans"]
+
+
+def test_host_path_rotary(host_path):
+    app, main = host_path["rotary"]["launches"][:2]
+    p, a = main["p"], APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
+    assert p["rotary_cos"] and p["rotary_sin"] and (p["rotary_cos"], p["rotary_sin"]) == (a["rotary_cos"],
+                                                                                          a["rotary_sin"])
+    assert (p["rotary_dim"], p["rotary_interleaved"], p["seqlen_ro"]) == (64, 0, 4096)
+    assert (a["rotary_dim"], a["rotary_interleaved"], a["seqlen_ro"]) == (64, 0, 4096)
+    assert p["rotary_q_per_row"] == 1  # causal: query row i at position cache_seqlens + i
+    p1 = host_path["rotary_fold"]["launches"][1]["p"]
+    assert p1["rotary_q_per_row"] == 0 and p1["rotary_interleaved"] == 1  # folded heads share one position
+
+
+@pytest.mark.parametrize("tag,kind,words", [
+    ("leftpad_paged", "ValueError", "cache_leftpad with a block_table"),
+    ("idx_paged", "ValueError", "cache_batch_idx with a block_table"),
+    ("page_40", "ValueError", "multiple of 16"),
+    ("bt_float", "TypeError", "block_table must be int32"),
+    ("bt_batch", "ValueError", "block_table must have shape"),
+    ("batch_no_idx", "ValueError", "cache_batch_idx"),
+    ("idx_shape", "ValueError", "cache_batch_idx must be"),
+    ("rotary_no_k", "ValueError", "pass k and v"),
+    ("rotary_cos_only", "ValueError", "rotary_cos and rotary_sin"),
+    ("rotary_dim_24", "ValueError", "multiple of 16"),
+    ("rotary_dim_big", "ValueError", "at most the head dim"),
+    ("rotary_short", "ValueError", "4096 positions"),
+    ("rotary_dtype", "TypeError", "rotary_cos must have the dtype of q"),
+    ("interleaved_int", "TypeError", "rotary_interleaved must be a bool"),
+    ("fwd_split_paged", "NotImplementedError", "block_table runs on kernel='decode'"),
+])
+def test_host_path_cache_option_errors(host_path, tag, kind, words):
+    e = host_path["errors"][tag]
+    assert e.startswith(kind + ":") and words in e, e

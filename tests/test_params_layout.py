@@ -119,10 +119,12 @@ def test_values_checks_names():
         b.bind(("q",), q=1)
 
 
-def test_append_args_match_the_kernel_signature():
-    """kvcache_append_kernel takes plain arguments (one 8-byte slot each): APPEND_ARGS names them in order."""
+@pytest.mark.parametrize("kernel,block", [("kvcache_append_kernel", "APPEND_ARGS"),
+                                          ("paged_kv_gather_kernel", "GATHER_ARGS")])
+def test_plain_args_match_the_kernel_signature(kernel, block):
+    """The append and gather kernels take plain arguments (one 8-byte slot each): their blocks name them in order."""
     src = _strip_comments((source_dir() / "flash_fwd.cu").read_text())
-    m = re.search(r"kvcache_append_kernel\s*\((.*?)\)\s*\{", src, flags=re.S)
+    m = re.search(kernel + r"\s*\((.*?)\)\s*\{", src, flags=re.S)
     assert m
     names = [re.split(r"[\s*]+", a.strip())[-1] for a in m.group(1).split(",")]
-    assert names == list(_params.APPEND_ARGS.names)
+    assert names == list(getattr(_params, block).names)

@@ -110,6 +110,19 @@ def test_compiled_kvcache_append():
     torch._dynamo.reset()
     out = torch.compile(fn, fullgraph=True)(q, kc2, vc2, kn, vn, sl)
     assert torch.equal(out, eager) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    # the cache indirections: a paged cache with a rotary append, rows picked by index with left padding
+    kp, vp = (torch.randn(60, 16, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    bt = torch.randperm(60, device="cuda")[:50].reshape(2, 25).to(torch.int32)
+    cos, sin = torch.rand(400, 16, device="cuda").half(), torch.rand(400, 16, device="cuda").half()
+    kp2, vp2 = kp.clone(), vp.clone()
+    fn = lambda q, kc, vc, kn, vn, sl: cuflash.flash_attn_with_kvcache(  # noqa: E731
+        q, kc, vc, kn, vn, cos, sin, sl, block_table=bt, causal=True, rotary_interleaved=False)
+    eager = fn(q, kp, vp, kn, vn, sl)
+    torch._dynamo.reset()
+    assert graph_breaks(fn, q, kp2, vp2, kn, vn, sl) == 0
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True)(q, kp2, vp2, kn, vn, sl)
+    assert torch.equal(out, eager) and torch.equal(kp2, kp) and torch.equal(vp2, vp)
 
 
 def test_opcheck():
@@ -128,7 +141,15 @@ def test_opcheck():
     kn, vn = (torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     sl = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
     torch.library.opcheck(torch.ops.cuflash.flash_attn_with_kvcache.default,
-                          (q[:, :2].detach(), kc, vc, kn, vn, sl, -1, 0.125, True, 1, -1, -1, 0.0, None))
+                          (q[:, :2].detach(), kc, vc, kn, vn, sl, -1, 0.125, True, 1, -1, -1, 0.0, None, None, None,
+                           None, None, None, True))
+    # paged, rotary: pages of 16, rotary_dim 32
+    kp, vp = (torch.randn(40, 16, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    bt = torch.randperm(40, device="cuda")[:38].reshape(2, 19).to(torch.int32)
+    cos, sin = torch.rand(304, 16, device="cuda").half(), torch.rand(304, 16, device="cuda").half()
+    torch.library.opcheck(torch.ops.cuflash.flash_attn_with_kvcache.default,
+                          (q[:, :2].detach(), kp, vp, kn, vn, sl, -1, 0.125, True, 1, -1, -1, 0.0, None, cos, sin,
+                           None, None, bt, False))
 
 
 def test_compiled_varlen_equals_eager():
@@ -170,3 +191,24 @@ def test_opcheck_varlen():
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, cu, cu, 120, 120, rng, 0.0, 0.125, True, -1, -1,
                 0.0, None, True, None)
     torch.library.opcheck(torch.ops.cuflash.flash_attn_varlen_bwd.default, bwd_args)
+
+
+def test_compiled_paged_varlen():
+    """flash_attn_varlen_func with a block_table under torch.compile(fullgraph=True): the gather and the packed
+    forward as two nodes, no graph break, the eager result."""
+    import torch
+
+    from test_varlen import cu_of, paged_of
+
+    lens = (100, 0, 257, 1)
+    cu = cu_of(lens)
+    q = torch.randn(358, 4, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(358, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    kp, vp, bt = paged_of(k, v, lens, 32)
+    fn = lambda q, kp, vp, bt: cuflash.flash_attn_varlen_func(q, kp, vp, cu, cu, 257, 257, causal=True,  # noqa
+                                                              block_table=bt)
+    eager = fn(q, kp, vp, bt)
+    assert graph_breaks(fn, q, kp, vp, bt) == 0
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(fn, fullgraph=True)(q, kp, vp, bt), eager)
+    torch.library.opcheck(torch.ops.cuflash.paged_kv_gather.default, (q, kp, vp, bt, cu))

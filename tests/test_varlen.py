@@ -286,7 +286,7 @@ def test_validation():
         f(q[None], k, v, cq, cq, 20, 20)
     with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
         f(q, k, v, cq, cq, 20.0, 20)
-    with pytest.raises(NotImplementedError, match="block_table"):
+    with pytest.raises(ValueError, match="k must have 4 dimensions"):
         f(q, k, v, cq, cq, 20, 20, block_table=torch.zeros(2, 1, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="seqpar"):
         qg = q.clone().requires_grad_(True)
@@ -295,3 +295,106 @@ def test_validation():
         out.sum().backward()
     with pytest.raises(ValueError, match="alibi_slopes must have shape"):
         f(q, k, v, cq, cq, 20, 20, alibi_slopes=torch.ones(3, 4, device="cuda"))
+
+
+def paged_of(k, v, lens_k, page_size, extra_pages=3, seed=0):
+    """Packed k, v laid out in pages (flash-attn's paged layout): (k_pages, v_pages [num_pages, page_size, hk, d],
+    block_table int32 [batch, max_pages]); pages in a random order, the unused ones and the tails filled with noise."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    per = [-(-n // page_size) for n in lens_k]
+    max_pages = max(1, max(per))
+    n_pages = sum(per) + extra_pages
+    kp = torch.randn(n_pages, page_size, *k.shape[1:], device="cuda", generator=g).to(k.dtype)
+    vp = torch.randn(n_pages, page_size, *v.shape[1:], device="cuda", generator=g).to(v.dtype)
+    order = torch.randperm(n_pages, device="cuda", generator=g).tolist()
+    bt = torch.full((len(lens_k), max_pages), n_pages - 1, dtype=torch.int32)  # unused entries: any valid page
+    start, nxt = 0, 0
+    for b, n in enumerate(lens_k):
+        for j in range(per[b]):
+            page = order[nxt]
+            nxt += 1
+            bt[b, j] = page
+            rows = min(page_size, n - j * page_size)
+            kp[page, :rows] = k[start + j * page_size:start + j * page_size + rows]
+            vp[page, :rows] = v[start + j * page_size:start + j * page_size + rows]
+        start += n
+    return kp, vp, bt.cuda()
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+@pytest.mark.parametrize("backend", ["auto", "sm80"])
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True), (256, True)])
+def test_paged_kv_equals_contiguous(page_size, backend, d, causal):
+    """block_table: the same keys in pages give the same bits as the packed call (and that one is checked against
+    the reference above); GQA, empty sequences, sequences shorter than a page and spanning many."""
+    import torch
+
+    q, k, v = packed_inputs(LENS_Q, LENS_K, 4, 2, d, "float16", requires_grad=False)
+    kp, vp, bt = paged_of(k, v, LENS_K, page_size)
+    cq, ck = cu_of(LENS_Q), cu_of(LENS_K)
+    ref_o, ref_lse, _ = cuflash.flash_attn_varlen_func(q, k, v, cq, ck, max(LENS_Q), max(LENS_K), causal=causal,
+                                                       return_attn_probs=True, backend=backend)
+    out, lse, _ = cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, max(LENS_Q), max(LENS_K), causal=causal,
+                                                 return_attn_probs=True, backend=backend, block_table=bt)
+    assert torch.equal(out, ref_o) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("opts", [dict(window_size=(40, 0), softcap=20.0), dict(alibi="bh", causal=True),
+                                  dict(dropout_p=0.2)], ids=["window-softcap", "alibi", "dropout"])
+def test_paged_kv_with_options(opts):
+    """The score options and dropout on paged K/V against the reference, per sequence (MQA, bf16, page size 32)."""
+    import torch
+
+    from test_score_mods import make_alibi
+
+    opts = dict(opts)
+    alibi = make_alibi(opts.pop("alibi", None), len(LENS_Q), 4)
+    dropout_p = opts.pop("dropout_p", 0.0)
+    q, k, v = packed_inputs(LENS_Q, LENS_K, 4, 1, 64, "bfloat16", requires_grad=False)
+    kp, vp, bt = paged_of(k, v, LENS_K, 32)
+    cq, ck = cu_of(LENS_Q), cu_of(LENS_K)
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    saved = gen.get_state()
+    contiguous = cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 200, 200, dropout_p, alibi_slopes=alibi, **opts)
+    gen.set_state(saved)  # the same dropout draw
+    paged = cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 200, 200, dropout_p, alibi_slopes=alibi,
+                                           block_table=bt, **opts)
+    assert torch.equal(paged, contiguous)
+    if not dropout_p:
+        check(q, k, v, LENS_Q, LENS_K, alibi=alibi, grads=False, causal=opts.get("causal", False),
+              window=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0))
+
+
+def test_paged_kv_refuses_autograd_and_bad_pages():
+    import torch
+
+    q, k, v = packed_inputs(LENS_Q, LENS_K, 4, 2, 64, "float16", requires_grad=False)
+    kp, vp, bt = paged_of(k, v, LENS_K, 16)
+    cq, ck = cu_of(LENS_Q), cu_of(LENS_K)
+    with pytest.raises(NotImplementedError, match="block_table with autograd"):
+        cuflash.flash_attn_varlen_func(q.clone().requires_grad_(True), kp, vp, cq, ck, 200, 200, block_table=bt)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cuflash.flash_attn_varlen_func(q, kp[:, :8].contiguous(), vp[:, :8].contiguous(), cq, ck, 200, 200,
+                                       block_table=bt)
+    with pytest.raises(ValueError, match="block_table must have shape"):
+        cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 200, 200, block_table=bt[:3])
+    # a CUDA graph of the paged call, replayed after the table was rewritten in place (pages moved)
+    out = {}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out["o"] = cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 200, 200, block_table=bt)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out["o"] = cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 200, 200, block_table=bt)
+    kp2, vp2, bt2 = paged_of(k, v, LENS_K, 16, seed=5)
+    kp.copy_(kp2)
+    vp.copy_(vp2)
+    bt.copy_(bt2)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 200, 200)
+    assert torch.equal(out["o"], ref)

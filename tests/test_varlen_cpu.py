@@ -32,6 +32,12 @@ for strat in ("atomic", "loop"):  # (seqpar reads the free memory: the GPU tests
                                                                   dq_strategy=strat))
     out["bwd_" + strat] = [[r[0] for r in recs], [list(r[1]) for r in recs], fields(recs[1], BWD_PARAMS),
                            [list(x.shape) for x in g]]
+# paged K/V: 12 pages of 16 keys, 3 per sequence -> gathered into 4 x 3 x 16 packed rows, then the packed forward
+from cuflash._params import GATHER_ARGS
+kp, vp, bt = T((12, 16, 2, 64), torch.float16), T((12, 16, 2, 64), torch.float16), T((4, 3), torch.int32)
+recs, o = launches(lambda: cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 130, 53, block_table=bt, backend="sm80"))
+out["paged"] = [[r[0] for r in recs], [list(r[1]) for r in recs], GATHER_ARGS.unpack(bytes.fromhex(recs[0][2])),
+                fields(recs[1], FWD_PARAMS), kp.data_ptr(), bt.data_ptr(), ck.data_ptr()]
 res.update(out)
 res["errors"] = {
     "rank": err(lambda: cuflash.flash_attn_varlen_func(T((2, 10, 8, 64), torch.float16), k, v, cq, ck, 1, 1)),
@@ -41,6 +47,12 @@ res["errors"] = {
     "max": err(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 1.5, 1)),
     "max_neg": err(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, -1, 1)),
     "pages": err(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 1, 1, block_table=T((4, 2), torch.int32))),
+    "page_size": err(lambda: cuflash.flash_attn_varlen_func(q, T((12, 24, 2, 64), torch.float16),
+                                                            T((12, 24, 2, 64), torch.float16), cq, ck, 1, 1,
+                                                            block_table=T((4, 2), torch.int32))),
+    "bt_batch": err(lambda: cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 1, 1, block_table=T((3, 2), torch.int32))),
+    "bt_dtype": err(lambda: cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 1, 1,
+                                                           block_table=T((4, 2), torch.float32))),
     "probs": err(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 1, 1, dropout_p=0.1,
                                                         return_attn_probs=True)),
     "heads": err(lambda: cuflash.flash_attn_varlen_func(q, T((tk, 3, 64), torch.float16), T((tk, 3, 64),
@@ -79,6 +91,21 @@ def test_forward_launch(host, backend):
     assert out_shape == [TQ, 8, 64] and lse_shape == [8, TQ]
 
 
+def test_paged_gather_then_packed_forward(host):
+    names, grids, g, f, kp, bt, ck = host["paged"]
+    assert names[0] == "cuflash::paged_kv_gather_kernel<__half>" and "flash_fwd_kernel<" in names[1]
+    rows = 4 * 3 * 16 + _configs.GATHER_PAD_ROWS  # room for every sequence's pages, and zeroed rows after them
+    assert (g["k_pages"], g["block_table"], g["cu_seqlens_k"]) == (kp, bt, ck)
+    assert (g["batch"], g["rows"], g["nheads_k"], g["headdim"], g["bt_stride"], g["page_size"]) == (4, rows, 2, 64, 3,
+                                                                                                     16)
+    assert g["pad_rows"] == _configs.GATHER_PAD_ROWS
+    assert (g["kp_ps"], g["kp_rs"], g["kp_hs"]) == (16 * 2 * 64, 2 * 64, 64)
+    assert grids[0] == [-(-(2 * rows * 2 * 8) // 256), 1, 1]
+    # the forward reads the gathered rows (packed, row stride nheads_k x headdim) with the same cu_seqlens_k
+    assert f["k"] == g["k_out"] and f["v"] == g["v_out"] and f["cu_seqlens_k"] == ck
+    assert f["seqlen_k"] == rows and f["k_row_stride"] == 2 * 64 and f["k_batch_stride"] == 0
+
+
 def test_tensor_max_seqlen_is_not_read(host):
     name, grid = host["tensor_max"]
     assert name.endswith(", true>") and grid[0] == TQ // int(name.split(", ")[2]) + B
@@ -107,7 +134,9 @@ def test_backward_launches(host, strategy):
     ("rank", "ValueError", ["q", "3 dimensions"]), ("cu_dtype", "TypeError", ["cu_seqlens_q", "int32", "float32"]),
     ("cu_len", "ValueError", ["same length"]), ("cu_rank", "ValueError", ["cu_seqlens_q", "1 dimensions"]),
     ("max", "TypeError", ["max_seqlen_q"]), ("max_neg", "ValueError", ["max_seqlen_q"]),
-    ("pages", "NotImplementedError", ["block_table"]), ("probs", "NotImplementedError", ["return_attn_probs"]),
+    ("pages", "ValueError", ["k must have 4 dimensions", "block_table"]),
+    ("page_size", "ValueError", ["page size", "multiple of 16"]), ("bt_batch", "ValueError", ["block_table", "(4,"]),
+    ("bt_dtype", "TypeError", ["block_table must be int32"]), ("probs", "NotImplementedError", ["return_attn_probs"]),
     ("heads", "ValueError", ["heads"]), ("seqpar_tensor", "ValueError", ["seqpar", "max_seqlen_k"]),
     ("lse_shape", "ValueError", ["softmax_lse"])])
 def test_errors_name_the_argument(host, tag, exc, words):
@@ -163,3 +192,10 @@ def test_bwd_row_pad_matches_the_kernels():
 
     src = (Path(__file__).resolve().parent.parent / "cuda_src" / "flash_bwd.cu").read_text()
     assert int(re.search(r"constexpr int BWD_ROW_PAD = (\d+);", src).group(1)) == BWD_ROW_PAD
+
+
+def test_gather_pad_covers_every_forward_kv_tile():
+    """The zeroed rows after gathered paged K/V cover the widest KV tile a packed forward may run past its end."""
+    widest = max([t.block_n for t in _configs.SM90_FWD_TILES.values()]
+                 + [_configs.fwd_tile(d, c).block_n for d in _configs.FWD_HEADDIMS for c in (False, True)])
+    assert _configs.GATHER_PAD_ROWS >= widest

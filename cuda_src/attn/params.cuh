@@ -20,6 +20,14 @@ struct FwdParams {
   float* lse_accum;       // split-KV only: [splits, b, h, sq] fp32 partial LSE
   const int* seqlens_k;   // optional [b] int32: valid keys per batch element before this call's append
                           // (KV cache); keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k); null: seqlen_k
+  // KV-cache indirections, read by the decode kernel only (cuda_src/flash_decode.cu; null: none)
+  const int* block_table;      // paged cache: int32 [b, block_table_batch_stride], key row r of element b is row
+                               // r % page_size of page block_table[b, r / page_size] (k, v: [pages, page_size, hk,
+                               // d], their batch stride the page stride)
+  const int* cache_batch_idx;  // int32 [b]: the cache row (batch index of k, v) of element b
+  const int* leftpad_k;        // int32 [b]: element b's keys start at this cache row (the rows before it unseen)
+  const void* rotary_cos;      // rotary embedding of q (attn/rotary.cuh): [seqlen_ro, rotary_dim / 2], q's dtype
+  const void* rotary_sin;
   const int* cu_seqlens_q;  // varlen (packed sequences; attn/seqlen.cuh): int32 [b + 1] prefix sums of the query
   const int* cu_seqlens_k;  // and key counts, rows of [total, h, d] tensors; null: fixed lengths
   const float* alibi_slopes;  // MOD_SCORE: fp32 [batch or 1, nheads], slope of (b, h) at b * alibi_batch_stride + h;
@@ -45,6 +53,14 @@ struct FwdParams {
   int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
   int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
   double dropout_scale;               // 1 / (1 - p)
+  // KV-cache indirections (above)
+  int64_t block_table_batch_stride;   // elements between block_table rows
+  int64_t page_size;                  // keys per page, a multiple of 16
+  int64_t rotary_dim;                 // rotary: columns rotated, a multiple of 16 (0: off)
+  int64_t rotary_interleaved;         // 1: pairs (2k, 2k + 1); 0: pairs (k, k + rotary_dim / 2)
+  int64_t rotary_q_per_row;           // 1: query row i at position seqlens_k[b] + i (causal or local); 0: all at
+                                      // seqlens_k[b]
+  int64_t seqlen_ro;                  // rows of rotary_cos / rotary_sin
 };
 
 }  // namespace cuflash

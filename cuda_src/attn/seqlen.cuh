@@ -108,6 +108,16 @@ __device__ __forceinline__ SeqInfo seqinfo(const FwdParams& p, int batch, bool v
                                    : (int)p.seqlen_k;
   return {(int)p.seqlen_q, seqlen_k};
 }
+// The decode kernel's KV cache: as seqinfo, and with left padding (FwdParams::leftpad_k) element b's keys are the
+// cache rows [leftpad_k[b], that end): k_start = leftpad_k[b], seqlen_k the rows past it.
+__device__ __forceinline__ SeqInfo seqinfo_cache(const FwdParams& p, int batch) {
+  SeqInfo si = seqinfo(p, batch);
+  if (p.leftpad_k) {
+    si.k_start = __ldg(p.leftpad_k + batch);
+    si.seqlen_k = max(0, si.seqlen_k - si.k_start);
+  }
+  return si;
+}
 // The V1 forward and backward: fixed lengths.
 template <typename P>
 __device__ __forceinline__ SeqInfo seqinfo_fixed(const P& p) {

@@ -440,18 +440,17 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
 // Paged K/V of packed sequences, gathered into packed rows (flash_attn_varlen_func with a block_table; the packed
 // kernels then read them as any packed K/V): key r of sequence b, row r % page_size of page
 // block_table[b, r / page_size] of k_pages, v_pages [pages, page_size, nheads_k, headdim], goes to packed row
-// cu_seqlens_k[b] + r of k_out, v_out [rows, nheads_k, headdim] (contiguous; rows >= cu_seqlens_k[batch] + pad_rows,
-// the total, which the host does not read, plus pad_rows). The pad_rows rows after the total are zeroed: a kernel
-// whose last KV tile runs past the last sequence reads them (the Hopper forward's TMA tiles; a zero V row times a
-// zero probability stays 0, a stale one could be NaN), the rows after those are never read. One 16-byte chunk per
-// thread; a thread finds its sequence by an upper-bound binary search over cu_seqlens_k. Strides in elements, last
-// dims contiguous.
+// cu_seqlens_k[b] + r of k_out, v_out [rows, nheads_k, headdim] (contiguous; rows >= cu_seqlens_k[batch], the total,
+// which the host does not read). The rows after the total are zeroed: a kernel whose last KV tile runs past the last
+// sequence reads them (the Hopper forward's TMA tiles; a zero V row times a zero probability stays 0, a stale one
+// could be NaN), and the output is the same on every call. One 16-byte chunk per thread; a thread finds its
+// sequence by an upper-bound binary search over cu_seqlens_k. Strides in elements, last dims contiguous.
 template <typename T>
 __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, const T* v_pages,
                                        const int* cu_seqlens_k, const int* block_table, int64_t kp_ps, int64_t kp_rs,
                                        int64_t kp_hs, int64_t vp_ps, int64_t vp_rs, int64_t vp_hs, int64_t batch,
                                        int64_t rows, int64_t nheads_k, int64_t headdim, int64_t bt_stride,
-                                       int64_t page_size, int64_t pad_rows) {
+                                       int64_t page_size) {
   const int64_t CHUNKS = headdim / 8;
   const int64_t per_tensor = rows * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -462,7 +461,7 @@ __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, con
   T* dst = (is_v ? v_out : k_out) + (t * nheads_k + h) * headdim;
   const int64_t total = __ldg(cu_seqlens_k + batch);
   if (t >= total) {
-    if (t < total + pad_rows) *reinterpret_cast<uint4*>(dst + c) = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
   int lo = 0, hi = (int)batch - 1;  // the last sequence b with cu[b] <= t

@@ -343,11 +343,6 @@ def dropout_mask_spec() -> KernelSpec:
     return KernelSpec("flash_fwd.cu", "cuflash::dropout_mask_kernel", DROPOUT_MASK_THREADS, 0)
 
 
-# Zeroed rows after the total of gathered paged K/V (paged_kv_gather_kernel): at least the widest KV tile of any
-# forward kernel, whose last tile may run past the last sequence (tests/test_varlen_cpu.py checks the tile tables).
-GATHER_PAD_ROWS = 256
-
-
 def gather_spec(dtype: str) -> KernelSpec:
     """Paged K/V of packed sequences -> packed rows (cuda_src/flash_fwd.cu: paged_kv_gather_kernel)."""
     return KernelSpec("flash_fwd.cu", f"cuflash::paged_kv_gather_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)

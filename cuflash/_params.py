@@ -185,5 +185,5 @@ APPEND_ARGS = ParamBlock("kvcache_append_kernel", (
 GATHER_ARGS = ParamBlock("paged_kv_gather_kernel", (
     *_ptrs("k_out", "v_out", "k_pages", "v_pages", "cu_seqlens_k", "block_table"),
     *_ints("kp_ps", "kp_rs", "kp_hs", "vp_ps", "vp_rs", "vp_hs", "batch", "rows", "nheads_k", "headdim", "bt_stride",
-           "page_size", "pad_rows"),
+           "page_size"),
 ))

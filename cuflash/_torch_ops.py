@@ -155,9 +155,7 @@ def paged_kv_gather(q: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
 
 @paged_kv_gather.register_fake
 def _(q, k, v, block_table, cu_seqlens_k):
-    from ._configs import GATHER_PAD_ROWS
-
-    rows = block_table.shape[0] * block_table.shape[1] * k.shape[1] + GATHER_PAD_ROWS
+    rows = block_table.shape[0] * block_table.shape[1] * k.shape[1]
     return k.new_empty((rows, k.shape[2], k.shape[3])), v.new_empty((rows, v.shape[2], v.shape[3]))
 
 

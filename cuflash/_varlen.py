@@ -128,11 +128,10 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     device and dtype; page_size a multiple of 16), block_table int32 [batch, max_pages] (last dim contiguous):
     sequence b's key r is row r % page_size of page block_table[b, r // page_size] and lands at packed row
     cu_seqlens_k[b] + r (cuda_src/flash_fwd.cu: paged_kv_gather_kernel, one pass over the keys). Returns (k, v)
-    [batch x max_pages x page_size + GATHER_PAD_ROWS, nheads_k, headdim], contiguous: room for every sequence's pages
-    without reading the total on the host; the GATHER_PAD_ROWS rows after the total are zeros (the last KV tile of a
-    forward kernel may read them), the rest is left unwritten (never read)."""
+    [batch x max_pages x page_size, nheads_k, headdim], contiguous: room for every sequence's pages without reading
+    the total on the host; the rows after the total are zeros (the last KV tile of a forward kernel may read some)."""
     from . import _interop
-    from ._configs import GATHER_PAD_ROWS, gather_spec
+    from ._configs import gather_spec
     from ._launch import get_launcher
     from ._params import GATHER_ARGS
     from ._validate import check_headdim, check_layout
@@ -162,7 +161,7 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     page_size, hk, d = ka.shape[1:]
     if page_size % 16:
         raise ValueError(f"k's page size (dimension 1 with a block_table) must be a multiple of 16; got {page_size}")
-    rows = batch * bt.shape[1] * page_size + GATHER_PAD_ROWS
+    rows = batch * bt.shape[1] * page_size
     kg, vg = (_interop.empty(qa, (rows, hk, d), qa.dtype) for _ in range(2))
     lau = get_launcher(gather_spec(qa.dtype), qa.device)
     n = 2 * rows * hk * (d // 8)
@@ -171,7 +170,7 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
             k_out=_interop.data_ptr(kg), v_out=_interop.data_ptr(vg), k_pages=ka.ptr, v_pages=va.ptr,
             cu_seqlens_k=ck.ptr, block_table=bt.ptr, kp_ps=ka.strides[0], kp_rs=ka.strides[1], kp_hs=ka.strides[2],
             vp_ps=va.strides[0], vp_rs=va.strides[1], vp_hs=va.strides[2], batch=batch, rows=rows, nheads_k=hk,
-            headdim=d, bt_stride=bt.strides[0], page_size=page_size, pad_rows=GATHER_PAD_ROWS))
+            headdim=d, bt_stride=bt.strides[0], page_size=page_size))
     return kg, vg
 
 

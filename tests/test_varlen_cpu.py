@@ -94,11 +94,10 @@ def test_forward_launch(host, backend):
 def test_paged_gather_then_packed_forward(host):
     names, grids, g, f, kp, bt, ck = host["paged"]
     assert names[0] == "cuflash::paged_kv_gather_kernel<__half>" and "flash_fwd_kernel<" in names[1]
-    rows = 4 * 3 * 16 + _configs.GATHER_PAD_ROWS  # room for every sequence's pages, and zeroed rows after them
+    rows = 4 * 3 * 16  # room for every sequence's pages (the rows after the total zeroed)
     assert (g["k_pages"], g["block_table"], g["cu_seqlens_k"]) == (kp, bt, ck)
     assert (g["batch"], g["rows"], g["nheads_k"], g["headdim"], g["bt_stride"], g["page_size"]) == (4, rows, 2, 64, 3,
                                                                                                      16)
-    assert g["pad_rows"] == _configs.GATHER_PAD_ROWS
     assert (g["kp_ps"], g["kp_rs"], g["kp_hs"]) == (16 * 2 * 64, 2 * 64, 64)
     assert grids[0] == [-(-(2 * rows * 2 * 8) // 256), 1, 1]
     # the forward reads the gathered rows (packed, row stride nheads_k x headdim) with the same cu_seqlens_k
@@ -193,9 +192,3 @@ def test_bwd_row_pad_matches_the_kernels():
     src = (Path(__file__).resolve().parent.parent / "cuda_src" / "flash_bwd.cu").read_text()
     assert int(re.search(r"constexpr int BWD_ROW_PAD = (\d+);", src).group(1)) == BWD_ROW_PAD
 
-
-def test_gather_pad_covers_every_forward_kv_tile():
-    """The zeroed rows after gathered paged K/V cover the widest KV tile a packed forward may run past its end."""
-    widest = max([t.block_n for t in _configs.SM90_FWD_TILES.values()]
-                 + [_configs.fwd_tile(d, c).block_n for d in _configs.FWD_HEADDIMS for c in (False, True)])
-    assert _configs.GATHER_PAD_ROWS >= widest

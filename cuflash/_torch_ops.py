@@ -31,7 +31,7 @@ import torch
 
 from . import _dropout
 from ._mods import mods_for, rng_state_of
-from ._validate import check_backward_headdim, check_qkv, check_softmax_scale, check_unsupported
+from ._validate import check_backward_headdim, check_bool, check_qkv, check_softmax_scale, check_unsupported
 
 Tensor = torch.Tensor
 _NO_RNG = (0, 0)
@@ -290,8 +290,7 @@ def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotar
                      return_softmax_lse=False, *, scratch=None, kernel="decode"):
     """flash_attn_with_kvcache while Dynamo traces (its arguments, flash-attn's order): one
     cuflash::flash_attn_with_kvcache node (the decode kernel; scratch and kernel are eager-only options)."""
-    if not isinstance(rotary_interleaved, bool):
-        raise TypeError(f"rotary_interleaved must be a bool; got {type(rotary_interleaved).__name__}")
+    check_bool(rotary_interleaved, "rotary_interleaved")
     if scratch is not None or kernel != "decode":
         raise NotImplementedError("scratch / kernel under torch.compile: the decode kernel with its own partials")
     d = q.shape[-1]

@@ -107,6 +107,43 @@ def check_qkv_views(qa: Arr, ka: Arr, va: Arr, names=("q", "k", "v"), same_batch
         check_layout(a, n)
 
 
+PAGE_MULTIPLE = 16  # paged K/V: page sizes are multiples of 16 keys (the decode kernel's page look-up per 16 keys)
+
+
+def check_block_table(block_table, qa: Arr, batch: int, pages: Arr, pages_name: str) -> Arr:
+    """A paged call's block table: int32 (batch, max_num_blocks_per_seq >= 1) next to q, last dim contiguous; and the
+    page size (dim 1 of `pages`, the paged k) a multiple of PAGE_MULTIPLE. Returns its view."""
+    bt = wrap(block_table, "block_table")
+    check_same(qa, "q", bt, "block_table")
+    if bt.dtype != "int32":
+        raise TypeError(f"block_table must be int32; got {bt.dtype}")
+    check_rank(bt, "block_table", 2, "(batch, max_num_blocks_per_seq)")
+    if bt.shape[0] != batch or bt.shape[1] < 1:
+        raise ValueError(f"block_table must have shape ({batch}, max_num_blocks_per_seq >= 1); got {bt.shape}")
+    if bt.shape[1] > 1 and bt.strides[1] != 1:
+        raise ValueError(f"block_table must be contiguous in its last dimension; got strides {bt.strides}")
+    if pages.shape[1] % PAGE_MULTIPLE:
+        raise ValueError(f"{pages_name}'s page size (dimension 1 with a block_table) must be a multiple of "
+                         f"{PAGE_MULTIPLE}; got {pages.shape[1]}")
+    return bt
+
+
+def check_int_vector(x, name: str, qa: Arr, n: int, what: str) -> Arr:
+    """A contiguous int32 device array of shape (n,) next to q (what: what it holds, for the message)."""
+    a = wrap(x, name)
+    check_same(qa, "q", a, name)
+    if a.dtype != "int32":
+        raise TypeError(f"{name} must be int32; got {a.dtype}")
+    if a.shape != (n,) or (n > 1 and a.strides != (1,)):
+        raise ValueError(f"{name} must be a contiguous int32 array of shape ({n},) ({what}); got shape {a.shape}")
+    return a
+
+
+def check_bool(x, name: str) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name} must be a bool; got {type(x).__name__}")
+
+
 def check_grad_inputs(qa: Arr, dout, out, lse, lse_shape: tuple, lse_what: str):
     """The backward's dout and out (q's kind, device, dtype, shape; kernel layout) and softmax_lse (float32 of
     `lse_shape`, contiguous) next to validated q: (dout, out, lse) views."""

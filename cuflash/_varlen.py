@@ -134,7 +134,7 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     from ._configs import gather_spec
     from ._launch import get_launcher
     from ._params import GATHER_ARGS
-    from ._validate import check_headdim, check_layout
+    from ._validate import check_block_table, check_headdim, check_layout
 
     qa = wrap(q, "q")
     ka, va = wrap(k, "k"), wrap(v, "v")
@@ -148,19 +148,9 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     for a, n in ((ka, "k"), (va, "v")):
         check_layout(a, n)
     ck = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qa)
-    bt = wrap(block_table, "block_table")
-    check_same(qa, "q", bt, "block_table")
-    if bt.dtype != "int32":
-        raise TypeError(f"block_table must be int32; got {bt.dtype}")
-    check_rank(bt, "block_table", 2, "(batch, max_num_blocks_per_seq)")
     batch = ck.shape[0] - 1
-    if bt.shape[0] != batch or bt.shape[1] < 1:
-        raise ValueError(f"block_table must have shape ({batch}, max_num_blocks_per_seq >= 1); got {bt.shape}")
-    if bt.shape[1] > 1 and bt.strides[1] != 1:
-        raise ValueError(f"block_table must be contiguous in its last dimension; got strides {bt.strides}")
+    bt = check_block_table(block_table, qa, batch, ka, "k")
     page_size, hk, d = ka.shape[1:]
-    if page_size % 16:
-        raise ValueError(f"k's page size (dimension 1 with a block_table) must be a multiple of 16; got {page_size}")
     rows = batch * bt.shape[1] * page_size
     kg, vg = (_interop.empty(qa, (rows, hk, d), qa.dtype) for _ in range(2))
     lau = get_launcher(gather_spec(qa.dtype), qa.device)

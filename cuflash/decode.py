@@ -37,7 +37,8 @@ from ._launch import get_launcher
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
-from ._validate import (check_backward_headdim, check_dtype, check_layout, check_qkv_views, check_rank, check_same,
+from ._validate import (check_backward_headdim, check_block_table, check_bool, check_dtype, check_int_vector,
+                        check_layout, check_qkv_views, check_rank, check_same,
                         check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = 128
@@ -290,13 +291,7 @@ def _check_cache_seqlens(cache_seqlens, qa, b):
         return None, 0
     if isinstance(cache_seqlens, int):
         return None, cache_seqlens
-    ca = _interop.wrap(cache_seqlens, "cache_seqlens")
-    check_same(qa, "q", ca, "cache_seqlens")
-    if ca.dtype != "int32":
-        raise TypeError(f"cache_seqlens must be int32; got {ca.dtype}")
-    if ca.shape != (b,) or ca.strides != (1,):
-        raise ValueError(f"cache_seqlens must be a contiguous int32 array of shape ({b},); got shape {ca.shape}")
-    return ca, 0
+    return check_int_vector(cache_seqlens, "cache_seqlens", qa, b, "valid keys per batch element"), 0
 
 
 class CacheOptions:
@@ -332,17 +327,6 @@ APPEND_DYNAMIC = ("k_cache", "v_cache", "k_new", "v_new", "seqlens", "block_tabl
                   "rotary_sin")
 
 
-def _int_vector(x, name: str, qa, n: int, what: str):
-    """A contiguous int32 device array of shape (n,) next to q."""
-    a = _interop.wrap(x, name)
-    check_same(qa, "q", a, name)
-    if a.dtype != "int32":
-        raise TypeError(f"{name} must be int32; got {a.dtype}")
-    if a.shape != (n,) or (n > 1 and a.strides != (1,)):
-        raise ValueError(f"{name} must be a contiguous int32 array of shape ({n},) ({what}); got shape {a.shape}")
-    return a
-
-
 def _check_cache_batch(kca, b: int, cache_batch_idx) -> None:
     if kca.shape[0] != b and cache_batch_idx is None:
         raise ValueError(f"k_cache has batch {kca.shape[0]} but q has batch {b} (pass cache_batch_idx to pick rows)")
@@ -355,25 +339,13 @@ def check_cache_options(qa, kca, vca, rotary_cos=None, rotary_sin=None, cache_ba
     headdim), page_size a multiple of 16; cache_batch_idx and cache_leftpad int32 (batch,) (neither with a block
     table, as in flash-attn); rotary_cos / rotary_sin (seqlen_ro >= the cache capacity, rotary_dim / 2) of q's
     dtype, contiguous, rotary_dim a multiple of 16 and <= headdim, only with appended k, v."""
-    if not isinstance(rotary_interleaved, bool):
-        raise TypeError(f"rotary_interleaved must be a bool; got {type(rotary_interleaved).__name__}")
+    check_bool(rotary_interleaved, "rotary_interleaved")
     b, d = qa.shape[0], qa.shape[3]
     bt = bi = lp = cos = sin = None
     capacity, page_size = kca.shape[1], 0
     if block_table is not None:
-        bt = _interop.wrap(block_table, "block_table")
-        check_same(qa, "q", bt, "block_table")
-        if bt.dtype != "int32":
-            raise TypeError(f"block_table must be int32; got {bt.dtype}")
-        check_rank(bt, "block_table", 2, "(batch, max_num_blocks_per_seq)")
-        if bt.shape[0] != b or bt.shape[1] < 1:
-            raise ValueError(f"block_table must have shape ({b}, max_num_blocks_per_seq >= 1); got {bt.shape}")
-        if bt.shape[1] > 1 and bt.strides[1] != 1:
-            raise ValueError(f"block_table must be contiguous in its last dimension; got strides {bt.strides}")
+        bt = check_block_table(block_table, qa, b, kca, "k_cache")
         page_size = kca.shape[1]
-        if page_size % 16:
-            raise ValueError(f"k_cache's page size (dimension 1 with a block_table) must be a multiple of 16; got "
-                             f"{page_size}")
         capacity = bt.shape[1] * page_size
         for name, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
             if x is not None:
@@ -382,9 +354,9 @@ def check_cache_options(qa, kca, vca, rotary_cos=None, rotary_sin=None, cache_ba
     else:
         _check_cache_batch(kca, b, cache_batch_idx)
     if cache_batch_idx is not None:
-        bi = _int_vector(cache_batch_idx, "cache_batch_idx", qa, b, "the k_cache row of each batch element")
+        bi = check_int_vector(cache_batch_idx, "cache_batch_idx", qa, b, "the k_cache row of each batch element")
     if cache_leftpad is not None:
-        lp = _int_vector(cache_leftpad, "cache_leftpad", qa, b, "the first visible key of each batch element")
+        lp = check_int_vector(cache_leftpad, "cache_leftpad", qa, b, "the first visible key of each batch element")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together")
     if rotary_cos is not None:
@@ -597,8 +569,7 @@ def _refuse_fwd_split(options) -> None:
     for name, x in zip(names, options):
         if x is not None:
             raise NotImplementedError(f"{name} runs on kernel='decode' (the default), not on kernel='fwd_split'")
-    if options[5] is not True and not isinstance(options[5], bool):
-        raise TypeError(f"rotary_interleaved must be a bool; got {type(options[5]).__name__}")
+    check_bool(options[5], "rotary_interleaved")
 
 
 def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, num_splits, return_softmax_lse,

@@ -428,3 +428,13 @@ def test_host_path_rotary(host_path):
 def test_host_path_cache_option_errors(host_path, tag, kind, words):
     e = host_path["errors"][tag]
     assert e.startswith(kind + ":") and words in e, e
+
+
+def test_page_multiple_matches_the_kernel():
+    """The host's page-size rule (PAGE_MULTIPLE) is the decode kernel's look-up chunk (cuda_src/flash_decode.cu)."""
+    from cuflash._loader import source_dir
+    from cuflash._validate import PAGE_MULTIPLE
+
+    src = (source_dir() / "flash_decode.cu").read_text()
+    m = re.search(r"constexpr int CHUNK = (\d+);", src)
+    assert m and int(m.group(1)) == PAGE_MULTIPLE

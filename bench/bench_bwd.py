@@ -46,26 +46,46 @@ def _grad_fn(out, inputs, dout):
 
 
 def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop"),
-        rounds=1, providers=SDPA_PROVIDERS):
+        rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",)):
     """rounds > 1: the strategies and the SDPA `providers` timed in turn `rounds` times per point, the median per
-    provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid)."""
+    provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid). backends: the cuflash kernel paths timed
+    ("sm80": the mma.sync backward; "sm90": the Hopper backward, where it runs the head dim and strategy: each
+    record's `backend`); the strategies other than "atomic" only in `strategies_dtypes` and on the first backend."""
     import torch
 
     import cuflash
+    from cuflash import _fwd_sm90
+    from cuflash._configs import SM90_BWD_HEADDIMS, kernel_headdim
 
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     recs = []
     for dtype in dtypes:
         for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
             for causal in (False, True):
                 n0 = len(recs)
                 fns = {}  # timed name -> backward call (the forward graph kept for the whole point)
+                paths = {}  # timed name -> (dq strategy, backend)
                 for strat in strategies:
-                    if strat != "atomic" and dtype != "float16":
+                    if strat != "atomic" and dtype not in strategies_dtypes:
                         continue  # the strategies are compared in fp16; bf16 runs the default one
                     if strat == "loop" and s > 2048:
                         continue  # one block per (batch, head): seconds per call at long seqlen
-                    out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat)
-                    fns[strat] = _grad_fn(out, (q, k, v), dout)
+                    for bk in backends:
+                        if bk == "sm90" and not (hopper and kernel_headdim(d) in SM90_BWD_HEADDIMS
+                                                 and strat != "loop"):
+                            continue
+                        if bk != "sm90" and strat == "ordered":
+                            continue  # (a Hopper backward strategy)
+                        if strat != "atomic" and bk != backends[0]:
+                            continue  # the other strategies on the first backend only
+                        name = strat if len(backends) == 1 else f"{strat}-{bk}"
+                        # the forward on the same path (its backward follows: cuflash.backward.bwd_backend)
+                        fwd_bk = bk if bk == "sm80" or kernel_headdim(d) in _fwd_sm90.SM90_HEADDIMS else "auto"
+                        out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat,
+                                                      deterministic=strat in ("seqpar", "ordered"),
+                                                      backend=fwd_bk)
+                        fns[name] = _grad_fn(out, (q, k, v), dout)
+                        paths[name] = (strat, bk)
                 for prov in providers:
                     try:
                         fns[prov] = _grad_fn(sdpa(prov)(qt, kt, vt, causal), (qt, kt, vt), doutt)
@@ -79,8 +99,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                     if name in providers:
                         recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **extra))
                     else:
+                        strat, bk = paths[name]
                         recs.append(record("cuflash", f"v2-{name}", "bwd", dtype, b, h, s, s, d, causal, ms,
-                                           dq_strategy=name, **extra))
+                                           backend=bk, dq_strategy=strat, **extra))
                 del fns, timed
                 print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
             del q, k, v, qt, kt, vt, dout, doutt

@@ -88,6 +88,12 @@ SUITES = {s.name: s for s in (
           "backward through autograd on the FlashAttention-2 grid from 2k (default dQ strategy), cuflash, FLASH "
           "and cuDNN timed in turn, medians of 3 rounds",
           dict(seqlens=(2048, 4096, 8192, 16384), strategies=("atomic",), rounds=3, providers=("flash", "cudnn"))),
+    Suite("bwd90", "bench_bwd", "bwd", 6.0,
+          "backward through autograd on the FlashAttention-2 grid from 2k, head dims 64 and 128: the Hopper backward "
+          "(default dQ strategy and the deterministic 'ordered'), the mma.sync backward, FLASH and cuDNN timed in "
+          "turn, medians of 3 rounds",
+          dict(seqlens=(2048, 4096, 8192, 16384), strategies=("atomic", "ordered"), rounds=3,
+               providers=("flash", "cudnn"), backends=("sm90", "sm80"), strategies_dtypes=("float16", "bfloat16"))),
     Suite("bwd_strategies", "bench_bwd", "bwd", 2.0,
           "backward through autograd, every dQ strategy (atomic, seqpar, loop up to 2k) next to SDPA "
           "FLASH / cuDNN / EFFICIENT, one call per timing", dict(seqlens=(1024, 4096, 16384))),

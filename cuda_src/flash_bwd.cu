@@ -91,28 +91,14 @@
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
 #include "attn/dropout.cuh"
+#include "attn/bwd.cuh"
 
 namespace cuflash {
 
-enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2 };
 enum BwdPartition { PART_KV = 0, PART_Q = 1, PART_2D = 2 };
 
 // The largest dynamic shared memory a block may opt into on sm_80 (163 KB): every configuration must fit it.
 constexpr int SM80_MAX_SMEM = 163 * 1024;
-
-// The fp32 row buffers (lse_log2, D, each dQ accumulator split) have seqlen_q_pad rows per (batch element, head),
-// a multiple of BWD_ROW_PAD (cuflash/_configs.py: the same number), or packed, seqlen_q_pad rows per head holding
-// every element's rows, element b's from varlen_pad_start<BWD_ROW_PAD>(b) (attn/seqlen.cuh).
-constexpr int BWD_ROW_PAD = 128;
-// Rows of one buffer (one split of the dQ accumulator).
-__device__ __forceinline__ int64_t bwd_ws_rows(const BwdParams& p, bool varlen) {
-  return (varlen ? 1 : p.batch) * p.nheads * p.seqlen_q_pad;
-}
-// The first row of batch element `batch` (head 0): (batch, head hq, row i) is at bwd_ws_base + hq sq_pad + i
-// (packed: varlen_pad_start, from the element's first packed row si.q_start = cu_seqlens_q[batch]).
-__device__ __forceinline__ int64_t bwd_ws_base(const BwdParams& p, const SeqInfo& si, int batch, bool varlen) {
-  return varlen ? (int64_t)BWD_ROW_PAD * (si.q_start / BWD_ROW_PAD + batch) : batch * p.nheads * p.seqlen_q_pad;
-}
 
 // LPR threads per row (the host's _configs.bwd_pre_lanes_per_row: a power of two >= D / 8, each thread reading 8
 // columns, 16 bytes, of O and dO) of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
@@ -169,6 +155,8 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
     acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  if (p.dq_strategy == DQ_ORDERED && c == 0 && row % 64 == 0)  // its semaphores (attn/bwd.cuh)
+    reinterpret_cast<int*>(p.dq_accum + rows * D)[row / 64] = 0;
 }
 
 // dQ = softmax_scale * sum of the fp32 partials. One thread per 16-byte slot of the fragment-tiled accumulator
@@ -375,20 +363,6 @@ __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_
 // This lane's slot of the first fragment of the 16-row band starting at `row0` (a multiple of 16) of (query head
 // hq)'s fp32 dQ accumulator, in the buffer this KV tile writes (seqpar: its own). Fragment (band + mf, column
 // block c / 8) is at + mf 16 D + 16 c (dq_frag_offset).
-template <int D, bool VARLEN>
-__device__ __forceinline__ float* dq_accum_band(const BwdParams& p, int n_block, const SeqInfo& si, int batch, int hq,
-                                                int row0, int lane) {
-  const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
-  if constexpr (VARLEN)
-    return p.dq_accum + (split * bwd_ws_rows(p, true) + bwd_ws_base(p, si, batch, true) + hq * p.seqlen_q_pad + row0) *
-                            D +
-           4 * lane;
-  else
-    return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * lane;
-}
-template <int D>
-__device__ __forceinline__ constexpr int dq_frag_offset(int mf, int c) { return mf * 16 * D + 16 * c; }
-
 // A warp's fp32 dQ fragments [16, 8 NF] (columns c0 + 8 df) into the accumulator; `a0` = this lane's slot of the
 // first one (dq_accum_band + dq_frag_offset; padded rows: always in bounds). Fragment df is 128 floats further.
 // The strategy test sits outside the loops: one branch per call, then straight-line 16-byte accesses.
@@ -411,36 +385,6 @@ __device__ __forceinline__ void dq_accumulate(const BwdParams& p, float* a0, con
         float2* a = reinterpret_cast<float2*>(a0 + df * 128 + 2 * h);
         const float2 old = *a;
         *a = make_float2(old.x + acc[df][2 * h], old.y + acc[df][2 * h + 1]);
-      }
-  }
-}
-
-// dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
-// are not written).
-template <typename T, int NF>
-__device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si, int batch, int kv_head, int j0,
-                                           int c0, const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
-  const float scale = (float)p.softmax_scale;
-  const int g = lane / 4, t = lane % 4, seqlen_k = si.seqlen_k;
-  T* dk_ptr = reinterpret_cast<T*>(p.dk) + si.k_offset(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, batch,
-                                                       kv_head);
-  T* dv_ptr = reinterpret_cast<T*>(p.dv) + si.k_offset(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batch,
-                                                       kv_head);
-  // n8 blocks before the inputs' head dim (warp-uniform): all NF unless the head dim is below the kernel's
-  const int live_frags = ((int)p.head_dim - c0) / 8;
-  const bool all_live = live_frags >= NF;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int j = j0 + g + h * 8;
-    if (j < seqlen_k)
-#pragma unroll
-      for (int df = 0; df < NF; ++df) {
-        const int c = c0 + df * 8 + 2 * t;
-        if (!all_live && df >= live_frags) continue;  // the padding columns of a head dim below D
-        *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
-            pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =
-            pack2<T>(dv[df][2 * h], dv[df][2 * h + 1]);
       }
   }
 }

@@ -81,7 +81,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   constexpr int KN = BLOCK_N / 16;  // k16 steps of P V
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && BLOCK_N <= 256 && DP <= 256, "wgmma shapes");
   static_assert(NWG >= 1 && NWG <= 3 && (!PINGPONG || NWG >= 2), "consumer warpgroups");
-  static_assert(128 * (REGS_LOAD + NWG * REGS_MMA) <= 65536 && REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
+  // (setmaxnreg moves registers within the block's launch allocation: 65536 / threads, rounded down to a multiple of
+  // 8, per thread -- asking for more than the producer gives back never returns)
+  static_assert(128 * (REGS_LOAD + NWG * REGS_MMA) <= 65536 / ((NWG + 1) * 128 * 8) * 8 * ((NWG + 1) * 128) &&
+                    REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
 

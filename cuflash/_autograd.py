@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _fwd
-from .backward import backward_memo, check_score_partition
+from .backward import backward_memo, bwd_backend, check_score_partition
 from ._interop import wrap
 from ._mods import mods_for
 from ._validate import check_backward_headdim, check_layout, check_qkv
@@ -41,7 +41,8 @@ class FlashAttnFunction(torch.autograd.Function):
                 check_score_partition(warp_partition, qa.shape[3])
             out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
             ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition)
+        ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition,
+                   bwd_backend(backend))
         ctx.mods = mods
         ctx.alibi = alibi_slopes  # the slopes the kernels read stay alive until the backward
         ctx.mark_non_differentiable(lse)
@@ -51,7 +52,7 @@ class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *ml = ctx.saved_tensors
-        softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition = ctx.cfg
+        softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition, backend = ctx.cfg
         if dout is None:  # only the LSE was used: no gradient flows (set_materialize_grads(False))
             return (None,) * 16
         if algorithm == "v1":
@@ -62,7 +63,8 @@ class FlashAttnFunction(torch.autograd.Function):
             dq, dk, dv = v1_backward(da, qa, ka, va, wrap(out, "out"), wrap(ml[0], "m"), wrap(ml[1], "l"),
                                      softmax_scale, causal)
         else:
-            args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition, ctx.mods)
+            args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition, ctx.mods,
+                    backend)
             try:
                 dq, dk, dv = backward_memo(dout, *args)
             except ValueError:  # autograd may hand in a gradient with any strides (expanded, transposed)

@@ -199,7 +199,7 @@ class Sm90FwdTile:
     block_n: int
     nwg: int
     stages: int = 2
-    regs_mma: int = 240  # setmaxnreg register counts: 128 (regs_load + nwg regs_mma) <= 65536
+    regs_mma: int = 240  # setmaxnreg register counts: 128 (regs_load + nwg regs_mma) <= the launch allocation
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
 
@@ -248,6 +248,60 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
 
 def sm90_fwd_specs():
     return [sm90_fwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_HEADDIMS for c, m in MASK_MODES]
+
+
+# ------------------------------------------------------------------------------ Hopper backward (sm_90a)
+@dataclass(frozen=True)
+class Sm90BwdTile:
+    """Tile of the warp-specialized sm_90a backward (cuda_src/flash_bwd_sm90.cu): 1 producer warpgroup + 2 consumer
+    warpgroups of 64 keys each (block_n = 128 keys per block), block_m query rows per Q / dO stage."""
+
+    block_m: int
+    stages: int = 2
+    regs_mma: int = 240  # setmaxnreg: 128 (regs_load + 2 regs_mma) <= 168 x 384, the launch allocation
+    regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
+    block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
+    threads: int = 384
+
+
+# The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
+# dims, kernel_headdim); 32 and 256 stay on the sm80 kernels (256: dK and dV of 64 keys x 256 columns per consumer
+# do not fit its registers).
+SM90_BWD_HEADDIMS = (64, 96, 128)
+# The accumulators decide the tiles: a consumer holds dK, dV [64 keys, DP] and S^T, dP^T [64 keys, block_m] in fp32,
+# 2 x 32 + 2 x 64 registers per thread either way (DP = 64 with block_m = 128; DP = 128 with block_m = 64).
+SM90_BWD_TILES = {
+    64: Sm90BwdTile(128),
+    96: Sm90BwdTile(64),
+    128: Sm90BwdTile(64),
+}
+
+
+def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
+    return SM90_BWD_TILES[headdim]
+
+
+def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
+    """K, V; stages x (Q, dO); 2 dS^T buffers; the dQ staging [block_m, headdim] fp32; stages x (lse_log2, D); the
+    mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES, static_asserted)."""
+    dp = -(-headdim // 64) * 64
+    bm, bn, st = tile.block_m, tile.block_n, tile.stages
+    return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + bm * headdim * 4 + 2 * st * bm * 4
+            + (3 + 2 * st) * 8 + 1024)
+
+
+def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0) -> KernelSpec:
+    """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE."""
+    tile = tile or sm90_bwd_tile(headdim)
+    smem = sm90_bwd_smem_bytes(headdim, tile)
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
+            f"{tile.regs_mma}, {tile.regs_load}, {smem}{', %d' % mod if _mod_checked(causal, mod) else ''}>")
+    return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
+
+
+def sm90_bwd_specs():
+    return [sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES]
 
 
 @dataclass(frozen=True)
@@ -702,6 +756,9 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
                     out += [bwd_spec(dt, d, c, tile, part, mod=m), bwd_convert_spec(dt, d, c, tile.block_n, mod=m)]
+                    if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
+                        t90 = sm90_bwd_tile(d)
+                        out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),
@@ -768,4 +825,5 @@ def all_specs():
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
+    specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     return list(dict.fromkeys(specs))

@@ -30,6 +30,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _dropout
+from .backward import bwd_backend
 from ._mods import mods_for, rng_state_of
 from ._validate import check_backward_headdim, check_bool, check_qkv, check_softmax_scale, check_unsupported
 
@@ -73,7 +74,7 @@ def _(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, soft
 def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, rng_state: Tensor,
                    dropout_p: float, softmax_scale: float, causal: bool, window_left: int, window_right: int,
                    softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool, dq_strategy: Optional[str],
-                   warp_partition: str) -> Tuple[Tensor, Tensor, Tensor]:
+                   warp_partition: str, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     from .backward import backward_memo
 
     qa, ka, _ = check_qkv(q, k, v)
@@ -84,12 +85,12 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     if not dout.is_contiguous():
         dout = dout.contiguous()
     return backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition,
-                         mods)
+                         mods, backend)
 
 
 @flash_attn_bwd.register_fake
 def _(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-      alibi_slopes, deterministic, dq_strategy, warp_partition):
+      alibi_slopes, deterministic, dq_strategy, warp_partition, backend):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
@@ -100,17 +101,17 @@ def _setup_context(ctx, inputs, output):
     out, lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, lse, rng_state)
     ctx.opts = (dropout_p, softmax_scale, causal, window_left, window_right, softcap)
-    ctx.bwd_opts = (deterministic, dq_strategy, warp_partition)
+    ctx.bwd_opts = (deterministic, dq_strategy, warp_partition, bwd_backend(backend))
     ctx.alibi = alibi_slopes
 
 
 def _backward(ctx, dout, _dlse, _drng):
     q, k, v, out, lse, rng_state = ctx.saved_tensors
     dropout_p, softmax_scale, causal, window_left, window_right, softcap = ctx.opts
-    deterministic, dq_strategy, warp_partition = ctx.bwd_opts
+    deterministic, dq_strategy, warp_partition, backend = ctx.bwd_opts
     dq, dk, dv = torch.ops.cuflash.flash_attn_bwd(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale,
                                                   causal, window_left, window_right, softcap, ctx.alibi,
-                                                  deterministic, dq_strategy, warp_partition)
+                                                  deterministic, dq_strategy, warp_partition, backend)
     return (dq, dk, dv) + (None,) * 12
 
 

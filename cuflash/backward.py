@@ -4,7 +4,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional, Tuple
 
-from . import _interop, _loader
+from . import _bwd_sm90, _interop, _loader
+from ._fwd_sm90 import check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
                        bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim)
 from ._interop import desc
@@ -14,7 +15,9 @@ from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import check_backward_headdim, check_grad_inputs, check_qkv, check_softmax_scale, check_unsupported
 
-DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2}
+DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2, "ordered": 3}
+# "ordered" (the Hopper backward, without score modifiers): the atomic accumulator, added to in KV-tile order through
+# a semaphore per Q tile: deterministic without seqpar's buffers (cuda_src/flash_bwd_sm90.cu).
 # seqpar's per-KV-tile dQ buffers may take at most this fraction of the free device memory.
 SEQPAR_MAX_FREE_FRACTION = 0.5
 
@@ -58,13 +61,20 @@ def check_warp_partition(warp_partition, headdim=None, algorithm="v2") -> None:
                          f"{tuple(bwd_tiles(warp_partition))} and the head dims they run (multiples of 8 below each)")
 
 
+def bwd_backend(fwd_backend: str) -> str:
+    """The backward's backend under autograd, from the forward's `backend` keyword: "sm80" keeps the mma.sync
+    kernels; "auto" and "sm90" take the Hopper backward wherever it can run the call (it takes fewer head dims and
+    options than the Hopper forward, so a forward forced onto sm90 never makes its backward fail)."""
+    return "sm80" if fwd_backend == "sm80" else "auto"
+
+
 def choose_dq_strategy(dq_strategy, deterministic, extra_seqpar: int, device: int) -> str:
     if dq_strategy is not None:
         if dq_strategy not in DQ_STRATEGIES:
             raise ValueError(f"dq_strategy must be one of {tuple(DQ_STRATEGIES)}; got {dq_strategy!r}")
         if deterministic and dq_strategy == "atomic":
-            raise ValueError("dq_strategy='atomic' is not deterministic; use 'seqpar' or 'loop' with "
-                             "deterministic=True")
+            raise ValueError("dq_strategy='atomic' is not deterministic; use 'seqpar', 'loop' or (the Hopper "
+                             "backward) 'ordered' with deterministic=True")
     else:
         dq_strategy = "seqpar" if deterministic else "atomic"
     if dq_strategy == "seqpar":
@@ -93,10 +103,12 @@ class _BwdPlan(HostPlan):
     dv and one fp32 workspace (lse_log2, delta, dQ accumulator) and launches preprocess, main and dQ-convert
     kernels with one parameter block."""
 
-    __slots__ = ("outs", "ws_off", "strategy")
+    __slots__ = ("outs", "ws_off", "strategy", "backend", "maps", "encoded")
 
     def run(self, dp, qp, kp, vp, op, lp, *cu):
         """cu: a packed plan's (cu_seqlens_q, cu_seqlens_k) pointers."""
+        if self.maps is not None:  # the sm90 main kernel: its tensor maps ride along (cuflash._bwd_sm90)
+            return _bwd_sm90.run_plan(self, dp, qp, kp, vp, op, lp)
         (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = self.outs()
         o_lse, o_delta, o_acc = self.ws_off
         self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *cu)
@@ -104,29 +116,37 @@ class _BwdPlan(HostPlan):
 
 
 def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile, warp_partition,
-               mods=None, packed=None):
+               mods=None, packed=None, backend="auto"):
     """The plan of validated views (every strategy; "seqpar" checks free memory when the plan is made); mods: the
     forward's score modifiers (cuflash._mods.Mods) or None; packed: a cuflash._varlen.Packed (the views its [1,
-    total, ...] ones; the plan then takes the cu_seqlens pointers in `run` and returns packed gradients)."""
+    total, ...] ones; the plan then takes the cu_seqlens pointers in `run` and returns packed gradients); backend:
+    "auto", "sm80" or "sm90" (cuflash._bwd_sm90: the main kernel's path)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     check_warp_partition(warp_partition, d)
+    path = _bwd_sm90.resolve_backend(backend, da, qa, ka, va, mods, packed, dq_strategy, warp_partition, tile)
     warp_partition = resolve_warp_partition(warp_partition, d)
     causal, mod = kernel_mode(mods, causal)
-    if mod:
+    if mod and path == "sm80":
         check_score_partition(warp_partition, d)
-    tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod, varlen=packed is not None)
+    if path == "sm90":
+        main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod)
+        tile = None
+    else:
+        tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod,
+                                varlen=packed is not None)
+        block_n, maps = tile.block_n, None
     if packed is None:
-        n_blocks = -(-sk // tile.block_n)  # KV tiles per sequence (seqpar's dQ buffers)
+        n_blocks = -(-sk // block_n)  # KV tiles per sequence (seqpar's dQ buffers)
         sq_pad = -(-sq // BWD_ROW_PAD) * BWD_ROW_PAD
         rows = b * h * sq_pad  # fp32 workspace: lse_log2 [rows], delta [rows], dQ accumulator [splits, rows, d]
         dq_shape, dkv_shape = (b, sq, h, hd), (b, sk, hk, hd)
     else:  # packed: the rows of every sequence per head; seqpar's buffers: the KV tiles of the longest sequence
         b = packed.batch
-        n_blocks = None if packed.max_k is None else max(1, -(-packed.max_k // tile.block_n))
+        n_blocks = None if packed.max_k is None else max(1, -(-packed.max_k // block_n))
         sq_pad = packed.padded_rows()
         rows = h * sq_pad
         dq_shape, dkv_shape = (sq, h, hd), (sk, hk, hd)
@@ -136,12 +156,25 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "dQ buffer per KV tile of the longest sequence); use 'loop' or pass an int")
         if dq_strategy is None and deterministic:
             dq_strategy = "loop"
+    if dq_strategy == "ordered" and (path != "sm90" or mod):
+        raise ValueError("dq_strategy='ordered' runs on the Hopper backward without window_size / softcap / "
+                         "alibi_slopes" + ("" if path == "sm90" else " (this call takes the sm80 kernels)") +
+                         "; use 'seqpar' or 'loop' for a deterministic backward")
+    if dq_strategy is None and deterministic and path == "sm90" and not mod:
+        dq_strategy = "ordered"  # deterministic at the atomic strategy's memory (and nearly its speed)
     strategy = choose_dq_strategy(dq_strategy, deterministic, (n_blocks or 0) * rows * d * 4, qa.device)
+    if path == "sm90" and strategy == "loop":  # seqpar's buffers did not fit: "loop" runs on the sm80 kernels
+        if backend == "sm90":
+            raise ValueError("backend='sm90' cannot take this backward: deterministic=True needs dq_strategy="
+                             "'seqpar' there, and its dQ buffers do not fit the free memory")
+        return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
+                          packed, "sm80")
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
-    p.strategy = strategy
+    p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}
+    sems = rows // 64 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh)
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
-                         p.spec((rows * (2 + splits * d),), float32=True))
+                         p.spec((rows * (2 + splits * d) + sems,), float32=True))
     p.ws_off = (0, 4 * rows, 8 * rows)
     c4 = (lambda shape: shape) if packed is None else (lambda shape: (1, *shape))  # the kernels' [b, s, h, d] view
     fields = dict(
@@ -160,8 +193,11 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         p.bind(BWD_PARAMS, dynamic + ("cu_seqlens_q", "cu_seqlens_k"), **fields)
     dev = qa.device
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
-    main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None), dev)
-    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, tile.block_n, mod & MOD_SCORE), dev)  # (no dropout)
+    if path == "sm90":
+        main = get_launcher(main_spec, dev)
+    else:
+        main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None), dev)
+    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE), dev)  # (no dropout)
     slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:
@@ -173,13 +209,14 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
 
 
 def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
-             warp_partition="auto", mods=None):
+             warp_partition="auto", mods=None, backend="auto"):
     """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
 
     warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
-    overrides that partition's configured tile (benchmark sweeps); mods: the forward's score modifiers."""
+    overrides that partition's configured tile (benchmark sweeps); mods: the forward's score modifiers; backend:
+    the main kernel's path (cuflash._bwd_sm90)."""
     plan = _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile,
-                      warp_partition, mods)
+                      warp_partition, mods, backend=backend)
     return plan.run(da.ptr, qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr)
 
 
@@ -188,7 +225,7 @@ _MAX_PLANS = 4096
 
 
 def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition,
-                  mods=None):
+                  mods=None, backend="auto"):
     """`backward` on raw arrays through a memoized plan: a call whose arrays (dtypes, shapes, strides, devices) and
     options match a validated one skips validation and set-up. "seqpar" plans are not kept (their strategy
     depends on the free memory when made). mods: the forward's score modifiers (cuflash._mods.Mods), or None."""
@@ -196,15 +233,18 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
     plan = key = None
     if None not in keys and not has_dropout(mods):  # (dropout: every call has its own rng state)
         mk = () if mods is None else (mods.causal, mods.mod, tuple(mods.fields.items()))
-        key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition, mk)
+        key = (keys, softmax_scale, type(softmax_scale), causal, dq_strategy, deterministic, warp_partition, mk,
+               backend)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and maybe fail) below
             key = None
     if plan is None or (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
         check_warp_partition(warp_partition)
+        check_backend(backend)
         views = check_backward_inputs(dout, q, k, v, out, lse)
-        plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition, mods)
+        plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition, mods,
+                          backend=backend)
         if plan.strategy != "seqpar":
             remember(_PLANS, key, plan, _MAX_PLANS)
         ptrs = tuple(a.ptr for a in views)
@@ -216,7 +256,7 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
                         dq_strategy: Optional[str] = None, algorithm: str = "v2",
                         warp_partition: str = "auto", window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                         alibi_slopes: Any = None, dropout_p: float = 0.0,
-                        rng_state: Optional[Tuple[int, int]] = None) -> Tuple[Any, Any, Any]:
+                        rng_state: Optional[Tuple[int, int]] = None, backend: str = "auto") -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     Args:
@@ -226,10 +266,12 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
             flash_attn_func(..., return_attn_probs=True) of the same q, k, v, softmax_scale and causal.
         softmax_scale, causal: as in the forward call (None: headdim ** -0.5).
         deterministic: use a dQ strategy without atomics (bitwise reproducible).
-        dq_strategy: "atomic" (fp32 atomics), "seqpar" (a dQ buffer per KV tile + reduce; deterministic), "loop"
-            (one block per head walks all KV tiles; deterministic); None picks "atomic", or "seqpar" (falling
-            back to "loop", with a RuntimeWarning, when its buffers would take more than half the free memory)
-            if deterministic.
+        dq_strategy: "atomic" (fp32 atomics; on the Hopper backward TMA bulk reductions), "seqpar" (a dQ buffer per
+            KV tile + reduce; deterministic), "loop" (one block per head walks all KV tiles; deterministic; sm80
+            kernels), "ordered" (the Hopper backward without score modifiers: the reductions of each Q tile in
+            KV-tile order through a semaphore; deterministic, no extra memory); None picks "atomic", or if
+            deterministic "ordered" where it runs, else "seqpar" (falling back to "loop", with a RuntimeWarning,
+            when its buffers would take more than half the free memory).
         algorithm: "v2" (default) or "v1" (FlashAttention-1's backward, head dims 32-128).
         warp_partition (V2): "auto" (default: the partition tuned per head dim,
             cuflash._configs.BWD_AUTO_PARTITION), "kv" (warps split the KV rows of a tile; dS^T goes through
@@ -239,6 +281,10 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
         window_size, softcap, alibi_slopes: the forward call's score modifiers (flash_attn_func); V2 only.
         dropout_p, rng_state: the forward call's dropout: its probability and the (seed, offset) its kernels used
             (cuflash.get_rng_state() before a forward on CuPy arrays; required with dropout_p > 0); V2 only.
+        backend: the V2 backward's main kernel: "auto" (the default: on a compute capability 9.0 GPU the Hopper
+            backward, cuda_src/flash_bwd_sm90.cu, wherever it can take the call -- head dims 40-128, no dropout,
+            dq_strategy "atomic" or "seqpar", warp_partition "auto", TMA-aligned views -- else the mma.sync
+            kernels), "sm80" (the mma.sync kernels) or "sm90" (ValueError where it cannot run).
 
     Returns:
         (dq, dk, dv) of the inputs' kind: new contiguous arrays shaped and typed like q, k, v (dk, dv summed over
@@ -247,11 +293,15 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
     Raises (before anything is launched; messages name the argument):
         TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes.
         ValueError: shapes, strides or devices that do not match q / the forward's, a softmax_lse that is not
-            float32 contiguous [batch, nheads, seqlen_q], an unknown dq_strategy / algorithm / warp_partition,
-            dq_strategy="atomic" with deterministic=True, a head dim the partition does not support.
+            float32 contiguous [batch, nheads, seqlen_q], an unknown dq_strategy / algorithm / warp_partition /
+            backend, dq_strategy="atomic" with deterministic=True, a head dim the partition does not support,
+            backend="sm90" where the Hopper backward cannot run.
     """
     if algorithm not in ("v2", "v1"):
         raise ValueError(f"algorithm must be 'v2' or 'v1'; got {algorithm!r}")
+    check_backend(backend)
+    if backend != "auto" and algorithm != "v2":
+        raise ValueError(f"backend={backend!r} selects the V2 backward's kernels; algorithm={algorithm!r} has one path")
     check_warp_partition(warp_partition, algorithm=algorithm)
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes, scores=algorithm != "v1")
     if dropout_p and rng_state is None:
@@ -268,4 +318,4 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
         mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
                         rng_state=rng_state)
     return backward_memo(dout, q, k, v, out, softmax_lse, softmax_scale, causal, dq_strategy, deterministic,
-                         warp_partition, mods)
+                         warp_partition, mods, backend)

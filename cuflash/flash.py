@@ -67,15 +67,19 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         grid_order: V2 forward block order: "qtile" (Q-tile index in grid x: one head's blocks run together and
             share K/V in L2), "bh" (batch/head first) or "auto" (the default: "bh" for causal problems of >=
             8192 query rows at head dim 128, else "qtile").
-        dq_strategy: backward dQ accumulation: "atomic", "seqpar", "loop"; None: "seqpar" (falling back to "loop"
-            when its buffers do not fit) if deterministic, else "atomic".
+        dq_strategy: backward dQ accumulation: "atomic", "seqpar", "loop", "ordered" (the Hopper backward:
+            cuflash.flash_attn_backward); None: if deterministic "ordered" where the Hopper backward takes it, else
+            "seqpar" (falling back to "loop" when its buffers do not fit), otherwise "atomic".
         warp_partition: V2 backward warp partition: "auto" (the default: the tuned one per head dim,
             cuflash._configs.BWD_AUTO_PARTITION), "kv" (warps split the KV rows), "q" (warps split the Q rows) or
             "2d" (FlashAttention-2's 32-row warp tiles in every product, head dims 32-128).
         backend: the V2 forward's kernels: "auto" (the default: on a compute capability 9.0 GPU the Hopper
             kernels -- wgmma, TMA, warp specialization -- for head dims 40-256 and inputs whose base and strides are
             16-byte aligned, without dropout, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
-            saying why not), "sm80" (the mma.sync kernels, any CUDA GPU of compute capability >= 8.0).
+            saying why not), "sm80" (the mma.sync kernels, any CUDA GPU of compute capability >= 8.0). The
+            backward (autograd) follows: "sm80" keeps the mma.sync kernels; otherwise the Hopper backward runs
+            wherever it can take the call (head dims 40-128, no dropout, dq_strategy "atomic" or "seqpar",
+            warp_partition "auto"), else the mma.sync backward (cuflash.backward.bwd_backend).
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q (a new contiguous array of q's kind, dtype and device);

@@ -589,16 +589,16 @@ for dt in ("float16", "bfloat16"):
             k, v = torch.Tensor((2, 300, 2, d), getattr(torch, dt)), torch.Tensor((2, 300, 2, d), getattr(torch, dt))
             lse = torch.Tensor((2, 4, 300), torch.float32)
             ho.LAUNCHES.clear()
-            cuflash.flash_attn_backward(do, q, k, v, o, lse, causal=causal)
+            cuflash.flash_attn_backward(do, q, k, v, o, lse, causal=causal, backend="sm80")
             res.append([dt, d, causal, [r[0] for r in ho.LAUNCHES]])
 print(json.dumps(res))
 """
 
 
 def test_backward_launches_the_dtype_tile_on_sm90():
-    """On an sm_90 device the backward's main kernel is the sm_90 tile of the inputs' dtype (bf16 has its own at
-    head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path (stand-ins for torch and the
-    GPU, bench/diag/host_overhead.py, in a subprocess)."""
+    """On an sm_90 device the mma.sync backward's main kernel (backend="sm80") is the sm_90 tile of the inputs'
+    dtype (bf16 has its own at head dims 64 and 128: BWD_TILES_2D_SM90_DTYPE), through the public API's host path
+    (stand-ins for torch and the GPU, bench/diag/host_overhead.py, in a subprocess)."""
     import json
     import os
     import subprocess

@@ -82,7 +82,9 @@ def test_model_specs_select_a_models_kernels():
     assert m == [_configs.fwd_spec("bfloat16", 128, True, split=False), _configs.sm90_fwd_spec("bfloat16", 128, True)]
     full = _configs.model_specs(("float16",), (64,), (False, True), arch=90)
     assert set(full) <= every and all("__half" in s.name and "bfloat16" not in s.name for s in full)
-    assert {s.filename for s in full} == {"flash_fwd.cu", "flash_fwd_sm90.cu", "flash_bwd.cu", "flash_decode.cu"}
+    assert {s.filename for s in full} == {"flash_fwd.cu", "flash_fwd_sm90.cu", "flash_bwd.cu", "flash_bwd_sm90.cu",
+                                          "flash_decode.cu"}
+    assert _configs.sm90_bwd_spec("float16", 64, True) in full  # the Hopper backward of the model's head dim
     assert not [s for s in _configs.model_specs(arch=80) if s.arch_suffix or s.min_arch > 80]
     assert set(_configs.model_specs()) <= every
     packed = _configs.model_specs(("float16",), (64, 104), (True,), decode=False, arch=90, varlen=True)

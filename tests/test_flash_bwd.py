@@ -22,13 +22,14 @@ def grads_lowp(q, k, v, dout, scale, causal):
     return qq.grad, kk.grad, vv.grad
 
 
-def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False, warp_partition="auto"):
+def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", deterministic=False, warp_partition="auto",
+                backend="auto"):
     import torch
 
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=True)
     scale = d ** -0.5
     out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=dq_strategy, deterministic=deterministic,
-                                  warp_partition=warp_partition)
+                                  warp_partition=warp_partition, backend=backend)
     dout = torch.randn_like(out)
     out.backward(dout)
     ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), scale, causal)
@@ -42,14 +43,17 @@ def check_grads(b, sq, sk, h, hk, d, dtype, causal, dq_strategy="atomic", determ
 SHAPES = [(1, 1), (17, 300), (300, 17), (257, 257), (1000, 700)]
 
 
-# The default ("auto": the partition tuned per head dim) and, where that is another one, the "kv" partition.
-@pytest.mark.parametrize("d,warp_partition", [(d, p) for d in (32, 64, 96, 128, 256) for p in ("auto", "kv")
-                                              if p == "auto" or bwd_mod.resolve_warp_partition("auto", d) != "kv"])
+# The default ("auto": the partition tuned per head dim) and, where that is another one, the "kv" partition; the
+# default on both backends ("auto" is the Hopper backward on sm90 where it runs the call: test_flash_bwd_sm90.py).
+@pytest.mark.parametrize("d,warp_partition,backend",
+                         [(d, p, bk) for d in (32, 64, 96, 128, 256) for p in ("auto", "kv") for bk in ("auto", "sm80")
+                          if (p == "auto" or bwd_mod.resolve_warp_partition("auto", d) != "kv")
+                          and (bk == "auto" or p == "auto")])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", SHAPES)
-def test_backward_matches_reference(dtype, d, warp_partition, causal, sq, sk):
-    check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition=warp_partition)
+def test_backward_matches_reference(dtype, d, warp_partition, backend, causal, sq, sk):
+    check_grads(2, sq, sk, 2, 2, d, dtype, causal, warp_partition=warp_partition, backend=backend)
 
 
 # The Q-row partition (warp_partition="q"): ragged lengths (1, 17, 127, 1000), seqlen_q != seqlen_k both ways,

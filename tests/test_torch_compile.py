@@ -135,7 +135,7 @@ def test_opcheck():
                                                        for x in fwd_args))
     dout = torch.randn_like(out)
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, rng, 0.0, 0.125, True, -1, -1, 0.0, None, True,
-                None, "auto")
+                None, "auto", "auto")
     torch.library.opcheck(torch.ops.cuflash.flash_attn_bwd.default, bwd_args)
     kc, vc = (torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     kn, vn = (torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))

@@ -189,6 +189,6 @@ def test_bwd_row_pad_matches_the_kernels():
     import re
     from pathlib import Path
 
-    src = (Path(__file__).resolve().parent.parent / "cuda_src" / "flash_bwd.cu").read_text()
+    src = (Path(__file__).resolve().parent.parent / "cuda_src" / "attn" / "bwd.cuh").read_text()
     assert int(re.search(r"constexpr int BWD_ROW_PAD = (\d+);", src).group(1)) == BWD_ROW_PAD
 

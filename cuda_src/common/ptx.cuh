@@ -70,6 +70,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, in
                : "memory");
 #endif
 }
+// The same bulk engine storing instead of adding: dst[i] = src[i] (a deterministic write-once destination).
+__device__ __forceinline__ void bulk_store_f32(float* dst, uint32_t src, int bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void bulk_commit_group() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");

@@ -61,6 +61,14 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, uint6
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// 9.7.9.25.4.1 cp.async.bulk: `bytes` contiguous bytes global -> shared memory at dst (both 16-byte aligned, bytes
+// a multiple of 16), completing that many transaction bytes on bar.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -93,6 +101,28 @@ __device__ __forceinline__ void reg_fence(uint32_t (&x)[R][C]) {
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int j = 0; j < C; ++j) asm volatile("" : "+r"(x[i][j])::"memory");
+}
+
+// --------------------------------------------------------- cross-CTA counters and the async proxy's global writes
+// Loads with acquire / adds with release semantics at GPU scope (9.7.13.4 memory consistency): a counter one CTA
+// bumps after its writes, another waits on before its own.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Orders this thread's generic-proxy and async-proxy (bulk copy, TMA) accesses of global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Until at most N bulk async-groups of this thread are pending, their writes included (the .read form only waits
+// for their shared-memory sources: common/ptx.cuh).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ----------------------------------------------------------------- named barriers (9.7.13.1) and setmaxnreg (9.7.19.5)

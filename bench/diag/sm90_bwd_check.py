@@ -1,0 +1,77 @@
+"""Diagnostic (GPU, compute capability 9.0): the Hopper backward (cuda_src/flash_bwd_sm90.cu) on small ragged shapes,
+every head dim it compiles, both dtypes, causal and not, GQA, each dQ strategy and the score modifiers, checked
+against the float64 reference -- fast enough to run under compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python -m bench.diag.sm90_bwd_check
+    compute-sanitizer --tool racecheck python -m bench.diag.sm90_bwd_check --quick
+    compute-sanitizer --tool synccheck python -m bench.diag.sm90_bwd_check --quick
+
+Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
+when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
+    import torch
+
+    import cuflash
+    from cuflash import reference
+
+    dt = getattr(torch, dtype)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
+    k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, **opts)
+    dout = torch.randn_like(out)
+    grads = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy=dq_strategy,
+                                        deterministic=dq_strategy != "atomic", backend="sm90", **opts)
+    torch.cuda.synchronize()
+    f = lambda x: x.detach().float().cpu().numpy().astype(np.float64)  # noqa: E731
+    ref = reference.attention_backward(f(dout), f(q), f(k), f(v), None, causal, opts.get("window_size", (-1, -1)),
+                                       opts.get("softcap", 0.0))
+    # torch's own error in the inputs' dtype: the yardstick
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    g = h // hk
+    s = (qq.transpose(1, 2) @ kk.transpose(1, 2).repeat_interleave(g, 1).transpose(-1, -2)) * d ** -0.5
+    if opts.get("softcap"):
+        s = opts["softcap"] * torch.tanh(s / opts["softcap"])
+    vis = torch.from_numpy(reference.visible_mask(sq, sk, causal, opts.get("window_size", (-1, -1)))).cuda()
+    p = torch.softmax(s.masked_fill(~vis, float("-inf")), -1).nan_to_num(0.0)
+    (p @ vv.transpose(1, 2).repeat_interleave(g, 1)).transpose(1, 2).backward(dout)
+    errs, ok = [], True
+    for ours, lp, r in zip(grads, (qq.grad, kk.grad, vv.grad), ref):
+        e, el = np.abs(f(ours) - r).max(), np.abs(f(lp) - r).max()
+        errs.append(e)
+        ok &= bool(np.isfinite(f(ours)).all()) and e <= 3.0 * el + 1e-6
+    return ok, errs
+
+
+def main(argv):
+    quick = "--quick" in argv
+    dtypes = ("float16",) if quick else ("float16", "bfloat16")
+    cases = [(1, 130, 77, 2, 1), (1, 77, 200, 2, 2)] if quick else [(1, 130, 77, 2, 1), (1, 77, 200, 2, 2),
+                                                                     (2, 1, 1, 2, 2), (1, 300, 301, 4, 2)]
+    failed = 0
+    for dtype in dtypes:
+        for d in (64, 96, 128):
+            for causal in (False, True):
+                for dq in ("atomic", "ordered", "seqpar"):
+                    for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):
+                        if (quick and opts and dq != "atomic") or (opts and (causal or dq == "ordered")):
+                            continue
+                        for b, sq, sk, h, hk in cases:
+                            ok, errs = _case(b, sq, sk, h, hk, d, dtype, causal, dq, opts)
+                            failed += not ok
+                            print(f"{'ok  ' if ok else 'FAIL'} {dtype} d={d} causal={causal} dq={dq} opts={opts} "
+                                  f"b={b} sq={sq} sk={sk} h={h}/{hk}: max|err| dq {errs[0]:.2e} dk {errs[1]:.2e} "
+                                  f"dv {errs[2]:.2e}", flush=True)
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

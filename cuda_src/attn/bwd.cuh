@@ -1,0 +1,79 @@
+// cuda_src/attn/bwd.cuh -- what the backward kernels share (cuda_src/flash_bwd.cu, the mma.sync backward, and
+// cuda_src/flash_bwd_sm90.cu, the Hopper backward): the dQ strategies, the fp32 row buffers (lse_log2, D, the dQ
+// accumulator) and their addressing, and the dK / dV store.
+//
+// Layout of the fp32 dQ accumulator: fragment-tiled, not row-major (flash_bwd.cu's header says why). Per (split,
+// batch, head) it holds seqlen_q_pad x D floats as [seqlen_q_pad / 16][D / 8][32 lanes][4]: one m16n8 accumulator
+// fragment (16 rows x 8 columns) is 128 consecutive floats, lane l = 4 g + t owning its 4 values at [4 l, 4 l + 4).
+// wgmma's accumulator has the same per-warp layout, so both kernel families add into it alike and share the
+// preprocess and convert kernels.
+#pragma once
+#include "../common/ptx.cuh"
+#include "params.cuh"
+#include "seqlen.cuh"
+
+namespace cuflash {
+
+// DQ_ORDERED (the Hopper backward only): the atomic accumulator, added to in KV-tile order (a semaphore per 64
+// accumulator rows, int32, right after the accumulator in the workspace, zeroed by the preprocess).
+enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
+
+// The fp32 row buffers (lse_log2, D, each dQ accumulator split) have seqlen_q_pad rows per (batch element, head),
+// a multiple of BWD_ROW_PAD (cuflash/_configs.py: the same number), or packed, seqlen_q_pad rows per head holding
+// every element's rows, element b's from varlen_pad_start<BWD_ROW_PAD>(b) (attn/seqlen.cuh).
+constexpr int BWD_ROW_PAD = 128;
+// Rows of one buffer (one split of the dQ accumulator).
+__device__ __forceinline__ int64_t bwd_ws_rows(const BwdParams& p, bool varlen) {
+  return (varlen ? 1 : p.batch) * p.nheads * p.seqlen_q_pad;
+}
+// The first row of batch element `batch` (head 0): (batch, head hq, row i) is at bwd_ws_base + hq sq_pad + i
+// (packed: varlen_pad_start, from the element's first packed row si.q_start = cu_seqlens_q[batch]).
+__device__ __forceinline__ int64_t bwd_ws_base(const BwdParams& p, const SeqInfo& si, int batch, bool varlen) {
+  return varlen ? (int64_t)BWD_ROW_PAD * (si.q_start / BWD_ROW_PAD + batch) : batch * p.nheads * p.seqlen_q_pad;
+}
+
+template <int D, bool VARLEN>
+__device__ __forceinline__ float* dq_accum_band(const BwdParams& p, int n_block, const SeqInfo& si, int batch, int hq,
+                                                int row0, int lane) {
+  const int64_t split = p.dq_strategy == DQ_SEQPAR ? n_block : 0;
+  if constexpr (VARLEN)
+    return p.dq_accum + (split * bwd_ws_rows(p, true) + bwd_ws_base(p, si, batch, true) + hq * p.seqlen_q_pad + row0) *
+                            D +
+           4 * lane;
+  else
+    return p.dq_accum + (((split * p.batch + batch) * p.nheads + hq) * p.seqlen_q_pad + row0) * D + 4 * lane;
+}
+template <int D>
+__device__ __forceinline__ constexpr int dq_frag_offset(int mf, int c) { return mf * 16 * D + 16 * c; }
+
+// dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
+// are not written).
+template <typename T, int NF>
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si, int batch, int kv_head, int j0,
+                                           int c0, const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
+  const float scale = (float)p.softmax_scale;
+  const int g = lane / 4, t = lane % 4, seqlen_k = si.seqlen_k;
+  T* dk_ptr = reinterpret_cast<T*>(p.dk) + si.k_offset(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, batch,
+                                                       kv_head);
+  T* dv_ptr = reinterpret_cast<T*>(p.dv) + si.k_offset(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batch,
+                                                       kv_head);
+  // n8 blocks before the inputs' head dim (warp-uniform): all NF unless the head dim is below the kernel's
+  const int live_frags = ((int)p.head_dim - c0) / 8;
+  const bool all_live = live_frags >= NF;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + g + h * 8;
+    if (j < seqlen_k)
+#pragma unroll
+      for (int df = 0; df < NF; ++df) {
+        const int c = c0 + df * 8 + 2 * t;
+        if (!all_live && df >= live_frags) continue;  // the padding columns of a head dim below D
+        *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
+            pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =
+            pack2<T>(dv[df][2 * h], dv[df][2 * h + 1]);
+      }
+  }
+}
+
+}  // namespace cuflash

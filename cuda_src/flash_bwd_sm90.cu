@@ -1,0 +1,385 @@
+// cuda_src/flash_bwd_sm90.cu -- the Hopper backward (sm_90a): warp-specialized, TMA-fed, wgmma FlashAttention-2
+// backward. The preprocess (D = rowsum(dO * O), lse_log2) and the dQ convert are flash_bwd.cu's kernels: this
+// kernel reads and writes the same fp32 row buffers (attn/bwd.cuh).
+//
+// One thread block per (KV tile of BLOCK_N = 128 keys, KV head, batch), 3 warpgroups of 128 threads:
+//
+//   warpgroup 0, the producer (setmaxnreg.dec to REGS_LOAD; one thread issues everything): K_j and V_j -> smem by
+//     TMA, once; then for each (query head of the KV head's group, Q tile of BLOCK_M rows that sees this KV tile):
+//     wait until stage s is free (empty), then Q_i, dO_i by TMA and the tile's lse_log2 and D rows by bulk copy,
+//     all completing on full[s].
+//   warpgroups 1, 2, the consumers (setmaxnreg.inc to REGS_MMA), 64 keys of the KV tile each:
+//     S^T  = K_w Q_i^T          wgmma, both operands in smem (K-major)                    [64 keys, BLOCK_M] fp32
+//     dP^T = V_w dO_i^T         wgmma, the same                                            (issued with S^T)
+//     P^T  = exp2(S^T scale_log2 - lse_log2)    from the forward's LSE (no max, no sum; masked only on the tiles
+//                                               where attn/mask.cuh hides an element), 16-bit A fragments
+//     dV_w += P^T dO_i          wgmma, P^T from registers, dO_i MN-major from smem        [64 keys, D]
+//     dS^T = P^T (dP^T - D)     16-bit A fragments, and stored to smem (dS^T, double-buffered)
+//     dK_w += dS^T Q_i          wgmma, dS^T from registers, Q_i MN-major from smem
+//     dQ_i  = dS K_j            after a barrier of both consumers (dS^T of all 128 keys in smem): wgmma with both
+//                               operands MN-major (dS^T read transposed, K_j): each consumer takes 64 of the Q rows
+//                               (BLOCK_M = 128) or 64 of the columns (BLOCK_M = 64) of the [BLOCK_M, D] tile
+//     then the consumers stage dQ_i in smem in the accumulator's own layout (fragment-tiled: attn/bwd.cuh), once the
+//     writer has read the previous tile (dq_empty), and signal dq_full.
+//   warp 1 of warpgroup 0, the dQ writer (one lane): hands each staged tile to the TMA unit as one bulk operation --
+//     cp.reduce.async.bulk add.f32 into the accumulator ("atomic"); the same after the KV tiles before this one
+//     have added theirs, in KV-tile order through a semaphore per Q tile ("ordered": deterministic, bitwise
+//     reproducible, no extra memory); or a bulk store into the KV tile's own buffer ("seqpar") -- so that no
+//     consumer waits for a reduction.
+//   and at the end dK = softmax_scale dK_w, dV_w -> global (16-bit), rows past seqlen_k not stored.
+//
+// Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout; DP = D rounded up to 64, the columns past D
+// zero-filled by TMA): K, V [128, DP]; STAGES x Q, dO [BLOCK_M, DP]; 2 x dS^T [128 keys, BLOCK_M] (64-query chunks);
+// the dQ staging [BLOCK_M, D] fp32; STAGES x (lse_log2, D) [BLOCK_M]; the mbarriers.
+//
+// Rows past seqlen_q read as zeros (TMA) with lse_log2 = +inf and D = 0 (the preprocess), so their P and dS are 0;
+// keys past seqlen_k are masked on the last KV tile. Rows that saw no key have lse_log2 = +inf too (P = 0).
+//
+// Template parameters (cuflash/_configs.py: SM90_BWD_TILES, the source of truth):
+//   T             __half or __nv_bfloat16;   D  the kernel head dim (the accumulator's row length; DP in smem)
+//   BLOCK_M       Q rows per tile: 128 for DP = 64, 64 for DP = 128 (the accumulators: 2 x 64 x DP fp32 of dK, dV
+//                 per consumer warpgroup, and the transposed score tiles 2 x 64 x BLOCK_M)
+//   STAGES        Q / dO stages;  CAUSAL  bottom-right causal;  REGS_MMA, REGS_LOAD  setmaxnreg counts
+//   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
+#include "common/ptx.cuh"
+#include "common/sm90.cuh"
+#include "common/wgmma.cuh"
+#include "common/warp_gemm.cuh"
+#include "attn/params.cuh"
+#include "attn/seqlen.cuh"
+#include "attn/mask.cuh"
+#include "attn/block.cuh"
+#include "attn/softmax.cuh"
+#include "attn/bwd.cuh"
+
+namespace cuflash {
+
+// The tensor maps of Q, K, V and dO: 4-d [batch, seqlen, heads, D] views, boxes of 64 columns by BLOCK_M (Q, dO)
+// or 128 (K, V) rows, 128-byte swizzle (cuflash/_tma.py encodes them).
+struct Sm90BwdMaps {
+  TmaDesc q, k, v, dout;
+};
+
+template <int D, int BLOCK_M, int STAGES>
+struct Sm90BwdLayout {
+  static constexpr int BLOCK_N = 128;
+  static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
+  static constexpr int CH = DP / 64;
+  static constexpr int KV_BYTES = BLOCK_N * DP * 2;   // K (or V)
+  static constexpr int Q_BYTES = BLOCK_M * DP * 2;    // one stage of Q (or of dO)
+  static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * 2;  // one dS^T buffer
+  static constexpr int DQ_BYTES = BLOCK_M * D * 4;      // the staged dQ tile (the accumulator's rows of D floats)
+  static constexpr int K_OFF = 0;
+  static constexpr int V_OFF = K_OFF + KV_BYTES;
+  static constexpr int Q_OFF = V_OFF + KV_BYTES;
+  static constexpr int DO_OFF = Q_OFF + STAGES * Q_BYTES;
+  static constexpr int DS_OFF = DO_OFF + STAGES * Q_BYTES;
+  static constexpr int DQ_OFF = DS_OFF + 2 * DS_BYTES;
+  static constexpr int LSE_OFF = DQ_OFF + DQ_BYTES;
+  static constexpr int DELTA_OFF = LSE_OFF + STAGES * BLOCK_M * 4;
+  static constexpr int BAR_OFF = DELTA_OFF + STAGES * BLOCK_M * 4;
+  static constexpr int BARS = 3 + 2 * STAGES;  // K/V; full, empty per stage; dq_full, dq_empty
+  static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
+};
+
+template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
+          int MOD = MOD_NONE>
+__global__ void __launch_bounds__(384, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
+  using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
+  constexpr int BLOCK_N = L::BLOCK_N, DP = L::DP, CH = L::CH;
+  constexpr bool SPLIT_M = BLOCK_M == 128;  // dQ: each consumer takes 64 Q rows (else 64 columns) of the tile
+  constexpr int KD = DP / 16;        // k16 steps over D (S^T, dP^T)
+  constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
+  constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
+  constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
+  constexpr int DF = DP / 8;         // n8 blocks of dK, dV
+  static_assert(D % 16 == 0 && (SPLIT_M ? DP == 64 : (BLOCK_M == 64 && DP == 128)),
+                "tiles: 128 x 128 at head dims up to 64, 64 x 128 up to 128");
+  static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
+  // setmaxnreg moves registers within the block's launch allocation (65536 / 384 threads, rounded down to a multiple
+  // of 8: 168 each), not the whole register file: asking for more than the producer gives back never returns.
+  static_assert(128 * (REGS_LOAD + 2 * REGS_MMA) <= 65536 / (384 * 8) * 8 * 384 && REGS_MMA % 8 == 0 &&
+                    REGS_LOAD % 8 == 0,
+                "setmaxnreg register counts");
+  static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
+  uint64_t* bar_kv = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
+  uint64_t* full = bar_kv + 1;
+  uint64_t* empty = full + STAGES;
+  uint64_t* dq_full = empty + STAGES;
+  uint64_t* dq_empty = dq_full + 1;
+  float* dq_stage = reinterpret_cast<float*>(sm + L::DQ_OFF);
+
+  const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int n0 = n_block * BLOCK_N;
+  const SeqInfo si = seqinfo_fixed(p);
+  const int group = (int)p.heads_per_kv;
+  // Q tiles [m_begin, m_begin + num_m) see this KV tile (attn/block.cuh: from the band alone, so the value
+  // modifiers are read by the consumers only); iterations: (query head, Q tile)
+  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());
+  if constexpr (MOD != MOD_NONE) {
+    band.left = (int)p.window_left;
+    band.right = (int)p.window_right;
+  }
+  const int m_begin = q_block_begin<BLOCK_M>(band, n0);
+  const int num_m = max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin);
+  const int total = group * num_m;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 256);  // every consumer thread releases a stage it has read
+    }
+    mbar_init(dq_full, 256);  // every consumer thread has staged its part of the dQ tile
+    mbar_init(dq_empty, 1);   // the writer has read the staged tile
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------------------ producer
+    setmaxnreg_dec<REGS_LOAD>();
+    if (threadIdx.x == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
+        tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
+      }
+      int h = 0, m = 0;
+#pragma unroll 1
+      for (int it = 0; it < total; ++it) {
+        const int s = it % STAGES, ph = (it / STAGES) & 1;
+        const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+        if (++m == num_m) {
+          m = 0;
+          ++h;
+        }
+        mbar_wait(&empty[s], ph ^ 1);
+        mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+          tma_load_4d(sm + L::Q_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &full[s], c * 64, m0, hq, batch);
+          tma_load_4d(sm + L::DO_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.dout, &full[s], c * 64, m0, hq,
+                      batch);
+        }
+        const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
+        bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
+        bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
+      }
+    } else if (threadIdx.x == 32 && total > 0) {  // the dQ writer
+      const int strategy = (int)p.dq_strategy;
+      const int64_t ws_rows = bwd_ws_rows(p, false);
+      int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
+      const uint32_t src = smem_addr(dq_stage);
+      int h = 0, m = 0;
+#pragma unroll 1
+      for (int it = 0; it < total; ++it) {
+        const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+        if (++m == num_m) {
+          m = 0;
+          ++h;
+        }
+        const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
+        float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
+        mbar_wait(dq_full, it & 1);
+        if (strategy == DQ_ORDERED) {  // the KV tiles that see this Q tile are 0 .. (MOD_NONE: the host's rule)
+          while (ld_acquire_gpu(sem + row / 64) != n_block) {
+          }
+          fence_proxy_async_global();
+        }
+        if (strategy == DQ_SEQPAR)
+          bulk_store_f32(dst, src, L::DQ_BYTES);
+        else
+          bulk_reduce_add_f32(dst, src, L::DQ_BYTES);
+        bulk_commit_group();
+        if (strategy == DQ_ORDERED) {  // added (not only read) before the next KV tile may add
+          bulk_wait_group<0>();
+          fence_proxy_async_global();
+          red_release_gpu_add(sem + row / 64, 1);
+        } else {
+          bulk_wait_group_read<0>();
+        }
+        mbar_arrive(dq_empty);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------------------------ consumers
+  setmaxnreg_inc<REGS_MMA>();
+  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
+  const int cw = wg - 1;  // consumer index: keys [n0 + 64 cw, +64)
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform (the bulk copies' addresses)
+  const int g = lane / 4, t = lane % 4;
+  const int key_w = n0 + 64 * cw + 16 * warp;  // the warp's first key: its fragments hold keys key_w + g (+ 8)
+  const float scale_log2 = (float)p.scale_log2;
+  const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
+  const uint32_t q_base = smem_addr(sm + L::Q_OFF), do_base = smem_addr(sm + L::DO_OFF);
+  const uint32_t ds_base = smem_addr(sm + L::DS_OFF);
+  // This warp's part of the dQ tile: 16 rows from row_q (within the Q tile), n8 blocks [dq_f0, dq_f0 + 8) of the
+  // row (those below D / 8: the head dim's), at the band of row_q in the staging (16 D floats per 16-row band).
+  const int row_q = (SPLIT_M ? 64 * cw : 0) + 16 * warp;
+  const int dq_f0 = SPLIT_M ? 0 : 8 * cw;
+  float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;
+
+  float acc_dk[DF][4], acc_dv[DF][4];
+  zero_frags(acc_dk);
+  zero_frags(acc_dv);
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  int h = 0, m = 0;
+  for (int it = 0; it < total; ++it) {
+    const int s = it % STAGES, ph = (it / STAGES) & 1;
+    const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+    if (++m == num_m) {
+      m = 0;
+      ++h;
+    }
+    const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
+    const uint32_t ka = k_base + cw * 64 * 128, va = v_base + cw * 64 * 128;  // this consumer's 64 keys
+    const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
+    const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
+    mbar_wait(&full[s], ph);
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T, two groups.
+    float acc_s[MF][4], acc_dp[MF][4];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KD; ++k) {
+      const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
+      Wgmma<BLOCK_M>::template ss<T>(acc_s, smem_desc(ka + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
+                                     smem_desc(qs + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < KD; ++k) {
+      const uint32_t off = (k % 4) * 32;
+      Wgmma<BLOCK_M>::template ss<T>(acc_dp, smem_desc(va + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
+                                     smem_desc(dos + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T done (dP^T may still run)
+    reg_fence(acc_s);
+
+    // P^T, masked where some element of this consumer's [64 keys, BLOCK_M] tile is hidden (warpgroup-uniform).
+    const Mask<CAUSAL, MOD> mask =
+        MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
+    const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0 + 64 * cw, n0 + 64 * cw + 63);
+    if constexpr (MOD != MOD_NONE) {
+      if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
+    }
+#pragma unroll
+    for (int nf = 0; nf < MF; ++nf) {
+      const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = acc_s[nf][e];
+        if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+        acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+      }
+    }
+    uint32_t pa[KM][4];
+    frags_to_a<T>(acc_s, pa);
+
+    // dV += P^T dO.
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KM; ++k)
+      Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T done (dV may still run)
+    reg_fence(acc_dp);
+
+    // dS^T = P^T (dP^T - D), P from its 16-bit copy (the values dV uses).
+#pragma unroll
+    for (int nf = 0; nf < MF; ++nf) {
+      const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
+      const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
+      acc_dp[nf][0] = p01.x * (acc_dp[nf][0] - dl.x);
+      acc_dp[nf][1] = p01.y * (acc_dp[nf][1] - dl.y);
+      acc_dp[nf][2] = p23.x * (acc_dp[nf][2] - dl.x);
+      acc_dp[nf][3] = p23.y * (acc_dp[nf][3] - dl.y);
+    }
+    if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
+      if (mask.softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g + 8 (e / 2)
+        const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
+#pragma unroll
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+          const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
+          const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_dp[nf][e] *= mask.softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
+                                               dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)), scale_log2);
+        }
+      }
+    }
+    uint32_t dsa[KM][4];
+    frags_to_a<T>(acc_dp, dsa);
+    // dS^T -> smem buffer it % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
+    // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g.
+    {
+      unsigned char* dsb = sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
+#pragma unroll
+      for (int k = 0; k < KM; ++k) {
+        unsigned char* chunk = dsb + (k / 4) * BLOCK_N * 128;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 64 * cw + 16 * warp + g + 8 * (e % 2), piece = (2 * (k % 4) + e / 2) ^ g;
+          *reinterpret_cast<uint32_t*>(chunk + r * 128 + piece * 16 + 4 * t) = dsa[k][e];
+        }
+      }
+    }
+    // dK += dS^T Q.
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KM; ++k)
+      Wgmma<DP>::template rs<T, 1>(acc_dk, dsa[k], smem_desc(qs + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+    wgmma_commit();
+    fence_proxy_async_shared();  // the dS^T stores, before wgmma (the async proxy) reads them
+    named_bar_sync(1, 256);      // both consumers' dS^T are in smem
+
+    // dQ = dS K: A = dS [queries, keys] read MN-major from dS^T, B = K [keys, D] MN-major; 64 x 64 per consumer.
+    float acc_dq[8][4];
+    {
+      const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
+      const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);
+#pragma unroll
+      for (int k = 0; k < KN; ++k)
+        Wgmma<64>::template ss<T, 1, 1>(acc_dq, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+                                        smem_desc(db + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // dV, dK, dQ done: Q_i, dO_i, the P and dS fragments are free
+    reg_fence(acc_dq);
+    reg_fence(acc_dk);
+    reg_fence(acc_dv);
+    reg_fence(pa);
+    reg_fence(dsa);
+    mbar_arrive(&empty[s]);
+
+    // dQ -> the staging, once the writer has read the previous tile; then hand it over.
+    mbar_wait(dq_empty, (it & 1) ^ 1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (dq_f0 + j < D / 8)
+        *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
+            make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+    fence_proxy_async_shared();  // the stores, before the writer's bulk operation (the async proxy) reads them
+    mbar_arrive(dq_full);
+  }
+
+  // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
+  store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
+                       reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+}
+
+}  // namespace cuflash

@@ -1,0 +1,113 @@
+"""The Hopper backward's host path (cuda_src/flash_bwd_sm90.cu): which calls take it, the tensor maps, the plan.
+
+`backend` as in the forward (cuflash._fwd_sm90): "auto" takes the sm90 backward on a compute-capability-9.0
+device whenever the call allows (`ineligible`), else the mma.sync (sm80) kernels; "sm90" and "sm80" force a path
+("sm90" on a call it cannot take is a ValueError naming why). Calls the sm90 backward cannot take: head dims
+outside SM90_BWD_HEADDIMS' range, dropout, packed sequences, dq_strategy="loop", an explicit warp_partition or
+tile (both select sm80 kernels), empty sequences, and views whose base or strides are not 16-byte aligned (TMA).
+
+The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
+block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
+maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector (the preprocess and
+convert kernels read only the first). A plan keeps the encoded maps of recent pointer sets.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_spec, sm90_bwd_tile
+from ._fwd_sm90 import device_cc
+from ._launch import _MAX_PARAM_BYTES
+from ._mods import has_dropout
+from ._params import BWD_PARAMS
+from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
+
+MAPS_OFFSET = 512  # byte offset of Sm90BwdMaps in the parameter buffer (64-byte aligned, past BwdParams)
+ARGS_BYTES = 4 * MAP_BYTES  # the maps of q, k, v, dout
+MAX_MAP_SETS = 8
+assert BWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
+
+_tls = threading.local()
+
+
+def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_partition="auto",
+               tile=None) -> str | None:
+    """Why the sm90 backward cannot take these validated views and options, or None when it can."""
+    d = qa.shape[3]
+    kd = kernel_headdim(d)
+    if kd not in SM90_BWD_HEADDIMS or d <= SM80_ONLY_MAX_HEADDIM:
+        return (f"head dim {d} (the sm90 backward runs the multiples of 8 from {SM80_ONLY_MAX_HEADDIM + 8} to "
+                f"{SM90_BWD_HEADDIMS[-1]})")
+    if has_dropout(mods):
+        return "dropout (the mma.sync kernels run it)"
+    if packed is not None:
+        return "packed sequences (the mma.sync kernels run them)"
+    if dq_strategy == "loop":
+        return "dq_strategy='loop' (the sm90 backward has 'atomic', 'ordered' and 'seqpar')"
+    if warp_partition != "auto" or tile is not None:
+        return f"warp_partition={warp_partition!r} / an explicit tile (options of the sm80 kernels)"
+    b, sq, h, _ = qa.shape
+    if not (b and h and sq and ka.shape[1]):
+        return "an empty batch, head count or sequence"
+    for name, a in (("q", qa), ("k", ka), ("v", va), ("dout", da)):
+        if not tma_compatible(a.shape, a.strides, a.ptr):
+            return f"{name}'s base address or strides are not 16-byte aligned (TMA reads 16-byte units)"
+    return None
+
+
+def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_partition="auto",
+                    tile=None) -> str:
+    """"sm80" or "sm90": the path a validated backward takes (see the module docstring)."""
+    if backend == "sm80":
+        return "sm80"
+    cc = device_cc(qa.device)
+    why = ineligible(da, qa, ka, va, mods, packed, dq_strategy, warp_partition, tile)
+    if backend == "sm90":
+        if cc != 90:
+            raise ValueError(f"backend='sm90' needs a compute capability 9.0 GPU; device {qa.device} is sm_{cc}")
+        if why:
+            raise ValueError(f"backend='sm90' cannot take this backward: {why}")
+        return "sm90"
+    return "sm90" if cc == 90 and why is None else "sm80"
+
+
+def main_launch(da, qa, ka, va, causal, mod):
+    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call."""
+    d = kernel_headdim(qa.shape[3])
+    tile = sm90_bwd_tile(d)
+    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod)
+    maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
+            attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
+            attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
+            attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
+    return spec, tile.block_n, maps
+
+
+def _scratch():
+    """This thread's parameter buffer and an argv of two entries: BwdParams at 0, the maps at MAPS_OFFSET."""
+    s = getattr(_tls, "s", None)
+    if s is None:
+        buf = ctypes.create_string_buffer(_MAX_PARAM_BYTES)
+        base = ctypes.addressof(buf)
+        argv = (ctypes.c_void_p * 2)(base, base + MAPS_OFFSET)
+        s = _tls.s = (buf, base, ctypes.addressof(argv), argv)
+    return s
+
+
+def run_plan(plan, dp, qp, kp, vp, op, lp):
+    """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv)."""
+    (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = plan.outs()
+    o_lse, o_delta, o_acc = plan.ws_off
+    key = (qp, kp, vp, dp)
+    mb = plan.encoded.get(key)
+    if mb is None:
+        if len(plan.encoded) >= MAX_MAP_SETS:
+            plan.encoded.clear()
+        m = plan.maps
+        mb = plan.encoded[key] = m[0].encode(qp) + m[1].encode(kp) + m[2].encode(vp) + m[3].encode(dp)
+    buf, base, argv, _ = _scratch()
+    plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *plan.rest)
+    ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
+    plan.launch_packed(stream, argv)
+    return dq, dk, dv

@@ -1,0 +1,255 @@
+"""GPU: the Hopper backward (cuda_src/flash_bwd_sm90.cu, backend="sm90") against the float64 reference with the
+error rule of conftest.py (gradients within 3x torch's own low-precision error): head dims 40-128 (padded ones
+included), fp16 / bf16, causal and not, ragged tails and seqlen_q != seqlen_k both ways (rows that see no key:
+zero gradients, no NaN), GQA / MQA, the three dQ strategies (atomic bulk reductions; "ordered": the same in KV-tile
+order, and seqpar bulk stores, both bitwise reproducible), the score modifiers, strided views, the automatic choice (autograd takes it on sm90), the memoized
+maps under changing pointers, the caller's stream and CUDA-graph capture. The same cases on the mma.sync kernels
+are test_flash_bwd.py's and test_score_mods.py's. Skipped off compute capability 9.0."""
+import numpy as np
+import pytest
+
+import cuflash
+from cuflash import _bwd_sm90, _fwd_sm90, backward as bwd_mod, reference
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if _fwd_sm90.device_cc(0) != 90:
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU")
+
+
+def lowp_grads(q, k, v, dout, scale, causal, window=(-1, -1), cap=0.0, alibi=None):
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    torch_attention_lowp(qq, kk, vv, scale, causal, window, cap, alibi).backward(dout)
+    return qq.grad, kk.grad, vv.grad
+
+
+def check(b, sq, sk, h, hk, d, dtype, causal, dq_strategy=None, deterministic=False, window=(-1, -1), cap=0.0,
+          alibi=None, q_scale=1.0, views=None):
+    """flash_attn_backward(backend="sm90") of a fresh random problem (views: (q, k, v) to use instead)."""
+    import torch
+
+    if views is None:
+        q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=q_scale)
+    else:
+        q, k, v = views
+    scale = d ** -0.5
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap,
+                                          alibi_slopes=alibi, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy=dq_strategy,
+                                        deterministic=deterministic, window_size=window, softcap=cap,
+                                        alibi_slopes=alibi, backend="sm90")
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), scale, causal, window, cap,
+                                       None if alibi is None else alibi.double().cpu().numpy())
+    lowp = lowp_grads(q, k, v, dout, scale, causal, window, cap, alibi)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), grads, lowp, ref):
+        assert ours.shape == lp.shape and ours.dtype == lp.dtype
+        assert not torch.isnan(ours).any(), name
+        assert_close_to_ref(f"{name} (sm90, {dq_strategy})", ours, lp, r, factor=3.0)
+    return (q, k, v, out, lse, dout), grads
+
+
+# Ragged tails (no multiple of 64 or 128), one row, seqlen_q > seqlen_k (causal: the first rows see no key) and
+# seqlen_q < seqlen_k, a problem exactly one tile, several KV and Q tiles.
+SHAPES = [(1, 1), (17, 300), (300, 17), (128, 128), (257, 257), (1000, 700), (640, 1300)]
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", SHAPES)
+def test_matches_reference(dtype, d, causal, sq, sk):
+    check(2, sq, sk, 2, 2, d, dtype, causal)
+
+
+@pytest.mark.parametrize("d", [40, 48, 72, 80, 104, 120])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims(d, causal):
+    """Head dims below the compiled one: TMA zero-fills the columns past d, the stores skip them."""
+    check(2, 333, 517, 4, 2, d, "bfloat16" if d % 16 else "float16", causal)
+
+
+@pytest.mark.parametrize("h,hk", [(8, 2), (8, 1), (6, 3)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(h, hk, d, causal):
+    """A block loops over the query heads of its KV head: dK, dV summed in registers, no atomics."""
+    check(2, 300, 451, h, hk, d, "float16", causal)
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "ordered", "seqpar"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_dq_strategies(dq_strategy, causal, d):
+    check(2, 700, 1100, 4, 2, d, "bfloat16", causal, dq_strategy=dq_strategy,
+          deterministic=dq_strategy != "atomic")
+
+
+@pytest.mark.parametrize("dq_strategy", [None, "ordered", "seqpar"])  # None: deterministic's default, "ordered"
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_is_bitwise(dq_strategy, d, causal):
+    """The deterministic strategies repeat bitwise: "ordered" adds each Q tile's dQ partials in KV-tile order,
+    "seqpar" stores each once and sums them in a fixed order (many KV tiles per Q tile and heads per KV head, so
+    that the order matters)."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(2, 513, 2100, 8, 2, d, "float16", causal, dq_strategy=dq_strategy,
+                                             deterministic=True)
+    for _ in range(3):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
+                                            dq_strategy=dq_strategy, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_ordered_is_refused_where_it_cannot_run():
+    import torch
+
+    q, k, v = torch_inputs((1, 200, 2, 64), (1, 200, 2, 64), "float16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, window_size=(50, 0), return_attn_probs=True)
+    dout = torch.randn_like(out)
+    with pytest.raises(ValueError, match="ordered"):
+        cuflash.flash_attn_backward(dout, q, k, v, out, lse, window_size=(50, 0), dq_strategy="ordered")
+    with pytest.raises(ValueError, match="ordered"):
+        cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy="ordered", backend="sm80")
+    # with the modifiers, deterministic=True takes seqpar (bitwise too)
+    a = cuflash.flash_attn_backward(dout, q, k, v, out, lse, window_size=(50, 0), deterministic=True)
+    b = cuflash.flash_attn_backward(dout, q, k, v, out, lse, window_size=(50, 0), deterministic=True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_long_sequences_wrap_the_stage_ring():
+    """Many Q tiles per block (the Q / dO stages and the two dS^T buffers reused many times) and many KV tiles."""
+    check(1, 4096, 4096, 2, 1, 128, "bfloat16", True)
+    check(1, 3000, 5000, 2, 2, 64, "float16", False)
+
+
+OPTIONS = [((-1, -1), 0.0, None, False), ((100, 0), 0.0, None, False), ((64, 64), 0.0, None, False),
+           ((-1, -1), 8.0, None, False), ((-1, -1), 0.0, "h", True), ((50, -1), 5.0, "bh", False)]
+
+
+@pytest.mark.parametrize("window,cap,akind,causal", OPTIONS)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq,sk", [(300, 517), (517, 300)])
+def test_score_modifiers(window, cap, akind, causal, d, sq, sk):
+    """The MOD_SCORE kernel: window bands (tiles outside skipped, edges masked), soft-cap (its derivative in dS),
+    ALiBi (per query head of a KV head)."""
+    import torch
+
+    b, h = 2, 4
+    alibi = None
+    if akind is not None:
+        shape = (h,) if akind == "h" else (b, h)
+        alibi = torch.rand(shape, device="cuda", dtype=torch.float32) * 0.5
+    check(b, sq, sk, h, 2, d, "float16", causal, window=window, cap=cap, alibi=alibi, q_scale=3.0 if cap else 1.0)
+
+
+def test_strided_views():
+    """q, k, v as column slices of wider tensors (row strides of whole 16-byte units): read in place by TMA."""
+    import torch
+
+    big = torch.randn(2, 300, 4, 3 * 96, device="cuda", dtype=torch.float16)
+    q, k, v = big[..., :80], big[..., 96:176], big[..., 192:272]
+    qa, ka, va = (cuflash._interop.wrap(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    assert _bwd_sm90.ineligible(qa, qa, ka, va) is None
+    check(0, 0, 0, 0, 0, 80, "float16", True, views=(q, k, v))
+
+
+def test_autograd_takes_sm90_and_matches_the_explicit_call():
+    """Under autograd on sm90 the backward is the Hopper one: bitwise the explicit deterministic call."""
+    import torch
+
+    q, k, v = torch_inputs((2, 400, 8, 128), (2, 600, 2, 128), "bfloat16", requires_grad=True)
+    bwd_mod._PLANS.clear()
+    out = cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    _, lse, _ = cuflash.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True, return_attn_probs=True)
+    dq, dk, dv = cuflash.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse,
+                                             causal=True, deterministic=True, backend="sm90")
+    assert torch.equal(q.grad, dq) and torch.equal(k.grad, dk) and torch.equal(v.grad, dv)
+    # backend="sm80" keeps the mma.sync backward (its own rounding: close, not bitwise)
+    q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    cuflash.flash_attn_func(q2, k2, v2, causal=True, backend="sm80").backward(dout)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), 128 ** -0.5, True)
+    lowp = lowp_grads(q, k, v, dout, 128 ** -0.5, True)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), (q2.grad, k2.grad, v2.grad), lowp, ref):
+        assert_close_to_ref(name + " sm80", ours, lp, r, factor=3.0)
+
+
+def test_auto_plan_is_sm90():
+    import torch
+
+    q, k, v = torch_inputs((1, 256, 4, 64), (1, 256, 4, 64), "float16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    bwd_mod._PLANS.clear()
+    cuflash.flash_attn_backward(dout, q, k, v, out, lse)
+    assert [p.backend for p in bwd_mod._PLANS.values()] == ["sm90"]
+    cuflash.flash_attn_backward(dout, q, k, v, out, lse, backend="sm80")
+    assert sorted(p.backend for p in bwd_mod._PLANS.values()) == ["sm80", "sm90"]
+
+
+def test_changing_pointers_reencode_the_maps():
+    """More distinct pointer sets than a plan keeps maps for, in one memoized shape, twice over."""
+    import torch
+
+    cases = []
+    for _ in range(_bwd_sm90.MAX_MAP_SETS + 3):
+        q, k, v = torch_inputs((1, 200, 2, 64), (1, 333, 2, 64), "float16")
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        cases.append((torch.randn_like(out), q, k, v, out, lse))
+    for _ in range(2):
+        for dout, q, k, v, out, lse in cases:
+            got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, backend="sm90")
+            ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), 64 ** -0.5, True)
+            lowp = lowp_grads(q, k, v, dout, 64 ** -0.5, True)
+            for name, ours, lp, r in zip(("dq", "dk", "dv"), got, lowp, ref):
+                assert_close_to_ref(name, ours, lp, r, factor=3.0)
+
+
+def test_side_stream_and_graph_capture():
+    """The caller's stream, and a captured backward replayed on new inputs copied into the static buffers."""
+    import torch
+
+    def problem():
+        q, k, v = torch_inputs((2, 300, 4, 128), (2, 500, 2, 128), "float16")
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        return [torch.randn_like(out), q, k, v, out, lse]
+
+    def expect(dout, q, k, v, out, lse, got):
+        ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), 128 ** -0.5, True)
+        lowp = lowp_grads(q, k, v, dout, 128 ** -0.5, True)
+        for name, ours, lp, r in zip(("dq", "dk", "dv"), got, lowp, ref):
+            assert_close_to_ref(name, ours, lp, r, factor=3.0)
+
+    static = problem()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = cuflash.flash_attn_backward(*static, causal=True, backend="sm90")
+    torch.cuda.current_stream().wait_stream(s)
+    expect(*static, got)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = cuflash.flash_attn_backward(*static, causal=True, backend="sm90")
+    for _ in range(2):
+        fresh = problem()
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        expect(*fresh, got)
+
+
+def test_no_nan_when_no_row_sees_a_key():
+    """Causal with seqlen_q > seqlen_k: the first 570 rows see no key; their dQ is exactly 0, nothing is NaN."""
+    import torch
+
+    (q, k, v, out, lse, dout), (dq, dk, dv) = check(1, 700, 130, 2, 2, 128, "float16", True)
+    assert torch.count_nonzero(dq[:, : 700 - 130]) == 0
+    assert np.isfinite(to_np(dk)).all() and np.isfinite(to_np(dv)).all()

@@ -410,6 +410,38 @@ def hopper_table(records, section="fwd90"):
     return "\n".join(lines) + "\n"
 
 
+def hopper_bwd_table(records, section="bwd90"):
+    """The Hopper backward: per (dtype, hdim, causal) and seqlen, cuflash sm90 TFLOP/s with the default dQ strategy,
+    then its ratio to cuDNN / to FLASH, and after the semicolon the deterministic "ordered" strategy's ratio to it
+    and the sm80 kernels' ratio to cuDNN (all timed in turn in one run)."""
+    rs = _sec(records, section, mode="bwd")
+    if not rs:
+        return ""
+
+    def key_of(r):
+        if r["provider"] != "cuflash":
+            return r["provider"]
+        return r.get("backend") if r.get("dq_strategy") == "atomic" else r.get("dq_strategy")
+
+    grid = defaultdict(dict)
+    for r in rs:
+        grid[(r["dtype"], r["headdim"], r["causal"])].setdefault(r["seqlen_q"], {})[key_of(r)] = r.get("tflops")
+
+    def cell(p):
+        s9, s8, od, fl, cd = (p.get(k) for k in ("sm90", "sm80", "ordered", "flash", "cudnn"))
+        if s9 is None:
+            return "-"
+        r = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        return f"{s9:.0f} ({r(s9, cd)} / {r(s9, fl)}; {r(od, s9)}, {r(s8, cd)})"
+
+    seqlens = sorted({s for v in grid.values() for s in v})
+    lines = ["| dtype | hdim | causal | " + " | ".join(str(s) for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for k in sorted(grid, key=lambda k: (k[0] != "float16", k[1], k[2])):
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cell(grid[k].get(s, {})) for s in seqlens) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def hopper_ceiling_table(records, section="fwd90"):
     """Each cuflash sm90 point as a fraction of the wgmma ceiling (min-max over seqlen, per dtype/hdim/causal)."""
     rs = [r for r in _sec(records, section, mode="fwd") if r.get("backend") == "sm90" and r.get("wgmma_fraction")]
@@ -592,6 +624,7 @@ README_BLOCKS = {
     "micro": micro_table,
     "fwd90": hopper_table,
     "fwd90_ceiling": hopper_ceiling_table,
+    "bwd90": hopper_bwd_table,
     "micro90": micro90_table,
     "scores": scores_table,
     "dropout": dropout_table,
@@ -763,6 +796,12 @@ def markdown(head, records) -> str:
         parts.append(hopper_ceiling_table(records))
     parts.append(grid_table(records, "fwd", sections=("fwd90",), title="Forward on Hopper, every provider (suite fwd90; "
                             "FA2-grid points and the extra points of the same seqlen share a column)"))
+    b90 = hopper_bwd_table(records)
+    if b90:
+        parts.append("### Backward on Hopper (suite bwd90): cuflash sm90 TFLOP/s, default dQ strategy (sm90 / cuDNN / "
+                     "sm90 / FLASH; deterministic 'ordered' / default, sm80 / cuDNN), timed in turn\n\n" + b90)
+        parts.append(grid_table(records, "bwd", sections=("bwd90",), title="Backward on Hopper, every provider "
+                                "(suite bwd90)"))
     m90 = micro90_table(records)
     if m90:
         parts.append("### Hopper microbenchmarks (suite micro90)\n\n" + m90)

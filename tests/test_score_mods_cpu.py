@@ -98,6 +98,9 @@ lse = T((2, 8, 100), torch.float32)
 recs, _ = launches(lambda: cuflash.flash_attn_backward(do, q, k, v, o, lse, causal=True, window_size=(16, 3),
                                                        softcap=30.0, alibi_slopes=al))
 out["bwd"] = [[r[0] for r in recs], fields(recs[1], BWD_PARAMS)]
+recs, _ = launches(lambda: cuflash.flash_attn_backward(do, q, k, v, o, lse, causal=True, window_size=(16, 3),
+                                                       softcap=30.0, alibi_slopes=al, backend="sm80"))
+out["bwd_sm80"] = [[r[0] for r in recs], fields(recs[1], BWD_PARAMS)]
 kc, vc = T((2, 500, 4, 64), torch.float16), T((2, 500, 4, 64), torch.float16)
 q1 = T((2, 1, 8, 64), torch.float16)
 recs, _ = launches(lambda: cuflash.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=T((2,), torch.int32),
@@ -130,9 +133,12 @@ def test_forward_launches_the_score_kernels(stood_in):
     assert f["scale_log2"] == pytest.approx(64 ** -0.5 * LOG2E) and (f["window_left"], f["window_right"]) == (8, 8)
 
 
-def test_backward_launches_the_score_kernels(stood_in):
-    names, f = stood_in["bwd"]
-    assert "flash_bwd_kernel<" in names[1] and names[1].endswith(", 1>")
+@pytest.mark.parametrize("which,main", [("bwd", "flash_bwd_sm90_kernel<"), ("bwd_sm80", "flash_bwd_kernel<")])
+def test_backward_launches_the_score_kernels(stood_in, which, main):
+    """The score-modifier (MOD_SCORE) backward kernels: the Hopper one by default on the compute capability 9.0
+    stand-in, the mma.sync one with backend="sm80"; the convert kernel of the same mode, the modifier fields."""
+    names, f = stood_in[which]
+    assert main in names[1] and names[1].endswith(", 1>")
     assert "flash_bwd_convert_dq_kernel<" in names[2] and names[2].endswith(", 1>")
     assert (f["window_left"], f["window_right"]) == (16, 0) and f["scale_log2"] == pytest.approx(30 * LOG2E)
     assert f["softmax_scale"] == pytest.approx(64 ** -0.5) and f["alibi_slopes"] != 0

@@ -54,7 +54,6 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
     import torch
 
     import cuflash
-    from cuflash import _fwd_sm90
     from cuflash._configs import SM90_BWD_HEADDIMS, kernel_headdim
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
@@ -79,11 +78,10 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                         if strat != "atomic" and bk != backends[0]:
                             continue  # the other strategies on the first backend only
                         name = strat if len(backends) == 1 else f"{strat}-{bk}"
-                        # the forward on the same path (its backward follows: cuflash.backward.bwd_backend)
-                        fwd_bk = bk if bk == "sm80" or kernel_headdim(d) in _fwd_sm90.SM90_HEADDIMS else "auto"
+                        # the forward on the same path (its backward follows: cuflash.backward.bwd_backend;
+                        # the sm90 backward's head dims all have an sm90 forward)
                         out = cuflash.flash_attn_func(q, k, v, causal=causal, dq_strategy=strat,
-                                                      deterministic=strat in ("seqpar", "ordered"),
-                                                      backend=fwd_bk)
+                                                      deterministic=strat in ("seqpar", "ordered"), backend=bk)
                         fns[name] = _grad_fn(out, (q, k, v), dout)
                         paths[name] = (strat, bk)
                 for prov in providers:

@@ -8,27 +8,24 @@ tile (both select sm80 kernels), empty sequences, and views whose base or stride
 
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
-maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector (the preprocess and
-convert kernels read only the first). A plan keeps the encoded maps of recent pointer sets.
+maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector, the forward's
+(cuflash._fwd_sm90._scratch; the preprocess and convert kernels read only the first entry). A plan keeps the
+encoded maps of recent pointer sets (cuflash._fwd_sm90.memo_args).
 """
 from __future__ import annotations
 
 import ctypes
-import threading
 
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_spec, sm90_bwd_tile
-from ._fwd_sm90 import device_cc
+from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
 from ._params import BWD_PARAMS
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
-MAPS_OFFSET = 512  # byte offset of Sm90BwdMaps in the parameter buffer (64-byte aligned, past BwdParams)
-ARGS_BYTES = 4 * MAP_BYTES  # the maps of q, k, v, dout
-MAX_MAP_SETS = 8
+# Sm90BwdMaps (q, k, v, dout) at the forward's offset in the same per-thread parameter buffer (_fwd_sm90._scratch)
+ARGS_BYTES = 4 * MAP_BYTES
 assert BWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
-
-_tls = threading.local()
 
 
 def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_partition="auto",
@@ -84,28 +81,11 @@ def main_launch(da, qa, ka, va, causal, mod):
     return spec, tile.block_n, maps
 
 
-def _scratch():
-    """This thread's parameter buffer and an argv of two entries: BwdParams at 0, the maps at MAPS_OFFSET."""
-    s = getattr(_tls, "s", None)
-    if s is None:
-        buf = ctypes.create_string_buffer(_MAX_PARAM_BYTES)
-        base = ctypes.addressof(buf)
-        argv = (ctypes.c_void_p * 2)(base, base + MAPS_OFFSET)
-        s = _tls.s = (buf, base, ctypes.addressof(argv), argv)
-    return s
-
-
 def run_plan(plan, dp, qp, kp, vp, op, lp):
     """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv)."""
     (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = plan.outs()
     o_lse, o_delta, o_acc = plan.ws_off
-    key = (qp, kp, vp, dp)
-    mb = plan.encoded.get(key)
-    if mb is None:
-        if len(plan.encoded) >= MAX_MAP_SETS:
-            plan.encoded.clear()
-        m = plan.maps
-        mb = plan.encoded[key] = m[0].encode(qp) + m[1].encode(kp) + m[2].encode(vp) + m[3].encode(dp)
+    mb = memo_args(plan.encoded, plan.maps, (qp, kp, vp, dp))
     buf, base, argv, _ = _scratch()
     plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *plan.rest)
     ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)

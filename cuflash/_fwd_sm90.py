@@ -117,14 +117,26 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     return lau, grid, fields, maps
 
 
-def encode_args(maps, qp: int, kp: int, vp: int) -> bytes:
-    """Sm90FwdMaps' bytes: the three maps at these base addresses."""
-    return maps[0].encode(qp) + maps[1].encode(kp) + maps[2].encode(vp)
+def encode_args(maps, *ptrs: int) -> bytes:
+    """The maps' bytes at these base addresses, in order (Sm90FwdMaps: q, k, v; the backward's Sm90BwdMaps: q, k,
+    v, dout)."""
+    return b"".join(m.encode(ptr) for m, ptr in zip(maps, ptrs))
+
+
+def memo_args(encoded: dict, maps, ptrs: tuple) -> bytes:
+    """encode_args of a plan's maps at `ptrs`, from the plan's dict of recent pointer sets (at most MAX_MAP_SETS:
+    a repeated call encodes nothing)."""
+    mb = encoded.get(ptrs)
+    if mb is None:
+        if len(encoded) >= MAX_MAP_SETS:
+            encoded.clear()
+        mb = encoded[ptrs] = encode_args(maps, *ptrs)
+    return mb
 
 
 def _scratch():
-    """This thread's parameter buffer and an argv of two entries: the FwdParams block at 0, the maps at
-    MAPS_OFFSET."""
+    """This thread's parameter buffer and an argv of two entries: the parameter block (FwdParams, or the
+    backward's BwdParams) at 0, the maps at MAPS_OFFSET."""
     s = getattr(_tls, "s", None)
     if s is None:
         buf = ctypes.create_string_buffer(_MAX_PARAM_BYTES)
@@ -171,12 +183,7 @@ class Sm90Plan(HostPlan):
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
-        key = (qp, kp, vp)
-        mb = self.encoded.get(key)
-        if mb is None:
-            if len(self.encoded) >= MAX_MAP_SETS:
-                self.encoded.clear()
-            mb = self.encoded[key] = encode_args(self.maps, qp, kp, vp)
+        mb = memo_args(self.encoded, self.maps, (qp, kp, vp))
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
         ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)

@@ -27,7 +27,8 @@ def variants(d, causal):
         out += [(Sm90FwdTile(128, 3, 3, 160, 24), "auto"), (Sm90FwdTile(64, 3, 2, 160, 24), "auto"),
                 (Sm90FwdTile(128, 2), "auto"), (Sm90FwdTile(176, 2), "auto")]
     if d == 128:
-        out += [(Sm90FwdTile(176, 2), "auto"), (replace(base, stages=3), "auto")]
+        out += [(Sm90FwdTile(176, 2), "auto"), (replace(base, stages=3), "auto"), (Sm90FwdTile(64, 2), "auto"),
+                (Sm90FwdTile(64, 2, 3), "auto")]
     return [(label(t, go), t, go) for t, go in out]
 
 

@@ -21,24 +21,46 @@ GRAPH_CALLS = 20
 MAX_SMEM = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
 
 
+def capture_graph(fn, calls=GRAPH_CALLS):
+    """`calls` calls of fn captured in one CUDA graph (after one warm-up call outside the capture: compilation,
+    plans); raises what the capture raises."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def grid_cases(kv_heads, batches, cache_lens, d, max_kv_bytes, time_limit_s):
+    """(hk, b, s, kv_bytes, late) of the decoding grid in order of KV heads, batch, cache length, leaving out the
+    cases of more than max_kv_bytes of K/V; late: `time_limit_s` seconds have passed since the first case."""
+    import time
+
+    t_start = time.perf_counter()
+    for hk in kv_heads:
+        for b in batches:
+            for s in cache_lens:
+                kv_bytes = 2 * b * s * hk * d * 2
+                if kv_bytes <= max_kv_bytes:
+                    yield hk, b, s, kv_bytes, time.perf_counter() - t_start > time_limit_s
+
+
 def graph_us(fn, calls=GRAPH_CALLS, event_ms=None):
     """GPU microseconds per call: `calls` calls of fn captured in one CUDA graph, median replay time / calls.
     None if the call cannot be captured. Calls taking over a millisecond (host overhead irrelevant) are
     captured 2 at a time to keep the section short."""
-    import torch
-
     if event_ms is not None and event_ms > 1.0:
         calls = 2
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm-up outside the capture (compilation, plans)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(calls):
-                fn()
+        g = capture_graph(fn, calls)
         ms = time_ms(g.replay, warmup=2, rep=10, min_warmup_ms=5.0)
         del g
         return ms * 1e3 / calls
@@ -75,8 +97,6 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
            time_limit_s=240.0):
     """Every case of the decoding grid, in order of kv_heads, batch, cache length; cases left when `time_limit_s`
     seconds have passed are recorded as skipped (the small-step latency case runs first)."""
-    import time
-
     import torch
 
     import cuflash
@@ -85,83 +105,77 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
     ceilings = measure_ceilings()
     bw, read_bw = ceilings[0]["tb_per_s"] * 1e12, read_bandwidth(ceilings)
     recs = decode_latency(d=d)
-    t_start = time.perf_counter()
-    for hk in kv_heads:
-        for b in batches:
-            for s in cache_lens:
-                kv_bytes = 2 * b * s * hk * d * 2
-                if kv_bytes > MAX_KV_BYTES:
-                    continue
-                if time.perf_counter() - t_start > time_limit_s:
-                    print(f"decode hk={hk} b={b} s={s}: skipped (the section's time limit of {time_limit_s:.0f} s reached)")
-                    recs.append(record("cuflash", "skipped", "decode", "float16", b, h, 1, s, d, False, None,
-                                       heads_k=hk, kv_bytes=kv_bytes, skipped=True))
-                    continue
-                q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
-                read_us = kv_bytes / read_bw * 1e6 if read_bw else None
-                common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us, read_floor_us=read_us)
+    for hk, b, s, kv_bytes, late in grid_cases(kv_heads, batches, cache_lens, d, MAX_KV_BYTES, time_limit_s):
+        if late:
+            print(f"decode hk={hk} b={b} s={s}: skipped (the section's time limit of {time_limit_s:.0f} s reached)")
+            recs.append(record("cuflash", "skipped", "decode", "float16", b, h, 1, s, d, False, None,
+                               heads_k=hk, kv_bytes=kv_bytes, skipped=True))
+            continue
+        q, kc, vc, seqlens, kv_bytes, floor_us = _cache_case(b, s, hk, h, d, bw)
+        read_us = kv_bytes / read_bw * 1e6 if read_bw else None
+        common = dict(heads_k=hk, kv_bytes=kv_bytes, floor_us=floor_us, read_floor_us=read_us)
 
-                def fractions(us, gus):
-                    return dict(read_fraction=read_us / us if read_us and us else None,
-                                graph_read_fraction=read_us / gus if read_us and gus else None)
+        def fractions(us, gus):
+            return dict(read_fraction=read_us / us if read_us and us else None,
+                        graph_read_fraction=read_us / gus if read_us and gus else None)
 
-                auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
-                for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
-                                               ("decode-unsplit", "decode", 1, 1),
-                                               ("fwd_split-split", "fwd_split", 0, _old_splits(b, h, hk, s, d))):
-                    def fn(ns=ns, kernel=kernel):
-                        return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
-                                                               kernel=kernel)
+        auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
+        for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
+                                       ("decode-unsplit", "decode", 1, 1),
+                                       ("fwd_split-split", "fwd_split", 0, _old_splits(b, h, hk, s, d))):
+            def fn(ns=ns, kernel=kernel):
+                return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
+                                                       kernel=kernel)
 
-                    ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
-                    gus = graph_us(fn, event_ms=ms)
-                    recs.append(record("cuflash", name, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
-                                       graph_us=gus, kernel=kernel, num_splits=used,
-                                       bw_fraction=floor_us / (ms * 1e3),
-                                       graph_bw_fraction=floor_us / gus if gus else None,
-                                       **fractions(ms * 1e3, gus), **common))
-                qt = q.transpose(1, 2)
-                expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
-                if expand:
-                    kt = kc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else kc.transpose(1, 2)
-                    vt = vc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else vc.transpose(1, 2)
-                    kt, vt = kt.contiguous(), vt.contiguous()
-                else:
-                    kt = vt = None
-                for prov in SDPA_PROVIDERS:
-                    fn = sdpa(prov)
-                    ms = gus = None
-                    # FLASH and cuDNN take GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so they
-                    # get the caches as they are (cuDNN falls back to expanded heads if it refuses); the other
-                    # backends get them expanded to h heads (when that fits).
-                    native = prov in ("flash", "cudnn") and h > hk
-                    args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
-                    try:
-                        try:
-                            if expand or native:
-                                ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
-                        except RuntimeError:
-                            if not (native and prov == "cudnn" and expand):
-                                raise
-                            native, args = False, (qt, kt, vt)
-                            ms = time_ms(lambda: fn(*args, enable_gqa=False), rep=10, min_warmup_ms=5.0)
-                        if ms is not None:  # (None where the capture is refused)
-                            gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
-                    except RuntimeError as e:
-                        print(f"sdpa {prov} decode failed: {e}")
-                    recs.append(record(prov, "sdpa-enable-gqa" if native else "sdpa", "decode", "float16", b, h, 1, s,
-                                       d, False, ms,
-                                       us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
-                                       bw_fraction=floor_us / (ms * 1e3) if ms else None,
-                                       graph_bw_fraction=floor_us / gus if gus else None,
-                                       **fractions(ms * 1e3 if ms else None, gus), **common))
-                r = recs[-6:]
-                print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
-                    f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="
-                    f"{x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in r))
-                del kc, vc, q, kt, vt, args
-                gc.collect()
-                torch.cuda.empty_cache()
+            ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
+            gus = graph_us(fn, event_ms=ms)
+            recs.append(record("cuflash", name, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
+                               graph_us=gus, kernel=kernel, num_splits=used,
+                               bw_fraction=floor_us / (ms * 1e3),
+                               graph_bw_fraction=floor_us / gus if gus else None,
+                               **fractions(ms * 1e3, gus), **common))
+        qt = q.transpose(1, 2)
+        expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
+        if expand:
+            kt = kc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else kc.transpose(1, 2)
+            vt = vc.transpose(1, 2).repeat_interleave(h // hk, 1) if h > hk else vc.transpose(1, 2)
+            kt, vt = kt.contiguous(), vt.contiguous()
+        else:
+            kt = vt = None
+        for prov in SDPA_PROVIDERS:
+            fn = sdpa(prov)
+            ms = gus = None
+            # FLASH and cuDNN take GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so they
+            # get the caches as they are (cuDNN falls back to expanded heads if it refuses); the other
+            # backends get them expanded to h heads (when that fits).
+            native = prov in ("flash", "cudnn") and h > hk
+            args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
+            try:
+                try:
+                    if expand or native:
+                        ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
+                except RuntimeError:
+                    if not (native and prov == "cudnn" and expand):
+                        raise
+                    native, args = False, (qt, kt, vt)
+                    ms = time_ms(lambda: fn(*args, enable_gqa=False), rep=10, min_warmup_ms=5.0)
+                if ms is not None:  # (None where the capture is refused)
+                    gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
+            except RuntimeError as e:
+                print(f"sdpa {prov} decode failed: {e}")
+            recs.append(record(prov, "sdpa-enable-gqa" if native else "sdpa", "decode", "float16", b, h, 1, s,
+                               d, False, ms,
+                               us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
+                               bw_fraction=floor_us / (ms * 1e3) if ms else None,
+                               graph_bw_fraction=floor_us / gus if gus else None,
+                               **fractions(ms * 1e3 if ms else None, gus), **common))
+        r = recs[-6:]
+        print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
+            f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="
+            f"{x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in r))
+        del kc, vc, q, kt, vt, args
+        gc.collect()
+        torch.cuda.empty_cache()
     return recs
 
 

@@ -192,20 +192,10 @@ def bwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
 
 def _graph(fn, calls=GRAPH_CALLS):
     """A CUDA graph of `calls` calls of fn, or None when the call cannot be captured."""
-    import torch
+    from .bench_decode import capture_graph
 
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(calls):
-                fn()
-        torch.cuda.synchronize()
-        return g
+        return capture_graph(fn, calls)
     except Exception as e:  # noqa: BLE001
         print(f"graph capture failed: {type(e).__name__}: {e}")
         return None

@@ -23,15 +23,16 @@
 //                O = sum_w c_w O_w / L,   LSE = (M + log2 L) * ln 2
 //              then either the fp32 partial of the split (o_accum [split, b, h, sq, d], lse_accum
 //              [split, b, h, sq]: exactly flash_fwd_kernel<SPLIT=true>'s format, combined by
-//              flash_combine_kernel) or, when p.o_accum is null (one split), O in the input dtype and
-//              the LSE straight into p.o / p.lse (no combine launch).
+//              flash_decode_combine_kernel at the end of this file, or by flash_combine_kernel for comparison)
+//              or, when p.o_accum is null (one split), O in the input dtype and the LSE straight into
+//              p.o / p.lse (no combine launch).
 //
 // Split ranges. A block's keys are [0, kv_len), kv_len = seqlen_k (ragged: min(seqlens_k[b] +
 // seqlen_k_new, seqlen_k)), causal: min(last valid row of the block + 1 + seqlen_k - seqlen_q,
 // seqlen_k). Its NT = ceil(kv_len / BLOCK_N) warp tiles are cut into num_splits ranges of
 // NWARPS * ceil(NT / (num_splits * NWARPS)) tiles (whole rounds of the warps, so all but the last
 // split keep every warp equally busy). A split with no tile (past the end, empty cache) writes
-// lse = -inf and o = 0; a row that sees no key (all masked) ends with m = -inf, l = 0 and gets o = 0,
+// lse = -inf (and o = 0 when it writes the output directly); a row that sees no key (all masked) ends with m = -inf, l = 0 and gets o = 0,
 // lse = -inf (the base-2 exponent uses 0 in place of an -inf max, so no inf - inf = NaN anywhere).
 //
 // KV-cache indirections (flash-attn's flash_attn_with_kvcache; FwdParams' KV-cache fields, null when absent):
@@ -275,14 +276,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
                            (int64_t)m0 * p.o_row_stride
                      : nullptr;
 
-  if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf, o = 0
-    for (int i = tid; i < valid_rows * (D / 4); i += NT) {
-      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-      if (direct && c < (int)p.head_dim)
-        *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
-      else if (!direct)
-        *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+  if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's
+    // o is not written: both combines skip the o of a split whose lse is -inf, so an empty split costs no o traffic)
+    if (direct)
+      for (int i = tid; i < valid_rows * (D / 4); i += NT) {
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+        if (c < (int)p.head_dim) *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
+      }
     if (lse_row0 && tid < valid_rows) lse_row0[tid] = -INFINITY;
     return;
   }
@@ -460,6 +460,124 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
     }
   }
+}
+
+// ---- Split-KV combine of the decode kernel's partials (flash_decode_combine_kernel).
+//
+//   out = sum_s w_s o_s,  w_s = exp(lse_s - lse),  lse = log sum_s exp(lse_s)   (lse_s natural log, o_s normalised)
+//
+// flash_combine_kernel (cuda_src/flash_fwd.cu: one warp per row, the splits walked one at a time, each step a load
+// of lse_s, a branch on it and the loads of o_s) costs about one L2 round trip per split: with 64-122 splits that
+// was most of a small decoding step's time (bench/NOTES.md, "Decode"). Here every load that can be in flight is:
+//   grid    one block per output row (batch, head, query row as the decode kernel sees them: a folded GQA group's
+//           rows are rows), rows = batch x nheads x seqlen_q of the parameter block
+//   block   SG = 8 split groups x D / 4 column groups (4 fp32 columns, one float4, per thread): 2 x D threads
+//   1. the LSE of every split, one (or two, D = 32) per thread, all loads independent; block max and block sum
+//      (warp shuffles, then one float per warp through shared memory); the weights w_s = e_s / sum -> smem
+//   2. thread (sg, cg) sums w_s o_s[cg] over the splits s = sg, sg + SG, ... (at most DECODE_MAX_SPLITS / SG = 16):
+//      all its float4 loads issued before the first is used (one round trip, not n); a split of weight 0 (no key,
+//      or negligible) is not loaded (its o may be unwritten: the decode kernel writes no o for an empty split)
+//   3. the SG partial sums of a column group through shared memory; split group 0 writes O in the input dtype
+//      (columns below head_dim) and thread 0 the LSE (-inf and O = 0 when no split saw a key: every w_s = 0)
+// Reads the parameter block of the decode launch: batch, nheads, seqlen_q, num_splits (<= DECODE_MAX_SPLITS, the
+// host's MAX_SPLITS), o_accum, lse_accum, o, lse, the o strides and head_dim.
+constexpr int DECODE_MAX_SPLITS = 128;
+constexpr int COMBINE_SPLIT_GROUPS = 8;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_combine_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int CG = D / 4;                   // column groups (one float4 each)
+  constexpr int SG = COMBINE_SPLIT_GROUPS;   // split groups
+  constexpr int NT = SG * CG;
+  constexpr int NW = NT / 32;
+  constexpr int PER_THREAD = (DECODE_MAX_SPLITS + NT - 1) / NT;  // LSE loads per thread
+  constexpr int PER_GROUP = DECODE_MAX_SPLITS / SG;              // o loads per thread
+  static_assert(D % 4 == 0 && NT % 32 == 0 && DECODE_MAX_SPLITS % SG == 0, "combine shapes");
+  __shared__ float w_smem[DECODE_MAX_SPLITS];                     // w_s
+  __shared__ float max_smem[NW], sum_smem[NW];                    // per-warp max / sum
+  __shared__ __align__(16) float acc_smem[SG - 1][D];            // split groups 1.. : their partial sums
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t rows = p.batch * p.nheads * p.seqlen_q;
+  const int64_t row = blockIdx.x;
+  const int n = (int)p.num_splits;
+
+  // 1. LSEs -> weights.
+  float lse_s[PER_THREAD], mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    const int s = tid + j * NT;
+    lse_s[j] = s < n ? p.lse_accum[s * rows + row] : -INFINITY;
+    mx = fmaxf(mx, lse_s[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) max_smem[warp] = mx;
+  __syncthreads();  // max_smem complete
+#pragma unroll
+  for (int w = 0; w < NW; ++w) mx = fmaxf(mx, max_smem[w]);
+  const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = exp(-inf) = 0, no inf - inf
+  float e[PER_THREAD], sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    e[j] = __expf(lse_s[j] - base);
+    sum += e[j];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) sum_smem[warp] = sum;
+  __syncthreads();  // sum_smem complete
+  sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) sum += sum_smem[w];
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    const int s = tid + j * NT;
+    if (s < n) w_smem[s] = e[j] * inv_sum;  // exp(lse_s - lse)
+  }
+  __syncthreads();  // w_smem complete
+
+  // 2. This thread's splits, every load issued before the first use.
+  const int cg = tid % CG, sg = tid / CG;
+  const float* o_col = p.o_accum + row * D + cg * 4;
+  const int64_t split_stride = rows * D;
+  float wt[PER_GROUP];
+  float4 x[PER_GROUP];
+#pragma unroll
+  for (int j = 0; j < PER_GROUP; ++j) {
+    const int s = sg + j * SG;
+    wt[j] = s < n ? w_smem[s] : 0.f;
+    x[j] = wt[j] != 0.f ? *reinterpret_cast<const float4*>(o_col + s * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int j = 0; j < PER_GROUP; ++j) {
+    acc.x += wt[j] * x[j].x;
+    acc.y += wt[j] * x[j].y;
+    acc.z += wt[j] * x[j].z;
+    acc.w += wt[j] * x[j].w;
+  }
+
+  // 3. Sum the split groups; write O and the LSE.
+  if (sg > 0) *reinterpret_cast<float4*>(&acc_smem[sg - 1][cg * 4]) = acc;
+  __syncthreads();  // acc_smem complete
+  if (sg == 0) {
+#pragma unroll
+    for (int g = 0; g < SG - 1; ++g) {
+      const float4 y = *reinterpret_cast<const float4*>(&acc_smem[g][cg * 4]);
+      acc.x += y.x;
+      acc.y += y.y;
+      acc.z += y.z;
+      acc.w += y.w;
+    }
+    const int64_t i = row % p.seqlen_q, bh = row / p.seqlen_q;
+    const int64_t h = bh % p.nheads, b = bh / p.nheads;
+    T* o = reinterpret_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+    if (cg * 4 < (int)p.head_dim)
+      *reinterpret_cast<uint2*>(o + cg * 4) = make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
+  }
+  if (p.lse && tid == 0) p.lse[row] = sum > 0.f ? base + __logf(sum) : -INFINITY;
 }
 
 }  // namespace cuflash

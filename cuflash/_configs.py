@@ -382,8 +382,21 @@ COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
 
 
 def combine_spec(dtype: str, headdim: int) -> KernelSpec:
+    """The split-KV forward's combine (cuda_src/flash_fwd.cu): one warp per output row walking the splits."""
     return KernelSpec("flash_fwd.cu", f"cuflash::flash_combine_kernel<{CTYPE[dtype]}, {headdim}>",
                       32 * COMBINE_ROWS_PER_BLOCK, 0)
+
+
+# The decode kernel's combine (cuda_src/flash_decode.cu: flash_decode_combine_kernel): one block per output row,
+# COMBINE_SPLIT_GROUPS groups of splits x headdim / 4 column groups; at most DECODE_MAX_SPLITS splits (the kernel's
+# shared weights and unrolled loads; the host's decode.MAX_SPLITS).
+COMBINE_SPLIT_GROUPS = 8
+DECODE_MAX_SPLITS = 128
+
+
+def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
+    return KernelSpec("flash_decode.cu", f"cuflash::flash_decode_combine_kernel<{CTYPE[dtype]}, {headdim}>",
+                      COMBINE_SPLIT_GROUPS * headdim // 4, 0)
 
 
 APPEND_THREADS = 256
@@ -769,7 +782,7 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:
-                out += [combine_spec(dt, d), append_spec(dt)]
+                out += [combine_spec(dt, d), decode_combine_spec(dt, d), append_spec(dt)]
             if varlen:
                 out.append(gather_spec(dt))
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
@@ -801,6 +814,7 @@ def all_specs():
                 specs.append(fwd_spec(dt, d, causal, split=True, mod=m))
             specs.append(fwd_spec(dt, d, False, split=False, mod=MOD_SCORE_DROPOUT))
             specs.append(combine_spec(dt, d))
+            specs.append(decode_combine_spec(dt, d))
             specs.append(append_spec(dt))
             specs.append(gather_spec(dt))
             specs.append(bwd_preprocess_spec(dt, d))

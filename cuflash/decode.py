@@ -9,7 +9,9 @@ Two kernels (keyword `kernel`):
 * "decode" (default): cuda_src/flash_decode.cu, built for 1..32 query rows per (batch, KV head): every
   warp holds all rows and streams its own keys through a private cp.async ring (no block barrier in the
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
-  directly (one launch); more write fp32 partials for flash_combine_kernel.
+  directly (one launch); more write fp32 partials for flash_decode_combine_kernel (one block per output row,
+  every split's loads in flight at once; `plan_for(..., combine="warp")` takes the split-KV forward's
+  flash_combine_kernel instead, for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -29,8 +31,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
-from ._configs import (DecodeTile, append_spec, combine_spec, decode_mf, decode_spec, decode_tile, fwd_smem_bytes,
-                       kernel_headdim, split_tile)
+from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
+                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
@@ -41,7 +43,8 @@ from ._validate import (check_backward_headdim, check_block_table, check_bool, c
                         check_layout, check_qkv_views, check_rank, check_same,
                         check_softmax_scale, check_unsupported)
 
-MAX_SPLITS = 128
+MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unrolled loads hold this many
+COMBINES = ("block", "warp")  # the decode kernel's combine: flash_decode_combine_kernel, flash_combine_kernel
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
@@ -153,10 +156,24 @@ def decode_kv_block(d: int, tile: DecodeTile | None = None) -> int:
     return t.nwarps * t.block_n
 
 
-def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: DecodeTile | None = None) -> int:
+def without_empty_splits(num_splits: int, rounds: int) -> int:
+    """The fewest splits with the same longest split: the kernel cuts `rounds` block rounds into splits of
+    ceil(rounds / num_splits) rounds (attn/block.cuh: split_range), so past ceil(rounds / that) splits the rest are
+    empty -- blocks that load nothing, yet are launched, write an LSE and are read by the combine (MQA at batch 1
+    with 16k keys: 128 rounds in 122 splits of 2 rounds, 58 of them empty)."""
+    if num_splits <= 1 or rounds <= 1:
+        return 1
+    return -(-rounds // -(-rounds // num_splits))
+
+
+def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: DecodeTile | None = None,
+                      trim: bool = True) -> int:
     """The default split count of the decode kernel: whole waves of resident blocks, at most one split per
-    block round of keys (static shapes only: seqlen_k is the cache capacity, never cache_seqlens)."""
-    return num_splits_heuristic(blocks, slots, max(1, -(-seqlen_k // decode_kv_block(d, tile))))
+    block round of keys (static shapes only: seqlen_k is the cache capacity, never cache_seqlens), then no more
+    splits than hold keys (`without_empty_splits`; trim=False: the count before that rule, for comparison)."""
+    rounds = max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+    n = num_splits_heuristic(blocks, slots, rounds)
+    return without_empty_splits(n, rounds) if trim else n
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -223,11 +240,12 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False) -> _Plan:
+               local: bool = False, combine: str = "block", trim: bool = True) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
-    positions, as with causal)."""
+    positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
+    split count without `without_empty_splits` (benchmarks)."""
     cache = cache or NO_CACHE_OPTIONS
     rotate_rows = bool(causal) or local  # before kernel_mode: causal may become a band of the modifiers
     b, sq, h, d = qa.shape
@@ -242,7 +260,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
-                                       tile)
+                                       tile, trim)
     num_splits = max(1, min(num_splits, MAX_SPLITS))
     blocks = b * kheads * num_splits * m_blocks
     if blocks > _MAX_GRID_X:
@@ -275,8 +293,12 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         buf = p.spec((p.scratch_elems,), float32=True)
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
-        comb = get_launcher(combine_spec(qa.dtype, d), dev)  # reads the same parameter block
-        p.add_launch(comb, (-(-(b * kheads * rows) // (comb.threads // 32)), 1, 1))
+        out_rows = b * kheads * rows
+        if combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter block
+            p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d), dev), (out_rows, 1, 1))
+        else:  # one warp per output row (cuda_src/flash_fwd.cu)
+            comb = get_launcher(combine_spec(qa.dtype, d), dev)
+            p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
     else:  # one split: the kernel writes out (and the LSE) itself
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
@@ -610,16 +632,20 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None) -> _Plan:
+             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
-    from it, and sweep tiles with `tile` (run it with `run_plan`)."""
+    from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
+    split-KV forward's one-warp-per-row combine) and the split count before `without_empty_splits` with
+    trim=False (run it with `run_plan`)."""
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
     options = None if block_table is None else (None, None, None, None, block_table, True)
     qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

@@ -136,23 +136,27 @@ def test_int_cache_seqlens_and_full_cache():
     check(out, lse, q, kc, vc, [333, 333], False)
 
 
-@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
-def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel):
+@pytest.mark.parametrize("kernel,hk,num_splits", [("decode", 8, 0), ("fwd_split", 8, 0), ("decode", 1, 0),
+                                                   ("decode", 1, 128), ("decode", 1, 7)])
+def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel, hk, num_splits):
+    """GQA 32/8 and MQA 32/1 (32 folded rows: the combine's widest rows), the heuristic split count, the most
+    splits and a few; lengths change between replays (1 key after the append: most splits empty)."""
     import torch
 
-    b, s_cache, h, hk, d = 4, 4096, 32, 8, 128
+    b, s_cache, h, d = 4, 4096, 32, 128
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([4096, 100, 2000, 1], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     kn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
     vn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
     s = torch.cuda.Stream()
+    kw = dict(kernel=kernel, num_splits=num_splits)
     with torch.cuda.stream(s):  # warm-up (compilation) outside the capture
-        cuflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone(), kernel=kernel)
+        cuflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone(), **kw)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        out = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, kernel=kernel)
+        out = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, **kw)
     for new in ([10, 4000, 0, 3000], [4095, 1, 2048, 17]):
         seqlens.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q)); kn.copy_(torch.randn_like(kn)); vn.copy_(torch.randn_like(vn))
@@ -167,6 +171,36 @@ def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel):
             lp = torch_attention_lowp(q[i:i + 1], kc[i:i + 1, :n + 1], vc[i:i + 1, :n + 1], d ** -0.5, False)
             assert_close_to_ref("replay", out[i:i + 1], lp, ro)
         del lse_dummy
+
+
+# ------------------------------------------------------------------ the decode combine
+@pytest.mark.parametrize("num_splits", [1, 2, 9, 64, 127, 128])
+@pytest.mark.parametrize("d", [32, 96, 128, 256])
+def test_combines_every_split_count(num_splits, d):
+    """flash_decode_combine_kernel (combine "block", the default) and flash_combine_kernel ("warp") on the same
+    case: MQA 32/1 (32 folded rows; two m-blocks at head dim 256), lengths (full, 0, 130: most splits see no key),
+    the fp32 partials poisoned with NaN before each launch (an empty split's o is never written and must never be
+    read), against the float64 reference."""
+    import torch
+
+    from cuflash.decode import plan_for, run_plan
+
+    b, s_cache, h, hk = 3, 4100, 32, 1
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([4100, 0, 130], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    outs = {}
+    for combine in ("block", "warp"):
+        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits, combine=combine)
+        assert plan.num_splits == num_splits
+        scratch = (torch.full((num_splits, b, hk, h, d), float("nan"), device="cuda"),
+                   torch.full((num_splits, b, hk, h), float("nan"), device="cuda"))
+        out, lse = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True,
+                            scratch=scratch if num_splits > 1 else None)
+        check(out, lse, q, kc, vc, seqlens.tolist(), False)
+        assert (to_np(out)[1] == 0).all()
+        outs[combine] = out.float()
+    assert (outs["block"] - outs["warp"]).abs().max().item() < 2e-3
 
 
 def test_decode_validation():

@@ -15,7 +15,7 @@ import pytest
 from cuflash import _configs, reference
 from cuflash._params import APPEND_ARGS
 from cuflash.decode import (KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
-                            resident_blocks)
+                            resident_blocks, without_empty_splits)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HO = "bench.diag.host_overhead" if os.path.exists(os.path.join(ROOT, "bench", "diag", "host_overhead.py")) \
@@ -283,7 +283,7 @@ def test_host_path_gqa_split(host_path):
     assert r["out_shape"] == [2, 1, 32, 128] and not r["tuple"]
     main, comb = r["launches"]
     assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, false, 2, ")
-    assert comb["name"] == "cuflash::flash_combine_kernel<__half, 128>"
+    assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["threads"] == 8 * 128 // 4
     p = main["p"]
     n = p["num_splits"]
     # fold: 4 rows per KV head, q rows = heads (stride 128), q heads = 4 * 128; out likewise
@@ -298,7 +298,9 @@ def test_host_path_gqa_split(host_path):
     assert p["o_accum"] and p["lse_accum"] and p["seqlens_k"] and p["lse"] == 0
     assert p["lse_accum"] - p["o_accum"] == n * 2 * 8 * 4 * 128 * 4  # one scratch buffer: o_accum then lse_accum
     assert comb["p"] == p  # the combine reads the same parameter block
-    assert comb["grid"] == [-(-(2 * 8 * 4) // 4), 1, 1]
+    assert comb["grid"] == [2 * 8 * 4, 1, 1]  # one block per output row (batch x KV heads x folded rows)
+    # the split count holds keys in every split: 4096 keys = 32 block rounds of 128, ceil(32 / n) rounds per split
+    assert n == -(-32 // -(-32 // n))
 
 
 def test_host_path_memo_and_lse(host_path):
@@ -438,3 +440,57 @@ def test_page_multiple_matches_the_kernel():
     src = (source_dir() / "flash_decode.cu").read_text()
     m = re.search(r"constexpr int CHUNK = (\d+);", src)
     assert m and int(m.group(1)) == PAGE_MULTIPLE
+
+
+# ------------------------------------------------------------------ the split count and the decode combine
+def test_without_empty_splits():
+    """The trimmed count keeps the longest split (ceil(rounds / n) rounds, attn/block.cuh: split_range) and
+    leaves no split empty; it never adds splits."""
+    for rounds in range(1, 300):
+        for n in range(1, 129):
+            m = without_empty_splits(n, rounds)
+            per = -(-rounds // n)
+            assert 1 <= m <= n and -(-rounds // m) <= per
+            if rounds > 1 and n > 1:
+                assert (m - 1) * -(-rounds // m) < rounds  # the last split holds a key
+    assert without_empty_splits(1, 1000) == 1 and without_empty_splits(50, 1) == 1
+
+
+def test_decode_split_count_mqa_batch1():
+    """MQA at batch 1 (one block of 32 folded rows) on 132 SMs x 1 resident block, head dim 128 (128 keys per
+    block round): the wave rule alone takes 122 splits at 16k keys (128 rounds: 2 per split, 58 splits empty);
+    trimmed, 64 splits of 2 rounds. 1k keys: 8 rounds, 8 splits either way."""
+    assert decode_num_splits(1, 132, 16384, 128, trim=False) == 122
+    assert decode_num_splits(1, 132, 16384, 128) == 64
+    assert decode_num_splits(1, 132, 1024, 128) == 8
+    assert decode_num_splits(1, 132, 131072, 128) == 114  # 1024 rounds: 9 per split either way
+    assert decode_num_splits(8, 132, 4096, 128) == 16  # GQA 32 / 8 at batch 1: 32 rounds, 2 per split
+
+
+def test_decode_combine_matches_the_host():
+    """flash_decode_combine_kernel's split limit and split groups are the host's (MAX_SPLITS, the launch's
+    threads), and every head dim's combine is among the configurations the package compiles."""
+    from cuflash._loader import source_dir
+    from cuflash.decode import MAX_SPLITS
+
+    src = (source_dir() / "flash_decode.cu").read_text()
+    assert int(re.search(r"constexpr int DECODE_MAX_SPLITS = (\d+);", src).group(1)) == MAX_SPLITS
+    assert int(re.search(r"constexpr int COMBINE_SPLIT_GROUPS = (\d+);", src).group(1)) == \
+        _configs.COMBINE_SPLIT_GROUPS
+    specs = _configs.all_specs()
+    for dt in _configs.DTYPES:
+        for d in _configs.HEADDIMS:
+            s = _configs.decode_combine_spec(dt, d)
+            assert s in specs and s.threads == _configs.COMBINE_SPLIT_GROUPS * d // 4 and s.threads % 32 == 0
+            assert s.threads <= 1024
+
+
+def test_decode_probe_table():
+    """bench/diag/decode_probe.py's last table from a record (the script itself needs a GPU)."""
+    from bench.diag.decode_probe import table
+
+    rec = dict(batch=1, heads=32, heads_k=1, seqlen_k=16384, kv_mb=8.0, floor_us=2.0, splits_new=64, splits_old=122,
+               us={"old(122)": 28.6, "new(64)": 9.0, "n32": 10.0, "n128": None, "cudnn": 10.2, "flash": 20.0})
+    t = table([rec]).splitlines()
+    assert len(t) == 3 and t[0].count("|") == t[2].count("|") == 13
+    assert "| 28.6 (122) | 9.0 (64) | 10.0 (32) | 0.36 | 1.13 | 1.13 |" in t[2]

@@ -7,6 +7,13 @@ softmax_scale, causal, grid_order) in a `_FwdPlan` (cuflash._plan.HostPlan): a c
 validated call's key reads the pointers, checks their 16-byte alignment, allocates out and lse, packs one
 parameter block and launches. `forward` validates nothing and memoizes nothing; both build the launch with
 `_launch_setup`.
+
+A growing KV cache (generation: the keys and values are new arrays one key longer each step, with strides that grow
+with them) misses that memo on every step. Nothing in a plan but k and v's strides, seqlen_k and the window's left
+bound depends on the key count (the kernel, its grid -- set by seqlen_q -- and the backend choice do not), and the
+kernels read all of those from the parameter block at run time: so a second memo (`_KV_PLANS`) keys the same plans
+by everything but k / v's seqlen and strides, and a call that misses the first memo runs such a plan with those
+fields packed per call (`_FwdPlan.run_kv`), after checking inline what validation would check of them.
 """
 from __future__ import annotations
 
@@ -15,11 +22,11 @@ from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_hea
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
                         resolve_grid_order)
 from ._interop import desc
-from ._launch import get_launcher
-from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for  # noqa: F401 (LOG2E re-exported)
+from ._launch import _scratch, _tls, get_launcher
+from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, window_of  # noqa: F401 (LOG2E)
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan, remember
-from ._validate import check_qkv, check_softmax_scale
+from ._validate import MAX_ROW_STRIDE, check_qkv, check_softmax_scale
 
 
 def fold_gqa_rows(qa, hk: int):
@@ -134,14 +141,73 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
 _NOT_PACKED = dict(cu_seqlens_q=0, cu_seqlens_k=0)
 
 
-class _FwdPlan(HostPlan):
-    """A V2 forward for one memo key (validated once): `run` allocates out and lse and launches."""
+# the fields of a plan's block that follow from k / v's key count, in block order (cuflash._params.FWD_PARAMS)
+_KV_STRIDES = ("k_batch_stride", "k_row_stride", "k_head_stride", "v_batch_stride", "v_row_stride", "v_head_stride")
+_KV_FIELDS = (_KV_STRIDES[0], "seqlen_k", "window_left")
+_K0 = FWD_PARAMS.index[_KV_STRIDES[0]]
+assert [FWD_PARAMS.index[n] for n in _KV_STRIDES] == list(range(_K0, _K0 + 6))
+assert sorted(_KV_FIELDS, key=FWD_PARAMS.index.get) == list(_KV_FIELDS)
+_MAX_STRIDE = 1 << 39  # elements of a 2-byte dtype: a tensor map's 2^40-byte stride bound (cuflash._tma.MAX_STRIDE)
 
-    __slots__ = ("outs",)
+
+class KvFields:
+    """What a plan needs to run at another key count than its own (`_FwdPlan.run_kv`): its constant fields split
+    around k / v's strides, seqlen_k and window_left, and the window's left edge (None: window_left stays the plan's
+    constant, as without a score modifier)."""
+
+    __slots__ = ("r0", "r1", "r2", "r3", "wl", "left", "dims", "isz")
+
+    def __init__(self, plan, left, kshape, itemsize):
+        rest, nd = plan.rest, len(plan.params.dynamic)
+        a, b, c = (FWD_PARAMS.index[n] - nd for n in _KV_FIELDS)
+        self.r0, self.r1, self.r2, self.wl, self.r3 = rest[:a], rest[a + 6:b], rest[b + 1:c], rest[c], rest[c + 1:]
+        self.left = left
+        # the stride indices validation looks at (sizes above 1; the key count's: per call) and the stride unit
+        self.dims = tuple(i for i in (0, 2) if kshape[i] > 1)
+        self.isz = itemsize
+
+    def strides(self, sk, st):
+        """k's or v's element strides (st: desc's) when validation (cuflash._validate.check_layout) and the
+        tensor-map check (cuflash._tma.tma_compatible) both take them, as they took the plan's own: positive
+        multiples of 8 elements below the bounds on every dimension of size > 1, the last one contiguous, sk >= 1;
+        else None (the call then takes the validating path)."""
+        if self.isz != 1:  # CuPy: byte strides
+            st = tuple(x // self.isz for x in st)
+        if st[3] != 1 or sk < 1:
+            return None
+        for i in self.dims:
+            x = st[i]
+            if x <= 0 or x & 7 or x >= _MAX_STRIDE:
+                return None
+        if sk > 1 and (st[1] <= 0 or st[1] & 7 or st[1] >= MAX_ROW_STRIDE):
+            return None
+        return st
+
+    def pack(self, plan, buf, qp, kp, vp, op, lp, sk, ks, vs):
+        """Pack plan's block with k / v's strides ks, vs (elements), seqlen_k = sk and the window's left bound
+        (cuflash._mods.resolve: an unbounded left edge is seqlen_k, a bounded one at most seqlen_k)."""
+        left = self.left
+        wl = self.wl if left is None else sk if left < 0 else min(left, sk)
+        plan.pack(buf, 0, qp, kp, vp, op, lp, *self.r0, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], *self.r1, sk,
+                  *self.r2, wl, *self.r3)
+
+
+class _FwdPlan(HostPlan):
+    """A V2 forward for one memo key (validated once): `run` allocates out and lse and launches; `run_kv` does so
+    at another key count (the plan's `kv`: KvFields, or None where the plan cannot)."""
+
+    __slots__ = ("outs", "kv")
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
         self.launch(stream, qp, kp, vp, op, lp)
+        return out, lse
+
+    def run_kv(self, qp, kp, vp, kshape, ks, vs):
+        (out, lse), (op, lp), stream = self.outs()
+        buf, argv, _ = getattr(_tls, "s", None) or _scratch()
+        self.kv.pack(self, buf, qp, kp, vp, op, lp, kshape[1], ks, vs)
+        self.launch_packed(stream, argv)
         return out, lse
 
 
@@ -168,12 +234,33 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mo
 
 
 _PLANS: dict = {}
+_KV_PLANS: dict = {}  # the same plans by kv_key: a KV cache that grows reuses its plan (module docstring)
 _MAX_PLANS = 4096
+
+
+def kv_key(key):
+    """The memo key `key` of forward_memo less k's and v's key count and strides (what run_kv takes per call)."""
+    qd, (kt, (b, _, h, d), _, kdev), (vt, _, _, vdev) = key[:3]
+    return qd, kt, b, h, d, kdev, vt, vdev, *key[3:]
+
+
+def _kv_run(key, qp, kp, vp, kd, vd):
+    """The call of memo key `key` (a miss) through the _KV_PLANS plan of its kv_key when there is one and k, v
+    pass the checks validation would make of their new key count and strides; None otherwise."""
+    plan = _KV_PLANS.get(kv_key(key))
+    if plan is None or kd[1] != vd[1] or (qp | kp | vp) & 15:
+        return None
+    kv, sk = plan.kv, kd[1][1]
+    ks, vs = kv.strides(sk, kd[2]), kv.strides(sk, vd[2])
+    if ks is None or vs is None:
+        return None
+    return plan.run_kv(qp, kp, vp, kd[1], ks, vs)
 
 
 def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto", window_size=(-1, -1), softcap=0.0,
                  alibi_slopes=None):
-    """`forward` of flash_attn_func without autograd through a memoized plan; validates on a miss only."""
+    """`forward` of flash_attn_func without autograd through a memoized plan; validates on a miss only (a miss
+    that only changed k / v's key count and strides runs the plan of the other counts: _KV_PLANS)."""
     qp, qd = desc(q)
     kp, kd = desc(k)
     vp, vd = desc(v)
@@ -186,6 +273,10 @@ def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto", win
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and maybe fail) below
             key = None
+        if plan is None and key is not None:
+            res = _kv_run(key, qp, kp, vp, kd, vd)
+            if res is not None:
+                return res
     if plan is None or (qp | kp | vp) & 15:
         qa, ka, va = check_qkv(q, k, v)
         mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale)
@@ -193,5 +284,10 @@ def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto", win
         if plan is None:
             return forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
         remember(_PLANS, key, plan, _MAX_PLANS)
+        if key is not None:
+            left = window_of(causal, window_size)[0] if mods is not None and mods.mod else None
+            plan.kv = KvFields(plan, left, ka.shape, 1 if qa.kind == _interop.TORCH else qa.obj.itemsize)
+            if plan.kv.strides(ka.shape[1], kd[2]) is not None and plan.kv.strides(ka.shape[1], vd[2]) is not None:
+                remember(_KV_PLANS, kv_key(key), plan, _MAX_PLANS)
         qp, kp, vp = qa.ptr, ka.ptr, va.ptr
     return plan.run(qp, kp, vp)

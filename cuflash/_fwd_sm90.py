@@ -123,14 +123,15 @@ def encode_args(maps, *ptrs: int) -> bytes:
     return b"".join(m.encode(ptr) for m, ptr in zip(maps, ptrs))
 
 
-def memo_args(encoded: dict, maps, ptrs: tuple) -> bytes:
+def memo_args(encoded: dict, maps, ptrs: tuple, key=None) -> bytes:
     """encode_args of a plan's maps at `ptrs`, from the plan's dict of recent pointer sets (at most MAX_MAP_SETS:
-    a repeated call encodes nothing)."""
-    mb = encoded.get(ptrs)
+    a repeated call encodes nothing); `key` (default: ptrs) names the set when the maps themselves vary."""
+    key = ptrs if key is None else key
+    mb = encoded.get(key)
     if mb is None:
         if len(encoded) >= MAX_MAP_SETS:
             encoded.clear()
-        mb = encoded[ptrs] = encode_args(maps, *ptrs)
+        mb = encoded[key] = encode_args(maps, *ptrs)
     return mb
 
 
@@ -177,15 +178,36 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
 
 
 class Sm90Plan(HostPlan):
-    """A memoized sm90 forward (see cuflash._fwd._FwdPlan): the maps of recent pointer triples are kept."""
+    """A memoized sm90 forward (see cuflash._fwd._FwdPlan): the maps of recent pointer triples are kept; `run_kv`
+    runs it at another key count (k and v's maps then follow the call's shape and strides)."""
 
-    __slots__ = ("outs", "maps", "encoded")
+    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps")
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
         mb = memo_args(self.encoded, self.maps, (qp, kp, vp))
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
+        ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
+        self.launch_packed(stream, argv)
+        return out, lse
+
+    def run_kv(self, qp, kp, vp, kshape, ks, vs):
+        """run with k, v of shape kshape (the plan's but for the key count) and element strides ks, vs."""
+        (out, lse), (op, lp), stream = self.outs()
+        mb = self.encoded.get((qp, kp, vp, kshape, ks, vs))
+        if mb is None:  # the maps launch_setup makes of such k, v: made once for the layers of a step, then encoded
+            shape = (kshape, ks, vs)
+            maps = self.kv_maps.get(shape)
+            if maps is None:
+                qm, km, _ = self.maps
+                if len(self.kv_maps) >= MAX_MAP_SETS:
+                    self.kv_maps.clear()
+                maps = self.kv_maps[shape] = (qm, attention_map_spec(km.dtype, kshape, ks, km.box[1]),
+                                              attention_map_spec(km.dtype, kshape, vs, km.box[1]))
+            mb = memo_args(self.encoded, maps, (qp, kp, vp), (qp, kp, vp, kshape, ks, vs))
+        buf, base, argv, _ = _scratch()
+        self.kv.pack(self, buf, qp, kp, vp, op, lp, kshape[1], ks, vs)
         ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
         self.launch_packed(stream, argv)
         return out, lse
@@ -199,6 +221,6 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90P
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **fields)
     p.add_launch(lau, grid)
-    p.maps, p.encoded = maps, {}
+    p.maps, p.encoded, p.kv_maps = maps, {}, {}
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

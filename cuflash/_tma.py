@@ -85,19 +85,33 @@ class TensorMapSpec:
         """The 128-byte CUtensorMap of this spec at global address `ptr` (16-byte aligned)."""
         if ptr % 16:
             raise ValueError(f"tensor map base address {ptr:#x} is not 16-byte aligned")
-        fn = _driver_encode()
-        rank = len(self.dims)
-        buf = ctypes.create_string_buffer(MAP_BYTES + 64)
-        addr = (ctypes.addressof(buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
-        dims = (ctypes.c_uint64 * rank)(*self.dims)
-        strides = (ctypes.c_uint64 * max(rank - 1, 1))(*self.strides_bytes)
-        box = (ctypes.c_uint32 * rank)(*self.box)
-        estr = (ctypes.c_uint32 * rank)(*([1] * rank))
-        rc = fn(addr, DTYPE_CODE[self.dtype], rank, ptr, dims, strides, box, estr, 0, SWIZZLE_CODE[self.swizzle],
-                L2_PROMOTION_256B, 0)
+        args = self.__dict__.get("_args")
+        if args is None:  # the driver's arguments but the addresses, made once per spec (plans encode it per pointer)
+            args = self._encode_args()
+        fn, code, rank, dims, strides, box, estr, swizzle = args
+        addr = getattr(_tls, "addr", None) or _map_buffer()
+        rc = fn(addr, code, rank, ptr, dims, strides, box, estr, 0, swizzle, L2_PROMOTION_256B, 0)
         if rc != 0:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {self}")
         return ctypes.string_at(addr, MAP_BYTES)
+
+    def _encode_args(self) -> tuple:
+        rank = len(self.dims)
+        args = (_driver_encode(), DTYPE_CODE[self.dtype], rank, (ctypes.c_uint64 * rank)(*self.dims),
+                (ctypes.c_uint64 * max(rank - 1, 1))(*self.strides_bytes), (ctypes.c_uint32 * rank)(*self.box),
+                (ctypes.c_uint32 * rank)(*([1] * rank)), SWIZZLE_CODE[self.swizzle])
+        object.__setattr__(self, "_args", args)  # not a field: equality and hashing stay the fields'
+        return args
+
+
+_tls = threading.local()
+
+
+def _map_buffer() -> int:
+    """This thread's 64-byte aligned CUtensorMap buffer (the driver writes a map there; encode copies it out)."""
+    buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+    _tls.buf, _tls.addr = buf, (ctypes.addressof(buf) + 63) & ~63
+    return _tls.addr
 
 
 def encode_tiled(ptr: int, dtype: str, dims, strides_bytes, box, swizzle: int = 128) -> bytes:

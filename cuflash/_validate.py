@@ -215,9 +215,8 @@ def check_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_sl
 
 def check_softmax_scale(softmax_scale) -> None:
     """None (1/sqrt(headdim)) or a finite number > 0: the kernels take row maxima of the raw scores."""
-    if softmax_scale is None:
-        return
-    import math
+    if softmax_scale is None or (softmax_scale.__class__ is float and 0.0 < softmax_scale < math.inf):
+        return  # the common call (a module's scale): one identity test and one comparison
     import numbers
 
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):

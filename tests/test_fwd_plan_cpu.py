@@ -377,3 +377,45 @@ def test_memoized_path_matches_forward_gpu(kind, b, sq, sk, h, hk, d, causal, gr
         assert type(out) is type(ref_out) and out.shape == ref_out.shape and out.dtype == ref_out.dtype
         assert np.array_equal(to_np(out), to_np(ref_out)) and np.array_equal(to_np(lse), to_np(ref_lse))
         assert not np.isnan(to_np(out)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+@pytest.mark.parametrize("b,h,hk,d,window", [
+    (4, 16, 4, 128, (-1, -1)),  # single-query GQA: the mma.sync fold
+    (2, 8, 8, 128, (-1, -1)),  # the Hopper kernels on sm_90 (new K / V maps each step)
+    (2, 8, 2, 64, (40, 0)),  # a window: its left bound follows the key count
+])
+def test_growing_kv_cache_matches_forward_gpu(kind, b, h, hk, d, window):
+    """Generation steps with a KV cache in transformers' [b, hk, keys, d] layout, one key longer each step (a new
+    array, new strides): the steps after the first run the first step's plan with their own key count and strides
+    (cuflash._fwd._KV_PLANS), bit-identical to `forward` on the same views, with fresh random data each step."""
+    import cuflash
+    from cuflash import _fwd, flash
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+    from conftest import to_np
+
+    _fwd._KV_PLANS.clear()
+    for step, sk in enumerate(range(20, 90, 7)):
+        if kind == "torch":
+            import torch
+
+            gen = torch.Generator(device="cuda").manual_seed(step)
+            q = torch.randn((b, h, 1, d), device="cuda", generator=gen).bfloat16().transpose(1, 2)
+            k, v = (torch.randn((b, hk, sk, d), device="cuda", generator=gen).bfloat16().transpose(1, 2)
+                    for _ in range(2))
+        else:
+            import cupy
+
+            rs = cupy.random.RandomState(step)
+            q = rs.standard_normal((b, h, 1, d)).astype(cupy.float16).transpose(0, 2, 1, 3)
+            k, v = (rs.standard_normal((b, hk, sk, d)).astype(cupy.float16).transpose(0, 2, 1, 3) for _ in range(2))
+        before = len(_fwd._PLANS)
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, window_size=window, return_attn_probs=True)
+        assert (len(_fwd._PLANS) - before) == (1 if step == 0 else 0)  # later steps: the KV plan, no new one
+        qa, ka, va = check_qkv(q, k, v)
+        mods = mods_for(qa, ka, True, window, 0.0, None, None)
+        ref_out, ref_lse = flash.forward(qa, ka, va, None, True, backend="auto", mods=mods)
+        assert np.array_equal(to_np(out), to_np(ref_out)) and np.array_equal(to_np(lse), to_np(ref_lse))
+        assert not np.isnan(to_np(out)).any()

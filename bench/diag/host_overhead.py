@@ -10,6 +10,10 @@ SM). What is timed is therefore cuflash's own per-call Python path: validation, 
 look-ups, parameter packing. On a GPU machine each call additionally pays the real torch calls it makes
 (counted here: `torch.empty` ~2-4 us each, `data_ptr()` / `stride()` / the current-stream query well under
 1 us each) and the driver's cuLaunchKernel (~2-4 us each, counted here as `launches`).
+
+The "hf step" rows time the Hugging Face integration's attention function (cuflash.integrations.transformers)
+over greedy generation steps: per call, averaged over the layers and steps, whose keys and values grow by one key
+a step (new arrays with new strides, as transformers' cache makes them).
 """
 from __future__ import annotations
 
@@ -175,6 +179,14 @@ FWD_CASES = {
     "fwd b2 h16 s1k d128": (2, 1024, 16, 16, 128, {}),
     "fwd b2 h32 hk8 s1k d128 (GQA)": (2, 1024, 32, 8, 128, {}),
 }
+GEN_CASES = {
+    # name: (batch, prefill, heads, kv heads, head dim, sliding window): greedy generation steps through the Hugging
+    # Face integration (cuflash.integrations.transformers, no padding), the cache one key longer each step
+    "hf step b4 h16 hk4 d128 (GQA fold)": (4, 512, 16, 4, 128, None),
+    "hf step b4 h16 hk16 d128 (sm90)": (4, 512, 16, 16, 128, None),
+    "hf step b4 h16 hk4 d128 window 256": (4, 512, 16, 4, 128, 256),
+}
+GEN_LAYERS, GEN_STEPS = 8, 64
 BWD_CASES = {  # flash_attn_backward: (b, s, h, hk, d, kwargs)
     "bwd b1 h8 s128 d64": (1, 128, 8, 8, 64, {}),
     "bwd b8 h16 s2k d128 causal": (8, 2048, 16, 16, 128, {"causal": True}),
@@ -193,6 +205,55 @@ def _time(fn, calls, repeats):
         for _ in range(calls):
             fn()
         ts.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(ts), min(ts), *per_call
+
+
+def _integration(torch):
+    """cuflash.integrations.transformers with a stand-in registry (transformers itself is not needed)."""
+    if "transformers" not in sys.modules:
+        tfm = types.ModuleType("transformers")
+        tfm.AttentionInterface = types.SimpleNamespace(register=lambda name, fn: None)
+        sys.modules["transformers"] = tfm
+    from cuflash.integrations import transformers as integ
+
+    return integ
+
+
+def _time_generation(torch, b, prefill, h, hk, d, window, calls, repeats):
+    """(median, best) us per attention call of GEN_STEPS greedy steps of GEN_LAYERS layers (each step's keys and
+    values new [b, hk, keys, d] arrays, one key longer than the last step's), and (torch.empty, launches) per call."""
+    integ = _integration(torch)
+    module = types.SimpleNamespace(is_causal=True)
+    kw = dict(dropout=0.0, scaling=d ** -0.5, sliding_window=window)
+    rounds = max(1, calls // (GEN_STEPS * GEN_LAYERS))
+    n = GEN_STEPS * GEN_LAYERS
+    start = [prefill]
+
+    def steps():  # the arrays of the next GEN_STEPS steps (made outside the timing)
+        q = torch.Tensor((b, 1, h, d), torch.bfloat16).transpose(1, 2)
+        out = [(q, [(torch.Tensor((b, hk, sk, d), torch.bfloat16), torch.Tensor((b, hk, sk, d), torch.bfloat16))
+                    for _ in range(GEN_LAYERS)]) for sk in range(start[0] + 1, start[0] + 1 + GEN_STEPS)]
+        start[0] += GEN_STEPS
+        return out
+
+    def run(arrays):
+        for q, layers in arrays:
+            for k, v in layers:
+                integ.cuflash_attention_forward(module, q, k, v, None, **kw)
+
+    run(steps())  # warm: the first step's plan
+    e0, l0 = _Counters.empty, _Counters.launches
+    run(steps())
+    per_call = ((_Counters.empty - e0) / n, (_Counters.launches - l0) / n)
+    ts = []
+    for _ in range(repeats):
+        t = 0.0
+        for _ in range(rounds):
+            arrays = steps()
+            t0 = time.perf_counter()
+            run(arrays)
+            t += time.perf_counter() - t0
+        ts.append(t / (rounds * n) * 1e6)
     return statistics.median(ts), min(ts), *per_call
 
 
@@ -230,6 +291,8 @@ def measure(calls=20000, repeats=5, kernels=(None,)):
             return cuflash.flash_attn_func(q, k, v, **kw)
 
         rows.append((name, None, *_time(fn, calls, repeats)))
+    for name, case in GEN_CASES.items():
+        rows.append((name, None, *_time_generation(torch, *case, calls=calls, repeats=repeats)))
     for name, (b, s, h, hk, d, kw) in BWD_CASES.items():
         q, o, do = (torch.Tensor((b, s, h, d), torch.float16) for _ in range(3))
         k, v = torch.Tensor((b, s, hk, d), torch.float16), torch.Tensor((b, s, hk, d), torch.float16)
@@ -250,7 +313,8 @@ def main(argv=None):
     kernels = tuple(args.kernels.split(",")) if args.kernels else (None,)
     for name, kernel, med, best, empties, launches in measure(args.calls, kernels=kernels):
         k = f" kernel={kernel}" if kernel else ""
-        print(f"{name:40s}{k:20s} {med:6.2f} us/call (best {best:6.2f})  torch.empty x{empties}  launches x{launches}")
+        print(f"{name:40s}{k:20s} {med:6.2f} us/call (best {best:6.2f})  torch.empty x{empties:g}  "
+              f"launches x{launches:g}")
 
 
 if __name__ == "__main__":

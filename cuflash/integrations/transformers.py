@@ -18,13 +18,21 @@ batch, the 2-D padding mask [batch, keys] (1: a real token, left or right paddin
 into packed sequences and run through cuflash.flash_attn_varlen_func (each sequence causal on its own, bottom-right
 aligned), and the output scattered back (zeros at padded query positions). The queries' own mask is the last
 seqlen_q columns of the keys' (transformers' convention: prefill, or generation steps after left padding).
+
+Host cost: a model call hands every layer the same mask tensor, so the packing of a mask (torch.nonzero, which waits
+for the device, and the prefix sums) is computed once per mask tensor, query length and in-place version and reused
+by the other layers (`_mask_packing`; not for inference tensors, which have no version counter, nor under
+torch.compile, which traces it in every layer); a generation step with the model's cache runs one plan for every
+step (cuflash._fwd: the plans of a growing KV cache).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
 
+from .._interop import compiling
 from ..flash import flash_attn_func
 
 NAME = "cufa"
@@ -49,14 +57,38 @@ def cuflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     return flash_attn_func(q, k, v, *opts), None
 
 
-def _packed(x, mask):
-    """The rows of x [batch, seqlen, heads, headdim] where mask [batch, seqlen] is set: (x [total, heads, headdim],
-    flat indices, cu_seqlens int32 [batch + 1], max length as a 0-dim tensor)."""
+def _packing(mask):
+    """(flat indices of the set entries of mask [batch, seqlen], cu_seqlens int32 [batch + 1], the longest length as
+    a 0-dim tensor)."""
     lens = mask.sum(dim=1, dtype=torch.int32)
     idx = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
     cu = torch.nn.functional.pad(torch.cumsum(lens, dim=0, dtype=torch.int32), (1, 0))
-    b, s = x.shape[:2]
-    return x.reshape(b * s, *x.shape[2:]).index_select(0, idx), idx, cu, lens.max()
+    return idx, cu, lens.max()
+
+
+_MASKS: list = []  # (weak reference to a mask, its version, data pointer, seqlen_q, its packing), newest last
+_MAX_MASKS = 4  # a model call's masks (models with sliding-window layers have two), and the previous call's
+
+
+def _mask_packing(attention_mask, sq):
+    """The packing of the keys (mask [batch, keys]) and of the queries (its last sq columns): ((idx, cu, max) of
+    the keys, (idx, cu, max) of the queries), made once per mask tensor, in-place version and sq (module
+    docstring); the same tensors as _packing's of each, the queries' being the keys' when sq is the key count."""
+    # an inference tensor has no version counter (in-place changes unseen): packed on every call, as under compile
+    memo = not compiling() and not attention_mask.is_inference()
+    if memo:
+        ver, ptr = attention_mask._version, attention_mask.data_ptr()
+        for ref, v, p, n, packing in _MASKS:
+            if ref() is attention_mask and v == ver and p == ptr and n == sq:
+                return packing
+    mask_k = attention_mask.bool()
+    pk = _packing(mask_k)
+    packing = pk, pk if sq == mask_k.shape[1] else _packing(mask_k[:, -sq:])
+    if memo:
+        if len(_MASKS) >= _MAX_MASKS:
+            del _MASKS[0]
+        _MASKS.append((weakref.ref(attention_mask), ver, ptr, sq, packing))
+    return packing
 
 
 def _padded(q, k, v, attention_mask, opts):
@@ -67,14 +99,14 @@ def _padded(q, k, v, attention_mask, opts):
         raise ValueError(f"cuflash: expected transformers' 2-D padding mask [batch, keys]; got shape "
                          f"{tuple(attention_mask.shape)}")
     b, sq, h, d = q.shape
-    mask_k = attention_mask.bool()
-    if mask_k.shape != (b, k.shape[1]):
-        raise ValueError(f"cuflash: the padding mask has shape {tuple(mask_k.shape)}, not (batch, keys) = "
-                         f"{(b, k.shape[1])}")
-    mask_q = mask_k[:, -sq:]
-    kp, idx_k, cu_k, max_k = _packed(k, mask_k)
-    vp = v.reshape(b * k.shape[1], *v.shape[2:]).index_select(0, idx_k)
-    qp, idx_q, cu_q, max_q = _packed(q, mask_q)
+    sk = k.shape[1]
+    if tuple(attention_mask.shape) != (b, sk):
+        raise ValueError(f"cuflash: the padding mask has shape {tuple(attention_mask.shape)}, not (batch, keys) = "
+                         f"{(b, sk)}")
+    (idx_k, cu_k, max_k), (idx_q, cu_q, max_q) = _mask_packing(attention_mask, sq)
+    kp = k.reshape(b * sk, *k.shape[2:]).index_select(0, idx_k)
+    vp = v.reshape(b * sk, *v.shape[2:]).index_select(0, idx_k)
+    qp = q.reshape(b * sq, h, d).index_select(0, idx_q)
     out = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max_q, max_k, *opts)
     full = out.new_zeros((b * sq, h, d)).index_copy(0, idx_q, out)
     return full.view(b, sq, h, d)

@@ -352,11 +352,12 @@ def test_host_overhead_script_runs():
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 11 and all("us/call" in x for x in lines)
+    assert len(lines) == 14 and all("us/call" in x for x in lines)
     assert "launches x1" in [x for x in lines if "no split" in x][0]
     assert "launches x3" in [x for x in lines if "append" in x][0]
     fwd = [x for x in lines if x.startswith("fwd ")]  # flash_attn_func: out + lse, one launch
     assert len(fwd) == 4 and all("torch.empty x2  launches x1" in x for x in fwd)
+    assert len([x for x in lines if x.startswith("hf step ")]) == 3  # the Transformers integration's decode steps
     bwd = [x for x in lines if x.startswith("bwd ")]  # dq, dk, dv + one fp32 workspace; three kernels
     assert len(bwd) == 2 and all("torch.empty x4  launches x3" in x for x in bwd)
 

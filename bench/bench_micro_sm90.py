@@ -13,9 +13,14 @@ Kernels: cuda_src/micro/micro_sm90.cu, compiled for sm_90a. Items and the kernel
              run's device copy bandwidth (the producer warpgroup's K/V loads: STAGES x tile bytes in flight)
   mbarrier   arrive + try_wait.parity round trip between two sides of 1 / 32 / 128 threads, and one thread's
              arrive + wait (the producer / consumer stage handoff: full_k / empty_k of every KV tile)
+  bulk.reduce  cp.reduce.async.bulk .add.f32 of 16 / 32 KB fp32 tiles from shared memory into global memory,
+             one thread per block, 1 or 4 blocks per SM adding into one tile, 8 tiles or a tile each (the Hopper
+             backward's dQ writer: every KV tile's dQ partial of a Q tile into the same accumulator tile), waiting
+             for the source read ("atomic") or for the adds ("ordered"): GB/s and clocks per reduction; each
+             run's sums are checked exactly
 Every record names the kernel it timed and carries a SASS check of that kernel from one offline NVRTC compile
-+ `cuobjdump -sass` (HGMMA of the right shape, dtype and A operand form; UTMALDG; SYNCS.*; no local memory; no
-ptxas "wgmma serialized" note), and its `informs` field says which decision it is for.
++ `cuobjdump -sass` (HGMMA of the right shape, dtype and A operand form; UTMALDG; SYNCS.*; UBLKRED; no local memory;
+no ptxas "wgmma serialized" note), and its `informs` field says which decision it is for.
 
 Reading the numbers: FLOP/clk/SM comes from clock64 (per SM, so the clock the GPU chose cancels out) and says
 whether the tensor cores are saturated (architectural 4096); TFLOP/s comes from CUDA events and also carries
@@ -88,6 +93,19 @@ MBAR_SIDES = (1, 32, 128)
 MBAR_INFORMS = ("the producer/consumer stage handoff cost of the sm_90a forward (full_k / empty_k, full_v / empty_v "
                 "per KV tile: one round trip per stage) against the time of the tile's products")
 
+# Bulk reductions: tile bytes (the Hopper backward's dQ tile: BLOCK_M x D fp32 = 32 KB at d64 / d128, 24 KB at d96),
+# blocks per SM, destination tiles ("one": every block into one tile; "8"; "distinct": a tile per block), and the
+# wait after each reduction (False: wait_group.read, the source read; True: wait_group, the adds done)
+BULK_TILES = (16384, 32768)
+BULK_BLOCKS_PER_SM = (1, 4)
+BULK_DESTS = ("one", "8", "distinct")
+BULK_WAITS = ((False, BULK_TILES), (True, (32768,)))  # (wait for the adds, the tiles measured with it)
+BULK_THREADS = 128
+BULK_INFORMS = ("dQ through the TMA unit: the Hopper backward's dQ writer (flash_bwd_sm90.cu) adds each staged "
+                "[BLOCK_M, D] fp32 tile with one cp.reduce.async.bulk, all KV tiles of a Q tile into one accumulator "
+                "tile; wait_group.read is the atomic strategy's handoff, wait_group (the adds done) ordered's turn")
+BULK_EXPECT = (r"UBLKRED(\.\w+)*",)  # seen: UBLKRED.G.S.ADD.F32.RN (NVRTC 13.x)
+
 
 # ------------------------------------------------------------------------------------------ kernel names / specs
 def _b(x: bool) -> str:
@@ -111,6 +129,15 @@ def pingpong_name(p: int) -> str:
 
 
 SELF_NAME = "cuflash::micro90_mbar_self_kernel"
+
+
+def bulk_name(tile_bytes: int, wait_done: bool) -> str:
+    return f"cuflash::micro90_bulk_reduce_kernel<{tile_bytes}, {_b(wait_done)}>"
+
+
+def bulk_dests(dest: str, grid: int) -> int:
+    """Destination tiles of a BULK_DESTS entry for `grid` blocks (block b adds into tile b % n)."""
+    return {"one": 1, "8": 8, "distinct": grid}[dest]
 
 
 def chains(n: int) -> tuple:
@@ -154,6 +181,15 @@ def pingpong_spec(p) -> KernelSpec:
 SELF_SPEC = KernelSpec(FILE, SELF_NAME, 32, 0, min_arch=90, arch_suffix="a")
 
 
+def bulk_spec(tile_bytes, wait_done) -> KernelSpec:
+    return _spec(bulk_name(tile_bytes, wait_done), BULK_THREADS, 1024 + tile_bytes)
+
+
+def bulk_configs():
+    """(tile bytes, wait for the adds) of every bulk-reduction kernel."""
+    return [(t, w) for w, tiles in BULK_WAITS for t in tiles]
+
+
 def tput_configs():
     """(form, dtype label, C++ type, N) of every throughput item: the main grid, then the controls."""
     out = [(f, d, t, n) for f in FORMS for d, t in DTYPES for n in NS]
@@ -178,6 +214,7 @@ def sweep_specs() -> list:
         specs += [latency_spec(t, n, form, g) for g in LAT_GROUPS]
     specs += [tma_spec(s, r) for s, r in TMA_VARIANTS]
     specs += [pingpong_spec(p) for p in MBAR_SIDES] + [SELF_SPEC]
+    specs += [bulk_spec(t, w) for t, w in bulk_configs()]
     return bm._dedupe(specs)
 
 
@@ -209,6 +246,8 @@ def expectations() -> dict:
     for p in MBAR_SIDES:
         exp[pingpong_name(p)] = (MBAR_EXPECT, None)
     exp[SELF_NAME] = (MBAR_EXPECT, None)
+    for t, w in bulk_configs():
+        exp[bulk_name(t, w)] = (BULK_EXPECT, None)
     return exp
 
 
@@ -697,6 +736,61 @@ def bench_mbarrier(ctx, recs, quick=False):
             recs.append(_err("mbarrier", variant))
 
 
+def bulk_check(ctx, lau, src, dst, grid, n_dst, tile_bytes, iters=2) -> bool:
+    """A short run: every destination tile holds exactly iters x the sum of its blocks' source tiles (sixteenths
+    below 1: the fp32 sums are exact in any order)."""
+    torch = ctx.torch
+    floats = tile_bytes // 4
+    dst[: n_dst * floats].zero_()
+    lau.launch((grid, 1, 1), ctx.stream, "=QQQqq", src.data_ptr(), dst.data_ptr(), ctx.clk.data_ptr(), iters, n_dst)
+    torch.cuda.synchronize()
+    rows = src[: grid * floats].view(grid, floats)
+    expect = torch.zeros(n_dst, floats, dtype=torch.float32, device="cuda")
+    expect.index_add_(0, torch.arange(grid, device="cuda") % n_dst, rows)
+    return bool(torch.equal(dst[: n_dst * floats].view(n_dst, floats), iters * expect))
+
+
+def bench_bulk_reduce(ctx, recs, quick=False):
+    torch = ctx.torch
+    max_grid = ctx.sms * max(BULK_BLOCKS_PER_SM)
+    src = torch.randint(0, 16, (max_grid * max(BULK_TILES) // 4,), device="cuda").float() / 16
+    dst = torch.zeros_like(src)
+    try:
+        for tile_bytes, wait_done in bulk_configs():
+            spec = bulk_spec(tile_bytes, wait_done)
+            for bpsm in (BULK_BLOCKS_PER_SM[-1:] if quick else BULK_BLOCKS_PER_SM):
+                for dest in BULK_DESTS:
+                    grid = ctx.sms * bpsm
+                    n_dst = bulk_dests(dest, grid)
+                    variant = (f"{tile_bytes // 1024} KB, {bpsm} CTA/SM into {dest} tile{'s' if n_dst > 1 else ''}, "
+                               f"{'wait done' if wait_done else 'wait read'}")
+                    try:
+                        lau = ctx.launcher(spec)
+                        if not bulk_check(ctx, lau, src, dst, grid, n_dst, tile_bytes):
+                            raise RuntimeError(f"{spec.name}: the destination tiles' sums are wrong: nothing timed")
+
+                        def make(iters, lau=lau, grid=grid, n_dst=n_dst):
+                            return lambda: lau.launch((grid, 1, 1), ctx.stream, "=QQQqq", src.data_ptr(),
+                                                      dst.data_ptr(), ctx.clk.data_ptr(), iters, n_dst)
+
+                        iters, ms = ctx.timed(make, 16, target_ms=1.0 if quick else 2.0, rep=2 if quick else 3)
+                        rows = ctx.clock_rows(grid)
+                        clk = sorted((t1 - t0) / steps for t0, t1, _, steps in rows if steps > 0 and t1 > t0)
+                        gbs = grid * iters * tile_bytes / (ms * 1e-3) / 1e9
+                        recs.append(_rec("bulk.reduce", variant, "bandwidth", gbs, "GB/s", ms=ms, kernel=spec.name,
+                                         _expect=expectations()[spec.name], informs=BULK_INFORMS,
+                                         tile_bytes=tile_bytes, ctas_per_sm=bpsm, dest_tiles=n_dst,
+                                         wait="done" if wait_done else "read",
+                                         g_elements_per_s=gbs / 4, clk_per_reduction_median=clk[len(clk) // 2],
+                                         check="destination sums exact",
+                                         reference="suite micro: red.global.add.v4.f32 of 128 blocks into one "
+                                                   "32 KB tile (G elements/s)"))
+                    except Exception:  # noqa: BLE001
+                        recs.append(_err("bulk.reduce", variant))
+    finally:
+        del src, dst
+
+
 def _attach_sass(recs, sass):
     bm._attach_sass(recs, sass, check=lambda info, expect: sass_check90(info, expect or ((), None)))
 
@@ -753,7 +847,7 @@ def micro90(quick: bool = False) -> list:
         traceback.print_exc()
     print(f"  micro90: kernels ready in {time.time() - t_start:.1f}s", flush=True)
     ctx = _Ctx(deadline=t_start + TIME_LIMIT_S)
-    for bench in (bench_wgmma_tput, bench_wgmma_latency, bench_tma, bench_mbarrier):
+    for bench in (bench_wgmma_tput, bench_wgmma_latency, bench_tma, bench_mbarrier, bench_bulk_reduce):
         try:
             bench(ctx, recs, quick)
         except Exception:  # noqa: BLE001 - one broken benchmark must not lose the others

@@ -23,9 +23,9 @@
 //     writer has read the previous tile (dq_empty), and signal dq_full.
 //   warp 1 of warpgroup 0, the dQ writer (one lane): hands each staged tile to the TMA unit as one bulk operation --
 //     cp.reduce.async.bulk add.f32 into the accumulator ("atomic"); the same after the KV tiles before this one
-//     have added theirs, in KV-tile order through a semaphore per Q tile ("ordered": deterministic, bitwise
-//     reproducible, no extra memory); or a bulk store into the KV tile's own buffer ("seqpar") -- so that no
-//     consumer waits for a reduction.
+//     have added theirs, in a fixed KV-tile order through a semaphore per Q tile ("ordered": deterministic,
+//     bitwise reproducible, no extra memory; which order: ORDER below); or a bulk store into the KV tile's own
+//     buffer ("seqpar") -- so that no consumer waits for a reduction.
 //   and at the end dK = softmax_scale dK_w, dV_w -> global (16-bit), rows past seqlen_k not stored.
 //
 // Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout; DP = D rounded up to 64, the columns past D
@@ -41,6 +41,21 @@
 //                 per consumer warpgroup, and the transposed score tiles 2 x 64 x BLOCK_M)
 //   STAGES        Q / dO stages;  CAUSAL  bottom-right causal;  REGS_MMA, REGS_LOAD  setmaxnreg counts
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
+//   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
+//                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
+//
+// "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
+// begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
+// tiles is deterministic; it is deadlock-free when every block visits its (query head, Q tile) pairs in one order
+// common to all blocks (heads outer, Q tiles inner) and each waits only on a block dispatched before it (blocks
+// start in blockIdx order). Plain ascending order: block j starts at its diagonal, yet every Q tile waits on block
+// 0's progress, so block j finishes about j steps after block 0 with j fewer tiles done.
+// DQ_ORDER_KV_DESC: KV tile last(m) adds first, then last(m) - 1, ... 0, and the grid runs the KV tiles in reverse
+// (block x = KV tile N - 1 - x: the one waited on is dispatched first). KV tile j + 1's range begins at a later Q
+// tile and holds no more tiles per head, so it reaches (head, Q tile m) in fewer steps than KV tile j in every
+// head: no block waits once the blocks run (GQA too). The cost: the grid's longest blocks start last (a tail).
+// DQ_ORDER_Q_DESC: block j trails block j - 1 by one step at the shared last Q tile, but a block with more Q tiles
+// per head reaches the next head later: with GQA the waits come back (bench/NOTES.md, "Hopper backward").
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -59,6 +74,12 @@ namespace cuflash {
 struct Sm90BwdMaps {
   TmaDesc q, k, v, dout;
 };
+
+// The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, or last first (DQ_ORDER_Q_DESC).
+template <int ORDER>
+__device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
+  return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
+}
 
 template <int D, int BLOCK_M, int STAGES>
 struct Sm90BwdLayout {
@@ -83,7 +104,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -103,6 +124,7 @@ __global__ void __launch_bounds__(384, 1)
                     REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
+  static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -113,7 +135,8 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* dq_empty = dq_full + 1;
   float* dq_stage = reinterpret_cast<float*>(sm + L::DQ_OFF);
 
-  const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int n_block = ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
@@ -155,7 +178,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll 1
       for (int it = 0; it < total; ++it) {
         const int s = it % STAGES, ph = (it / STAGES) & 1;
-        const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+        const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
         if (++m == num_m) {
           m = 0;
           ++h;
@@ -173,14 +196,14 @@ __global__ void __launch_bounds__(384, 1)
         bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
       }
     } else if (threadIdx.x == 32 && total > 0) {  // the dQ writer
-      const int strategy = (int)p.dq_strategy;
+      const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
       const int64_t ws_rows = bwd_ws_rows(p, false);
       int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
       const uint32_t src = smem_addr(dq_stage);
       int h = 0, m = 0;
 #pragma unroll 1
       for (int it = 0; it < total; ++it) {
-        const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+        const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
         if (++m == num_m) {
           m = 0;
           ++h;
@@ -188,8 +211,12 @@ __global__ void __launch_bounds__(384, 1)
         const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
         float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
         mbar_wait(dq_full, it & 1);
-        if (strategy == DQ_ORDERED) {  // the KV tiles that see this Q tile are 0 .. (MOD_NONE: the host's rule)
-          while (ld_acquire_gpu(sem + row / 64) != n_block) {
+        if (strategy == DQ_ORDERED) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
+          // this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
+          // see keys before kv_block_end's tile, the same band q_block_begin reads)
+          const int turn =
+              ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+          while (ld_acquire_gpu(sem + row / 64) != turn) {
           }
           fence_proxy_async_global();
         }
@@ -237,7 +264,7 @@ __global__ void __launch_bounds__(384, 1)
   int h = 0, m = 0;
   for (int it = 0; it < total; ++it) {
     const int s = it % STAGES, ph = (it / STAGES) & 1;
-    const int hq = kv_head * group + h, m0 = (m_begin + m) * BLOCK_M;
+    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
     if (++m == num_m) {
       m = 0;
       ++h;

@@ -290,18 +290,33 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
             + (3 + 2 * st) * 8 + 1024)
 
 
-def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0) -> KernelSpec:
-    """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE."""
+# The sm90 backward's visiting orders (cuda_src/attn/bwd.cuh: DqOrder): PLAIN for every strategy; dq_strategy
+# "ordered" with the causal mask takes SM90_BWD_CAUSAL_ORDER (KV tiles last first: no block waits on another once
+# they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
+DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
+SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+
+
+def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
+                  order: int = DQ_ORDER_PLAIN) -> KernelSpec:
+    """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers)."""
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
+    if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
+        raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
+                         f"causal={causal!r}, mod={mod!r}")
+    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
-            f"{tile.regs_mma}, {tile.regs_load}, {smem}{', %d' % mod if _mod_checked(causal, mod) else ''}>")
+            f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
 def sm90_bwd_specs():
-    return [sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES]
+    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
+    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
 
 
 @dataclass(frozen=True)

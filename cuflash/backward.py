@@ -7,7 +7,8 @@ from typing import Any, Optional, Tuple
 from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
-                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim)
+                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim,
+                       sm90_bwd_tile)
 from ._interop import desc
 from ._launch import get_launcher
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for
@@ -132,9 +133,8 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     causal, mod = kernel_mode(mods, causal)
     if mod and path == "sm80":
         check_score_partition(warp_partition, d)
-    if path == "sm90":
-        main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod)
-        tile = None
+    if path == "sm90":  # (the main kernel's spec and maps once the strategy is known)
+        block_n, maps, tile = sm90_bwd_tile(d).block_n, None, None
     else:
         tile = tile or bwd_tile(d, warp_partition, _loader.device_cc(qa.device), qa.dtype, mod,
                                 varlen=packed is not None)
@@ -169,6 +169,8 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "'seqpar' there, and its dQ buffers do not fit the free memory")
         return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
                           packed, "sm80")
+    if path == "sm90":
+        main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}

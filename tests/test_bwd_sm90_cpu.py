@@ -52,6 +52,11 @@ res["forced expanded"] = err(lambda: cuflash.flash_attn_backward(do, q, k4, v4, 
 # deterministic: "ordered" (no window), seqpar with one buffer per 128-key tile (explicit, or with a window)
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), deterministic=True))
 res["deterministic"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True,
+                                                      deterministic=True))
+res["deterministic causal"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True))
+res["atomic causal"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), deterministic=True,
                                                       window_size=(100, 0)))
 res["deterministic window"] = rec
@@ -152,3 +157,101 @@ def test_memoized_maps(res):
     # map order q, k, v, dout; the tensors' order in the call: dout, q, k, v, out, lse
     assert [_map_fields(m)[0] for m in m1] == [p1[1], p1[2], p1[3], p1[0]]
     assert [_map_fields(m)[0] for m in m3] == [p2[1], p2[2], p2[3], p2[0]]
+
+
+# ---- "ordered" under the causal mask: the turn protocol of cuda_src/flash_bwd_sm90.cu, emulated -------------------
+
+def _cdiv_c(a, b):
+    """C's int division (toward zero), as the kernel's."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _ordered_blocks(sq, sk, bm, group, order, causal=True, bn=128):
+    """Per dispatched block (blockIdx.x order): [(head, Q tile, turn)] in the kernel's visiting order, from the
+    kernel's formulas (attn/block.cuh: q_block_begin, q_block_end, kv_block_end; the writer's turn)."""
+    diag, n_tiles = sk - sq, -(-sk // bn)
+    out = []
+    for x in range(n_tiles):
+        j = n_tiles - 1 - x if order == _configs.DQ_ORDER_KV_DESC else x
+        n0 = j * bn
+        m_begin = _cdiv_c(n0 - diag, bm) if causal and n0 - diag > 0 else 0
+        num_m = max(0, -(-sq // bm) - m_begin)
+        items = []
+        for h in range(group):
+            for it in range(num_m):
+                m = m_begin + num_m - 1 - it if order == _configs.DQ_ORDER_Q_DESC else m_begin + it
+                last = _cdiv_c(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
+                items.append((h, m, last - j if order == _configs.DQ_ORDER_KV_DESC else j))
+        out.append((j, items))
+    return out
+
+
+def _run(blocks, slots):
+    """Blocks start in order as slots free up; a resident block adds (h, m) once that counter reads its turn.
+    Returns ({(h, m): [KV tiles in the order they added]}, deadlocked)."""
+    counters, adders, resident, queue = {}, {}, [], list(blocks)
+    while queue or resident:
+        while queue and len(resident) < slots:
+            j, items = queue.pop(0)
+            resident.append([j, list(items)])
+        moved = False
+        for b in resident:
+            while b[1] and counters.get(b[1][0][:2], 0) == b[1][0][2]:
+                h, m, _ = b[1].pop(0)
+                counters[(h, m)] = counters.get((h, m), 0) + 1
+                adders.setdefault((h, m), []).append(b[0])
+                moved = True
+        resident = [b for b in resident if b[1]]
+        if not moved and resident:
+            return adders, True
+    return adders, False
+
+
+@pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC])
+@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
+                                   (4096, 4096), (4095, 4097), (130, 2100)])
+@pytest.mark.parametrize("group", [1, 3])
+def test_ordered_causal_turns(order, bm, sq, sk, group):
+    """Every Q tile's turns are a permutation of 0 .. (KV tiles that see it) - 1 -- exactly the KV tiles the mask
+    lets see it (a prefix), each once -- and the blocks finish with any number of resident blocks (in-order
+    dispatch), so the additions run in one fixed order: deterministic, no deadlock."""
+    blocks = _ordered_blocks(sq, sk, bm, group, order)
+    diag = sk - sq
+    turns = {}
+    for j, items in blocks:
+        for h, m, t in items:
+            turns.setdefault((h, m), []).append((t, j))
+    for (h, m), tj in turns.items():
+        seen = sorted(j for _, j in tj)
+        # the KV tiles whose keys some row of Q tile m sees (bottom-right causal), rows past seqlen_q included
+        assert seen == [j for j in range(-(-sk // 128)) if j * 128 <= (m + 1) * bm - 1 + diag], (h, m)
+        assert sorted(t for t, _ in tj) == list(range(len(tj))), (h, m, tj)
+    # Q tiles whose rows all see no key are never waited for (their dQ stays the preprocess's zeros)
+    assert all((m + 1) * bm - 1 + diag >= 0 for _, m in turns)
+    expect = None
+    for slots in (1, 2, 5, 132):
+        adders, dead = _run(blocks, slots)
+        assert not dead, slots
+        assert expect is None or adders == expect  # the same order whatever the residency
+        expect = adders
+
+
+def test_the_emulation_sees_a_deadlock():
+    """The emulation's check is live: KV tiles last first without the reversed dispatch (block x = KV tile x) waits
+    on a block that cannot start while one slot holds the waiter."""
+    blocks = _ordered_blocks(1000, 1000, 64, 1, _configs.DQ_ORDER_KV_DESC)[::-1]
+    assert _run(blocks, 1)[1] and not _run(blocks, 132)[1]
+
+
+def test_ordered_causal_takes_the_kv_desc_kernel(res):
+    rec = res["deterministic causal"]
+    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
+    assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
+    assert rec[1][1] == [-(-777 // 128), 2, 2]
+    # the other strategies and the non-causal "ordered" keep the plain kernel
+    assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
+    assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
+    with pytest.raises(ValueError, match="order"):
+        _configs.sm90_bwd_spec("float16", 128, False, order=_configs.DQ_ORDER_KV_DESC)

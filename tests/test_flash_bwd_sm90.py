@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import _bwd_sm90, _fwd_sm90, backward as bwd_mod, reference
+from cuflash import _bwd_sm90, _configs, _fwd_sm90, backward as bwd_mod, reference
+from cuflash._launch import get_launcher
 from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
 
 pytestmark = pytest.mark.gpu
@@ -104,6 +105,55 @@ def test_deterministic_is_bitwise(dq_strategy, d, causal):
         again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
                                             dq_strategy=dq_strategy, backend="sm90")
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.fixture(params=["kv_desc", "q_desc"])
+def causal_order(request, monkeypatch):
+    """"ordered" under the causal mask in the package's order (KV tiles last first) and the alternative (Q tiles
+    last first, cuflash._bwd_sm90.CAUSAL_ORDER), fresh plans for each."""
+    order = {"kv_desc": _configs.DQ_ORDER_KV_DESC, "q_desc": _configs.DQ_ORDER_Q_DESC}[request.param]
+    monkeypatch.setattr(_bwd_sm90, "CAUSAL_ORDER", order)
+    bwd_mod._PLANS.clear()
+    yield order
+    bwd_mod._PLANS.clear()
+
+
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
+                                            (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
+                                            (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128)])
+def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
+    """The causal "ordered" kernels: ragged tails, seqlen_q != seqlen_k both ways (rows that see no key: zero dQ;
+    KV tiles whose range begins past the first Q tiles), GQA / MQA; bitwise repeatable, and the plan's kernel is the
+    order's."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
+                                             deterministic=True)
+    spec = _configs.sm90_bwd_spec("float16", _configs.kernel_headdim(d), True, order=causal_order)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+    if sq > sk:
+        assert torch.count_nonzero(first[0][:, : sq - sk]) == 0
+    for _ in range(3):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_ordered_causal_more_kv_tiles_than_sms(causal_order):
+    """133 KV tiles of one head (more blocks than the H200's 132 SMs hold at once): every block's wait is on one
+    that started before it, so the grid finishes; the gradients match the atomic strategy's to fp32 rounding."""
+    import torch
+
+    q, k, v = torch_inputs((1, 17000, 1, 64), (1, 17000, 1, 64), "bfloat16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    ref = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="atomic", backend="sm90")
+    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
+    torch.cuda.synchronize()
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (a.float() - r.float()).abs().max().item()
+        assert err <= 2 ** -6 * r.float().abs().max().item(), (name, err)
+    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
 def test_ordered_is_refused_where_it_cannot_run():

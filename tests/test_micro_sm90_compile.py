@@ -1,7 +1,7 @@
 """CPU: the Hopper microbenchmark kernels (cuda_src/micro/micro_sm90.cu) compile for sm_90a without spills or local
 memory, their SASS holds the instruction each benchmark claims to measure (HGMMA of the right shape, dtype and A
-operand form, UTMALDG, SYNCS.*) with no ptxas note that wgmma was serialized (when cuobjdump is available), and
-the pure-Python helpers of bench/bench_micro_sm90.py are right on canned data."""
+operand form, UTMALDG, SYNCS.*, UBLKRED) with no ptxas note that wgmma was serialized (when cuobjdump is
+available), and the pure-Python helpers of bench/bench_micro_sm90.py are right on canned data."""
 import re
 
 import numpy as np
@@ -82,6 +82,8 @@ def test_sass_has_the_measured_instruction_and_no_local_memory():
             assert info["opcodes"].count("UTMALDG.4D") >= 2, name
         if "wgmma" not in name:
             assert n_hgmma == 0, name
+        if "bulk_reduce" in name:  # the dQ writer's instruction, once per loop trip (UBLKRED.G.S.ADD.F32.RN)
+            assert [o for o in info["opcodes"] if o.startswith("UBLKRED")] == ["UBLKRED.G.S.ADD.F32.RN"], name
     # fp16 and bf16 are different HGMMA opcodes; the rs form with B MN-major reads B transposed (.tnspB)
     h = kernels[b9.tput_name("__half", 128, b9.FORM_RS, 1)]["hgmma"]
     assert all(op == "HGMMA.64x128x16.F32" and b.endswith(".tnspB") for op, _, b in h), h
@@ -113,6 +115,14 @@ def test_specs_are_consistent():
     assert b9.FORM_SS.trans_b == 0 and b9.FORM_RS.trans_b == 1 and b9.FORM_RS.rs and not b9.FORM_SS.rs
     for p in b9.MBAR_SIDES:
         assert b9.pingpong_name(p) in names
+    # bulk reductions: 16 and 32 KB tiles waiting for the read, 32 KB (the dQ tile at d64 / d128) for the adds too
+    for t in (16384, 32768):
+        assert b9.bulk_name(t, False) in names
+    assert b9.bulk_name(32768, True) in names
+    for s in specs:
+        if "bulk_reduce" in s.name:
+            assert s.threads == 128 and s.smem <= 48 * 1024
+    assert [b9.bulk_dests(d, 528) for d in b9.BULK_DESTS] == [1, 8, 528]
 
 
 def test_suite_is_registered():

@@ -1,7 +1,8 @@
 """GPU (sm_90): the Hopper microbenchmark kernels compute what they claim -- every wgmma kernel's accumulators equal
 numpy's A B on random data (the shared-memory descriptors, the 128-byte swizzle and the rs A fragments are right),
-the TMA kernel reads the tensor's words where the swizzle puts them, the mbarrier round trips finish -- and a
-quick run of the micro90 suite gives a value and a passing SASS check for every record."""
+the TMA kernel reads the tensor's words where the swizzle puts them, the mbarrier round trips finish, the bulk
+reductions' sums are exact -- and a quick run of the micro90 suite gives a value and a passing SASS check for
+every record."""
 import time
 
 import pytest
@@ -59,6 +60,19 @@ def test_mbarrier_round_trips_finish(ctx):
         assert r["metric"] == "latency" and r["value"] is not None and 0 < r["value"] < 1e5, r
 
 
+@pytest.mark.parametrize("tile_bytes,wait_done", b9.bulk_configs())
+@pytest.mark.parametrize("dest", b9.BULK_DESTS)
+def test_bulk_reduce_sums_exactly(ctx, tile_bytes, wait_done, dest):
+    """Every destination tile holds the sum of its blocks' tiles (one, 8 or distinct destinations, 2 blocks per SM
+    plus a ragged few)."""
+    torch = ctx.torch
+    grid = 2 * ctx.sms + 3
+    src = torch.randint(0, 16, (grid * tile_bytes // 4,), device="cuda").float() / 16
+    dst = torch.full_like(src, float("nan"))
+    lau = ctx.launcher(b9.bulk_spec(tile_bytes, wait_done))
+    assert b9.bulk_check(ctx, lau, src, dst, grid, b9.bulk_dests(dest, grid), tile_bytes, iters=3)
+
+
 def test_micro90_quick_run():
     pytest.importorskip("torch")
     import torch
@@ -69,7 +83,7 @@ def test_micro90_quick_run():
     errors = [r for r in recs if r.get("metric") == "error"]
     assert not errors, [(r["name"], r["variant"], r.get("error", "")[-400:]) for r in errors]
     names = {r["name"] for r in recs}
-    assert {"wgmma.ss", "wgmma.rs", "tma.load", "mbarrier"} <= names
+    assert {"wgmma.ss", "wgmma.rs", "tma.load", "mbarrier", "bulk.reduce"} <= names
     for r in recs:
         if r.get("metric") == "skipped":
             continue

@@ -17,6 +17,13 @@ namespace cuflash {
 // DQ_ORDERED (the Hopper backward only): the atomic accumulator, added to in KV-tile order (a semaphore per 64
 // accumulator rows, int32, right after the accumulator in the workspace, zeroed by the preprocess).
 enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
+// The Hopper backward's visiting order (its ORDER template parameter; cuflash/_configs.py: the same numbers).
+// DQ_ORDER_PLAIN: block x is KV tile x, the Q tiles ascending; under DQ_ORDERED KV tile j adds after 0 .. j - 1.
+// The other two are compiled for DQ_ORDERED with the causal mask only, where a block's Q tiles begin at its diagonal:
+// DQ_ORDER_KV_DESC: block x is KV tile (KV tiles - 1 - x), so the shorter ranges start first, and each Q tile takes
+//   the additions of the KV tiles that see it from the last one down (the last one sees it at its first step);
+// DQ_ORDER_Q_DESC: block x is KV tile x, each head's Q tiles last first (every block starts at the last Q tile).
+enum DqOrder { DQ_ORDER_PLAIN = 0, DQ_ORDER_Q_DESC = 1, DQ_ORDER_KV_DESC = 2 };
 
 // The fp32 row buffers (lse_log2, D, each dQ accumulator split) have seqlen_q_pad rows per (batch element, head),
 // a multiple of BWD_ROW_PAD (cuflash/_configs.py: the same number), or packed, seqlen_q_pad rows per head holding

@@ -7,7 +7,9 @@
 //   2. TMA loads (cp.async.bulk.tensor.4d, UTMALDG) of K/V-shaped boxes from a tensor much larger than L2 into
 //      a ring of shared-memory stages, each completing on an mbarrier: bytes per second;
 //   3. mbarrier round trips (SYNCS.*): arrive on one barrier, try_wait.parity on another, between two sides of
-//      1, 32 or 128 threads (the producer / consumer stage handoff), and one thread's arrive + wait.
+//      1, 32 or 128 threads (the producer / consumer stage handoff), and one thread's arrive + wait;
+//   4. and the Hopper backward's dQ writer: bulk reductions (cp.reduce.async.bulk .add.f32) of 16-32 KB fp32 tiles
+//      from shared into global memory, many blocks adding into one, 8 or distinct destination tiles.
 //
 // Conventions (as cuda_src/micro/micro.cu):
 //   * every measured result is stored, so nothing can be removed; operands are random data the host uploads
@@ -369,6 +371,45 @@ __global__ void __launch_bounds__(32, 1) micro90_mbar_self_kernel(uint32_t* out,
   const int64_t t1 = clock64();
   out[0] = static_cast<uint32_t>(iters);
   micro90_record_clock(clk, t0, t1, iters * 8);
+}
+
+// ================================================================================ 4. bulk reduction
+// The dQ writer of flash_bwd_sm90.cu, alone: block b copies its TILE_BYTES fp32 tile src[b] into shared memory
+// (all threads; fenced for the async proxy), then one thread adds it into dst tile (b % n_dst), `iters` times, as
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (one bulk group each), waiting after each until
+// the source has been read (WAIT_DONE false: wait_group.read 0, the "atomic" strategy's handoff of the staging) or
+// until the adds are done in global memory (true: wait_group 0, "ordered"'s wait before the next KV tile's turn).
+// n_dst = 1: every block into one tile (a Q tile that all KV tiles see); 8; grid: distinct tiles. Dynamic shared
+// memory: 1024 + TILE_BYTES. dst holds the sums (the host checks them); steps (clk) = iters.
+template <int TILE_BYTES, bool WAIT_DONE>
+__global__ void __launch_bounds__(128, 1)
+    micro90_bulk_reduce_kernel(const float* src, float* dst, int64_t* clk, int64_t iters, int64_t n_dst) {
+  static_assert(TILE_BYTES % (128 * 16) == 0, "the tile is a whole number of block-wide float4 copies");
+  constexpr int FLOATS = TILE_BYTES / 4;
+  extern __shared__ __align__(1024) unsigned char micro90_smem[];
+  float* tile = reinterpret_cast<float*>(micro90_align1024(micro90_smem));
+  const float* s = src + static_cast<int64_t>(blockIdx.x) * FLOATS;
+#pragma unroll 1
+  for (int i = 4 * threadIdx.x; i < FLOATS; i += 4 * 128)
+    *reinterpret_cast<float4*>(tile + i) = *reinterpret_cast<const float4*>(s + i);
+  fence_proxy_async_shared();  // the stores, before the bulk reductions (the async proxy) read them
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float* d = dst + (static_cast<int64_t>(blockIdx.x) % n_dst) * FLOATS;
+  const uint32_t a = smem_addr(tile);
+  const int64_t t0 = clock64();
+#pragma unroll 1
+  for (int64_t i = 0; i < iters; ++i) {
+    bulk_reduce_add_f32(d, a, TILE_BYTES);
+    bulk_commit_group();
+    if (WAIT_DONE)
+      bulk_wait_group<0>();
+    else
+      bulk_wait_group_read<0>();
+  }
+  bulk_wait_group<0>();  // (the last adds done before the block ends)
+  const int64_t t1 = clock64();
+  micro90_record_clock(clk, t0, t1, iters);
 }
 
 }  // namespace cuflash

@@ -1,0 +1,172 @@
+"""Diagnostic (GPU, compute capability 9.0): the Hopper backward's deterministic dQ strategy "ordered" under the
+causal mask in its three visiting orders (cuda_src/flash_bwd_sm90.cu, ORDER; cuflash._bwd_sm90.CAUSAL_ORDER)
+next to the default "atomic" strategy and SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2
+grid's causal points (batch 16k / seqlen, 2048 / d heads) and a few GQA points:
+
+    python -m bench.diag.ordered_probe [--rounds N] [--quick] [--json FILE]
+    python -m bench.diag.ordered_probe --model      (CPU: the scheduling model's prediction, no GPU)
+
+Variants: atomic; plain (ordered, KV tiles ascending from each block's diagonal: the order before the change);
+kv_desc (ordered, KV tiles last first: the package's); q_desc (ordered, Q tiles last first). Each cuflash variant
+is one plan (cuflash.backward._make_plan) called directly, `CALLS` back-to-back calls per timing (cuDNN through
+autograd the same way, so its host latency overlaps too). Before timing, each ordered variant's gradients must equal
+a second run bitwise and the atomic strategy's to fp32 rounding; a failure prints FAIL and sets exit status 1.
+The table (last) gives ms and each variant's speed as a fraction of atomic's (atomic ms / variant ms)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from cuflash._configs import DQ_ORDER_KV_DESC, DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC
+
+CALLS = 5
+VARIANTS = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("kv_desc", DQ_ORDER_KV_DESC), ("q_desc", DQ_ORDER_Q_DESC))
+
+
+def points(quick=False):
+    """(dtype, d, seqlen, batch, heads, kv heads)."""
+    out = []
+    for dt in ("float16", "bfloat16"):
+        for d in (64, 128):
+            for s in ((2048, 16384) if quick else (2048, 4096, 8192, 16384)):
+                out.append((dt, d, s, 16384 // s, 2048 // d, 2048 // d))
+    out += [("float16", 128, 4096, 4, 16, 2), ("float16", 128, 16384, 1, 16, 2), ("float16", 64, 16384, 1, 32, 8)]
+    return out
+
+
+def _plan(views, causal, strategy, order):
+    from cuflash import _bwd_sm90, backward as bwd_mod
+
+    old = _bwd_sm90.CAUSAL_ORDER
+    try:
+        if order is not None:
+            _bwd_sm90.CAUSAL_ORDER = order
+        plan = bwd_mod._make_plan(*views, None, causal, strategy, strategy == "ordered", None, "auto", None,
+                                  backend="sm90")
+    finally:
+        _bwd_sm90.CAUSAL_ORDER = old
+    ptrs = tuple(a.ptr for a in views)
+    return lambda: plan.run(*ptrs)
+
+
+def run_point(dt, d, s, b, h, hk, rounds):
+    import torch
+
+    import cuflash
+    from cuflash.backward import check_backward_inputs
+
+    from ..harness import sdpa, time_ms, time_rounds
+
+    tdt = getattr(torch, dt)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=tdt)
+    k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=tdt) for _ in range(2))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    views = check_backward_inputs(dout, q, k, v, out, lse)
+    fns = {name: _plan(views, True, "atomic" if order is None else "ordered", order) for name, order in VARIANTS}
+    ok = True
+    ref = [x.float() for x in fns["atomic"]()]
+    for name, order in VARIANTS[1:]:
+        a, again = fns[name](), fns[name]()
+        torch.cuda.synchronize()
+        bitwise = all(torch.equal(x, y) for x, y in zip(a, again))
+        close = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(a, ref))
+        if not (bitwise and close):
+            ok = False
+            print(f"FAIL {dt} d{d} s{s} h{h}/{hk} {name}: bitwise repeat {bitwise}, matches atomic {close}", flush=True)
+        del a, again
+    del ref
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    dot = dout.transpose(1, 2).contiguous()
+    try:
+        ot = sdpa("cudnn")(qt, kt, vt, True, None, hk != h)
+        fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+    except RuntimeError as e:  # (a case cuDNN's SDPA backend refuses: no reference for this point)
+        print(f"sdpa cudnn refused {dt} d{d} s{s} h{h}/{hk}: {str(e)[:200]}", flush=True)
+    timer = lambda fn: time_ms(lambda: [fn() for _ in range(CALLS)], rep=5) / CALLS  # noqa: E731
+    timed = time_rounds(fns, rounds, timer=timer)
+    del fns
+    torch.cuda.empty_cache()
+    return {name: ms for name, (ms, _) in timed.items()}, ok
+
+
+def model(quick=False):
+    """The scheduling model behind bench/NOTES.md's prediction: 132 SMs, one block each, blocks started in grid
+    order as SMs free up, one time unit per (head, Q tile), the writer's bulk add 0.25 units after the tile is
+    staged and the turn has come, the consumers one staged tile ahead of the writer. Returns rows of (point,
+    {variant: fraction of atomic's speed})."""
+    import heapq
+
+    def simulate(s, bm, h, hk, b, scheme, r=0.25, sms=132):
+        bn, group = 128, h // hk
+        n, m_total = -(-s // bn), -(-s // bm)
+        blocks = [(bb, kh, j) for bb in range(b) for kh in range(hk)
+                  for j in (range(n - 1, -1, -1) if scheme == "kv_desc" else range(n))]
+        done, free, end = {}, [0.0] * sms, 0.0
+        for bb, kh, j in blocks:
+            t = w = heapq.heappop(free)
+            ms = list(range(j * bn // bm, m_total))
+            if scheme == "q_desc":
+                ms.reverse()
+            for hh in range(group):
+                for m in ms:
+                    staged = max(t + 1.0, w)
+                    if scheme == "atomic":
+                        dep = 0.0
+                    elif scheme == "kv_desc":
+                        dep = done.get((bb, kh, hh, m, j + 1), 0.0) if j < min(n - 1, ((m + 1) * bm - 1) // bn) else 0.0
+                    else:
+                        dep = done.get((bb, kh, hh, m, j - 1), 0.0) if j else 0.0
+                    w = max(staged, dep) + r
+                    done[(bb, kh, hh, m, j)] = w
+                    t = staged
+            end = max(end, t, w)
+            heapq.heappush(free, max(t, w))
+        return end
+
+    rows = []
+    for dt, d, s, b, h, hk in points(quick):
+        if dt != "float16":
+            continue
+        bm = 128 if d == 64 else 64
+        t = {sc: simulate(s, bm, h, hk, b, sc) for sc in ("atomic", "plain", "kv_desc", "q_desc")}
+        rows.append(((d, s, b, h, hk), {sc: t["atomic"] / t[sc] for sc in t}))
+    return rows
+
+
+def main(argv):
+    if "--model" in argv:
+        print("model (fraction of atomic's speed; fp16 and bf16 alike)")
+        print(f"{'d':>4} {'seqlen':>6} {'b':>2} {'h/hk':>6} | " + " ".join(f"{n:>8}" for n, _ in VARIANTS[1:]))
+        for (d, s, b, h, hk), fr in model("--quick" in argv):
+            print(f"{d:>4} {s:>6} {b:>2} {f'{h}/{hk}':>6} | " + " ".join(f"{fr[n]:>8.2f}" for n, _ in VARIANTS[1:]))
+        return 0
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        print("needs a compute capability 9.0 GPU (the sm90 backward)")
+        return 2
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
+    rows, all_ok = [], True
+    for pt in points("--quick" in argv):
+        ms, ok = run_point(*pt, rounds)
+        all_ok &= ok
+        rows.append((pt, ms, ok))
+        print(pt, {k: round(v, 3) if v else v for k, v in ms.items()}, flush=True)
+    if "--json" in argv:
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump([dict(dtype=p[0], d=p[1], seqlen=p[2], batch=p[3], heads=p[4], kv_heads=p[5], ms=m, ok=ok)
+                       for p, m, ok in rows], f, indent=1)
+    print("\ncausal backward, ms per call (atomic, cuDNN) and ordered's speed as a fraction of atomic's")
+    print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'atomic':>7} {'cudnn':>7} | "
+          + " ".join(f"{n:>8}" for n, _ in VARIANTS[1:]) + " | check")
+    for (dt, d, s, b, h, hk), ms, ok in rows:
+        a = ms.get("atomic")
+        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in VARIANTS[1:])
+        cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
+        print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,8 @@
 randomly initialised models (no downloads), against the same weights with "sdpa" in bf16: Llama (causal, GQA)
 logits, loss and every gradient; generation with the model's cache (prefill, then one-token steps: the scores of
 each step); Mistral's sliding window; padded batches (left and right padding, through flash_attn_varlen_func):
-logits at the real tokens, gradients, and generation from a left-padded batch."""
+logits at the real tokens, gradients, and generation from a left-padded batch; the attention function alone on a
+generation step with a left-padded mask (the KV-cache route) and with a hole (the packed route)."""
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -125,3 +126,46 @@ def test_llama_generation_left_padded():
         assert close(so, sr), step
         if not torch.equal(gr.sequences[:, 60 + step], go.sequences[:, 60 + step]):
             break
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (64, None), (None, 30.0)])
+def test_left_padded_step_and_hole_mask_against_reference(window, softcap):
+    """The attention function on one generation step with a 2-D mask: left padding takes the KV-cache kernel with
+    each row's padding count (a row of padding only: zeros), a mask with a hole takes the packed path; both against
+    float64 attention over each row's real keys, within 2x torch's own bf16 error (conftest's rule)."""
+    import types
+
+    import numpy as np
+    import torch
+
+    import cuflash.integrations.transformers as integ
+    from cuflash import reference
+    from conftest import assert_close_to_ref, to_np, torch_attention_lowp
+
+    b, h, hk, d, sk = 4, 8, 2, 128, 333
+    module = types.SimpleNamespace(is_causal=True)
+    scale = d ** -0.5
+    q = torch.randn(b, h, 1, d, device="cuda").bfloat16()
+    k, v = (torch.randn(b, hk, sk, d, device="cuda").bfloat16() for _ in range(2))
+    left = torch.ones(b, sk, dtype=torch.long, device="cuda")
+    for row, n in ((1, 37), (2, 250), (3, sk)):
+        left[row, :n] = 0
+    hole = left.clone()
+    hole[0, 100:120] = 0
+    kw = dict(scaling=scale, sliding_window=window, softcap=softcap)
+    for mask in (left, hole):
+        out, _ = integ.cuflash_attention_forward(module, q, k, v, mask, **kw)
+        assert out.shape == (b, 1, h, d)
+        m = mask.bool().cpu().numpy()
+        win = (window - 1, 0) if window else (-1, -1)
+        for r in range(b):
+            keys = np.flatnonzero(m[r])
+            if keys.size == 0:
+                assert not out[r].float().abs().any(), "a row of padding only gives zeros"
+                continue
+            idx = torch.from_numpy(keys).cuda()
+            qr, kr, vr = (x[r:r + 1].transpose(1, 2) for x in (q, k[:, :, idx], v[:, :, idx]))
+            ref = reference.attention_forward(to_np(qr), to_np(kr), to_np(vr), scale, True, win,
+                                              float(softcap or 0.0))[0]
+            lowp = torch_attention_lowp(qr, kr, vr, scale, True, win, float(softcap or 0.0))
+            assert_close_to_ref(f"row {r}", out[r:r + 1], lowp, ref)

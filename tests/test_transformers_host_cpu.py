@@ -157,7 +157,7 @@ sys.path.insert(0, ROOT)
 # a numpy stand-in of the torch calls the padded path makes
 torch = types.ModuleType("torch")
 torch.int32, torch.bool, torch.float32 = np.int32, np.bool_, np.float32
-calls = dict(nonzero=0)
+calls = dict(nonzero=0, equal=0)
 _ptr = [1 << 20]
 
 class Tensor:
@@ -174,6 +174,11 @@ class Tensor:
 
     shape = property(lambda self: self.a.shape)
     dtype = property(lambda self: self.a.dtype)
+    device = "cuda:0"
+    def __rsub__(self, x): return Tensor(x - self.a)
+    def __ge__(self, x): return Tensor(self.a >= x.a)
+    def to(self, dt): return Tensor(self.a.astype(dt))
+    def contiguous(self): return self
     def dim(self): return self.a.ndim
     def data_ptr(self): return self._ptr
     def is_inference(self): return False
@@ -197,7 +202,12 @@ def nonzero(x, as_tuple=False):
     calls["nonzero"] += 1
     return Tensor(np.argwhere(x.a))
 
-torch.Tensor, torch.nonzero = Tensor, nonzero
+def equal(x, y):  # a flag read back from the device
+    calls["equal"] += 1
+    return bool(np.array_equal(x.a, y.a))
+
+torch.Tensor, torch.nonzero, torch.equal = Tensor, nonzero, equal
+torch.arange = lambda n, device=None: Tensor(np.arange(n))
 torch.cumsum = lambda x, dim, dtype: Tensor(np.cumsum(x.a, axis=dim, dtype=dtype))
 torch.nn = types.SimpleNamespace(functional=types.SimpleNamespace(pad=lambda x, p: Tensor(np.pad(x.a, p))))
 torch.is_grad_enabled = lambda: False
@@ -205,16 +215,21 @@ sys.modules["torch"] = torch
 tfm = types.ModuleType("transformers")
 tfm.AttentionInterface = types.SimpleNamespace(register=lambda name, fn: None)
 sys.modules["transformers"] = tfm
-from cuflash import varlen
+from cuflash import kvcache, varlen
 from cuflash.integrations import transformers as integ
 
-seen = []
+seen, leads = [], []
 
 def varlen_stub(q, k, v, cu_q, cu_k, max_q, max_k, *opts):  # records the packing, returns q + k-sums per row
     seen.append([cu_q.a.tolist(), cu_k.a.tolist(), int(max_q.a), int(max_k.a), q.a.shape[0], k.a.shape[0]])
     return Tensor(q.a * 2.0)
 
+def kvcache_stub(q, k_cache, v_cache, cache_leftpad=None, **kw):  # records each row's padding
+    leads.append([cache_leftpad.a.tolist(), k_cache.a.shape[1], sorted(kw)])
+    return Tensor(q.a * 2.0)
+
 varlen.flash_attn_varlen_func = varlen_stub
+kvcache.flash_attn_with_kvcache = kvcache_stub
 module = types.SimpleNamespace(is_causal=True)
 rng = np.random.default_rng(0)
 b, h, hk, d, layers = 3, 4, 2, 8, 4
@@ -222,7 +237,7 @@ res = {}
 
 def model_call(mask, sq, sk):
     # one model call: every layer gets the same mask tensor (transformers' create_causal_mask)
-    n0, s0 = calls["nonzero"], len(seen)
+    n0, e0, s0, l0 = calls["nonzero"], calls["equal"], len(seen), len(leads)
     outs = []
     for _ in range(layers):
         q = Tensor(rng.standard_normal((b, sq, h, d)).astype(np.float32)).transpose(1, 2)
@@ -234,16 +249,17 @@ def model_call(mask, sq, sk):
         qa = np.swapaxes(q.a, 1, 2)
         ref[m[:, -sq:]] = 2.0 * qa[m[:, -sq:]]
         outs.append(bool(np.array_equal(out.a, ref)))
-    return dict(nonzero=calls["nonzero"] - n0, same_out=all(outs), packings=seen[s0:])
+    return dict(nonzero=calls["nonzero"] - n0, equal=calls["equal"] - e0, same_out=all(outs), packings=seen[s0:],
+                leads=leads[l0:])
 
 pad = np.ones((b, 40), np.int64)
 pad[1, :7] = 0; pad[2, :31] = 0
 mask = Tensor(pad.astype(bool))
 res["prefill"] = model_call(mask, 40, 40)
 step = Tensor(np.concatenate([pad, np.ones((b, 1), np.int64)], 1).astype(bool))
-res["step"] = model_call(step, 1, 41)
+res["step"] = model_call(step, 1, 41)  # left padding: no packing, each row's padding to the KV-cache kernel
 res["step_again"] = model_call(step, 1, 41)  # the same tensor, unchanged: nothing recomputed
-step.zero_row_((0, 3))  # changed in place: packed anew
+step.zero_row_((0, 3))  # changed in place, a hole in row 0 (no longer left padding): packed
 res["changed"] = model_call(step, 1, 41)
 res["int_mask"] = model_call(Tensor(pad), 40, 40)  # a 0/1 integer mask: packed from its bool copy
 print("RESULT" + json.dumps(res))
@@ -260,10 +276,21 @@ def padded():
 
 def test_padded_packing_once_per_mask(padded):
     assert padded["prefill"]["nonzero"] == 1  # keys and queries are the same columns
-    assert padded["step"]["nonzero"] == 2  # the keys' and the last column's
-    assert padded["step_again"]["nonzero"] == 0
-    assert padded["changed"]["nonzero"] == 2
+    assert padded["prefill"]["equal"] == 0  # several queries: no left-padding route
+    assert (padded["step"]["nonzero"], padded["step"]["equal"]) == (0, 1)  # one left-padding test, no packing
+    assert (padded["step_again"]["nonzero"], padded["step_again"]["equal"]) == (0, 0)
+    assert (padded["changed"]["nonzero"], padded["changed"]["equal"]) == (2, 1)  # the keys' and the last column's
     assert padded["int_mask"]["nonzero"] == 1
+
+
+def test_left_padded_step_skips_packing(padded):
+    """A generation step whose mask is left padding runs the KV-cache kernel on the keys in place, with each row's
+    padding count (rows of 41 keys: 0, 7 and 31 of padding), no score options when there are none."""
+    for tag in ("step", "step_again"):
+        r = padded[tag]
+        assert r["same_out"] and r["packings"] == [], tag
+        assert r["leads"] == [[[0, 7, 31], 41, ["causal", "softmax_scale"]]] * 4, (tag, r["leads"])
+    assert padded["changed"]["leads"] == [] and padded["prefill"]["leads"] == []
 
 
 def test_padded_packing_values(padded):
@@ -272,8 +299,5 @@ def test_padded_packing_values(padded):
         r = padded[tag]
         assert r["same_out"], tag
         assert all(p == [cu, cu, 40, 40, 82, 82] for p in r["packings"]), (tag, r["packings"][0])
-    for tag in ("step", "step_again"):
-        r = padded[tag]
-        assert r["same_out"] and all(p == [[0, 1, 2, 3], [0, 41, 75, 85], 1, 41, 3, 85] for p in r["packings"])
     r = padded["changed"]
     assert r["same_out"] and all(p == [[0, 1, 2, 3], [0, 40, 74, 84], 1, 40, 3, 84] for p in r["packings"])

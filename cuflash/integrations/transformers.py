@@ -17,13 +17,17 @@ sliding_window - 1 before it) and Gemma's soft-cap (`softcap`). The mask is tran
 batch, the 2-D padding mask [batch, keys] (1: a real token, left or right padding): the real tokens are gathered
 into packed sequences and run through cuflash.flash_attn_varlen_func (each sequence causal on its own, bottom-right
 aligned), and the output scattered back (zeros at padded query positions). The queries' own mask is the last
-seqlen_q columns of the keys' (transformers' convention: prefill, or generation steps after left padding).
+seqlen_q columns of the keys' (transformers' convention: prefill, or generation steps after left padding). A
+generation step (one query per row, no dropout) whose mask is left padding (each row: padding, then tokens) needs
+none of that: the keys stay where they are and cuflash.flash_attn_with_kvcache skips each row's padding
+(`cache_leftpad`).
 
-Host cost: a model call hands every layer the same mask tensor, so the packing of a mask (torch.nonzero, which waits
-for the device, and the prefix sums) is computed once per mask tensor, query length and in-place version and reused
-by the other layers (`_mask_packing`; not for inference tensors, which have no version counter, nor under
-torch.compile, which traces it in every layer); a generation step with the model's cache runs one plan for every
-step (cuflash._fwd: the plans of a growing KV cache).
+Host cost: a model call hands every layer the same mask tensor, so what a mask gives -- its packing (torch.nonzero,
+which waits for the device, and the prefix sums) or its left padding (one comparison read back) -- is computed once
+per mask tensor, in-place version and query length and reused by the other layers (`_per_mask`; not for inference
+tensors, which have no version counter, nor under torch.compile, which traces the packing in every layer and takes
+no left-padding route); a generation step with the model's cache runs one plan for every step (cuflash._fwd: the
+plans of a growing KV cache).
 """
 from __future__ import annotations
 
@@ -66,29 +70,45 @@ def _packing(mask):
     return idx, cu, lens.max()
 
 
-_MASKS: list = []  # (weak reference to a mask, its version, data pointer, seqlen_q, its packing), newest last
+def _left_padding(mask):
+    """int32 [batch]: the padding entries of each row of mask [batch, keys] when every row is padding then tokens
+    (left padding, as generation pads), else None. Reads one flag back from the device."""
+    sk = mask.shape[1]
+    lead = (sk - mask.sum(dim=1, dtype=torch.int32)).to(torch.int32)
+    prefix = torch.arange(sk, device=mask.device)[None, :] >= lead[:, None]
+    return lead.contiguous() if torch.equal(mask, prefix) else None
+
+
+_MASKS: list = []  # (weak reference to a mask, its version, data pointer, what, its value), newest last
 _MAX_MASKS = 4  # a model call's masks (models with sliding-window layers have two), and the previous call's
+
+
+def _per_mask(attention_mask, what, make):
+    """make(attention_mask.bool()), made once per mask tensor, in-place version and `what` (module docstring)."""
+    # an inference tensor has no version counter (in-place changes unseen): made on every call, as under compile
+    memo = not compiling() and not attention_mask.is_inference()
+    if memo:
+        ver, ptr = attention_mask._version, attention_mask.data_ptr()
+        for ref, v, p, w, value in _MASKS:
+            if ref() is attention_mask and v == ver and p == ptr and w == what:
+                return value
+    value = make(attention_mask.bool())
+    if memo:
+        if len(_MASKS) >= _MAX_MASKS:
+            del _MASKS[0]
+        _MASKS.append((weakref.ref(attention_mask), ver, ptr, what, value))
+    return value
 
 
 def _mask_packing(attention_mask, sq):
     """The packing of the keys (mask [batch, keys]) and of the queries (its last sq columns): ((idx, cu, max) of
-    the keys, (idx, cu, max) of the queries), made once per mask tensor, in-place version and sq (module
-    docstring); the same tensors as _packing's of each, the queries' being the keys' when sq is the key count."""
-    # an inference tensor has no version counter (in-place changes unseen): packed on every call, as under compile
-    memo = not compiling() and not attention_mask.is_inference()
-    if memo:
-        ver, ptr = attention_mask._version, attention_mask.data_ptr()
-        for ref, v, p, n, packing in _MASKS:
-            if ref() is attention_mask and v == ver and p == ptr and n == sq:
-                return packing
-    mask_k = attention_mask.bool()
-    pk = _packing(mask_k)
-    packing = pk, pk if sq == mask_k.shape[1] else _packing(mask_k[:, -sq:])
-    if memo:
-        if len(_MASKS) >= _MAX_MASKS:
-            del _MASKS[0]
-        _MASKS.append((weakref.ref(attention_mask), ver, ptr, sq, packing))
-    return packing
+    the keys, (idx, cu, max) of the queries), once per mask (_per_mask); the queries' is the keys' when sq is the
+    key count."""
+    def make(mask_k):
+        pk = _packing(mask_k)
+        return pk, pk if sq == mask_k.shape[1] else _packing(mask_k[:, -sq:])
+
+    return _per_mask(attention_mask, sq, make)
 
 
 def _padded(q, k, v, attention_mask, opts):
@@ -103,6 +123,15 @@ def _padded(q, k, v, attention_mask, opts):
     if tuple(attention_mask.shape) != (b, sk):
         raise ValueError(f"cuflash: the padding mask has shape {tuple(attention_mask.shape)}, not (batch, keys) = "
                          f"{(b, sk)}")
+    dropout, scaling, causal, window, softcap = opts
+    if sq == 1 and not dropout and not compiling():  # a generation step: left padding needs no packing
+        lead = _per_mask(attention_mask, "left", _left_padding)
+        if lead is not None:
+            from .. import kvcache
+
+            mods = {} if window == (-1, -1) and not softcap else dict(window_size=window, softcap=softcap)
+            return kvcache.flash_attn_with_kvcache(q, k, v, cache_leftpad=lead, softmax_scale=scaling, causal=causal,
+                                                   **mods)
     (idx_k, cu_k, max_k), (idx_q, cu_q, max_q) = _mask_packing(attention_mask, sq)
     kp = k.reshape(b * sk, *k.shape[2:]).index_select(0, idx_k)
     vp = v.reshape(b * sk, *v.shape[2:]).index_select(0, idx_k)

@@ -42,10 +42,10 @@ def test_simulated_ring_matches_reference(dtype, causal, layout, n, h, hk, d):
     dout = torch.randn_like(q)
     scale = d ** -0.5
 
-    def sh(x):
-        return [cd.shard(x, r, n, layout).contiguous().requires_grad_(x.requires_grad) for r in range(n)]
+    def sh(x):  # leaf shards, as each rank would hold them
+        return [cd.shard(x, r, n, layout).contiguous().requires_grad_() for r in range(n)]
 
-    qs, ks, vs = (sh(x.requires_grad_()) for x in (q, k, v))
+    qs, ks, vs = (sh(x) for x in (q, k, v))
     outs, lses = cd.simulated_ring_flash_attn_func(qs, ks, vs, causal=causal, layout=layout, return_lse=True)
     torch.autograd.backward(outs, [cd.shard(dout, r, n, layout) for r in range(n)])
     out = cd.unshard(outs, layout)
@@ -89,7 +89,7 @@ def test_simulated_ring_forward_only_and_errors():
 
 def _torchrun(n, *args, timeout=300):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
            str(ROOT / "bench" / "diag" / "ring_check.py"), *args]
     r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout + r.stderr

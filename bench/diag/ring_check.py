@@ -118,19 +118,16 @@ def _timer(fn, warmup, rep):
     import torch
     import torch.distributed as dist
 
+    from bench.harness import event_median_ms
+
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(rep):
+
+    def sync():
         dist.barrier()
         torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times)[len(times) // 2]
+
+    return event_median_ms(fn, rep, before=sync)
 
 
 def bench(args):

@@ -52,8 +52,17 @@ def time_ms(fn, warmup=3, rep=20, min_warmup_ms=20.0) -> float:
         if n >= 200:
             break
     torch.cuda.synchronize()
+    return event_median_ms(fn, rep)
+
+
+def event_median_ms(fn, rep, before=None) -> float:
+    """Median of `rep` CUDA-event timings of fn() (no warm-up); before(), if given, runs untimed ahead of each."""
+    import torch
+
     times = []
     for _ in range(rep):
+        if before is not None:
+            before()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()

@@ -114,6 +114,11 @@ SUITES = {s.name: s for s in (
     Suite("decode_paged", "bench_decode", "decode_paged", 0.6,
           "paged KV caches (page sizes 16 and 256, pages in a random order) against contiguous ones, and the "
           "rotary append step"),
+    Suite("cp", "bench_cp", "cp", 6.0,
+          "context parallelism (cuflash.distributed ring attention, zigzag) under torchrun on 2, 4, 8 GPUs (as many as "
+          "are visible; NCCL, NVLink multicast off): time per step forward and forward + backward at 128k-1M, causal "
+          "or not, hdim 128 bf16, next to the same loop without communication and one GPU on the whole sequence "
+          "(overlap, scaling efficiency); with one GPU only the one-GPU baseline and the simulation overhead"),
     Suite("micro", "bench_micro", "micro", 1.5, "instruction-level microbenchmarks (cuda_src/micro/micro.cu)"),
     Suite("micro90", "bench_micro_sm90", "micro90", 0.3,
           "Hopper instruction microbenchmarks (cuda_src/micro/micro_sm90.cu, sm_90a): wgmma ss/rs, TMA, mbarrier"),

@@ -9,7 +9,8 @@
   (`cuflash.reference.attention_flops`: 4 * B * H * Sq * Sk * D, halved for causal, x2.5 for the backward;
   the only definition, every benchmark goes through `record`), and the kernel path of a cuflash record in
   its `backend` field.
-* `header`: GPU, driver, clocks and library versions of a results file.
+* `header`: GPU, driver, clocks and library versions of a results file, the checkout's HEAD (`commit`) and the
+  git trees of the code as it ran (`source`: cuflash/ and cuda_src/, uncommitted changes included).
 
 Nothing here imports torch or CuPy at module level: `import bench` works on a machine without a GPU."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
 
 SDPA_PROVIDERS = ("flash", "cudnn", "efficient")
@@ -191,6 +193,34 @@ def git_commit(path=None):
         return None
 
 
+SOURCE_DIRS = ("cuflash", "cuda_src")
+
+
+def source_trees(path=None):
+    """{"cuflash": tree, "cuda_src": tree}: the git tree hashes of those folders as they are in the working tree at
+    `path` (tracked and untracked files, uncommitted changes included; ignored files not), made through a temporary
+    index so the checkout's own is untouched; or None without git. A tree equals `git rev-parse COMMIT:cuflash` of
+    every commit that holds exactly these files, so a run on a copy of the tree whose HEAD (git_commit) is older
+    than its files still names the code it ran: `git log --format='%H %T' ...` or `git rev-parse REV:cuflash`
+    finds the commit."""
+    path = str(path or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+
+            def git(*args):
+                r = subprocess.run(["git", "-C", path, *args], env=env, capture_output=True, text=True, timeout=60)
+                if r.returncode:
+                    raise RuntimeError(r.stderr.strip())
+                return r.stdout.strip()
+
+            git("add", "-A", "--", *SOURCE_DIRS)
+            tree = git("write-tree")
+            return {d: git("rev-parse", f"{tree}:{d}") for d in SOURCE_DIRS}
+    except Exception:  # noqa: BLE001 - no git, not a checkout: the header says None
+        return None
+
+
 def header() -> dict:
     """GPU, clocks, driver and library versions (torch, CUDA, CuPy, NVRTC, triton) of this run."""
     import cupy
@@ -203,6 +233,7 @@ def header() -> dict:
         torch=torch.__version__, torch_cuda=torch.version.cuda, cupy=cupy.__version__,
         cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), nvrtc=".".join(map(str, cupy.cuda.nvrtc.getVersion())),
         triton=_version("triton"), python=platform.python_version(), commit=git_commit(),
+        source=source_trees(),
         date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     )
 

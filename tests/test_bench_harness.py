@@ -461,3 +461,37 @@ def test_compare_suites_run_on_stubs(monkeypatch, tmp_path):
     assert all(r["backend"] in ("sm80", "decode") for r in recs if r.get("tree"))
     md = compare.markdown({"gpu": "stub"}, recs)
     assert "## decode (us per call)" in md and "## bwd (TFLOP/s)" in md
+
+
+def test_source_trees_name_the_code_as_it_ran(tmp_path):
+    """harness.source_trees: the trees of cuflash/ and cuda_src/ in the working tree, uncommitted and untracked
+    files included (ignored ones not), equal to those of the commit that holds the same files, whatever HEAD is;
+    the checkout's own index untouched; None outside a checkout."""
+    import os
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True,
+                              env=dict(os.environ, GIT_AUTHOR_NAME="a", GIT_AUTHOR_EMAIL="a@b", GIT_COMMITTER_NAME="a",
+                                       GIT_COMMITTER_EMAIL="a@b")).stdout.strip()
+
+    git("init", "-q")
+    for d in harness.SOURCE_DIRS:
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "a.txt").write_text(d)
+    (tmp_path / ".gitignore").write_text("*.pyc\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    first = harness.source_trees(tmp_path)
+    assert first == {d: git("rev-parse", f"HEAD:{d}") for d in harness.SOURCE_DIRS}
+    (tmp_path / "cuflash" / "a.txt").write_text("changed")  # an uncommitted change
+    (tmp_path / "cuflash" / "new.txt").write_text("new")  # an untracked file
+    (tmp_path / "cuflash" / "x.pyc").write_text("ignored")
+    now = harness.source_trees(tmp_path)
+    assert now["cuflash"] != first["cuflash"] and now["cuda_src"] == first["cuda_src"]
+    assert git("diff", "--cached", "--name-only") == ""  # nothing staged in the checkout's own index
+    git("add", "-A")
+    git("commit", "-qm", "two")
+    assert now == {d: git("rev-parse", f"HEAD:{d}") for d in harness.SOURCE_DIRS}
+    outside = tmp_path.parent / (tmp_path.name + "-plain")  # no checkout
+    outside.mkdir()
+    assert harness.source_trees(outside) is None

@@ -5,6 +5,7 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_bwd_check
     compute-sanitizer --tool racecheck python -m bench.diag.sm90_bwd_check --quick
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_bwd_check --quick
+    ... [--dq atomic,ordered,seqpar] [--causal-only]    (a subset: those dQ strategies, the causal cases only)
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
@@ -55,11 +56,13 @@ def main(argv):
     dtypes = ("float16",) if quick else ("float16", "bfloat16")
     cases = [(1, 130, 77, 2, 1), (1, 77, 200, 2, 2)] if quick else [(1, 130, 77, 2, 1), (1, 77, 200, 2, 2),
                                                                      (2, 1, 1, 2, 2), (1, 300, 301, 4, 2)]
+    strategies = argv[argv.index("--dq") + 1].split(",") if "--dq" in argv else ("atomic", "ordered", "seqpar")
+    causals = (True,) if "--causal-only" in argv else (False, True)
     failed = 0
     for dtype in dtypes:
         for d in (64, 96, 128):
-            for causal in (False, True):
-                for dq in ("atomic", "ordered", "seqpar"):
+            for causal in causals:
+                for dq in strategies:
                     for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):
                         if (quick and opts and dq != "atomic") or (opts and (causal or dq == "ordered")):
                             continue

@@ -17,6 +17,11 @@ import sys
 import numpy as np
 
 
+# the absolute floor of the GPU tests' rule (tests/conftest.py: ERR_FLOOR): a gradient that is exactly 0 (one key:
+# dS = P (dP - D) = 0) comes out at the fp32 rounding of dP - D, where torch's own error can be 0
+ERR_FLOOR = 1e-5
+
+
 def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
     import torch
 
@@ -47,7 +52,7 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
     for ours, lp, r in zip(grads, (qq.grad, kk.grad, vv.grad), ref):
         e, el = np.abs(f(ours) - r).max(), np.abs(f(lp) - r).max()
         errs.append(e)
-        ok &= bool(np.isfinite(f(ours)).all()) and e <= 3.0 * el + 1e-6
+        ok &= bool(np.isfinite(f(ours)).all()) and e <= 3.0 * el + ERR_FLOOR
     return ok, errs
 
 

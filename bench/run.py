@@ -57,10 +57,12 @@ def _on_sigterm(signum, frame):
     raise _Stopped()
 
 
-def run_suites(names, out_dir, options=None, head=None, records=None):
+def run_suites(names, out_dir, options=None, head=None, records=None, deadline=None):
     """Run the suites `names` in order; records filed under the suite's name. Returns (header, records).
     results.json is saved after every suite; on SIGTERM the records the running suite had made so far are saved
-    (header `suite_status`: "stopped") and the run ends."""
+    (header `suite_status`: "stopped") and the run ends. deadline (time.time() seconds): a suite whose rough time
+    (Suite.minutes, of the whole suite: options that shrink it do not count) would end past it is not started
+    (`suite_status`: "skipped (budget)"); the next ones may still fit."""
     from . import harness
     from .suites import SUITES
 
@@ -76,6 +78,11 @@ def run_suites(names, out_dir, options=None, head=None, records=None):
     try:
         for name in names:
             t1 = time.time()
+            if deadline is not None and t1 + 60.0 * SUITES[name].minutes > deadline:
+                head.setdefault("suite_status", {})[name] = "skipped (budget)"
+                print(f"== {name} skipped: about {SUITES[name].minutes:.1f} min, {max(0.0, deadline - t1) / 60:.1f} "
+                      f"min of the budget left", flush=True)
+                continue
             print(f"== {name}", flush=True)
             harness.LIVE = []
             status = "done"
@@ -114,9 +121,12 @@ def write_report(head, records, out_dir):
         traceback.print_exc()
 
 
-def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None):
+def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, budget_min=None):
+    """Precompile, the GPU tests, then the suites (run_suites; `budget_min`: the whole run's minutes, precompile and
+    tests included, past which no suite is started)."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
+    deadline = None if budget_min is None else t0 + 60.0 * budget_min
     if do_precompile:
         try:
             precompile(out_dir, jobs)
@@ -132,7 +142,7 @@ def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jo
         names.insert(0, "ceilings")
     head, records = {}, []
     if names:
-        head, records = run_suites(names, out_dir, options)
+        head, records = run_suites(names, out_dir, options, deadline=deadline)
         write_report(head, records, out_dir)
     print(f"total {time.time() - t0:.0f}s; results in {out_dir}", flush=True)
     return head, records

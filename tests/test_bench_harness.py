@@ -137,6 +137,25 @@ def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys)
     assert len(saved["records"]) == 2 and set(saved["header"]["suite_seconds"]) == {"t_bad", "t_ok"}
 
 
+def test_a_budget_skips_the_suites_that_would_end_past_it(tmp_path, monkeypatch, capsys):
+    """run_suites(deadline=): a suite whose rough minutes end past the deadline is not started and is marked
+    "skipped (budget)"; a later, shorter one still runs; without a deadline every suite runs."""
+    import time
+
+    from bench import run
+
+    for name, minutes in (("t_short", 0.001), ("t_long", 30.0), ("t_after", 0.001)):
+        monkeypatch.setitem(suites.SUITES, name, suites.Suite(name, "harness", "x", minutes, "doc"))
+    monkeypatch.setattr(suites.Suite, "resolve", lambda self: (lambda: [dict(provider="flash", mode=self.name, ms=1.0)]))
+    head, recs = run.run_suites(["t_short", "t_long", "t_after"], str(tmp_path), head={"gpu": "test"},
+                                deadline=time.time() + 60.0)
+    assert [r["section"] for r in recs] == ["t_short", "t_after"]
+    assert head["suite_status"] == {"t_short": "done", "t_long": "skipped (budget)", "t_after": "done"}
+    assert "t_long skipped: about 30.0 min" in capsys.readouterr().out
+    head, recs = run.run_suites(["t_short", "t_long"], str(tmp_path), head={"gpu": "test"})
+    assert [r["section"] for r in recs] == ["t_short", "t_long"]
+
+
 def test_a_suite_stopped_by_sigterm_keeps_its_points(tmp_path):
     """A time limit's SIGTERM in the middle of a suite: the records it had made are saved, marked stopped, and
     the suites after it do not run (a real process, killed by a real signal)."""

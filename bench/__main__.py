@@ -2,7 +2,7 @@
 
     python -m bench list                                  # the suites, what each measures, rough minutes
     python -m bench fwd --out DIR [--seqlens 1024,4096]   # one suite (or a comma list) -> DIR/results.json, .md
-    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none] [--budget MINUTES]
+    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none] [--time-limit MINUTES]
                                                           # precompile, GPU tests (DIR/gpu-tests.xml, tests.log),
                                                           # the suites, DIR/results.json, results.md, plots
     python -m bench compare --base OLD_CHECKOUT --out DIR [--suites fwd,bwd,decode,latency]
@@ -44,7 +44,7 @@ def parser():
     ap.add_argument("--dtypes", type=_strs, default=None, help="comma list: float16,bfloat16")
     ap.add_argument("--headdims", type=_ints, default=None, help="comma list: 64,128")
     ap.add_argument("--rounds", type=int, default=None, help="rounds timed in turn (suites that take it)")
-    ap.add_argument("--budget", type=float, default=None,
+    ap.add_argument("--time-limit", type=float, default=None,
                     help="minutes for the whole run (with 'all': precompile and tests included): a suite whose rough "
                          "time (python -m bench list) would end past them is skipped, the next ones may still fit")
     return ap
@@ -64,11 +64,11 @@ def main(argv=None):
     options = dict(seqlens=args.seqlens, dtypes=args.dtypes, headdims=args.headdims, rounds=args.rounds)
     if args.command == "all":
         run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs,
-                    args.budget)
+                    args.time_limit)
         return 0
     names = suites.resolve_list(args.command)
     os.makedirs(args.out, exist_ok=True)
-    deadline = None if args.budget is None else time.time() + 60.0 * args.budget
+    deadline = None if args.time_limit is None else time.time() + 60.0 * args.time_limit
     head, records = run.run_suites(names, args.out, options, deadline=deadline)
     run.write_report(head, records, args.out)
     return 0

@@ -62,7 +62,7 @@ def run_suites(names, out_dir, options=None, head=None, records=None, deadline=N
     results.json is saved after every suite; on SIGTERM the records the running suite had made so far are saved
     (header `suite_status`: "stopped") and the run ends. deadline (time.time() seconds): a suite whose rough time
     (Suite.minutes, of the whole suite: options that shrink it do not count) would end past it is not started
-    (`suite_status`: "skipped (budget)"); the next ones may still fit."""
+    (`suite_status`: "skipped (time limit)"); the next ones may still fit."""
     from . import harness
     from .suites import SUITES
 
@@ -79,9 +79,9 @@ def run_suites(names, out_dir, options=None, head=None, records=None, deadline=N
         for name in names:
             t1 = time.time()
             if deadline is not None and t1 + 60.0 * SUITES[name].minutes > deadline:
-                head.setdefault("suite_status", {})[name] = "skipped (budget)"
+                head.setdefault("suite_status", {})[name] = "skipped (time limit)"
                 print(f"== {name} skipped: about {SUITES[name].minutes:.1f} min, {max(0.0, deadline - t1) / 60:.1f} "
-                      f"min of the budget left", flush=True)
+                      f"min left before the time limit", flush=True)
                 continue
             print(f"== {name}", flush=True)
             harness.LIVE = []
@@ -121,12 +121,12 @@ def write_report(head, records, out_dir):
         traceback.print_exc()
 
 
-def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, budget_min=None):
-    """Precompile, the GPU tests, then the suites (run_suites; `budget_min`: the whole run's minutes, precompile and
+def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None):
+    """Precompile, the GPU tests, then the suites (run_suites; `time_limit_min`: the whole run's minutes, precompile and
     tests included, past which no suite is started)."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
-    deadline = None if budget_min is None else t0 + 60.0 * budget_min
+    deadline = None if time_limit_min is None else t0 + 60.0 * time_limit_min
     if do_precompile:
         try:
             precompile(out_dir, jobs)

@@ -130,7 +130,7 @@ SUITES = {s.name: s for s in (
 
 # `python -m bench all` without --suites: the forward headline (Hopper and mma.sync kernels next to SDPA), latency
 # and the Hopper microbenchmarks, about 7.6 minutes; with the precompile and the GPU tests (about 6 minutes) that is
-# more than one 10-minute command: `--budget 9.5` starts only the suites that fit (or name --suites, --seqlens);
+# more than one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --suites, --seqlens);
 # the backward (suite bwd, about 5 minutes) and decoding (decode) are runs of their own
 DEFAULT_ALL = ("ceilings", "fwd90", "latency", "micro90")
 

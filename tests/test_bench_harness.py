@@ -137,9 +137,9 @@ def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys)
     assert len(saved["records"]) == 2 and set(saved["header"]["suite_seconds"]) == {"t_bad", "t_ok"}
 
 
-def test_a_budget_skips_the_suites_that_would_end_past_it(tmp_path, monkeypatch, capsys):
+def test_a_time_limit_skips_the_suites_that_would_end_past_it(tmp_path, monkeypatch, capsys):
     """run_suites(deadline=): a suite whose rough minutes end past the deadline is not started and is marked
-    "skipped (budget)"; a later, shorter one still runs; without a deadline every suite runs."""
+    "skipped (time limit)"; a later, shorter one still runs; without a deadline every suite runs."""
     import time
 
     from bench import run
@@ -150,7 +150,7 @@ def test_a_budget_skips_the_suites_that_would_end_past_it(tmp_path, monkeypatch,
     head, recs = run.run_suites(["t_short", "t_long", "t_after"], str(tmp_path), head={"gpu": "test"},
                                 deadline=time.time() + 60.0)
     assert [r["section"] for r in recs] == ["t_short", "t_after"]
-    assert head["suite_status"] == {"t_short": "done", "t_long": "skipped (budget)", "t_after": "done"}
+    assert head["suite_status"] == {"t_short": "done", "t_long": "skipped (time limit)", "t_after": "done"}
     assert "t_long skipped: about 30.0 min" in capsys.readouterr().out
     head, recs = run.run_suites(["t_short", "t_long"], str(tmp_path), head={"gpu": "test"})
     assert [r["section"] for r in recs] == ["t_short", "t_long"]

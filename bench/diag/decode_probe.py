@@ -1,6 +1,6 @@
 """Diagnostic (GPU): the decode combine and split count on the latency-bound decoding cases.
 
-    python -m bench.diag.decode_probe [--quick] [--budget SECONDS]
+    python -m bench.diag.decode_probe [--quick] [--time-limit SECONDS] [--json FILE]
 
 (a) Correctness: flash_attn_with_kvcache's split path (flash_decode_combine_kernel, "block") and the previous one
     (flash_combine_kernel, "warp") against the float64 reference on a handful of shapes: MQA 32/1 and GQA 32/8 and
@@ -17,7 +17,7 @@
                that gets the caches expanded to 32 heads, outside the timing)
     every graph of a case replayed in turn (harness.time_rounds, ROUNDS rounds), medians. The last table: us per
     call and, per cuflash column, cuDNN's time over it ("x cudnn": >= 1.00 means at or below cuDNN's time).
-With $OUT set, the records go to $OUT/decode_probe.json as well. Stops timing new cases after --budget seconds
+With --json, the records go to that file as well. Stops timing new cases after --time-limit seconds
 (default 140) so that the whole run stays under 3 minutes on an H200.
 """
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 
@@ -135,16 +134,16 @@ def _sdpa_fn(prov, q, kc, vc, h, hk):
         return lambda: fn(qt, ke, ve)
 
 
-def timing(budget_s: float, h=32, d=128) -> list:
+def timing(limit_s: float, h=32, d=128) -> list:
     import torch
 
     from cuflash.decode import plan_for, run_plan
 
     bw = 4.2e12  # only for the floor column; the ratios are between providers of one run
     recs = []
-    for hk, b, s, kv_bytes, late in grid_cases(KV_HEADS, BATCHES, CACHES, d, MAX_KV_BYTES, budget_s):
+    for hk, b, s, kv_bytes, late in grid_cases(KV_HEADS, BATCHES, CACHES, d, MAX_KV_BYTES, limit_s):
         if late:
-            print(f"b={b} hk={hk} s={s}: skipped (past the {budget_s:.0f} s budget)", flush=True)
+            print(f"b={b} hk={hk} s={s}: skipped (past the {limit_s:.0f} s time limit)", flush=True)
             continue
         q, kc, vc, seqlens, _, floor_us = _cache_case(b, s, hk, h, d, bw)
         new = plan_for(q, kc, vc, cache_seqlens=seqlens)
@@ -203,15 +202,16 @@ def table(recs) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.diag.decode_probe")
     ap.add_argument("--quick", action="store_true", help="fewer split counts in the correctness part")
-    ap.add_argument("--budget", type=float, default=140.0, help="seconds after which no new timing case starts")
+    ap.add_argument("--time-limit", type=float, default=140.0,
+                    help="seconds after which no new timing case starts")
+    ap.add_argument("--json", default=None, help="also write the records to this file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     ok = correctness(args.quick)
     print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    recs = timing(max(10.0, args.budget - (time.perf_counter() - t0)))
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "decode_probe.json"), "w") as f:
+    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)))
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump(dict(correct=ok, records=recs), f, indent=1)
     print(f"\ndecode probe ({time.perf_counter() - t0:.0f} s): GPU us per call in CUDA-graph replay, medians of "
           f"{ROUNDS} rounds; x cudnn = cuDNN's time / ours (>= 1.00: at or below cuDNN); correctness "

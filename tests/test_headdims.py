@@ -106,15 +106,22 @@ def test_strided_views_and_neighbours(backend):
     q, k, v = (x[..., :80] for x in big)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, backend=backend)
     check_fwd(q, k, v, out, lse, True, f"strided {backend}")
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    o = cuflash.flash_attn_func(qg, kg, vg, causal=True, backend=backend)
+    check_view_grads(q, k, v, True, "strided", lambda x: x.clone().requires_grad_(), backend=backend)
+
+
+def check_view_grads(q, k, v, causal, what, leaf, **kw):
+    """Autograd gradients of flash_attn_func on leaf(q), leaf(k), leaf(v) against the float64 reference."""
+    import torch
+
+    qg, kg, vg = (leaf(x) for x in (q, k, v))
+    o = cuflash.flash_attn_func(qg, kg, vg, causal=causal, **kw)
     dout = torch.randn_like(o)
     o.backward(dout)
-    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, True)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, causal)
     qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    torch_attention_lowp(qq, kk, vv, 80 ** -0.5, True).backward(dout)
+    torch_attention_lowp(qq, kk, vv, q.shape[-1] ** -0.5, causal).backward(dout)
     for name, ours, lp, r in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), (qq.grad, kk.grad, vv.grad), ref):
-        assert_close_to_ref(f"{name} strided", ours, lp, r, factor=3.0)
+        assert_close_to_ref(f"{name} {what}", ours, lp, r, factor=3.0)
 
 
 def test_headdim_validation():
@@ -225,20 +232,11 @@ def test_odd_forward(d, causal, sq, sk):
 
 def test_odd_strides_aligned_headdim():
     """Head dim 64 with rows of 67 elements: the UA kernel by the strides alone (forward and backward)."""
-    import torch
-
     q, k, v = (odd_views((2, 150, 4, 64), pad=3, offset=0) for _ in range(3))
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     check_fwd(q, k, v, out, lse, True, "odd strides d64")
-    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-    o = cuflash.flash_attn_func(qg, kg, vg, causal=True)
-    dout = torch.randn_like(o)
-    o.backward(dout)
-    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, True)
-    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    torch_attention_lowp(qq, kk, vv, 64 ** -0.5, True).backward(dout)
-    for name, ours, lp, r in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), (qq.grad, kk.grad, vv.grad), ref):
-        assert_close_to_ref(f"{name} odd strides", ours, lp, r, factor=3.0)
+    # leaves that keep the odd strides (a detached view, not a copy)
+    check_view_grads(q, k, v, True, "odd strides", lambda x: x.detach().requires_grad_())
 
 
 @pytest.mark.parametrize("d", [1, 17, 59, 111, 203, 255])

@@ -9,7 +9,6 @@ of CUDA-event timings after warm-up, SDPA FLASH timed in the same call at the al
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 
@@ -17,18 +16,12 @@ import sys
 def timed(fn, warmup=5, iters=20):
     import torch
 
+    from bench.harness import event_median_ms
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return event_median_ms(fn, iters)
 
 
 def main(argv=None) -> int:

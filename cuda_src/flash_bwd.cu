@@ -104,8 +104,9 @@ constexpr int SM80_MAX_SMEM = 163 * 1024;
 // columns, 16 bytes, of O and dO) of [b, h, sq_pad]: D = rowsum(dO * O), lse_log2, and (atomic/loop) zero the fp32 dQ
 // accumulator (the row's D floats in memory order; over all rows of a 16-row band that is the whole band, whatever
 // the layout inside it). Rows that saw no key (LSE = -inf) and padding rows get lse_log2 = +inf, so that the main
-// kernel's exp2(S - lse_log2) is 0 there instead of exp2(-inf + inf) = NaN.
-template <typename T, int D, int LPR>
+// kernel's exp2(S - lse_log2) is 0 there instead of exp2(-inf + inf) = NaN. UA: O and dO rows that are not 16-byte
+// units, read element by element (common/tile.cuh: load_elems).
+template <typename T, int D, int LPR, bool UA = false>
 __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
   static_assert(LPR * 8 >= D && LPR <= 32 && (LPR & (LPR - 1)) == 0, "preprocess: lanes per row");
   const int64_t rows = bwd_ws_rows(p, p.cu_seqlens_q != nullptr);
@@ -130,14 +131,18 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
   float dsum = 0.f;
   if (live && real && c < p.head_dim) {  // columns past the inputs' head dim add nothing
     const int64_t o_at = b * p.o_batch_stride + qrow * p.o_row_stride + h * p.o_head_stride + c;
-    const uint4 o = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.o) + o_at);
-    const uint4 g = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride +
-                                                     qrow * p.do_row_stride + h * p.do_head_stride + c);
-    // O + its rounding residual (when the forward wrote one) is the forward's fp32 output: D's error is then not
-    // the rounding of O times dO, which the dominant key's dP - D of a peaked row does not cancel
+    const T* o_src = reinterpret_cast<const T*>(p.o) + o_at;
+    const T* g_src = reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + qrow * p.do_row_stride +
+                     h * p.do_head_stride + c;
+    const uint4 o = UA ? load_elems(o_src, (int)p.head_dim - c) : *reinterpret_cast<const uint4*>(o_src);
+    const uint4 g = UA ? load_elems(g_src, (int)p.head_dim - c) : *reinterpret_cast<const uint4*>(g_src);
+    // O + its rounding residual (when the forward wrote one, with O's strides) is the forward's fp32 output: D's
+    // error is then not the rounding of O times dO, which the dominant key's dP - D of a peaked row does not cancel
     // (bench/NOTES.md, "Backward numerics")
-    const uint4 res = p.o_res ? *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.o_res) + o_at)
-                              : make_uint4(0u, 0u, 0u, 0u);
+    const T* r_src = reinterpret_cast<const T*>(p.o_res) + o_at;
+    const uint4 res = !p.o_res ? make_uint4(0u, 0u, 0u, 0u)
+                      : UA     ? load_elems(r_src, (int)p.head_dim - c)
+                               : *reinterpret_cast<const uint4*>(r_src);
     const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w}, rw[4] = {res.x, res.y, res.z, res.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -166,8 +171,9 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
 
 // dQ = softmax_scale * sum of the fp32 partials. One thread per 16-byte slot of the fragment-tiled accumulator
 // (coalesced float4 reads): rows g and g + 8 of a band, columns 2t and 2t + 1. For "seqpar" only the KV tiles a
-// row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq).
-template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE>
+// row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq). UA: dQ rows that are not
+// 16-byte units (2-byte stores; the column past an odd head dim skipped).
+template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE, bool UA = false>
 __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
   const int64_t slots = bwd_ws_rows(p, p.cu_seqlens_q != nullptr) * (D / 4);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -213,6 +219,12 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   const float scale = (float)p.softmax_scale;
   T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h) +
           i0 * p.dq_row_stride + c;
+  if constexpr (UA) {
+    store_pair_elems(dq, pack2<T>(sum.x * scale, sum.y * scale), c, (int)p.head_dim);
+    if (i0 + 8 < si.seqlen_q)
+      store_pair_elems(dq + 8 * p.dq_row_stride, pack2<T>(sum.z * scale, sum.w * scale), c, (int)p.head_dim);
+    return;
+  }
   *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
   if (i0 + 8 < si.seqlen_q)
     *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum.z * scale, sum.w * scale);
@@ -331,32 +343,33 @@ __device__ __forceinline__ void store_a_frags(T* tile, int lds, int row0, const 
 // Rows [m0, m0 + BLOCK_M) of one head's [seqlen_q, D] matrix into a tile, zero-filled past seqlen_q. FAST: a
 // full tile goes without bounds checks (one IMAD.WIDE.U32 per 16-byte chunk, common/tile.cuh); only the 2D
 // partition uses it (at head dim 128 the KV partition's kernels are at 255 registers and it makes them spill).
-template <typename T, int D, int BLOCK_M, int NT, bool FAST>
+// UA: rows that are not 16-byte units, element by element (common/tile.cuh: PAD_ELEM).
+template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool UA = false>
 __device__ __forceinline__ void load_rows(T* dst, const T* head, int64_t row_stride, int m0, int seqlen_q, int tid,
                                           int cols) {
-  if (FAST && m0 + BLOCK_M <= seqlen_q)
+  if (FAST && !UA && m0 + BLOCK_M <= seqlen_q)
     FullTileLoader<BLOCK_M, D, NT, T>(head, row_stride, tid, cols).copy(dst, m0);
   else
-    load_tile_async<BLOCK_M, D, NT, PAD_COPY>(dst, head, row_stride, m0, seqlen_q, tid, cols);
+    load_tile_async<BLOCK_M, D, NT, UA ? PAD_ELEM : PAD_COPY>(dst, head, row_stride, m0, seqlen_q, tid, cols);
 }
 
-template <typename T, int D, int BLOCK_M, int NT, bool FAST>
+template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool UA = false>
 __device__ __forceinline__ void load_do_tile(const BwdParams& p, T* do_dst, const SeqInfo& si, int batch, int hq,
                                              int m0, int tid) {
   const T* do_head = reinterpret_cast<const T*>(p.dout) +
                      si.q_offset(p.do_batch_stride, p.do_row_stride, p.do_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(do_dst, do_head, p.do_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
+  load_rows<T, D, BLOCK_M, NT, FAST, UA>(do_dst, do_head, p.do_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
 }
 
 // Loads of one (query head hq, Q tile at row m0) into one pipeline stage: Q, dO tiles (dO only if LOAD_DO),
 // lse_log2 and D rows (fp32 rows are padded to sq_pad: no guard). VARLEN: packed sequences.
-template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool VARLEN, bool LOAD_DO = true>
+template <typename T, int D, int BLOCK_M, int NT, bool FAST, bool VARLEN, bool LOAD_DO = true, bool UA = false>
 __device__ __forceinline__ void load_q_tile(const BwdParams& p, T* q_dst, T* do_dst, float* lse_dst, float* delta_dst,
                                             const SeqInfo& si, int batch, int hq, int m0, int tid) {
   const T* q_head = reinterpret_cast<const T*>(p.q) +
                     si.q_offset(p.q_batch_stride, p.q_row_stride, p.q_head_stride, batch, hq);
-  load_rows<T, D, BLOCK_M, NT, FAST>(q_dst, q_head, p.q_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
-  if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST>(p, do_dst, si, batch, hq, m0, tid);
+  load_rows<T, D, BLOCK_M, NT, FAST, UA>(q_dst, q_head, p.q_row_stride, m0, si.seqlen_q, tid, (int)p.head_dim);
+  if constexpr (LOAD_DO) load_do_tile<T, D, BLOCK_M, NT, FAST, UA>(p, do_dst, si, batch, hq, m0, tid);
   const int64_t row0 = VARLEN ? bwd_ws_base(p, si, batch, true) + hq * p.seqlen_q_pad + m0
                               : ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
   if (tid < BLOCK_M / 4)
@@ -453,12 +466,15 @@ struct BwdSmem {
 //   EXP_IL (2D): dP = dO V^T is computed one k16 step at a time, and P's exps are interleaved with it, 1 / KD of
 //   the S tile after each step, so that MUFU.EX2 issues between the HMMAs instead of as one block queued behind
 //   the ldmatrix of dP in the MIO pipe (S and dP accumulators both live during dP).
+//   UA: rows of Q, K, V, dO, dK, dV that are not 16-byte units (head dims that are not multiples of 8, strides or
+//   base addresses that are not 16-byte aligned): element-wise predicated loads and stores (common/tile.cuh:
+//   PAD_ELEM), the host picking it with the score-modifier masks (MOD_SCORE[_DROPOUT]) and the sm_80 tables only.
 //   VARLEN: packed sequences (attn/seqlen.cuh; BwdParams::cu_seqlens_q): grid x over every element's KV tiles
 //   ("loop": z over the elements, as fixed), each element's lengths and first rows from cu_seqlens. A template
 //   parameter so that the fixed-length kernels keep their lengths in the parameter block, not in registers.
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, int DSPLIT, bool CAUSAL, int SMEM_BYTES,
           int PARTITION, int KUNROLL = 0, bool DQ_BULK = false, bool P_REGS = false, int LOAD_AT = 0,
-          bool EXP_IL = false, int MOD = MOD_NONE, bool VARLEN = false>
+          bool EXP_IL = false, int MOD = MOD_NONE, bool VARLEN = false, bool UA = false>
 // Launch bounds: at head dim 32 the kernels need ~130-200 registers and ptxas (NVRTC 13.5) caps some at 128 to fit
 // two blocks per SM, spilling 4-8 B; one block per SM (the second argument; 0 = no minimum) lets them keep their
 // registers. Other head dims are far above 128 and unaffected (their SASS is identical either way).
@@ -655,11 +671,11 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     if (total > 0) {
       // a head dim below D (common/tile.cuh): K and V zero-padded, Q and dO PAD_COPY (S = Q K^T and dP = dO V^T
       // are exact; the padding columns of dK, dV are not stored, dQ's are K's zeros)
-      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(k_smem, k_ptr(), p.k_row_stride, n0, cur_si().seqlen_k, tid,
+      load_tile_async<BLOCK_N, D, NT, UA ? PAD_ELEM : PAD_ZERO>(k_smem, k_ptr(), p.k_row_stride, n0, cur_si().seqlen_k, tid,
                                                 (int)p.head_dim);
-      load_tile_async<BLOCK_N, D, NT, PAD_ZERO>(v_smem, v_ptr(), p.v_row_stride, n0, cur_si().seqlen_k, tid,
+      load_tile_async<BLOCK_N, D, NT, UA ? PAD_ELEM : PAD_ZERO>(v_smem, v_ptr(), p.v_row_stride, n0, cur_si().seqlen_k, tid,
                                                 (int)p.head_dim);
-      load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN>(p, q_smem, do_smem, lse_smem, delta_smem, cur_si(), cur_batch(),
+      load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN, true, UA>(p, q_smem, do_smem, lse_smem, delta_smem, cur_si(), cur_batch(),
                                           kv_head * group + cur_h, (m_begin + cur_m) * BLOCK_M,
                                           tid);  // dO into stage 0 (DO_STAGES = 1: the only one)
       cp_async_commit();
@@ -689,7 +705,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         if (it + 1 < total) {
           const int nst = stage ^ 1;
           const int hq_next = kv_head * group + cur_h, m0_next = (m_begin + cur_m) * BLOCK_M;
-          load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN, DO_STAGES == 2>(p, q_smem + nst * BLOCK_M * LDS,
+          load_q_tile<T, D, BLOCK_M, NT, P2D, VARLEN, DO_STAGES == 2, UA>(p, q_smem + nst * BLOCK_M * LDS,
                                                               do_smem + nst * BLOCK_M * LDS, lse_smem + nst * BLOCK_M,
                                                               delta_smem + nst * BLOCK_M, cur_si(),
                                                               cur_batch(), hq_next, m0_next, tid);
@@ -1069,7 +1085,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
         if constexpr (DO_STAGES == 1) {
           __syncthreads();  // barrier 3: every warp is done with dO (dP, dV): bring in the next dO tile
           if (it + 1 < total) {
-            load_do_tile<T, D, BLOCK_M, NT, true>(p, do_smem, cur_si(), cur_batch(), kv_head * group + cur_h,
+            load_do_tile<T, D, BLOCK_M, NT, true, UA>(p, do_smem, cur_si(), cur_batch(), kv_head * group + cur_h,
                                                   (m_begin + cur_m) * BLOCK_M, tid);
             cp_async_commit();
           }
@@ -1090,7 +1106,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
     if constexpr (DROP) scale_frags(acc_dv, (float)p.dropout_scale);
 #pragma unroll
     for (int r = 0; r < RBW; ++r)
-      store_dkdv<T, DFO>(p, cur_si(), cur_batch(), kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS,
+      store_dkdv<T, DFO, UA>(p, cur_si(), cur_batch(), kv_head, opaque(n_block) * BLOCK_N + (band0 + r) * 16, cband * DCOLS,
                          acc_dk[r], acc_dv[r], lane);
     __syncthreads();  // "loop": every warp is done with K, V and the exchange buffers before the next KV tile
   }

@@ -37,6 +37,10 @@
 //              grid naming the column slice: the O accumulators of a 512-wide head do not fit one thread's
 //              registers, and the Q K^T of one slice is repeated by the other (1.5x the FLOPs of one block).
 //   VARLEN     packed sequences (attn/seqlen.cuh: FwdParams::cu_seqlens_q; the grid over every element's tiles)
+//   UA         rows that are not 16-byte units (a head dim that is not a multiple of 8, strides or base addresses
+//              that are not 16-byte aligned): every global access of Q, K, V and O element by element, predicated on
+//              the head dim (common/tile.cuh: PAD_ELEM; columns past it zero in shared memory, never stored). The
+//              host compiles it with the score-modifier masks only (plain and causal calls run as bands there).
 //   LOAD_AT    where a step issues the cp.async of the next K / V tile: 0 right after the barrier, 1 after
 //              S = Q K^T. Later issue keeps the S registers live across the copies, so ptxas cannot hand the
 //              copies' address registers to S (the zeroing of S then waited for the copies to read them:
@@ -57,7 +61,7 @@ namespace cuflash {
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
           int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE, int DO = 0,
-          bool VARLEN = false>
+          bool VARLEN = false, bool UA = false>
 // Launch bounds: the packed head-dim-32 kernel is capped at 168 registers by ptxas for sm_90 (to fit more blocks)
 // and spills 28 B there; one block per SM as the minimum (0: none) lets it keep its registers.
 __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
@@ -83,6 +87,8 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
   constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
   static_assert(!(DROP && SPLIT), "dropout: the plain forward only");
   static_assert(!(VARLEN && SPLIT), "packed sequences: the plain forward only");
+  static_assert(!(UA && SPLIT), "rows that are not 16-byte units: the plain forward only");
+  constexpr int PAD_Q = UA ? PAD_ELEM : PAD_ZERO, PAD_KV = UA ? PAD_ELEM : PAD_COPY;
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(D % DV == 0 && DV % 16 == 0 && (DV == D || !SPLIT), "O column slices: whole n8 pairs, no split-KV");
@@ -188,8 +194,8 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
     auto k_stage = [&](int i) { return k_smem + (i & 1) * BLOCK_N * LDS; };
     auto v_stage = [&](int i) { return v_smem + (i & 1) * BLOCK_N * LDSV; };
     // Every tile but the first may be loaded without bounds checks (it lies below a full tile's end).
-    const FullTileLoader<BLOCK_N, D, NT, T> k_loader(k_ptr, p.k_row_stride, tid, hd);
-    const FullTileLoader<BLOCK_N, DV, NT, T> v_loader(v_ptr, p.v_row_stride, tid, hd_v);
+    const FullTileLoader<BLOCK_N, D, NT, T, UA> k_loader(k_ptr, p.k_row_stride, tid, hd);
+    const FullTileLoader<BLOCK_N, DV, NT, T, UA> v_loader(v_ptr, p.v_row_stride, tid, hd_v);
 
     // A warp whose rows all lie past seqlen_q (ragged last tile; decoding) only helps with the loads, and
     // so does a warp on a causal tile that lies entirely above the diagonal of its own rows, or outside their
@@ -217,10 +223,10 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
     // tile i+1 while this step computes on tile i.
     // a head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (S = Q K^T is exact, O's padding
     // columns are not stored)
-    load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
-    load_tile_async<BLOCK_N, D, NT, PAD_COPY>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
+    load_tile_async<BLOCK_M, D, NT, PAD_Q>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
+    load_tile_async<BLOCK_N, D, NT, PAD_KV>(k_stage(0), k_ptr, p.k_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
                                               hd);
-    load_tile_async<BLOCK_N, DV, NT, PAD_COPY>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
+    load_tile_async<BLOCK_N, DV, NT, PAD_KV>(v_stage(0), v_ptr, p.v_row_stride, tile_n(0) * BLOCK_N, seqlen_k, tid,
                                                hd_v);
     cp_async_commit();
     for (int i = 0; i < num_tiles; ++i) {
@@ -313,9 +319,14 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
     for (int c = lane; c < CHUNKS; c += 32) {
       const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
       const int row = m0 + warp * WARP_M + r;
-      if (row < esi.seqlen_q && col < (int)p.head_dim - e_col0)
-        *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
-            *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
+      if (row < esi.seqlen_q && col < (int)p.head_dim - e_col0) {
+        if constexpr (UA)
+          store_elems(o_ptr + (int64_t)row * p.o_row_stride + col,
+                      *reinterpret_cast<const uint4*>(o_tile + r * LDS + col), (int)p.head_dim - e_col0 - col);
+        else
+          *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
+              *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
+      }
     }
   };
   store_o(reinterpret_cast<T*>(p.o) + o_off, false);
@@ -402,7 +413,7 @@ __global__ void dropout_mask_kernel(const __grid_constant__ FwdParams p) {
 
 // KV-cache append, before attending: k_cache[b, seqlens[b] + i] = k_new[b, i] and the same for v, one
 // 16-byte chunk per thread (headdim, a multiple of 8, is a run-time value: any head dim the attention kernels
-// take). Rows that would land past the cache's capacity (seqlen_cache) are dropped (the attention kernel clamps the
+// take; UA: any head dim and 2-byte aligned rows, element by element, without rotary). Rows that would land past the cache's capacity (seqlen_cache) are dropped (the attention kernel clamps the
 // key count to the capacity too). Strides in elements; last dims contiguous. The cache indirections of
 // flash_attn_with_kvcache (null: none):
 //   cache_batch_idx [b]  element b writes cache row cache_batch_idx[b] (kc_bs / vc_bs apart);
@@ -410,7 +421,7 @@ __global__ void dropout_mask_kernel(const __grid_constant__ FwdParams p) {
 //                        block_table[b, r / page_size] (kc_bs / vc_bs: the page strides);
 //   rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]  the new keys are rotated first (attn/rotary.cuh), key i
 //                        of element b at position seqlens[b] + i; the values are copied as they are.
-template <typename T>
+template <typename T, bool UA = false>
 __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, const T* v_new, const int* seqlens,
                                       const int* block_table, const int* cache_batch_idx, const void* rotary_cos,
                                       const void* rotary_sin, int64_t kc_bs, int64_t kc_rs, int64_t kc_hs,
@@ -419,7 +430,7 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
                                       int64_t seqlen_new, int64_t nheads_k, int64_t seqlen_cache, int64_t headdim,
                                       int64_t bt_stride, int64_t page_size, int64_t rotary_dim,
                                       int64_t rotary_interleaved, int64_t seqlen_ro) {
-  const int64_t CHUNKS = headdim / 8;
+  const int64_t CHUNKS = (headdim + 7) / 8;
   const int64_t per_tensor = batch * seqlen_new * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= 2 * per_tensor) return;
@@ -440,6 +451,10 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
   }
   const T* src = is_v ? v_new + b * vn_bs + i * vn_rs + h * vn_hs : k_new + b * kn_bs + i * kn_rs + h * kn_hs;
   T* dst = is_v ? v_cache + dst_b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + dst_b * kc_bs + dst_row * kc_rs + h * kc_hs;
+  if constexpr (UA) {  // (the host runs no rotary embedding here)
+    store_elems(dst + c, load_elems(src + c, (int)headdim - c), (int)headdim - c);
+    return;
+  }
   uint4 x = *reinterpret_cast<const uint4*>(src + c);
   if (!is_v && rotary_cos) {
     const RotaryRow<T> rot = rotary_row<T>(rotary_cos, rotary_sin, (int)rotary_dim, rotary_interleaved != 0,

@@ -34,6 +34,8 @@ def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_pa
     """Why the sm90 backward cannot take these validated views and options, or None when it can."""
     d = qa.shape[3]
     kd = kernel_headdim(d)
+    if d % 8:
+        return f"head dim {d} is not a multiple of 8 (TMA reads 16-byte rows; the sm80 UA kernels run it)"
     if kd not in SM90_BWD_HEADDIMS or d <= SM80_ONLY_MAX_HEADDIM:
         return (f"head dim {d} (the sm90 backward runs the multiples of 8 from {SM80_ONLY_MAX_HEADDIM + 8} to "
                 f"{SM90_BWD_HEADDIMS[-1]})")

@@ -26,7 +26,7 @@ FWD_HEADDIMS = HEADDIMS + (512,)  # the V2 forward's (flash_attn_func): 512 has 
 MAX_HEADDIM = 256
 MAX_FWD_HEADDIM = 512
 SM80_ONLY_MAX_HEADDIM = 32  # head dims up to this run on the sm80 kernels (their 32; the Hopper forward's least is 64)
-HEADDIM_MULTIPLE = 8  # a 16-byte chunk of a row: the unit of every tile load
+HEADDIM_MULTIPLE = 8  # a 16-byte chunk of a row: the unit of the aligned kernels' loads (others: the UA kernels)
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 ELEM_BYTES = 2
@@ -36,10 +36,48 @@ SMEM_ROW_PAD = 8  # elements of padding per shared-memory row (cuda_src/common/t
 def kernel_headdim(headdim: int, compiled=HEADDIMS) -> int | None:
     """The compiled head dim that runs `headdim`: the smallest of `compiled` at or above it (its loads zero-fill the
     columns past `headdim` in shared memory and its stores skip them: cuda_src/common/tile.cuh), or None when
-    `headdim` is above them all or not a multiple of HEADDIM_MULTIPLE."""
-    if headdim < 1 or headdim % HEADDIM_MULTIPLE:
+    `headdim` is above them all or below 1. A head dim that is not a multiple of HEADDIM_MULTIPLE runs on the UA
+    kernels of that head dim (`unaligned`)."""
+    if headdim < 1:
         return None
     return next((c for c in compiled if c >= headdim), None)
+
+
+# ------------------------------------------------------------------------------ rows that are not 16-byte units
+# The UA kernels (cuda_src/common/tile.cuh: PAD_ELEM): every global access of the attention rows element by element,
+# for head dims that are not multiples of 8 and for views whose strides or base addresses are not 16-byte aligned.
+# Kept few: the score-modifier masks only (a plain or causal call runs as the band without edges, or with right = 0:
+# cuflash._mods.resolve(force=True)), the default tile of each, the default backward partition with its sm_80 tile
+# on every device, no split-KV or decode kernel (flash_attn_with_kvcache runs them on the V2 forward, one split).
+UA_MODS = (1, 3)  # (MOD_SCORE, MOD_SCORE_DROPOUT), defined below
+
+
+def unaligned(headdim: int, *arrays) -> bool:
+    """Whether a call needs the UA kernels: a head dim that is not a multiple of HEADDIM_MULTIPLE, or a view (an
+    `Arr`, or None) with a base address or a stride (of a dimension longer than 1, the last excepted) that is not a
+    16-byte multiple."""
+    if headdim % HEADDIM_MULTIPLE:
+        return True
+    for a in arrays:
+        if a is not None and (a.ptr % 16 or any(n > 1 and st % HEADDIM_MULTIPLE
+                                                for n, st in zip(a.shape[:-1], a.strides[:-1]))):
+            return True
+    return False
+
+
+def ua_fwd_tile(headdim: int, mod: int) -> FwdTile:
+    """The UA forward's tile: the default one of its mode with the next K / V tile loaded before S = Q K^T
+    (LOAD_AT 0: the element loads' registers are free again before S is computed); head dim 128 takes its 32-key
+    tile in every mode (the 64-key MOD_SCORE tile spilled 8 B on sm_80)."""
+    if headdim == 128:
+        return FwdTile(128, 32, 4)
+    return replace(fwd_tile(headdim, False, mod), load_at=0)
+
+
+def ua_bwd_tile(headdim: int, dtype: str, mod: int) -> tuple:
+    """(partition, tile) of the UA backward: the default partition, its sm_80 tile (bwd_tiles' varlen table)."""
+    part = BWD_AUTO_PARTITION.get(headdim, "kv")
+    return part, bwd_tiles(part, 80, dtype, mod, varlen=True)[headdim]
 
 
 @dataclass(frozen=True)
@@ -158,9 +196,13 @@ def _mod_checked(causal: bool, mod: int) -> int:
 
 
 def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile | None = None,
-             exp_variant: int = 0, mod: int = 0, varlen: bool = False) -> KernelSpec:
+             exp_variant: int = 0, mod: int = 0, varlen: bool = False, ua: bool = False) -> KernelSpec:
     """The V2 forward kernel (exp_variant: cuda_src/flash_fwd.cu ExpVariant; non-zero only in the V1 ladder; mod:
-    MOD_SCORE for the score modifiers, cuflash/_mods.py; varlen: packed sequences, the VARLEN kernel)."""
+    MOD_SCORE for the score modifiers, cuflash/_mods.py; varlen: packed sequences, the VARLEN kernel; ua: rows that
+    are not 16-byte units, the UA kernel: MOD in UA_MODS, not split)."""
+    if ua and (split or causal or mod not in UA_MODS):
+        raise ValueError(f"the UA forward runs mod in {UA_MODS} without split-KV; got mod={mod!r}, causal={causal!r}, "
+                         f"split={split!r}")
     if split and headdim not in DECODE_TILES:
         raise ValueError(f"the split-KV forward has no kernel for head dim {headdim} (head dims {tuple(DECODE_TILES)})")
     if tile is None:
@@ -168,11 +210,12 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
     if split and mod & MOD_DROPOUT:
         raise ValueError("dropout: the split-KV forward has no dropout kernel")
     smem = fwd_smem_bytes(headdim, tile)
-    if varlen:
+    if varlen or ua:
         if split:
             raise ValueError("varlen: the split-KV forward has no packed-sequence kernel")
         do = headdim // tile.o_split if tile.o_split > 1 else 0
-        extra = (f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {do}, true")
+        extra = (f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {do}, "
+                 f"{'true' if varlen else 'false'}{', true' if ua else ''}")
     elif tile.o_split > 1:
         if split:
             raise ValueError("o_split: the split-KV forward has no O column slices")
@@ -430,9 +473,11 @@ def gather_spec(dtype: str) -> KernelSpec:
     return KernelSpec("flash_fwd.cu", f"cuflash::paged_kv_gather_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)
 
 
-def append_spec(dtype: str) -> KernelSpec:
-    """KV-cache append (cuda_src/flash_fwd.cu: kvcache_append_kernel; the head dim is a run-time argument)."""
-    return KernelSpec("flash_fwd.cu", f"cuflash::kvcache_append_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)
+def append_spec(dtype: str, ua: bool = False) -> KernelSpec:
+    """KV-cache append (cuda_src/flash_fwd.cu: kvcache_append_kernel; the head dim is a run-time argument; ua: rows
+    that are not 16-byte units, element by element)."""
+    return KernelSpec("flash_fwd.cu", f"cuflash::kvcache_append_kernel<{CTYPE[dtype]}{', true' if ua else ''}>",
+                      APPEND_THREADS, 0)
 
 
 SOFTMAX_THREADS = 256
@@ -619,12 +664,12 @@ def bwd_smem_bytes(headdim: int, tile: BwdTile, warp_partition: str = "kv") -> i
     return _bwd_smem(headdim, tile, warp_partition, bwd_do_stages(headdim, tile, warp_partition))
 
 
-def _bwd_name_extras(tile: BwdTile, mod: int = 0, varlen: bool = False) -> str:
-    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, MOD, VARLEN, written up to the
-    last one that is not its default."""
+def _bwd_name_extras(tile: BwdTile, mod: int = 0, varlen: bool = False, ua: bool = False) -> str:
+    """The kernel's trailing template arguments DQ_BULK, P_REGS, LOAD_AT, EXP_IL, MOD, VARLEN, UA, written up to
+    the last one that is not its default."""
     args = ["true" if tile.dq_bulk else "false", "true" if tile.p_regs else "false", str(tile.load_at),
-            "true" if tile.exp_il else "false", str(mod), "true" if varlen else "false"]
-    defaults = ["false", "false", "0", "false", "0", "false"]
+            "true" if tile.exp_il else "false", str(mod), "true" if varlen else "false", "true" if ua else "false"]
+    defaults = ["false", "false", "0", "false", "0", "false", "false"]
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     return "".join(", " + a for a in args)
@@ -636,26 +681,30 @@ def sm90_only(headdim: int, tile: BwdTile, warp_partition: str = "2d") -> bool:
 
 
 def bwd_spec(dtype: str, headdim: int, causal: bool, tile: BwdTile | None = None,
-             warp_partition: str = "kv", mod: int = 0, varlen: bool = False) -> KernelSpec:
-    """The V2 backward kernel (varlen: packed sequences, the VARLEN kernel)."""
+             warp_partition: str = "kv", mod: int = 0, varlen: bool = False, ua: bool = False) -> KernelSpec:
+    """The V2 backward kernel (varlen: packed sequences, the VARLEN kernel; ua: the UA kernel, see fwd_spec)."""
+    if ua and (causal or mod not in UA_MODS or tile is not None and tile.dq_bulk):
+        raise ValueError(f"the UA backward runs mod in {UA_MODS} with an sm_80 tile; got mod={mod!r}, "
+                         f"causal={causal!r}")
     tile = tile or bwd_tile(headdim, warp_partition, mod=mod)
     smem = bwd_smem_bytes(headdim, tile, warp_partition)
     name = (f"cuflash::flash_bwd_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.block_n}, {tile.nwarps}, "
             f"{tile.dsplit}, {'true' if causal else 'false'}, {smem}, {BWD_PARTITIONS[warp_partition]}, "
-            f"{tile.kunroll}{_bwd_name_extras(tile, _mod_checked(causal, mod), varlen)}>")
+            f"{tile.kunroll}{_bwd_name_extras(tile, _mod_checked(causal, mod), varlen, ua)}>")
     min_arch = 90 if sm90_only(headdim, tile, warp_partition) else 80
     return KernelSpec("flash_bwd.cu", name, tile.nwarps * 32, smem, min_arch)
 
 
-def bwd_preprocess_spec(dtype: str, headdim: int) -> KernelSpec:
+def bwd_preprocess_spec(dtype: str, headdim: int, ua: bool = False) -> KernelSpec:
     return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_preprocess_kernel<{CTYPE[dtype]}, {headdim}, "
-                      f"{bwd_pre_lanes_per_row(headdim)}>",
+                      f"{bwd_pre_lanes_per_row(headdim)}{', true' if ua else ''}>",
                       BWD_PRE_THREADS, 0)
 
 
-def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int, mod: int = 0) -> KernelSpec:
+def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int, mod: int = 0, ua: bool = False) -> KernelSpec:
+    tail = f", {_mod_checked(causal, mod)}, true" if ua else f", {mod}" if _mod_checked(causal, mod) else ""
     return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_convert_dq_kernel<{CTYPE[dtype]}, {headdim}, {block_n}, "
-                      f"{'true' if causal else 'false'}{', %d' % mod if _mod_checked(causal, mod) else ''}>",
+                      f"{'true' if causal else 'false'}{tail}>",
                       BWD_CONVERT_THREADS, 0)
 
 
@@ -800,6 +849,22 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 out += [combine_spec(dt, d), decode_combine_spec(dt, d), append_spec(dt)]
             if varlen:
                 out.append(gather_spec(dt))
+        for h in headdims:  # a head dim that is not a multiple of 8: its UA kernels (the modes' and dropout's)
+            d = kernel_headdim(h, FWD_HEADDIMS)
+            if h % HEADDIM_MULTIPLE == 0 or d is None:
+                continue
+            mods = UA_MODS if scores else UA_MODS[:1]
+            out += [fwd_spec(dt, d, False, False, ua_fwd_tile(d, m), mod=m, varlen=v, ua=True)
+                    for m in mods for v in (False, True)[:1 + varlen]]
+            if backward and d <= MAX_HEADDIM:
+                for m in mods:
+                    part, tile = ua_bwd_tile(d, dt, m)
+                    out += [bwd_spec(dt, d, False, tile, part, mod=m, varlen=v, ua=True)
+                            for v in (False, True)[:1 + varlen]]
+                    out.append(bwd_convert_spec(dt, d, False, tile.block_n, MOD_SCORE, ua=True))
+                out.append(bwd_preprocess_spec(dt, d, ua=True))
+            if decode and d <= MAX_HEADDIM:
+                out.append(append_spec(dt, ua=True))
     return [s for s in dict.fromkeys(out) if s.min_arch <= arch]
 
 
@@ -816,6 +881,25 @@ def varlen_specs():
                 part = BWD_AUTO_PARTITION.get(d, "kv")
                 specs.append(bwd_spec(dt, d, causal, bwd_tile(d, part, 80, dt, m, varlen=True), part, mod=m,
                                       varlen=True))
+    return list(dict.fromkeys(specs))
+
+
+def ua_specs():
+    """The UA kernels (rows that are not 16-byte units): per dtype and head dim, the V2 forward (plain and packed)
+    and the default backward (main, plain and packed; preprocess; dQ convert) of each of UA_MODS; the append."""
+    specs = []
+    for dt in DTYPES:
+        for d in FWD_HEADDIMS:
+            for m in UA_MODS:
+                specs += [fwd_spec(dt, d, False, False, ua_fwd_tile(d, m), mod=m, varlen=v, ua=True) for v in (False, True)]
+                if d not in HEADDIMS:
+                    continue
+                part, tile = ua_bwd_tile(d, dt, m)
+                specs += [bwd_spec(dt, d, False, tile, part, mod=m, varlen=v, ua=True) for v in (False, True)]
+                specs.append(bwd_convert_spec(dt, d, False, tile.block_n, MOD_SCORE, ua=True))
+            if d in HEADDIMS:
+                specs.append(bwd_preprocess_spec(dt, d, ua=True))
+        specs.append(append_spec(dt, ua=True))
     return list(dict.fromkeys(specs))
 
 
@@ -855,4 +939,5 @@ def all_specs():
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
+    specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
     return list(dict.fromkeys(specs))

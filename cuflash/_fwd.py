@@ -18,12 +18,12 @@ fields packed per call (`_FwdPlan.run_kv`), after checking inline what validatio
 from __future__ import annotations
 
 from . import _interop
-from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile
+from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile, ua_fwd_tile, unaligned
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
                         residual_like, resolve_grid_order)
 from ._interop import desc
 from ._launch import _scratch, _tls, get_launcher
-from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, window_of  # noqa: F401 (LOG2E)
+from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan, remember
 from ._validate import MAX_HEADDIM, MAX_ROW_STRIDE, check_qkv, check_softmax_scale
@@ -51,8 +51,17 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d, FWD_HEADDIMS)  # the inputs' head dim; the kernel's (padded in shared memory)
-    causal, mod = kernel_mode(mods, causal)
     osb, osq, osh = o_strides
+    # rows that are not 16-byte units (cuflash._configs.unaligned; out's strides too): the UA kernel, one split,
+    # its mode the score modifiers' (a plain or causal call as a band)
+    ua = unaligned(hd, qa, ka, va) or any(s % 8 for s in o_strides)
+    if ua:
+        if num_splits > 1:
+            raise ValueError("num_splits > 1: the split-KV forward needs 16-byte rows (head dims that are multiples "
+                             "of 8, 16-byte aligned strides and data)")
+        mods = score_mods(mods, causal, softmax_scale, sq, sk)
+        tile = None
+    causal, mod = kernel_mode(mods, causal)
     if packed is None and folds_gqa(sq, h, hk, mod):  # the query heads of a KV head as rows (causal is moot: 1 row sees every key)
         rows, kheads, q_row, q_head = fold_gqa_rows(qa, hk)
         o_row, o_head = osh, rows * osh
@@ -62,7 +71,9 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_row, o_head = osq, osh
         heads_per_kv = h // hk
     split = num_splits > 1
-    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod, varlen=packed is not None)
+    if ua:
+        tile = ua_fwd_tile(d, mod)
+    spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod, varlen=packed is not None, ua=ua)
     lau = get_launcher(spec, qa.device)
     tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
     # the grid's split index: the KV split (split-KV), or the block's O column slice (tile.o_split > 1)

@@ -56,6 +56,8 @@ def ineligible(qa, ka, va, mods=None, packed=None) -> str | None:
     either."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
+    if d % 8:
+        return f"head dim {d} is not a multiple of 8 (TMA reads 16-byte rows; the sm80 UA kernels run it)"
     if kernel_headdim(d, SM90_HEADDIMS) is None or d <= SM80_ONLY_MAX_HEADDIM:
         return (f"head dim {d} (the sm90 forward runs the multiples of 8 from {SM80_ONLY_MAX_HEADDIM + 8} to "
                 f"{SM90_HEADDIMS[-1]}; the sm80 kernels have head dim {SM80_ONLY_MAX_HEADDIM} itself)")

@@ -44,12 +44,13 @@ def window_of(causal: bool, window_size) -> tuple:
 
 
 def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen_q: int, seqlen_k: int,
-            softmax_scale: float, dropout: dict | None = None) -> Mods:
+            softmax_scale: float, dropout: dict | None = None, force: bool = False) -> Mods:
     """The kernels' view of validated options (module docstring). seqlen_k: the keys (a KV cache's capacity).
     dropout: the dropout fields of the call (cuflash._dropout.fields), or None: with them the kernels are the
-    MOD_SCORE_DROPOUT ones, whatever the other options."""
+    MOD_SCORE_DROPOUT ones, whatever the other options. force: the MOD_SCORE kernels even without a modifier (a
+    causal call as the band with right = 0)."""
     left, right = window_of(causal, window_size)
-    if softcap <= 0 and alibi is None and (left < 0 and right in (-1, 0)) and dropout is None:
+    if not force and softcap <= 0 and alibi is None and (left < 0 and right in (-1, 0)) and dropout is None:
         return Mods(right == 0, MOD_NONE, plain_fields(softmax_scale))
     wl = min(left, seqlen_k) if left >= 0 else seqlen_k
     wr = min(right, seqlen_q) if right >= 0 else seqlen_q
@@ -64,6 +65,16 @@ def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen
     if dropout is not None:
         return Mods(False, MOD_SCORE_DROPOUT, dict(fields, **dropout))
     return Mods(False, MOD_SCORE, fields)
+
+
+def score_mods(mods: Mods | None, causal: bool, softmax_scale: float, seqlen_q: int, seqlen_k: int) -> Mods:
+    """A call's Mods on the MOD_SCORE kernels: those of a call with modifiers or dropout as they are; a plain or
+    causal call (mods None or MOD_NONE) as the band without edges or with right = 0 (the UA kernels, compiled with
+    the score-modifier masks only: cuflash._configs.UA_MODS). seqlen_q, seqlen_k: bounds no row or key reaches."""
+    if mods is not None and mods.mod:
+        return mods
+    return resolve(causal if mods is None else mods.causal, NO_WINDOW, 0.0, None, seqlen_q, seqlen_k,
+                   float(softmax_scale), force=True)
 
 
 def kernel_mode(mods: Mods | None, causal: bool) -> tuple:

@@ -10,8 +10,10 @@ SUPPORTED_DTYPES = ("float16", "bfloat16")
 MAX_ROW_STRIDE = 2**30  # elements: row strides in bytes must fit a signed 32-bit int (cuda_src/common/tile.cuh)
 
 
-def check_layout(a: Arr, name: str) -> None:
-    """Last dim contiguous; other strides 16-byte multiples and the data 16-byte aligned (cp.async.16)."""
+def check_layout(a: Arr, name: str, aligned: bool = False) -> None:
+    """Last dim contiguous, no negative stride, sequence strides below MAX_ROW_STRIDE; with `aligned` also the other
+    strides 16-byte multiples and the data 16-byte aligned (the paths without UA kernels: cuflash._configs.unaligned
+    picks those for any other view)."""
     for size, stride in zip(a.shape, a.strides):
         if size > 1 and stride < 0:
             raise ValueError(f"{name} has a negative stride {a.strides}; pass a copy")
@@ -20,6 +22,8 @@ def check_layout(a: Arr, name: str) -> None:
     if len(a.shape) == 4 and a.shape[1] > 1 and a.strides[1] >= MAX_ROW_STRIDE:
         raise ValueError(f"{name} has a sequence stride of {a.strides[1]} elements; at most {MAX_ROW_STRIDE - 1} "
                          "is supported (32-bit row offsets in the kernels' tile loads); call .contiguous() first")
+    if not aligned:
+        return
     bad = [s for size, s in zip(a.shape[:-1], a.strides[:-1]) if size > 1 and s % 8]
     if bad or a.ptr % 16:
         raise ValueError(
@@ -29,18 +33,22 @@ def check_layout(a: Arr, name: str) -> None:
 
 
 def check_headdim(d: int, name: str = "q") -> None:
-    """Head dims the kernels run: multiples of 8 (a 16-byte chunk, the unit of every tile load) up to 512, above
-    256 in the forward only (check_backward_headdim); the kernel of the next compiled head dim runs one that is not
-    compiled (cuflash._configs.kernel_headdim)."""
-    if d > MAX_FWD_HEADDIM:
-        raise ValueError(f"head dim {d} of {name} is not supported: at most {MAX_FWD_HEADDIM} (the forward), "
-                         f"{MAX_HEADDIM} with a backward or a KV cache")
-    if d < 1 or d % HEADDIM_MULTIPLE:
-        raise NotImplementedError(
-            f"head dim {d} of {name}: cuflash runs head dims that are multiples of {HEADDIM_MULTIPLE} (16-byte rows, "
-            f"the unit of its tile loads); zero-pad q, k and v to head dim "
-            f"{-(-max(d, 1) // HEADDIM_MULTIPLE) * HEADDIM_MULTIPLE} and pass softmax_scale={d}**-0.5 (the scores "
-            "and the output's first columns are then unchanged)")
+    """Head dims the kernels run: 1 to 512, above 256 in the forward only (check_backward_headdim); the kernel of
+    the next compiled head dim runs one that is not compiled (cuflash._configs.kernel_headdim), its UA variant one
+    that is not a multiple of 8 (rows that are not 16-byte units: element-wise loads, cuflash._configs.unaligned)."""
+    if d > MAX_FWD_HEADDIM or d < 1:
+        raise ValueError(f"head dim {d} of {name} is not supported: 1 to {MAX_FWD_HEADDIM} (the forward), "
+                         f"to {MAX_HEADDIM} with a backward or a KV cache")
+
+
+def check_aligned(d: int, arrays, what: str) -> None:
+    """NotImplementedError for a path without UA kernels (`what`) given rows that are not 16-byte units: a head
+    dim that is not a multiple of HEADDIM_MULTIPLE, or views (Arr, name) with unaligned strides or data."""
+    if d % HEADDIM_MULTIPLE:
+        raise NotImplementedError(f"head dim {d}: {what} runs head dims that are multiples of {HEADDIM_MULTIPLE} "
+                                  "(16-byte rows)")
+    for a, name in arrays:
+        check_layout(a, name, aligned=True)
 
 
 def check_backward_headdim(d: int, what: str) -> None:

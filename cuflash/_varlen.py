@@ -134,7 +134,7 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     from ._configs import gather_spec
     from ._launch import get_launcher
     from ._params import GATHER_ARGS
-    from ._validate import check_block_table, check_headdim, check_layout
+    from ._validate import check_aligned, check_block_table, check_headdim
 
     qa = wrap(q, "q")
     ka, va = wrap(k, "k"), wrap(v, "v")
@@ -145,8 +145,7 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     if va.shape != ka.shape:
         raise ValueError(f"v must have the shape of k {ka.shape}; got {va.shape}")
     check_headdim(ka.shape[3], "k")
-    for a, n in ((ka, "k"), (va, "v")):
-        check_layout(a, n)
+    check_aligned(ka.shape[3], ((ka, "k"), (va, "v")), "block_table with packed sequences (the paged gather)")
     ck = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qa)
     batch = ck.shape[0] - 1
     bt = check_block_table(block_table, qa, batch, ka, "k")

@@ -8,10 +8,10 @@ from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
                        bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim,
-                       sm90_bwd_tile)
+                       sm90_bwd_tile, ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher
-from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for
+from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for, score_mods
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import check_backward_headdim, check_grad_inputs, check_qkv, check_softmax_scale, check_unsupported
@@ -131,7 +131,14 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     check_warp_partition(warp_partition, d)
     path = _bwd_sm90.resolve_backend(backend, da, qa, ka, va, mods, packed, dq_strategy, warp_partition, tile)
     warp_partition = resolve_warp_partition(warp_partition, d)
+    # rows that are not 16-byte units (cuflash._configs.unaligned): the UA kernels (the sm80 path; the score
+    # modifiers' mode, a plain or causal call as a band; the default partition and its sm_80 tile)
+    ua = path == "sm80" and unaligned(hd, qa, ka, va, oa, da)
+    if ua:
+        mods = score_mods(mods, causal, softmax_scale, sq, sk)
     causal, mod = kernel_mode(mods, causal)
+    if ua:
+        warp_partition, tile = ua_bwd_tile(d, qa.dtype, mod)
     if mod and path == "sm80":
         check_score_partition(warp_partition, d)
     if path == "sm90":  # (the main kernel's spec and maps once the strategy is known)
@@ -195,12 +202,13 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         packed.patch(fields, ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
         p.bind(BWD_PARAMS, dynamic + ("cu_seqlens_q", "cu_seqlens_k"), **fields)
     dev = qa.device
-    pre = get_launcher(bwd_preprocess_spec(qa.dtype, d), dev)
+    pre = get_launcher(bwd_preprocess_spec(qa.dtype, d, ua), dev)
     if path == "sm90":
         main = get_launcher(main_spec, dev)
     else:
-        main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None), dev)
-    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE), dev)  # (no dropout)
+        main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None,
+                                     ua=ua), dev)
+    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
     slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:

@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
 from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
-                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile)
+                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
@@ -247,6 +247,10 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
     split count without `without_empty_splits` (benchmarks)."""
     cache = cache or NO_CACHE_OPTIONS
+    if unaligned(qa.shape[3], qa, kca, vca, kna, vna):
+        raise NotImplementedError("the decode kernel needs 16-byte rows (a head dim that is a multiple of 8, strides "
+                                  "and data 16-byte aligned); flash_attn_with_kvcache runs other rows on the V2 "
+                                  "forward")
     rotate_rows = bool(causal) or local  # before kernel_mode: causal may become a band of the modifiers
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
@@ -568,6 +572,12 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     if plan is None or (qp | kcp | vcp | knp | vnp) & 15:
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(
             q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale, options)
+        if unaligned(qa.shape[3], qa, kca, vca, kna, vna):  # rows that are not 16-byte units: the V2 UA kernel
+            if options is not None:
+                _refuse_fwd_split(options, "rows that are not 16-byte units (a head dim that is not a multiple of 8, "
+                                           "strides or data not 16-byte aligned)")
+            return _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 1, return_softmax_lse,
+                              scratch, opts)
         mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                           mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW)
@@ -585,11 +595,15 @@ def _cache_ptrs(cache: CacheOptions) -> tuple:
                                                          cache.sin))
 
 
-def _refuse_fwd_split(options) -> None:
-    """The cache indirections run on the decode kernel only: a NotImplementedError naming the first one given."""
+def _refuse_fwd_split(options, why: str = "") -> None:
+    """The cache indirections run on the decode kernel only: a NotImplementedError naming the first one given (why:
+    what sent the call to the V2 forward, when not kernel='fwd_split')."""
     names = ("rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table")
     for name, x in zip(names, options):
         if x is not None:
+            if why:
+                raise NotImplementedError(f"{name} runs on the decode kernel, which needs 16-byte rows; this call "
+                                          f"has {why}")
             raise NotImplementedError(f"{name} runs on kernel='decode' (the default), not on kernel='fwd_split'")
     check_bool(options[5], "rotary_interleaved")
 
@@ -603,9 +617,12 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     mods = None if opts is None else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
     b, sq, h, d = qa.shape
     s_cache, hk = kca.shape[1], kca.shape[2]
+    ua = unaligned(d, qa, kca, vca, kna, vna)  # rows that are not 16-byte units: one split, the UA kernels
+    if ua:
+        num_splits = 1
     if kna is not None:
-        lau = get_launcher(append_spec(qa.dtype), qa.device)
-        n = 2 * b * seqlen_k_new * hk * (d // 8)
+        lau = get_launcher(append_spec(qa.dtype, ua), qa.device)
+        n = 2 * b * seqlen_k_new * hk * -(-d // 8)
         with _interop.device_guard(qa.device):
             lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), APPEND_ARGS,
                              APPEND_ARGS.values(k_cache=kca.ptr, v_cache=vca.ptr, k_new=kna.ptr, v_new=vna.ptr,

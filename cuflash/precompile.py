@@ -61,8 +61,8 @@ def select_specs(args) -> list:
         return _configs.all_specs()
     for d in args.headdims or ():
         if _configs.kernel_headdim(d, _configs.FWD_HEADDIMS) is None:
-            raise SystemExit(f"--headdims: {d} is not a head dim cuflash runs (a multiple of "
-                             f"{_configs.HEADDIM_MULTIPLE} up to {_configs.MAX_FWD_HEADDIM}; above "
+            raise SystemExit(f"--headdims: {d} is not a head dim cuflash runs (1 to "
+                             f"{_configs.MAX_FWD_HEADDIM}; above "
                              f"{_configs.MAX_HEADDIM} the forward only)")
     for dt in args.dtypes or ():
         if dt not in _configs.DTYPES:

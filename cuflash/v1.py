@@ -28,6 +28,7 @@ from ._launch import get_launcher
 from ._mods import LOG2E
 from ._params import V1_BWD_PARAMS, V1_FWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan
+from ._validate import check_aligned
 
 _MAX_GRID_Y = 65535
 
@@ -67,6 +68,7 @@ def forward(qa, ka, va, softmax_scale, causal, warp_split="k", tile=None):
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     _check_headdim(d)
+    check_aligned(d, ((qa, "q"), (ka, "k"), (va, "v")), "algorithm='v1'")
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     spec = fwd_spec(qa.dtype, d, causal, warp_split, tile)
@@ -103,6 +105,7 @@ def backward(da, qa, ka, va, oa, m, l, softmax_scale, causal, tile=None):
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     _check_headdim(d)
+    check_aligned(d, ((da, "dout"), (qa, "q"), (ka, "k"), (va, "v"), (oa, "out")), "algorithm='v1'")
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     m_ptr = _stat_ptr(m, "m", qa, (b, h, sq))

@@ -103,6 +103,10 @@ def test_precompile_command_line_selects(monkeypatch):
                                                 "--no-backward", "--no-decode"]))
     assert sel == _configs.model_specs(("bfloat16",), (128,), (True,), False, False, 90)
     with pytest.raises(SystemExit, match="--headdims"):
-        precompile.select_specs(p.parse_args(["--headdims", "52"]))
+        precompile.select_specs(p.parse_args(["--headdims", "520"]))
+    # a head dim that is not a multiple of 8: its UA kernels too
+    odd = precompile.select_specs(p.parse_args(["--headdims", "59", "--no-decode"]))
+    assert any(s.name.endswith(", true>") and "flash_fwd_kernel" in s.name for s in odd)
+    assert any(s.name.endswith(", true>") and "flash_bwd_kernel" in s.name for s in odd)
     with pytest.raises(SystemExit, match="--dtypes"):
         precompile.select_specs(p.parse_args(["--dtypes", "float32"]))

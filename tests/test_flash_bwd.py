@@ -207,7 +207,8 @@ def test_grad_of_noncontiguous_dout():
 @pytest.mark.parametrize("kind", ["torch", "cupy"])
 def test_backward_plan_memo(kind):
     """The memoized backward plan (cuflash.backward.backward_memo): calls that hit a plan made for other arrays of
-    the same layout use the new arrays' data; a misaligned view with a memoized key is validated (and refused);
+    the same layout use the new arrays' data; a misaligned view with a memoized key is validated (and runs on the UA
+    kernels);
     an option change makes a new plan."""
     import torch
 
@@ -229,11 +230,14 @@ def test_backward_plan_memo(kind):
         lowp = grads_lowp(q, k, v, dout, d ** -0.5, causal)
         for name, ours, lp, r in zip(("dq", "dk", "dv"), (dq, dk, dv), lowp, ref):
             assert_close_to_ref(f"{name} (call {it})", ours, lp, r)
-    # same shape and strides as the memoized q, 2 bytes off the 16-byte alignment the kernels need
+    # same shape and strides as the memoized q, 2 bytes off the 16-byte alignment of the aligned kernels: the
+    # validating path, the UA kernels, the same gradients
     base = torch.empty(q.numel() + 8, dtype=q.dtype, device=q.device)
     q_off = base[1:1 + q.numel()].view(q.shape)
-    with pytest.raises(ValueError, match="16-byte"):
-        cuflash.flash_attn_backward(dout, q_off, k, v, out, lse, causal=True)
+    q_off.copy_(q)
+    dq2, dk2, dv2 = cuflash.flash_attn_backward(dout, q_off, k, v, out, lse, causal=True)
+    for name, a, b2 in (("dq", dq, dq2), ("dk", dk, dk2), ("dv", dv, dv2)):
+        assert (a.float() - b2.float()).abs().max().item() <= 2e-2 * max(1.0, a.float().abs().max().item()), name
 
 
 def test_launch_from_a_thread_without_a_cuda_context():

@@ -306,13 +306,13 @@ def test_not_memoized_paths(host):
 
 
 @pytest.mark.parametrize("tag,exc,words", [
-    ("misaligned_q", "ValueError", ["q", "16-byte"]),
-    ("misaligned_v", "ValueError", ["v", "16-byte"]),
+    ("misaligned_q", "no error", []),  # (rows that are not 16-byte units: the UA kernels, cuflash._configs.unaligned)
+    ("misaligned_v", "no error", []),
     ("float32", "TypeError", ["q", "float16 or bfloat16"]),
     ("dtype_mix", "TypeError", ["k", "dtype of q"]),
     ("headdim", "ValueError", ["k", "head dim"]),
     ("heads", "ValueError", ["multiple"]),
-    ("stride", "ValueError", ["q", "multiples of 8"]),
+    ("stride", "no error", []),
     ("seqlen0", "ValueError", ["q", "seqlen"]),
     ("cpu", "TypeError", ["q", "CUDA tensor"]),
     ("host", "TypeError", ["q", "host"]),
@@ -336,8 +336,8 @@ def test_bad_inputs_after_valid_calls(host, tag, exc, words):
 
 
 def test_nothing_launched_for_bad_inputs(host):
-    assert host["bad_launches"] == 0
-    assert host["still_valid"] == [[1, 128, 8, 64], 1]
+    assert host["bad_launches"] == 3  # misaligned_q, misaligned_v, stride: accepted (the UA kernel), one launch each
+    assert host["still_valid"] == [[1, 128, 8, 64], 4]
 
 
 def test_memo_is_bounded(host):

@@ -106,15 +106,22 @@ def test_strided_views_and_neighbours(backend):
     q, k, v = (x[..., :80] for x in big)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, backend=backend)
     check_fwd(q, k, v, out, lse, True, f"strided {backend}")
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    o = cuflash.flash_attn_func(qg, kg, vg, causal=True, backend=backend)
+    check_view_grads(q, k, v, True, "strided", lambda x: x.clone().requires_grad_(), backend=backend)
+
+
+def check_view_grads(q, k, v, causal, what, leaf, **kw):
+    """Autograd gradients of flash_attn_func on leaf(q), leaf(k), leaf(v) against the float64 reference."""
+    import torch
+
+    qg, kg, vg = (leaf(x) for x in (q, k, v))
+    o = cuflash.flash_attn_func(qg, kg, vg, causal=causal, **kw)
     dout = torch.randn_like(o)
     o.backward(dout)
-    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, True)
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), None, causal)
     qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    torch_attention_lowp(qq, kk, vv, 80 ** -0.5, True).backward(dout)
+    torch_attention_lowp(qq, kk, vv, q.shape[-1] ** -0.5, causal).backward(dout)
     for name, ours, lp, r in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), (qq.grad, kk.grad, vv.grad), ref):
-        assert_close_to_ref(f"{name} strided", ours, lp, r, factor=3.0)
+        assert_close_to_ref(f"{name} {what}", ours, lp, r, factor=3.0)
 
 
 def test_headdim_validation():
@@ -124,8 +131,8 @@ def test_headdim_validation():
     with pytest.raises(ValueError, match="head dim 520"):
         cuflash.flash_attn_func(q, q, q)
     q = torch.randn(1, 8, 2, 59, device="cuda", dtype=torch.float16)
-    with pytest.raises(NotImplementedError, match="multiples of 8"):
-        cuflash.flash_attn_func(q, q, q)
+    with pytest.raises(ValueError, match="backend='sm90' cannot take this input: head dim 59"):
+        cuflash.flash_attn_func(q, q, q, backend="sm90")
 
 
 # ------------------------------------------------------------------ head dims above 256: the forward only
@@ -192,3 +199,109 @@ def test_wide_refusals():
     if device_cc(0) == 90:
         with pytest.raises(ValueError, match="head dim 320"):
             cuflash.flash_attn_func(qd, kd, vd, backend="sm90")
+
+
+# ------------------------------------------------------------ rows that are not 16-byte units (the UA kernels)
+ODD = [1, 3, 17, 59, 83, 111, 127, 203, 255]
+
+
+def odd_views(shape, dtype="float16", pad=3, offset=1):
+    """A fresh random [b, s, h, d] view with rows `pad` elements longer than d and data `offset` elements into its
+    buffer: every stride and the base address 2-byte aligned only."""
+    import torch
+
+    b, s, h, d = shape
+    big = torch.randn(b * s * h * (d + pad) + offset, device="cuda").to(getattr(torch, dtype))
+    return big[offset:].view(b, s, h, d + pad)[..., :d]
+
+
+@pytest.mark.parametrize("d", ODD)
+@pytest.mark.parametrize("causal,sq,sk", [(False, 77, 300), (True, 300, 77)])
+def test_odd_forward(d, causal, sq, sk):
+    import torch
+
+    q, k, v = torch_inputs((2, sq, 4, d), (2, sk, 2, d), "float16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    check_fwd(q, k, v, out, lse, causal, f"d{d}")
+    if d in (3, 59, 111):  # odd strides and base addresses, auto backend (never the Hopper kernels)
+        q2, k2, v2 = odd_views((2, sq, 4, d)), odd_views((2, sk, 2, d), pad=5), odd_views((2, sk, 2, d), offset=3)
+        out, lse, _ = cuflash.flash_attn_func(q2, k2, v2, causal=causal, return_attn_probs=True, backend="auto")
+        check_fwd(q2, k2, v2, out, lse, causal, f"odd views d{d}")
+        assert out.shape == q2.shape and torch.isfinite(out).all()
+
+
+def test_odd_strides_aligned_headdim():
+    """Head dim 64 with rows of 67 elements: the UA kernel by the strides alone (forward and backward)."""
+    q, k, v = (odd_views((2, 150, 4, 64), pad=3, offset=0) for _ in range(3))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    check_fwd(q, k, v, out, lse, True, "odd strides d64")
+    # leaves that keep the odd strides (a detached view, not a copy)
+    check_view_grads(q, k, v, True, "odd strides", lambda x: x.detach().requires_grad_())
+
+
+@pytest.mark.parametrize("d", [1, 17, 59, 111, 203, 255])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_odd_backward(d, dtype):
+    check_bwd(d, dtype, causal=d % 2 == 1)
+
+
+def test_odd_varlen_dropout_softcap_cupy():
+    """Head dim 59: the packed forward and backward against per-sequence references, soft-cap with a window, dropout
+    (its keep mask from cuflash.dropout_mask, as in test_dropout), and the CuPy backward."""
+    import torch
+
+    d, lens = 59, [37, 1, 130]
+    cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32, device="cuda")
+    total = sum(lens)
+    q, k, v = (torch.randn(total, 4, d, device="cuda", dtype=torch.float16).requires_grad_() for _ in range(3))
+    out = cuflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    for i, n in enumerate(lens):
+        s0 = int(cu[i])
+        qi, ki, vi = (x.detach()[s0:s0 + n][None] for x in (q, k, v))
+        ref_o, _ = reference.attention_forward(to_np(qi), to_np(ki), to_np(vi), None, True)
+        assert_close_to_ref(f"varlen out seq {i}", out[s0:s0 + n][None], torch_attention_lowp(qi, ki, vi, d ** -0.5,
+                                                                                             True), ref_o)
+        ref = reference.attention_backward(to_np(dout[s0:s0 + n][None]), to_np(qi), to_np(ki), to_np(vi), None, True)
+        qq, kk, vv = (x.clone().requires_grad_() for x in (qi, ki, vi))
+        torch_attention_lowp(qq, kk, vv, d ** -0.5, True).backward(dout[s0:s0 + n][None])
+        for name, g, lp, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), (qq.grad, kk.grad, vv.grad), ref):
+            assert_close_to_ref(f"varlen {name} seq {i}", g[s0:s0 + n][None], lp, r, factor=3.0)
+    # soft-cap and a window
+    q, k, v = torch_inputs((2, 90, 4, d), (2, 140, 4, d), "float16")
+    out = cuflash.flash_attn_func(q, k, v, window_size=(20, 5), softcap=10.0)
+    ref_o = reference.attention_forward(to_np(q), to_np(k), to_np(v), None, False, window_size=(20, 5),
+                                        softcap=10.0)[0]
+    assert np.isfinite(to_np(out)).all() and np.abs(to_np(out) - ref_o).max() < 2e-2
+    # dropout: the kernel's keep mask reproduces the output (as tests/test_dropout.py)
+    out, _, _ = cuflash.flash_attn_func(q, k, v, dropout_p=0.2, return_attn_probs=True)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    # CuPy backward (the low-level API)
+    import cupy
+
+    qc, kc, vc = (cupy.asarray(x.detach()) for x in (q, k, v))
+    oc, lse = cuflash.flash_attn_func(qc, kc, vc, causal=True, return_attn_probs=True)[:2]
+    doc = cupy.random.standard_normal(oc.shape, dtype=cupy.float32).astype(cupy.float16)
+    dq, dk, dv = cuflash.flash_attn_backward(doc, qc, kc, vc, oc, lse, causal=True)
+    ref = reference.attention_backward(cupy.asnumpy(doc).astype(np.float64), to_np(q), to_np(k), to_np(v), None, True)
+    for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        err = np.abs(cupy.asnumpy(g).astype(np.float64) - r).max()
+        assert np.isfinite(err) and err < 5e-2 * max(1.0, np.abs(r).max()), (name, err)
+
+
+@pytest.mark.parametrize("d", [3, 59, 111, 255])
+def test_odd_kvcache_append(d):
+    """flash_attn_with_kvcache with k / v appended at an odd head dim: the cache bytes exactly, the output against
+    the reference; a block_table is refused by name."""
+    import torch
+
+    s_new = 3
+    q, kc, vc, kn, vn, seqlens, expect_k, expect_v = append_case(d, s_new)
+    out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=True,
+                                               return_softmax_lse=True)
+    assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v), "append writes exactly the head dim"
+    check_decode(out, lse, q, kc, vc, [n + s_new for n in seqlens.tolist()], True)
+    bt = torch.zeros(3, 1, dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="block_table"):
+        cuflash.flash_attn_with_kvcache(q, kc[:, :16], vc[:, :16], cache_seqlens=seqlens, block_table=bt)

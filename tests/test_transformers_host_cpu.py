@@ -133,8 +133,8 @@ def test_generation_paths(gen):
 
 
 @pytest.mark.parametrize("tag,exc,words", [
-    ("stride", "ValueError", ["k", "multiples of 8"]),
-    ("misaligned", "ValueError", ["v", "16-byte"]),
+    ("stride", "no error", []),  # (rows that are not 16-byte units: the UA kernels)
+    ("misaligned", "no error", []),
     ("mismatch", "ValueError", ["v", "shape of k"]),
 ])
 def test_bad_kv_after_steps(gen, tag, exc, words):

@@ -9,6 +9,7 @@
 // preprocess and convert kernels.
 #pragma once
 #include "../common/ptx.cuh"
+#include "../common/tile.cuh"
 #include "params.cuh"
 #include "seqlen.cuh"
 
@@ -54,8 +55,8 @@ template <int D>
 __device__ __forceinline__ constexpr int dq_frag_offset(int mf, int c) { return mf * 16 * D + 16 * c; }
 
 // dK = softmax_scale * dk, dV = dv for KV rows j0 + g (+ 8) and columns c0 + 8 df + 2t (rows past seqlen_k
-// are not written).
-template <typename T, int NF>
+// are not written). UA: rows that are not 16-byte units, element by element (columns past the head dim skipped).
+template <typename T, int NF, bool UA = false>
 __device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si, int batch, int kv_head, int j0,
                                            int c0, const float (&dk)[NF][4], const float (&dv)[NF][4], int lane) {
   const float scale = (float)p.softmax_scale;
@@ -65,7 +66,7 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si
   T* dv_ptr = reinterpret_cast<T*>(p.dv) + si.k_offset(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batch,
                                                        kv_head);
   // n8 blocks before the inputs' head dim (warp-uniform): all NF unless the head dim is below the kernel's
-  const int live_frags = ((int)p.head_dim - c0) / 8;
+  const int hd = (int)p.head_dim, live_frags = (hd - c0 + (UA ? 7 : 0)) / 8;
   const bool all_live = live_frags >= NF;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -75,6 +76,14 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si
       for (int df = 0; df < NF; ++df) {
         const int c = c0 + df * 8 + 2 * t;
         if (!all_live && df >= live_frags) continue;  // the padding columns of a head dim below D
+        if constexpr (UA) {
+          if (c >= hd) continue;
+          store_pair_elems(dk_ptr + (int64_t)j * p.dk_row_stride + c,
+                           pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale), c, hd);
+          store_pair_elems(dv_ptr + (int64_t)j * p.dv_row_stride + c, pack2<T>(dv[df][2 * h], dv[df][2 * h + 1]), c,
+                           hd);
+          continue;
+        }
         *reinterpret_cast<uint32_t*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) =
             pack2<T>(dk[df][2 * h] * scale, dk[df][2 * h + 1] * scale);
         *reinterpret_cast<uint32_t*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) =

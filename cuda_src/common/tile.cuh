@@ -20,7 +20,43 @@ struct PaddedRow {
 //   PAD_COPY  the row's own first columns again (the chunk's source column clamped to 0): finite values, no read
 //             past a row's cols, and no register or test in the copy loops. Their products either meet a PAD_ZERO
 //             operand or land in output columns past cols, which are never stored.
-enum PadMode { PAD_ZERO = 0, PAD_COPY = 1 };
+//   PAD_ELEM  rows that are not 16-byte units (a head dim that is not a multiple of 8, or a stride or base address
+//             that is not 16-byte aligned: the kernels' UA variants): each chunk read element by element (8
+//             predicated 2-byte loads into registers, then one 16-byte shared store), columns >= cols read as 0.
+//             Synchronous: the data is in shared memory when the copy returns, so the cp.async waits and barriers
+//             that guard a stage guard it too (a stage is only refilled once every warp is done with it).
+enum PadMode { PAD_ZERO = 0, PAD_COPY = 1, PAD_ELEM = 2 };
+
+// The first n (<= 8; none when n <= 0) elements of a chunk at any 2-byte aligned address, the rest 0.
+template <typename T>
+__device__ __forceinline__ uint4 load_elems(const T* src, int n) {
+  const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t lo = 2 * e < n ? (uint32_t)__ldg(s + 2 * e) : 0u;
+    const uint32_t hi = 2 * e + 1 < n ? (uint32_t)__ldg(s + 2 * e + 1) : 0u;
+    w[e] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The first n (<= 8) elements of chunk x to any 2-byte aligned address (the columns past a row's end untouched).
+template <typename T>
+__device__ __forceinline__ void store_elems(T* dst, const uint4& x, int n) {
+  unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (e < n) d[e] = (unsigned short)(w[e / 2] >> (16 * (e % 2)));
+}
+
+// The two elements (lo, hi) of a packed pair to columns c, c + 1 of a row with `cols` columns (c < cols).
+__device__ __forceinline__ void store_pair_elems(void* dst, uint32_t pair, int c, int cols) {
+  unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+  d[0] = (unsigned short)pair;
+  if (c + 1 < cols) d[1] = (unsigned short)(pair >> 16);
+}
 
 // Copy rows [row0, row0 + ROWS) of a [nrows, cols] matrix (row stride in elements, columns contiguous) into
 // tile[ROWS][D + 8] with 16-byte cp.async, NT threads cooperating. Rows >= nrows are zero-filled; columns >= cols
@@ -32,6 +68,21 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* gmem, int64_t 
   constexpr int CHUNKS_PER_ROW = D / 8;  // 16-byte chunks
   constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
   constexpr int ITERS = (TOTAL + NT - 1) / NT;
+  if constexpr (PAD == PAD_ELEM) {
+    // two chunks in flight per thread: fully unrolled, ptxas hoists every chunk's 8 loads (8 registers each)
+    // above the shared stores and the kernels' accumulators spill
+#pragma unroll 2
+    for (int i = 0; i < ITERS; ++i) {
+      const int c = tid + i * NT;
+      if (TOTAL % NT == 0 || c < TOTAL) {
+        const int r = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
+        const int n = row0 + r < nrows ? cols - col : 0;
+        *reinterpret_cast<uint4*>(tile + r * LDS + col) =
+            load_elems(gmem + (n > 0 ? (int64_t)(row0 + r) * row_stride + col : 0), n);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int c = tid + i * NT;
@@ -56,12 +107,12 @@ namespace cuflash {
 // registers per matrix: the 64-bit base and the 32-bit row stride in bytes (the host rejects sequence
 // strides of 2^30 elements or more). Columns at or past `cols` (the matrix's head dim, when it is below D) are
 // PAD_COPY: the thread's source column is clamped once, here. Falls back to load_tile_async when the chunks do
-// not divide evenly among the threads (head dim 96).
-template <int ROWS, int D, int NT, typename T>
+// not divide evenly among the threads (head dim 96), and for rows that are not 16-byte units (UA: PAD_ELEM).
+template <int ROWS, int D, int NT, typename T, bool UA = false>
 struct FullTileLoader {
   static constexpr int LDS = PaddedRow<D>::LDS;
   static constexpr int CHUNKS_PER_ROW = D / 8;
-  static constexpr bool EVEN = NT % CHUNKS_PER_ROW == 0 && (ROWS * CHUNKS_PER_ROW) % NT == 0;
+  static constexpr bool EVEN = !UA && NT % CHUNKS_PER_ROW == 0 && (ROWS * CHUNKS_PER_ROW) % NT == 0;
   static constexpr int ROWS_PER_ITER = EVEN ? NT / CHUNKS_PER_ROW : 1;
   static constexpr int ITERS = EVEN ? ROWS / ROWS_PER_ITER : 1;
   const char* gbase;  // this thread's chunk in row r of the matrix
@@ -86,7 +137,7 @@ struct FullTileLoader {
         cp_async_16_full(dst + i * ROWS_PER_ITER * LDS * (int)sizeof(T),
                          gbase + (unsigned long long)(unsigned)(row0 + i * ROWS_PER_ITER) * (unsigned)row_bytes);
     } else {
-      load_tile_async<ROWS, D, NT, PAD_COPY>(tile, gmem, (int64_t)row_bytes / (int64_t)sizeof(T), row0, row0 + ROWS,
+      load_tile_async<ROWS, D, NT, UA ? PAD_ELEM : PAD_COPY>(tile, gmem, (int64_t)row_bytes / (int64_t)sizeof(T), row0, row0 + ROWS,
                                              tid, cols);
     }
   }

@@ -303,6 +303,8 @@ def forward_memo(q, k, v, softmax_scale, causal, grid_order, backend="auto", win
         plan = _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend, mods)
         if plan is None:
             return forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
+        if (qa.ptr | ka.ptr | va.ptr) & 15:  # a plan for data that is not 16-byte aligned (the UA kernels) is not
+            return plan.run(qa.ptr, ka.ptr, va.ptr)  # kept: aligned calls of the same key take the 16-byte kernels
         remember(_PLANS, key, plan, _MAX_PLANS)
         if key is not None:
             left = window_of(causal, window_size)[0] if mods is not None and mods.mod else None

@@ -271,9 +271,11 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
         views = check_backward_inputs(dout, q, k, v, out, lse)
         plan = _make_plan(*views, softmax_scale, causal, dq_strategy, deterministic, None, warp_partition, mods,
                           backend=backend)
-        if plan.strategy != "seqpar":
-            remember(_PLANS, key, plan, _MAX_PLANS)
         ptrs = tuple(a.ptr for a in views)
+        # not kept: "seqpar" plans, and plans for data that is not 16-byte aligned (the UA kernels: aligned calls of
+        # the same key take the 16-byte kernels)
+        if plan.strategy != "seqpar" and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+            remember(_PLANS, key, plan, _MAX_PLANS)
     return plan.run(*ptrs, residual_ptr(out_residual, out))
 
 

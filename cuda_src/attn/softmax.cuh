@@ -73,9 +73,9 @@ struct OnlineSoftmax {
   }
 
   // ---- per row (mf, h): the pieces the tile-wide steps below are made of
-  // Row shift (shift != nullptr: the MOD_SCORE forward, attn/mask.cuh apply_side): this lane's scores of the row
-  // are short of shift[mf][h] (score units, per lane), which enters once per row -- into the lane's max before
-  // the quad's reduction, and into the exponent base -- instead of once per score:
+  // Row shift (shift != nullptr: the MOD_SCORE forward, attn/mask.cuh, apply_band's BAND_SIDE_SHIFT form): this
+  // lane's scores of the row are short of shift[mf][h] (score units, per lane), which enters once per row -- into
+  // the lane's max before the quad's reduction, and into the exponent base -- instead of once per score:
   //     max = quad_max(max_lane(s) + shift),    P = exp2(s * scale_log2 - (m - shift * scale_log2)).
   // The row's m, l, O and LSE are those of the complete scores.
   // The row's new max from this tile's scores; returns whether it moved (scale_log2 > 0: the host checks it,

@@ -148,8 +148,6 @@ def timing(quick, rounds):
                     p, a = res[f"{mode}/plain"][0], res[f"{mode}/alibi"][0]
                     rows.append((mode, d, s, causal, p, a))
                     print(f"{mode} d={d} s={s} causal={causal}: plain {p} ms, alibi {a} ms", flush=True)
-            del q, k, v, dout
-            torch.cuda.empty_cache()
     print("\n| mode | hdim | seqlen | causal | plain ms | alibi ms | cost |")
     print("|---|---|---|---|---|---|---|")
     worst = 0.0

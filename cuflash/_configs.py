@@ -101,7 +101,9 @@ MOD_VALUES = (MOD_NONE, MOD_SCORE, MOD_SCORE_DROPOUT)
 # MOD_SCORE kernels whose plain tile spills with the modifiers' registers (band edges, slope, soft-cap, about
 # ten): these unroll less (compile report of every configuration: CI).
 FWD_TILES_SCORE: dict[int, FwdTile] = {
-    128: replace(FWD_TILES[128], kunroll=2),  # 4 steps per trip: 8 B of spills on sm_90
+    # 1 k16 step per trip: 4 spills 8 B on sm_90, and 2 too (sm_90 cubin, NVRTC 13.0) since ALiBi's per-row
+    # shift (cuda_src/attn/mask.cuh) holds 4 registers more
+    128: replace(FWD_TILES[128], kunroll=1),
 }
 # MOD_SCORE_DROPOUT forward tiles that differ from the MOD_SCORE ones (the Philox state and its words): with
 # 64-key tiles head dim 128 spilled 28-44 B at every unrolling; 32-key tiles (head dim 128's causal tile) hold half

@@ -391,13 +391,17 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
         [&](int nf, int kd) { return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2); });
 
     // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier
-    // (warp-uniform branch).
+    // (warp-uniform branch); MOD_SCORE: shift, as flash_fwd_kernel.
     const int col0 = (first + i * NWARPS) * BLOCK_N;
-    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1)) mask.apply(s, m0, col0, lane);
+    float shift[MF][2];
+    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1))
+      mask.apply(s, m0, col0, lane, shift);
+    else
+      mask.clear_shift(shift);
 
     // Online softmax (attn/softmax.cuh), as flash_fwd_kernel.
-    if (__any_sync(0xffffffffu, softmax.update_max(s, scale_log2))) softmax.rescale(acc_o);
-    softmax.exp_and_sum(s, scale_log2);
+    if (__any_sync(0xffffffffu, softmax.update_max(s, scale_log2, mask.shift_arg(shift)))) softmax.rescale(acc_o);
+    softmax.exp_and_sum(s, scale_log2, mask.shift_arg(shift));
 
     // O += P V: the S accumulators packed to 16-bit pairs are the A operand; V via ldmatrix.trans.
     gemm_pv_x4<T, MF, KN, DF>(

@@ -172,10 +172,13 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
         [&](int nf, int kd) { return k_addr + 2u * (nf * 8 * LDS + kd * 16); });
   };
   // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier (uniform
-  // branch per tile).
-  auto mask_s = [&](float (&s)[MF][NF][4], int n) {
+  // branch per tile). MOD_SCORE: shift gets the rows' ALiBi term the scores are left short of (attn/mask.cuh).
+  auto mask_s = [&](float (&s)[MF][NF][4], float (&shift)[MF][2], int n) {
     const int col0 = n * BLOCK_N;
-    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1)) mask.apply(s, m0 + warp * WARP_M, col0, lane);
+    if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1))
+      mask.apply(s, m0 + warp * WARP_M, col0, lane, shift);
+    else
+      mask.clear_shift(shift);
   };
   // acc_o += P V. A operand: P packed to 16 bits one k16 step at a time, straight from the accumulator
   // registers (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip). B operand
@@ -248,9 +251,10 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
       }
       compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
       if (LOAD_AT == 1) issue_next();
-      mask_s(s_a, tile_n(i));
-      if (__any_sync(0xffffffffu, softmax.update_max(s_a, scale_log2))) softmax.rescale(acc_o);
-      softmax.exp_and_sum<EXP_VARIANT>(s_a, scale_log2);
+      float shift[MF][2];
+      mask_s(s_a, shift, tile_n(i));
+      if (__any_sync(0xffffffffu, softmax.update_max(s_a, scale_log2, mask.shift_arg(shift)))) softmax.rescale(acc_o);
+      softmax.exp_and_sum<EXP_VARIANT>(s_a, scale_log2, mask.shift_arg(shift));
       if constexpr (DROP)  // the row sums keep every probability; O += P V only the kept ones
         Dropout(p, (int64_t)blk.batch * p.nheads + blk.head)
             .apply<false>(s_a, m0 + warp * WARP_M, tile_n(i) * BLOCK_N, lane);

@@ -167,6 +167,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   float acc_o[1][DF][4];
   zero_frags(acc_o[0]);
   float acc_s[1][NF][4];
+  float shift[1][2];  // MOD_SCORE: the rows' ALiBi term the scores are left short of (attn/mask.cuh)
   uint32_t p_frag[KN][4];
   OnlineSoftmax<1> softmax;
 
@@ -201,8 +202,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   // then the new row max.
   auto mask_and_max = [&](int n) {
     if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
-      mask.apply(acc_s, row_w, n * BLOCK_N, lane);
-    return softmax.update_max(acc_s, scale_log2);
+      mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
+    else
+      mask.clear_shift(shift);
+    return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
   };
 
   if (n_iters > 0) {
@@ -224,7 +227,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       mask_and_max(n_end - 1);
       float alpha[1][2];
       softmax.rescale_sum(alpha);  // O is still zero: only m (and l = 0) move
-      softmax.exp_and_sum(acc_s, scale_log2);
+      softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
     }
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       const bool moved = mask_and_max(n);
       float alpha[1][2];
       softmax.rescale_sum(alpha);
-      softmax.exp_and_sum(acc_s, scale_log2);
+      softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       wgmma_wait<0>();  // P V done: O and the P fragments are free
       reg_fence(acc_o[0]);
       reg_fence(p_frag);

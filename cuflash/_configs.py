@@ -139,7 +139,9 @@ MOD_VALUES = (MOD_NONE, MOD_SCORE, MOD_SCORE_DROPOUT)
 # MOD_SCORE kernels whose plain tile spills with the modifiers' registers (band edges, slope, soft-cap, about
 # ten): these unroll less (compile report of every configuration: CI).
 FWD_TILES_SCORE: dict[int, FwdTile] = {
-    128: replace(FWD_TILES[128], kunroll=2),  # 4 steps per trip: 8 B of spills on sm_90
+    # 1 k16 step per trip: 4 spills 8 B on sm_90, and 2 too (sm_90 cubin, NVRTC 13.0) since ALiBi's per-row
+    # shift (cuda_src/attn/mask.cuh) holds 4 registers more
+    128: replace(FWD_TILES[128], kunroll=1),
 }
 # MOD_SCORE_DROPOUT forward tiles that differ from the MOD_SCORE ones (the Philox state and its words): with
 # 64-key tiles head dim 128 spilled 28-44 B at every unrolling; 32-key tiles (head dim 128's causal tile) hold half
@@ -601,7 +603,9 @@ BWD_SCORE_TILES = {
     ("2d", False, None): {128: BwdTile(64, 64, 8, 1, 0)},
     ("kv", False, None): {256: BwdTile(16, 64, 8, 2, 2)},
     ("q", False, None): {96: replace(BWD_TILES_Q[96], kunroll=2)},
-    ("2d", True, "float16"): {128: replace(BWD_TILES_2D_SM90[128], kunroll=4)},
+    # head dim 128: unrolled 4 k16 steps, without the interleaved exps (with them it spilled 4 B under NVRTC 13.5
+    # or 13.0 at every unrolling but 8, where 13.0 takes 255 registers; without: 245-246)
+    ("2d", True, "float16"): {128: replace(BWD_TILES_2D_SM90[128], kunroll=4, exp_il=False)},
     ("2d", True, "bfloat16"): {64: replace(BWD_TILES_2D_SM90_DTYPE["bfloat16"][64], exp_il=False),
                                128: BwdTile(64, 64, 8, 1, 0)},
 }

@@ -19,8 +19,11 @@
 //   ALiBi    s -> s - alibi * |i + diag - j|, alibi = the head's slope over the score's unit (softmax_scale, or
 //            softcap with the soft-cap; 0: off), so the softmax sees -slope |i + diag - j| added to the scaled score
 // in that order (flash-attn's). With either value modifier on (a non-zero cap_pre or slope), apply() runs on every
-// tile; with the
-// band alone only on the tiles that cross its edges.
+// tile; with the band alone only on the tiles that cross its edges. A tile inside the band whose keys all lie on
+// one side of every row's diagonal (side_of; with a causal band every tile but the diagonal ones) runs no compare:
+// there |i + diag - j| = +-(i + diag - j), so ALiBi's bias is a column term, one FFMA per score with the column
+// offset as an immediate, plus a row term -- added once per row by the forward's softmax (apply() with a shift;
+// attn/softmax.cuh), into each score by the backward, which recomputes P from the LSE (two operations per score).
 //
 // A kernel asks these questions of a tile of rows [i0, i1] x keys [j0, j1]:
 //   needs_mask(i0, i1, j0, j1)  does apply() change any element: one is hidden, or a modifier is on (evaluated
@@ -41,6 +44,8 @@ namespace cuflash {
 // MOD bits: MOD_SCORE (this file), MOD_DROPOUT (attn/dropout.cuh). A dropout kernel is compiled with both
 // (MOD_SCORE_DROPOUT): one more kernel per configuration covers dropout with or without the modifiers.
 enum : int { MOD_NONE = 0, MOD_SCORE = 1, MOD_DROPOUT = 2, MOD_SCORE_DROPOUT = 3 };
+// Mask::apply_band's forms (see there).
+enum : int { BAND = 0, BAND_SIDE = 1, BAND_SIDE_SHIFT = 2 };
 
 template <bool CAUSAL, int MOD = MOD_NONE>
 struct Mask {
@@ -135,7 +140,9 @@ struct Mask {
   __device__ __forceinline__ float dist_of(int i, int j) const { return (float)(i + diag - j); }
 
   // s: mma.sync C fragments of rows row0 + [0, 16 MF) x keys col0 + [0, 8 NF) (ptx.cuh: lane l = 4 g + t holds
-  // rows g, g + 8 and columns 2t, 2t + 1 of every m16n8 block). Each score -> score().
+  // rows g, g + 8 and columns 2t, 2t + 1 of every m16n8 block). Each score -> score(). MOD_SCORE: a tile inside
+  // the band whose keys lie on one side of every row's diagonal (side_of) takes apply_band's BAND_SIDE form,
+  // every other tile its BAND form (warp-uniform branch: row0 and col0 are).
   template <int MF, int NF>
   __device__ __forceinline__ void apply(float (&s)[MF][NF][4], int row0, int col0, int lane) const {
     if constexpr (!LOCAL) {
@@ -147,17 +154,76 @@ struct Mask {
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             s[mf][nf][e] = score(s[mf][nf][e], row0 + mf * 16 + g + (e / 2) * 8, col0 + nf * 8 + 2 * t + (e % 2));
-    } else if (softcap()) {
-      apply_band<true>(s, row0, col0, lane);
     } else {
-      apply_band<false>(s, row0, col0, lane);
+      apply_mod<false>(s, row0, col0, lane, nullptr);
     }
+  }
+  // The forward's apply(): where the BAND_SIDE_SHIFT form runs, the scores are left short of ALiBi's row term,
+  // which shift receives (the softmax adds it back per row: OnlineSoftmax::update_max / exp_and_sum); 0 on the
+  // other tiles, whose scores are complete. A kernel calls it where needs_mask() holds and clear_shift()
+  // elsewhere, and hands the softmax shift_arg(shift) (nullptr with MOD_NONE: the plain kernels' softmax is
+  // unchanged).
+  template <int MF, int NF>
+  __device__ __forceinline__ void apply(float (&s)[MF][NF][4], int row0, int col0, int lane,
+                                        float (&shift)[MF][2]) const {
+    if constexpr (!LOCAL)
+      apply(s, row0, col0, lane);
+    else
+      apply_mod<true>(s, row0, col0, lane, shift);
+  }
+  template <bool SHIFT, int MF, int NF>
+  __device__ __forceinline__ void apply_mod(float (&s)[MF][NF][4], int row0, int col0, int lane,
+                                            float (*shift)[2]) const {
+    const int side = side_of(row0, row0 + 16 * MF - 1, col0, col0 + 8 * NF - 1);
+    const float a = side > 0 ? alibi : -alibi;
+    if (side != 0) {
+      if (softcap())
+        apply_band<true, SHIFT ? BAND_SIDE_SHIFT : BAND_SIDE>(s, row0, col0, lane, a, shift);
+      else
+        apply_band<false, SHIFT ? BAND_SIDE_SHIFT : BAND_SIDE>(s, row0, col0, lane, a, shift);
+    } else {
+      if constexpr (SHIFT) {
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) shift[mf][0] = shift[mf][1] = 0.f;
+      }
+      if (softcap())
+        apply_band<true>(s, row0, col0, lane);
+      else
+        apply_band<false>(s, row0, col0, lane);
+    }
+  }
+  template <int MF>
+  __device__ __forceinline__ static void clear_shift(float (&shift)[MF][2]) {
+    if constexpr (LOCAL) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) shift[mf][0] = shift[mf][1] = 0.f;
+    }
+  }
+  template <int MF>
+  __device__ __forceinline__ static const float (*shift_arg(const float (&shift)[MF][2]))[2] {
+    return LOCAL ? shift : nullptr;
+  }
+  // Rows [i0, i1] x keys [j0, j1] hide no element (inside the band, below the end of the keys), and every key
+  // lies at or left of every row's diagonal (+1: i + diag - j >= 0; the top-right corner decides) or at or
+  // right of it (-1; the bottom-left corner decides); 0 otherwise. Then ALiBi's |i + diag - j| is
+  // side (i + diag - j) on the whole tile: no compare, no select, no |.| per score. With a causal band
+  // (right = 0) every tile inside the band is +1: only the tiles that cross the diagonal take apply_band.
+  __device__ __forceinline__ int side_of(int i0, int i1, int j0, int j1) const {
+    const bool inside = j1 < seqlen_k && j1 <= i0 + diag + right && j0 >= i1 + diag - left;
+    return !inside ? 0 : j1 <= i0 + diag ? 1 : j0 >= i1 + diag ? -1 : 0;
   }
   // MOD_SCORE: each row's visible keys as an interval relative to the lane's first column (col0 + 2t), so that an
   // element compares its compile-time column offset against two registers of its row; ALiBi's distance in float
   // from one conversion per row (I2F issues at MUFU rates), and computed with a slope of 0 too (no branch).
-  template <bool CAP, int MF, int NF>
-  __device__ __forceinline__ void apply_band(float (&s)[MF][NF][4], int row0, int col0, int lane) const {
+  // FORM (BAND: that) BAND_SIDE, BAND_SIDE_SHIFT: a tile side_of() classed (a = side alibi), no compare; per
+  // score the soft-cap (CAP), then ALiBi's bias -a (i + diag - j) = -a (dist0 - k), dist0 = i + diag - (col0 + 2t)
+  // of the row, k the compile-time column offset. BAND_SIDE: the full value, fma(-a, dist0 - k, v) (FADD + FFMA;
+  // the same value as BAND's). BAND_SIDE_SHIFT: v + a k (one FFMA, k an immediate), and the row term -a dist0 into
+  // shift[mf][h] (per lane: dist0 counts from the lane's first column). The bias is separable on such a tile,
+  // -a (i + diag) + a j; the per-lane row term is handed to the softmax instead of being added to every score.
+  template <bool CAP, int FORM = BAND, int MF, int NF>
+  __device__ __forceinline__ void apply_band(float (&s)[MF][NF][4], int row0, int col0, int lane, float a = 0.f,
+                                             float (*shift)[2] = nullptr) const {
     const int base = col0 + 2 * (lane % 4);
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
@@ -166,6 +232,7 @@ struct Mask {
         const int ri = row0 + mf * 16 + lane / 4 + h * 8 + diag - base;  // i + diag - (col0 + 2t)
         const int lo = ri - left, hi = min(seqlen_k - base, ri + right + 1);
         const float dist0 = (float)ri;
+        if constexpr (FORM == BAND_SIDE_SHIFT) shift[mf][h] = -a * dist0;
 #pragma unroll
         for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
@@ -174,23 +241,40 @@ struct Mask {
             float& x = s[mf][nf][2 * h + c];
             float v = x;
             if constexpr (CAP) v = tanh_approx(v * cap_pre);
-            v = fmaf(-alibi, fabsf(dist0 - (float)k), v);
-            x = (k < lo || k >= hi) ? -INFINITY : v;
+            if constexpr (FORM == BAND_SIDE_SHIFT) {
+              x = fmaf(a, (float)k, v);
+            } else if constexpr (FORM == BAND_SIDE) {
+              x = fmaf(-a, dist0 - (float)k, v);
+            } else {
+              v = fmaf(-alibi, fabsf(dist0 - (float)k), v);
+              x = (k < lo || k >= hi) ? -INFINITY : v;
+            }
           }
       }
   }
   // apply() of a transposed fragment (rows = keys key0 + [0, 16), columns = query rows row0 + [0, 8 NF): the
-  // backward's S^T = K Q^T), MOD_SCORE only: each key's visible rows as an interval relative to row0 + 2t.
+  // backward's S^T = K Q^T), MOD_SCORE only: the tiles side_of() classes (rows and keys swapped) take
+  // apply_band_t's BAND_SIDE form (i + diag - j = dist0 + k, dist0 the lane's first row's); the others its BAND
+  // form, each key's visible rows as an interval relative to row0 + 2t.
   template <int NF>
   __device__ __forceinline__ void apply_t(float (&s)[NF][4], int key0, int row0, int lane) const {
     static_assert(LOCAL, "apply_t: MOD_SCORE (the plain kernels use score_t)");
-    if (softcap())
+    const int side = side_of(row0, row0 + 8 * NF - 1, key0, key0 + 15);
+    if (side != 0) {
+      const float a = side > 0 ? alibi : -alibi;
+      if (softcap())
+        apply_band_t<true, BAND_SIDE>(s, key0, row0, lane, a);
+      else
+        apply_band_t<false, BAND_SIDE>(s, key0, row0, lane, a);
+    } else if (softcap()) {
       apply_band_t<true>(s, key0, row0, lane);
-    else
+    } else {
       apply_band_t<false>(s, key0, row0, lane);
+    }
   }
-  template <bool CAP, int NF>
-  __device__ __forceinline__ void apply_band_t(float (&s)[NF][4], int key0, int row0, int lane) const {
+  template <bool CAP, int FORM = BAND, int NF>
+  __device__ __forceinline__ void apply_band_t(float (&s)[NF][4], int key0, int row0, int lane, float a = 0.f) const {
+    static_assert(FORM != BAND_SIDE_SHIFT, "apply_band_t: the backward takes the full value");
     const int base = row0 + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -207,8 +291,12 @@ struct Mask {
           float& x = s[nf][2 * h + c];
           float v = x;
           if constexpr (CAP) v = tanh_approx(v * cap_pre);
-          v = fmaf(-alibi, fabsf(dist0 + (float)k), v);
-          x = (!key_ok || k < lo || k >= hi) ? -INFINITY : v;
+          if constexpr (FORM == BAND_SIDE) {
+            x = fmaf(-a, dist0 + (float)k, v);
+          } else {
+            v = fmaf(-alibi, fabsf(dist0 + (float)k), v);
+            x = (!key_ok || k < lo || k >= hi) ? -INFINITY : v;
+          }
         }
     }
   }

@@ -73,13 +73,20 @@ struct OnlineSoftmax {
   }
 
   // ---- per row (mf, h): the pieces the tile-wide steps below are made of
+  // Row shift (shift != nullptr: the MOD_SCORE forward, attn/mask.cuh, apply_band's BAND_SIDE_SHIFT form): this
+  // lane's scores of the row are short of shift[mf][h] (score units, per lane), which enters once per row -- into
+  // the lane's max before the quad's reduction, and into the exponent base -- instead of once per score:
+  //     max = quad_max(max_lane(s) + shift),    P = exp2(s * scale_log2 - (m - shift * scale_log2)).
+  // The row's m, l, O and LSE are those of the complete scores.
   // The row's new max from this tile's scores; returns whether it moved (scale_log2 > 0: the host checks it,
   // so max(s) * scale_log2 = max(s * scale_log2)).
   template <int NF>
-  __device__ __forceinline__ bool row_update_max(const float (&s)[MF][NF][4], float scale_log2, int mf, int h) {
+  __device__ __forceinline__ bool row_update_max(const float (&s)[MF][NF][4], float scale_log2, int mf, int h,
+                                                 const float (*shift)[2] = nullptr) {
     float mx = -INFINITY;
 #pragma unroll
     for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
+    if (shift) mx += shift[mf][h];
     mx = quad_max(mx) * scale_log2;
     const bool moved = mx > row_max[mf][h] + (float)RESCALE_LOG2;
     row_max_new[mf][h] = moved ? mx : row_max[mf][h];
@@ -103,8 +110,10 @@ struct OnlineSoftmax {
   }
   // The row's P = exp2(S * scale_log2 - m) in place; l += its sum (FRESH: l = its sum).
   template <int EXP_VARIANT, bool FRESH = false, int NF>
-  __device__ __forceinline__ void row_exp_sum(float (&s)[MF][NF][4], float scale_log2, int mf, int h) {
-    const float m = exp_base(row_max[mf][h]);
+  __device__ __forceinline__ void row_exp_sum(float (&s)[MF][NF][4], float scale_log2, int mf, int h,
+                                              const float (*shift)[2] = nullptr) {
+    float m = exp_base(row_max[mf][h]);
+    if (shift) m = fmaf(-shift[mf][h], scale_log2, m);
     float sum = 0.f;
 #pragma unroll
     for (int nf = 0; nf < NF; ++nf)
@@ -118,14 +127,15 @@ struct OnlineSoftmax {
 
   // ---- tile-wide steps
   // The max each row takes its exponents against from this tile on; returns whether one of this thread's rows
-  // moved it.
+  // moved it. shift: see row_update_max.
   template <int NF>
-  __device__ __forceinline__ bool update_max(const float (&s)[MF][NF][4], float scale_log2) {
+  __device__ __forceinline__ bool update_max(const float (&s)[MF][NF][4], float scale_log2,
+                                             const float (*shift)[2] = nullptr) {
     bool moved_any = false;
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) moved_any |= row_update_max(s, scale_log2, mf, h);
+      for (int h = 0; h < 2; ++h) moved_any |= row_update_max(s, scale_log2, mf, h, shift);
     return moved_any;
   }
 
@@ -171,13 +181,14 @@ struct OnlineSoftmax {
         for (int e = 0; e < 4; ++e) acc_o[mf][df][e] *= alpha[mf][e / 2];
   }
 
-  // S <- P = exp2(S * scale_log2 - m) in place; l += rowsum(P).
+  // S <- P = exp2(S * scale_log2 - m) in place; l += rowsum(P). shift: see row_update_max (the same as there).
   template <int EXP_VARIANT = EXP_FFMA_EX2, int NF>
-  __device__ __forceinline__ void exp_and_sum(float (&s)[MF][NF][4], float scale_log2) {
+  __device__ __forceinline__ void exp_and_sum(float (&s)[MF][NF][4], float scale_log2,
+                                              const float (*shift)[2] = nullptr) {
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) row_exp_sum<EXP_VARIANT>(s, scale_log2, mf, h);
+      for (int h = 0; h < 2; ++h) row_exp_sum<EXP_VARIANT>(s, scale_log2, mf, h, shift);
   }
 
   // update_max, rescale and exp_and_sum fused row by row, with no warp-uniform branch: every row is re-scaled

@@ -140,7 +140,10 @@ def test_exp_il_variant(exp_il, dq_strategy, causal, d):
                                              deterministic=det)
     order = _configs.SM90_BWD_CAUSAL_ORDER if causal and dq_strategy == "ordered" else _configs.DQ_ORDER_PLAIN
     spec = _configs.sm90_bwd_spec("bfloat16", _configs.kernel_headdim(d), causal, order=order, exp_il=True)
-    assert get_launcher(spec, q.device.index).ptr in [p.launches[1][0] for p in bwd_mod._PLANS.values()]
+    da, qa, ka, va, _, _ = bwd_mod.check_backward_inputs(dout, q, k, v, out, lse)
+    assert _bwd_sm90.main_launch(da, qa, ka, va, causal, 0, dq_strategy)[0] == spec
+    if dq_strategy != "seqpar":  # (seqpar plans are not memoized: the launch is checked through main_launch above)
+        assert get_launcher(spec, q.device.index).ptr in [p.launches[1][0] for p in bwd_mod._PLANS.values()]
     if det:
         again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
                                             dq_strategy=dq_strategy, backend="sm90")

@@ -130,24 +130,17 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
   const bool real = i < seqlen_q;  // not a padding row
   float dsum = 0.f;
   if (live && real && c < p.head_dim) {  // columns past the inputs' head dim add nothing
-    const int64_t o_at = b * p.o_batch_stride + qrow * p.o_row_stride + h * p.o_head_stride + c;
-    const T* o_src = reinterpret_cast<const T*>(p.o) + o_at;
+    const T* o_src = reinterpret_cast<const T*>(p.o) + b * p.o_batch_stride + qrow * p.o_row_stride +
+                     h * p.o_head_stride + c;
     const T* g_src = reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + qrow * p.do_row_stride +
                      h * p.do_head_stride + c;
     const uint4 o = UA ? load_elems(o_src, (int)p.head_dim - c) : *reinterpret_cast<const uint4*>(o_src);
     const uint4 g = UA ? load_elems(g_src, (int)p.head_dim - c) : *reinterpret_cast<const uint4*>(g_src);
-    // O + its rounding residual (when the forward wrote one, with O's strides) is the forward's fp32 output: D's
-    // error is then not the rounding of O times dO, which the dominant key's dP - D of a peaked row does not cancel
-    // (bench/NOTES.md, "Backward numerics")
-    const T* r_src = reinterpret_cast<const T*>(p.o_res) + o_at;
-    const uint4 res = !p.o_res ? make_uint4(0u, 0u, 0u, 0u)
-                      : UA     ? load_elems(r_src, (int)p.head_dim - c)
-                               : *reinterpret_cast<const uint4*>(r_src);
-    const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w}, rw[4] = {res.x, res.y, res.z, res.w};
+    const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float2 a = unpack2<T>(ow[e]), d = unpack2<T>(gw[e]), r = unpack2<T>(rw[e]);
-      dsum += (a.x + r.x) * d.x + (a.y + r.y) * d.y;
+      const float2 a = unpack2<T>(ow[e]), d = unpack2<T>(gw[e]);
+      dsum += a.x * d.x + a.y * d.y;
     }
   }
 #pragma unroll

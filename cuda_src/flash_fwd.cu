@@ -300,44 +300,32 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
     return;
   }
 
-  // O -> the warp's own rows of the Q tile in smem (only this warp ever read them) -> 16-byte stores; then, when
-  // the backward will read it (p.o_res), O's rounding residual the same way into o_res (O's strides).
+  // O -> the warp's own rows of the Q tile in smem (only this warp ever read them) -> 16-byte stores.
   T* o_tile = q_smem + warp * WARP_M * LDS;  // [WARP_M][LDS]
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int df = 0; df < DF; ++df)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
+            pack2<T>(acc_o[mf][df][2 * h], acc_o[mf][df][2 * h + 1]);
+  __syncwarp();
   const int e_col0 = DV == D ? 0 : eblk.split * DV;
-  const int64_t o_off =
-      esi.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, eblk.batch, eblk.head) + e_col0;
-  auto store_o = [&](T* o_ptr, bool residual) {
+  T* o_ptr = reinterpret_cast<T*>(p.o) +
+             esi.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, eblk.batch, eblk.head) + e_col0;
+  constexpr int CHUNKS = WARP_M * DV / 8;
 #pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int df = 0; df < DF; ++df)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float lo = acc_o[mf][df][2 * h], hi = acc_o[mf][df][2 * h + 1];
-          *reinterpret_cast<uint32_t*>(o_tile + (mf * 16 + g + h * 8) * LDS + df * 8 + 2 * t) =
-              residual ? pack2_residual<T>(lo, hi) : pack2<T>(lo, hi);
-        }
-    __syncwarp();
-    constexpr int CHUNKS = WARP_M * DV / 8;
-#pragma unroll
-    for (int c = lane; c < CHUNKS; c += 32) {
-      const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-      const int row = m0 + warp * WARP_M + r;
-      if (row < esi.seqlen_q && col < (int)p.head_dim - e_col0) {
-        if constexpr (UA)
-          store_elems(o_ptr + (int64_t)row * p.o_row_stride + col,
-                      *reinterpret_cast<const uint4*>(o_tile + r * LDS + col), (int)p.head_dim - e_col0 - col);
-        else
-          *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
-              *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
-      }
-    }
-  };
-  store_o(reinterpret_cast<T*>(p.o) + o_off, false);
-  if constexpr (DV == D) {  // (O column slices: head dims above 256, which have no backward)
-    if (p.o_res != nullptr) {
-      __syncwarp();  // WAR: every lane's reads of o_tile above are done before it is overwritten
-      store_o(reinterpret_cast<T*>(p.o_res) + o_off, true);
+  for (int c = lane; c < CHUNKS; c += 32) {
+    const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+    const int row = m0 + warp * WARP_M + r;
+    if (row < esi.seqlen_q && col < (int)p.head_dim - e_col0) {
+      if constexpr (UA)
+        store_elems(o_ptr + (int64_t)row * p.o_row_stride + col, *reinterpret_cast<const uint4*>(o_tile + r * LDS + col),
+                    (int)p.head_dim - e_col0 - col);
+      else
+        *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + col) =
+            *reinterpret_cast<const uint4*>(o_tile + r * LDS + col);
     }
   }
 }

@@ -286,35 +286,30 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   }
   // O -> this warpgroup's 64 rows of the Q tile (only its own products read them, all completed), in the same
   // swizzled layout, then 16-byte stores of the rows that exist.
-  // When the backward will read it (p.o_res), O's rounding residual follows the same way into o_res (O's strides).
   unsigned char* o_tile = sm + L::Q_OFF + cw * 64 * 128;  // chunk c at + c * BLOCK_M * 128
-  const int64_t o_off = si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, blk.batch, blk.head);
-  auto store_o = [&](T* o_ptr, bool residual) {
-    named_bar_sync(4 + cw, 128);  // WAR: the warpgroup's products (or its previous stores) read o_tile
+  named_bar_sync(4 + cw, 128);
 #pragma unroll
-    for (int df = 0; df < DF; ++df) {
-      if (df * 8 >= D) continue;
+  for (int df = 0; df < DF; ++df) {
+    if (df * 8 >= D) continue;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + g + 8 * h;
-        const float lo = acc_o[0][df][2 * h], hi = acc_o[0][df][2 * h + 1];
-        *reinterpret_cast<uint32_t*>(o_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
-                                     t * 4) = residual ? pack2_residual<T>(lo, hi) : pack2<T>(lo, hi);
-      }
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h;
+      *reinterpret_cast<uint32_t*>(o_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
+                                   t * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
     }
-    named_bar_sync(4 + cw, 128);  // RAW: the whole 64-row tile is written
-    constexpr int PIECES = D / 8;  // 16-byte pieces of a row of O
+  }
+  named_bar_sync(4 + cw, 128);
+  T* o_ptr = reinterpret_cast<T*>(p.o) + si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, blk.batch,
+                                                     blk.head);
+  constexpr int PIECES = D / 8;  // 16-byte pieces of a row of O
 #pragma unroll
-    for (int i = tid; i < 64 * PIECES; i += 128) {
-      const int r = i / PIECES, pc = i % PIECES;
-      const int row = row_wg + r;
-      if (row < seqlen_q && pc * 8 < p.head_dim)  // a head dim below D: its padding columns are not stored
-        *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) = *reinterpret_cast<const uint4*>(
-            o_tile + (pc / 8) * BLOCK_M * 128 + r * 128 + (((pc % 8) ^ (r % 8)) * 16));
-    }
-  };
-  store_o(reinterpret_cast<T*>(p.o) + o_off, false);
-  if (p.o_res != nullptr) store_o(reinterpret_cast<T*>(p.o_res) + o_off, true);
+  for (int i = tid; i < 64 * PIECES; i += 128) {
+    const int r = i / PIECES, pc = i % PIECES;
+    const int row = row_wg + r;
+    if (row < seqlen_q && pc * 8 < p.head_dim)  // a head dim below D: its padding columns are not stored
+      *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) = *reinterpret_cast<const uint4*>(
+          o_tile + (pc / 8) * BLOCK_M * 128 + r * 128 + (((pc % 8) ^ (r % 8)) * 16));
+  }
 }
 
 }  // namespace cuflash

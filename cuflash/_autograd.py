@@ -1,9 +1,4 @@
-"""torch autograd for flash_attn_func: saves q, k, v, out, the LSE and (V2) out's rounding residual, never S or P.
-
-The residual (cuflash._fwd.forward(..., residual=True): the fp32 output minus out, in out's dtype, one more array
-the size of out) lets the backward form D = rowsum(dO * O) from the fp32 output: from the rounded out, D carries an
-error of out's rounding times dO that a peaked row's dP - D does not cancel (bench/NOTES.md, "Backward numerics").
-"""
+"""torch autograd for flash_attn_func: saves q, k, v, out and LSE (never S or P)."""
 from __future__ import annotations
 
 import torch
@@ -44,9 +39,8 @@ class FlashAttnFunction(torch.autograd.Function):
                             rng_state=rng_state)
             if mods is not None and mods.mod:  # refused before the forward launches, not at the backward
                 check_score_partition(warp_partition, qa.shape[3])
-            out, lse, res = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods,
-                                         residual=True)
-            ctx.save_for_backward(q, k, v, out, lse, res)
+            out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
+            ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = (softmax_scale, causal, deterministic, algorithm, dq_strategy, warp_partition,
                    bwd_backend(backend))
         ctx.mods = mods
@@ -70,7 +64,7 @@ class FlashAttnFunction(torch.autograd.Function):
                                      softmax_scale, causal)
         else:
             args = (q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition, ctx.mods,
-                    backend, ml[0])
+                    backend)
             try:
                 dq, dk, dv = backward_memo(dout, *args)
             except ValueError:  # autograd may hand in a gradient with any strides (expanded, transposed)
@@ -90,8 +84,7 @@ def flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):
-    """flash_attn_varlen_func under autograd (cuflash.varlen): saves q, k, v, out, the LSE, out's rounding residual
-    and cu_seqlens."""
+    """flash_attn_varlen_func under autograd (cuflash.varlen): saves q, k, v, out, the LSE and cu_seqlens."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -99,9 +92,9 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         from ._varlen import check_varlen, varlen_forward
 
         q4, k4, v4, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        out, lse, mods, res = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap,
-                                             alibi_slopes, dropout_p, rng_state, backend, residual=True)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, res)
+        out, lse, mods = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap,
+                                        alibi_slopes, dropout_p, rng_state, backend)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.cfg = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, dq_strategy)
         ctx.mods, ctx.alibi = mods, alibi_slopes
         ctx.mark_non_differentiable(lse)
@@ -114,12 +107,12 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
 
         if dout is None:
             return (None,) * 17
-        q, k, v, out, lse, cu_q, cu_k, res = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, softmax_scale, causal, deterministic, dq_strategy = ctx.cfg
         try:
             check_layout(wrap(dout, "dout"), "dout")
         except ValueError:  # autograd may hand in a gradient with any strides
             dout = dout.contiguous()
         dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                     deterministic, dq_strategy, ctx.mods, res)
+                                     deterministic, dq_strategy, ctx.mods)
         return (dq, dk, dv) + (None,) * 14

@@ -95,14 +95,13 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None):
     return spec, tile.block_n, maps
 
 
-def run_plan(plan, dp, qp, kp, vp, op, lp, rp):
-    """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv).
-    rp: the forward's output residual, or 0 (cuflash.backward._BwdPlan.run)."""
+def run_plan(plan, dp, qp, kp, vp, op, lp):
+    """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv)."""
     (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = plan.outs()
     o_lse, o_delta, o_acc = plan.ws_off
     mb = memo_args(plan.encoded, plan.maps, (qp, kp, vp, dp))
     buf, base, argv, _ = _scratch()
-    plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, rp, *plan.rest)
+    plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *plan.rest)
     ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
     plan.launch_packed(stream, argv)
     return dq, dk, dv

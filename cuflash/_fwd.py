@@ -20,13 +20,13 @@ from __future__ import annotations
 from . import _interop
 from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile, ua_fwd_tile, unaligned
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
-                        residual_like, resolve_grid_order)
+                        resolve_grid_order)
 from ._interop import desc
 from ._launch import _scratch, _tls, get_launcher
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan, remember
-from ._validate import MAX_HEADDIM, MAX_ROW_STRIDE, check_qkv, check_softmax_scale
+from ._validate import MAX_ROW_STRIDE, check_qkv, check_softmax_scale
 
 
 def fold_gqa_rows(qa, hk: int):
@@ -96,12 +96,8 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out=None, lse=None,
-            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80", mods=None, packed=None,
-            residual=False):
-    """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind, or (out, lse, res) with
-    `residual`: res, an array shaped and strided like out, holds out's rounding residual (the fp32 output minus
-    out, in out's dtype: FwdParams::o_res) for the backward's D (cuflash.backward; the autograd path asks for it).
-    Not with splits or a KV cache (their outputs take no backward).
+            seqlens_k_ptr=0, seqlen_k_new=0, num_splits=1, scratch=None, backend="sm80", mods=None, packed=None):
+    """Launch the V2 forward on validated views; returns (out, lse) of the inputs' kind.
 
     backend: "sm80" (the mma.sync kernels, every option below), "sm90" or "auto" (cuflash._fwd_sm90: the Hopper
     kernels where the device and the inputs allow; only for a plain forward -- no tile, KV cache or splits).
@@ -118,18 +114,14 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
 
         if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods, packed) == "sm90":
             return _fwd_sm90.forward(qa, ka, va, softmax_scale, causal, grid_order, out, lse, mods=mods,
-                                     packed=packed, residual=residual)
+                                     packed=packed)
     b, sq, h, d = qa.shape
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     check_softmax_scale(softmax_scale)
-    if residual and (seqlens_k_ptr or num_splits > 1 or kernel_headdim(d) > MAX_HEADDIM):
-        raise ValueError("return_residual: the split-KV and KV-cache forwards, and head dims above "
-                         f"{MAX_HEADDIM} (no backward), write no output residual")
     out, lse, o_strides = outputs(qa, out, lse, packed)
-    res = residual_like(out) if residual else None
     if packed is not None and packed.total_q == 0:
-        return (out, lse) if res is None else (out, lse, res)
+        return out, lse
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile,
                                       num_splits, seqlen_k_new, mods, packed)
     split = num_splits > 1
@@ -145,7 +137,6 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
     with _interop.device_guard(qa.device):
         lau.launch_block(grid, stream, FWD_PARAMS, FWD_PARAMS.values(
             q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum,
-            o_res=0 if res is None else _interop.data_ptr(res),
             **dict(NO_CACHE, seqlens_k=seqlens_k_ptr), **(packed.pointers() if packed is not None else _NOT_PACKED),
             **fields))
         if split:  # flash_combine_kernel: the partials -> out, lse (the fields it reads; the others 0)
@@ -155,7 +146,7 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", tile=None, out
                                                   "nheads", "seqlen_q", "seqlen_k", "num_splits", "head_dim")}
             comb.launch_block((-(-nrows // (comb.threads // 32)), 1, 1), stream, FWD_PARAMS, FWD_PARAMS.values(
                 0, o=op, lse=lp, o_accum=o_accum, lse_accum=lse_accum, heads_per_kv=1, **lau_fields))
-    return (out, lse) if res is None else (out, lse, res)
+    return out, lse
 
 
 _NOT_PACKED = dict(cu_seqlens_q=0, cu_seqlens_k=0)
@@ -246,7 +237,7 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mo
     lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                       mods=mods)
     p = _FwdPlan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0, o_res=0,
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **fields)
     p.add_launch(lau, grid)
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))

@@ -54,15 +54,3 @@ def outputs(qa, out, lse, packed):
     if lse is None:
         lse = _interop.empty(qa, (h, packed.total_q), "float32")
     return out, lse, (0, *_strides_of(out)[:2])
-
-
-def residual_like(out):
-    """An array shaped and strided like `out` (the forward's output residual, FwdParams::o_res, which the kernels
-    write with out's strides); out is one `outputs` allocated (contiguous), and empty_like keeps its layout."""
-    if callable(getattr(out, "stride", None)):  # torch
-        import torch
-
-        return torch.empty_like(out)
-    import cupy
-
-    return cupy.empty_like(out)

@@ -18,7 +18,7 @@ import ctypes
 import threading
 
 from . import _interop
-from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, residual_like, resolve_grid_order
+from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
 from ._mods import has_dropout, kernel_mode, mod_fields
@@ -161,23 +161,22 @@ def _launch(fn, grid, threads, smem, stream, pack, maps_bytes, device, *values):
 
 
 def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=None, tile=None, mods=None,
-            packed=None, residual=False):
+            packed=None):
     """The sm90 forward of validated, eligible views (no memo: autograd, explicit calls, tile sweeps); returns
-    (out, lse), or (out, lse, res) with `residual`. packed, residual: as cuflash._fwd.forward's."""
+    (out, lse). packed: as cuflash._fwd.forward's."""
     from ._validate import check_softmax_scale
 
     check_softmax_scale(softmax_scale)
     out, lse, o_strides = outputs(qa, out, lse, packed)
-    res = residual_like(out) if residual else None
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile, mods,
                                            packed)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
     cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
     values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, **NO_CACHE,
-                               **cu, o_res=0 if res is None else _interop.data_ptr(res), **fields)
+                               **cu, **fields)
     _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
             encode_args(maps, qa.ptr, ka.ptr, va.ptr), qa.device, *values)
-    return (out, lse) if res is None else (out, lse, res)
+    return out, lse
 
 
 class Sm90Plan(HostPlan):
@@ -221,7 +220,7 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90P
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                            mods=mods)
     p = Sm90Plan(qa)
-    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0, o_res=0,
+    p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **fields)
     p.add_launch(lau, grid)
     p.maps, p.encoded, p.kv_maps = maps, {}, {}

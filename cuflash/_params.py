@@ -140,7 +140,7 @@ _CACHE_INTS = ("block_table_batch_stride", "page_size", "rotary_dim", "rotary_in
 # cuda_src/attn/params.cuh: struct FwdParams (V2 forward, split-KV, decode, combine).
 FWD_PARAMS = ParamBlock("FwdParams", (
     *_ptrs("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k", *_CACHE_PTRS, "cu_seqlens_q",
-           "cu_seqlens_k", "alibi_slopes", "o_res"),
+           "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
     ("scale_log2", DOUBLE), *_MODS, *_ints(*_CACHE_INTS),
@@ -149,8 +149,8 @@ FWD_PARAMS = ParamBlock("FwdParams", (
 NO_CACHE = dict.fromkeys(("seqlens_k", *_CACHE_PTRS, *_CACHE_INTS), 0)
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
-    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "o_res",
-           "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes"),
+    *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "cu_seqlens_q",
+           "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
     ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,

@@ -4,15 +4,13 @@ Registered with `torch.library.custom_op` when torch is imported (module import 
 and flash_attn_with_kvcache import it only while Dynamo traces, so eager calls keep their direct launch path):
 
 * `cuflash::flash_attn_fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-  alibi_slopes, grid_order, backend, deterministic, dq_strategy, warp_partition, save_residual) -> (out,
-  softmax_lse, rng_state, out_residual)`: the V2 forward (deterministic, dq_strategy and warp_partition are the
-  backward's options, kept for its autograd formula). save_residual (set when the traced inputs require grad):
-  out_residual is out's rounding residual for the backward's D (cuflash._autograd), else an empty tensor.
+  alibi_slopes, grid_order, backend, deterministic, dq_strategy, warp_partition) -> (out, softmax_lse,
+  rng_state)`: the V2 forward (the last three are the backward's options, kept for its autograd formula).
   rng_state is an int64 [2] CPU tensor, the (seed, offset) dropout took from torch's generator at run time (zeros
   without dropout), so that the backward replays it; the random draw happens inside the operator, once per call
   of the compiled graph.
-* `cuflash::flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal, ...,
-  out_residual) -> (dq, dk, dv)`: the V2 backward; the forward's autograd formula (`register_autograd`).
+* `cuflash::flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal, ...)
+  -> (dq, dk, dv)`: the V2 backward; the forward's autograd formula (`register_autograd`).
 * `cuflash::flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` and
   `cuflash::flash_attn_varlen_bwd`: the same for packed sequences (cuflash.varlen; max_seqlen -1 when the caller
   passed a 0-dim tensor, which is never read).
@@ -48,7 +46,7 @@ def _window(window_left: int, window_right: int) -> tuple:
 def flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
                    window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                    grid_order: str, backend: str, deterministic: bool, dq_strategy: Optional[str],
-                   warp_partition: str, save_residual: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                   warp_partition: str) -> Tuple[Tensor, Tensor, Tensor]:
     from . import _fwd
     from .backward import check_warp_partition
 
@@ -59,31 +57,24 @@ def flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_sc
     state = _dropout.next_state(qa.kind, qa.device) if dropout_p else None
     mods = mods_for(qa, ka, causal, _window(window_left, window_right), softcap, alibi_slopes, softmax_scale,
                     dropout_p=dropout_p, rng_state=state)
-    out, lse, *res = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods,
-                                  residual=save_residual)
+    out, lse = _fwd.forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
     seed, offset = rng_state_of(mods) or _NO_RNG
-    return (out, lse, torch.tensor([_dropout._int64(seed), _dropout._int64(offset)], dtype=torch.int64),
-            res[0] if res else q.new_empty((0,)))
+    return out, lse, torch.tensor([_dropout._int64(seed), _dropout._int64(offset)], dtype=torch.int64)
 
 
 @flash_attn_fwd.register_fake
 def _(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, grid_order,
-      backend, deterministic, dq_strategy, warp_partition, save_residual):
+      backend, deterministic, dq_strategy, warp_partition):
     b, sq, h, d = q.shape
     return (q.new_empty((b, sq, h, d)), q.new_empty((b, h, sq), dtype=torch.float32),
-            torch.empty((2,), dtype=torch.int64, device="cpu"), q.new_empty((b, sq, h, d) if save_residual else (0,)))
-
-
-def _residual(res):
-    """An op's out_residual input: None for the empty tensor a forward without save_residual returns."""
-    return None if res is None or res.numel() == 0 else res
+            torch.empty((2,), dtype=torch.int64, device="cpu"))
 
 
 @torch.library.custom_op("cuflash::flash_attn_bwd", mutates_args=(), device_types="cuda")
 def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, rng_state: Tensor,
                    dropout_p: float, softmax_scale: float, causal: bool, window_left: int, window_right: int,
                    softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool, dq_strategy: Optional[str],
-                   warp_partition: str, backend: str, out_residual: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                   warp_partition: str, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     from .backward import backward_memo
 
     qa, ka, _ = check_qkv(q, k, v)
@@ -94,35 +85,34 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     if not dout.is_contiguous():
         dout = dout.contiguous()
     return backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition,
-                         mods, backend, _residual(out_residual))
+                         mods, backend)
 
 
 @flash_attn_bwd.register_fake
 def _(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-      alibi_slopes, deterministic, dq_strategy, warp_partition, backend, out_residual):
+      alibi_slopes, deterministic, dq_strategy, warp_partition, backend):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, grid_order,
-     backend, deterministic, dq_strategy, warp_partition, save_residual) = inputs
-    out, lse, rng_state, res = output
-    ctx.save_for_backward(q, k, v, out, lse, rng_state, res)
+     backend, deterministic, dq_strategy, warp_partition) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state)
     ctx.opts = (dropout_p, softmax_scale, causal, window_left, window_right, softcap)
     ctx.bwd_opts = (deterministic, dq_strategy, warp_partition, bwd_backend(backend))
     ctx.alibi = alibi_slopes
 
 
-def _backward(ctx, dout, _dlse, _drng, _dres):
-    q, k, v, out, lse, rng_state, res = ctx.saved_tensors
+def _backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, rng_state = ctx.saved_tensors
     dropout_p, softmax_scale, causal, window_left, window_right, softcap = ctx.opts
     deterministic, dq_strategy, warp_partition, backend = ctx.bwd_opts
     dq, dk, dv = torch.ops.cuflash.flash_attn_bwd(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale,
                                                   causal, window_left, window_right, softcap, ctx.alibi,
-                                                  deterministic, dq_strategy, warp_partition, backend,
-                                                  _residual(res))
-    return (dq, dk, dv) + (None,) * 13
+                                                  deterministic, dq_strategy, warp_partition, backend)
+    return (dq, dk, dv) + (None,) * 12
 
 
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -174,8 +164,8 @@ def _(q, k, v, block_table, cu_seqlens_k):
 def flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
                           window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                          backend: str, deterministic: bool, dq_strategy: Optional[str],
-                          save_residual: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                          backend: str, deterministic: bool,
+                          dq_strategy: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
     """The packed forward (cuflash.varlen); max_seqlen_* -1 where the caller passed a 0-dim tensor."""
     from ._varlen import check_varlen, varlen_forward
 
@@ -187,20 +177,18 @@ def flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                                       mk if mk is not None else 0)
     packed.max_q, packed.max_k = mq, mk
     state = _dropout.next_state(q4.kind, q4.device) if dropout_p else None
-    out, lse, mods, *res = varlen_forward(q4, k4, v4, packed, softmax_scale, causal,
-                                          _window(window_left, window_right), softcap, alibi_slopes, dropout_p, state,
-                                          backend, residual=save_residual)
+    out, lse, mods = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, _window(window_left, window_right),
+                                    softcap, alibi_slopes, dropout_p, state, backend)
     seed, offset = rng_state_of(mods) or _NO_RNG
-    return (out, lse, torch.tensor([_dropout._int64(seed), _dropout._int64(offset)], dtype=torch.int64),
-            res[0] if res else q.new_empty((0,)))
+    return out, lse, torch.tensor([_dropout._int64(seed), _dropout._int64(offset)], dtype=torch.int64)
 
 
 @flash_attn_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-      window_left, window_right, softcap, alibi_slopes, backend, deterministic, dq_strategy, save_residual):
+      window_left, window_right, softcap, alibi_slopes, backend, deterministic, dq_strategy):
     total, h, d = q.shape
     return (q.new_empty((total, h, d)), q.new_empty((h, total), dtype=torch.float32),
-            torch.empty((2,), dtype=torch.int64, device="cpu"), q.new_empty((total, h, d) if save_residual else (0,)))
+            torch.empty((2,), dtype=torch.int64, device="cpu"))
 
 
 @torch.library.custom_op("cuflash::flash_attn_varlen_bwd", mutates_args=(), device_types="cuda")
@@ -208,7 +196,7 @@ def flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
                           cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                           rng_state: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_left: int,
                           window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool,
-                          dq_strategy: Optional[str], out_residual: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                          dq_strategy: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
     from ._varlen import check_varlen, varlen_backward
 
     q4, k4, _, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, 0, 0)
@@ -220,46 +208,39 @@ def flash_attn_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     mq = max_seqlen_q if max_seqlen_q >= 0 else torch.zeros((), dtype=torch.int32)
     mk = max_seqlen_k if max_seqlen_k >= 0 else torch.zeros((), dtype=torch.int32)
     return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, mq, mk, softmax_scale, causal,
-                           deterministic, dq_strategy, mods, _residual(out_residual))
+                           deterministic, dq_strategy, mods)
 
 
 @flash_attn_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, dropout_p,
-      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, dq_strategy,
-      out_residual):
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, dq_strategy):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-     alibi_slopes, backend, deterministic, dq_strategy, save_residual) = inputs
-    out, lse, rng_state, res = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng_state, res)
+     alibi_slopes, backend, deterministic, dq_strategy) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng_state)
     ctx.opts = (max_q, max_k, dropout_p, softmax_scale, causal, window_left, window_right, softcap, deterministic,
                 dq_strategy)
     ctx.alibi = alibi_slopes
 
 
-def _varlen_backward(ctx, dout, _dlse, _drng, _dres):
-    q, k, v, out, lse, cu_q, cu_k, rng_state, res = ctx.saved_tensors
+def _varlen_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, cu_q, cu_k, rng_state = ctx.saved_tensors
     max_q, max_k, dropout_p, softmax_scale, causal, wl, wr, softcap, deterministic, dq_strategy = ctx.opts
     dq, dk, dv = torch.ops.cuflash.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
                                                          rng_state, dropout_p, softmax_scale, causal, wl, wr,
-                                                         softcap, ctx.alibi, deterministic, dq_strategy,
-                                                         _residual(res))
-    return (dq, dk, dv) + (None,) * 15
+                                                         softcap, ctx.alibi, deterministic, dq_strategy)
+    return (dq, dk, dv) + (None,) * 14
 
 
 flash_attn_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 # ------------------------------------------------------------------------------- the compiled paths
-def _needs_grad(q, k, v) -> bool:
-    """The traced call takes a backward: its forward saves out's rounding residual (save_residual)."""
-    return torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-
-
 def compiled_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                return_attn_probs, block_table, dq_strategy, backend):
@@ -278,10 +259,10 @@ def compiled_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     left, right = window_size
     mq = max_seqlen_q if isinstance(max_seqlen_q, int) else -1
     mk = max_seqlen_k if isinstance(max_seqlen_k, int) else -1
-    out, lse, _, _ = torch.ops.cuflash.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk,
-                                                             float(dropout_p), scale, bool(causal), int(left),
-                                                             int(right), float(softcap), alibi_slopes, backend,
-                                                             bool(deterministic), dq_strategy, _needs_grad(q, k, v))
+    out, lse, _ = torch.ops.cuflash.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk,
+                                                          float(dropout_p), scale, bool(causal), int(left),
+                                                          int(right), float(softcap), alibi_slopes, backend,
+                                                          bool(deterministic), dq_strategy)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -298,10 +279,9 @@ def compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, 
     d = q.shape[-1]
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
     left, right = window_size
-    out, lse, _, _ = torch.ops.cuflash.flash_attn_fwd(q, k, v, float(dropout_p), scale, bool(causal), int(left),
-                                                      int(right), float(softcap), alibi_slopes, grid_order, backend,
-                                                      bool(deterministic), dq_strategy, warp_partition,
-                                                      _needs_grad(q, k, v))
+    out, lse, _ = torch.ops.cuflash.flash_attn_fwd(q, k, v, float(dropout_p), scale, bool(causal), int(left),
+                                                   int(right), float(softcap), alibi_slopes, grid_order, backend,
+                                                   bool(deterministic), dq_strategy, warp_partition)
     return (out, lse, None) if return_attn_probs else out
 
 

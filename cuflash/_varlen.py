@@ -164,16 +164,15 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
 
 
 def varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,
-                   rng_state, backend="auto", residual=False):
-    """(out [total_q, h, d], lse [h, total_q], mods) of validated [1, total, ...] views (check_varlen); with
-    `residual`, (out, lse, mods, out's rounding residual) (cuflash._fwd.forward)."""
+                   rng_state, backend="auto"):
+    """(out [total_q, h, d], lse [h, total_q], mods) of validated [1, total, ...] views (check_varlen)."""
     from ._fwd import forward
     from ._mods import mods_for
 
     mods = mods_for(q4, k4, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
                     rng_state=rng_state, batch=packed.batch)
-    res = forward(q4, k4, v4, softmax_scale, causal, backend=backend, mods=mods, packed=packed, residual=residual)
-    return (*res[:2], mods, *res[2:])
+    out, lse = forward(q4, k4, v4, softmax_scale, causal, backend=backend, mods=mods, packed=packed)
+    return out, lse, mods
 
 
 def check_varlen_backward_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -188,14 +187,12 @@ def check_varlen_backward_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqle
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    causal, deterministic, dq_strategy, mods, out_residual=None):
-    """(dq, dk, dv) of a packed call (validated here; mods: the forward's; out_residual: its output residual, or
-    None: cuflash.backward.residual_ptr)."""
-    from .backward import _make_plan, residual_ptr
+                    causal, deterministic, dq_strategy, mods):
+    """(dq, dk, dv) of a packed call (validated here; mods: the forward's)."""
+    from .backward import _make_plan
 
     da, q4, k4, v4, o4, la, packed = check_varlen_backward_inputs(dout, q, k, v, out, lse, cu_seqlens_q,
                                                                   cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     plan = _make_plan(da, q4, k4, v4, o4, la, softmax_scale, causal, dq_strategy, deterministic, None, "auto", mods,
                       packed)
-    return plan.run(da.ptr, q4.ptr, k4.ptr, v4.ptr, o4.ptr, la.ptr, residual_ptr(out_residual, out), packed.cu_q.ptr,
-                    packed.cu_k.ptr)
+    return plan.run(da.ptr, q4.ptr, k4.ptr, v4.ptr, o4.ptr, la.ptr, packed.cu_q.ptr, packed.cu_k.ptr)

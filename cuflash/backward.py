@@ -106,14 +106,13 @@ class _BwdPlan(HostPlan):
 
     __slots__ = ("outs", "ws_off", "strategy", "backend", "maps", "encoded")
 
-    def run(self, dp, qp, kp, vp, op, lp, rp, *cu):
-        """rp: the forward's output residual (laid out like out; 0: none, D from out alone); cu: a packed plan's
-        (cu_seqlens_q, cu_seqlens_k) pointers."""
+    def run(self, dp, qp, kp, vp, op, lp, *cu):
+        """cu: a packed plan's (cu_seqlens_q, cu_seqlens_k) pointers."""
         if self.maps is not None:  # the sm90 main kernel: its tensor maps ride along (cuflash._bwd_sm90)
-            return _bwd_sm90.run_plan(self, dp, qp, kp, vp, op, lp, rp)
+            return _bwd_sm90.run_plan(self, dp, qp, kp, vp, op, lp)
         (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = self.outs()
         o_lse, o_delta, o_acc = self.ws_off
-        self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, rp, *cu)
+        self.launch(stream, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *cu)
         return dq, dk, dv
 
 
@@ -195,7 +194,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
         dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
         **mod_fields(mods, softmax_scale, hd))
-    dynamic = ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "o_res")
+    dynamic = ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv")
     if packed is None:
         p.bind(BWD_PARAMS, dynamic, cu_seqlens_q=0, cu_seqlens_k=0, **fields)
     else:
@@ -220,29 +219,15 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
 
 
 def backward(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy=None, deterministic=False, tile=None, *,
-             warp_partition="auto", mods=None, backend="auto", out_residual=None):
+             warp_partition="auto", mods=None, backend="auto"):
     """Launch preprocess, main and dQ-convert kernels on validated views; returns (dq, dk, dv).
 
     warp_partition: "auto", "kv" (warps split the KV rows of a tile), "q" (warps split the Q rows) or "2d"; `tile`
     overrides that partition's configured tile (benchmark sweeps); mods: the forward's score modifiers; backend:
-    the main kernel's path (cuflash._bwd_sm90); out_residual: the forward's output residual (residual_ptr)."""
+    the main kernel's path (cuflash._bwd_sm90)."""
     plan = _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deterministic, tile,
                       warp_partition, mods, backend=backend)
-    return plan.run(da.ptr, qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr, residual_ptr(out_residual, oa.obj))
-
-
-def residual_ptr(res, out) -> int:
-    """The data pointer of `res`, the forward's output residual (cuflash._fwd.forward(..., residual=True): out's
-    rounding error in out's dtype; the preprocess then forms D = rowsum(dO * O) from the fp32 output), after checking
-    that it is laid out exactly like `out` (the kernels index it with out's strides); 0 for None."""
-    if res is None:
-        return 0
-    rp, rd = desc(res)
-    op, od = desc(out)
-    if rd is None or rd != od or rp & 15:
-        raise ValueError("out_residual must be an array of out's kind, dtype, shape, strides and device, 16-byte "
-                         "aligned (the forward's residual output)")
-    return rp
+    return plan.run(da.ptr, qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr)
 
 
 _PLANS: dict = {}
@@ -250,11 +235,10 @@ _MAX_PLANS = 4096
 
 
 def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, deterministic, warp_partition,
-                  mods=None, backend="auto", out_residual=None):
+                  mods=None, backend="auto"):
     """`backward` on raw arrays through a memoized plan: a call whose arrays (dtypes, shapes, strides, devices) and
     options match a validated one skips validation and set-up. "seqpar" plans are not kept (their strategy
-    depends on the free memory when made). mods: the forward's score modifiers (cuflash._mods.Mods), or None;
-    out_residual: the forward's output residual, or None (residual_ptr)."""
+    depends on the free memory when made). mods: the forward's score modifiers (cuflash._mods.Mods), or None."""
     ptrs, keys = zip(*(desc(x) for x in (dout, q, k, v, out, lse)))
     plan = key = None
     if None not in keys and not has_dropout(mods):  # (dropout: every call has its own rng state)
@@ -276,7 +260,7 @@ def backward_memo(dout, q, k, v, out, lse, softmax_scale, causal, dq_strategy, d
         # the same key take the 16-byte kernels)
         if plan.strategy != "seqpar" and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
             remember(_PLANS, key, plan, _MAX_PLANS)
-    return plan.run(*ptrs, residual_ptr(out_residual, out))
+    return plan.run(*ptrs)
 
 
 def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse: Any,
@@ -284,8 +268,7 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
                         dq_strategy: Optional[str] = None, algorithm: str = "v2",
                         warp_partition: str = "auto", window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                         alibi_slopes: Any = None, dropout_p: float = 0.0,
-                        rng_state: Optional[Tuple[int, int]] = None, backend: str = "auto",
-                        out_residual: Any = None) -> Tuple[Any, Any, Any]:
+                        rng_state: Optional[Tuple[int, int]] = None, backend: str = "auto") -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_func for CuPy users (CuPy has no autograd); also accepts torch tensors.
 
     Args:
@@ -314,9 +297,6 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
             backward, cuda_src/flash_bwd_sm90.cu, wherever it can take the call -- head dims 40-128, no dropout,
             dq_strategy "atomic" or "seqpar", warp_partition "auto", TMA-aligned views -- else the mma.sync
             kernels), "sm80" (the mma.sync kernels) or "sm90" (ValueError where it cannot run).
-        out_residual: out's rounding residual from the same forward (an array laid out like out: the fp32 output
-            minus out; what autograd saves, cuflash._fwd.forward(..., residual=True)); the preprocess then forms
-            D = rowsum(dO * O) from the fp32 output, as autograd's backward does. None: D from out (V2 only).
 
     Returns:
         (dq, dk, dv) of the inputs' kind: new contiguous arrays shaped and typed like q, k, v (dk, dv summed over
@@ -339,8 +319,6 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
     if dropout_p and rng_state is None:
         raise ValueError("dropout_p > 0 needs rng_state: the (seed, offset) of the forward call "
                          "(cuflash.get_rng_state() before it, for CuPy arrays)")
-    if out_residual is not None and algorithm != "v2":
-        raise ValueError("out_residual: the V2 backward reads it (algorithm='v2')")
     if algorithm == "v1":
         from .v1 import backward_from_lse
 
@@ -352,4 +330,4 @@ def flash_attn_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_lse
         mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
                         rng_state=rng_state)
     return backward_memo(dout, q, k, v, out, softmax_lse, softmax_scale, causal, dq_strategy, deterministic,
-                         warp_partition, mods, backend, out_residual)
+                         warp_partition, mods, backend)

@@ -278,7 +278,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
-    p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0, o_res=0,
+    p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0,
            block_table_batch_stride=cache.bt_stride, page_size=cache.page_size, rotary_dim=cache.rotary_dim,
            rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro,
            rotary_q_per_row=int(bool(cache.rotary_dim) and rotate_rows and not fold),

@@ -15,7 +15,7 @@ from ._fwd import (GRID_ORDER_CHOICES, GRID_ORDERS, LOG2E, _launch_setup, _make_
                    fold_gqa_rows, forward, forward_memo, resolve_grid_order)
 from ._fwd_sm90 import BACKENDS, check_backend  # noqa: F401 (BACKENDS re-exported)
 from ._interop import compiling
-from ._validate import check_bool, check_qkv, check_softmax_scale, check_unsupported
+from ._validate import check_qkv, check_softmax_scale, check_unsupported
 from .backward import check_warp_partition
 
 _forward_memo = forward_memo
@@ -34,8 +34,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Any = None, deterministic: bool = False, return_attn_probs: bool = False, *,
                     algorithm: str = "v2", grid_order: str = "auto", dq_strategy: Optional[str] = None,
-                    warp_partition: str = "auto", backend: str = "auto",
-                    return_residual: bool = False) -> Union[Any, Tuple[Any, Any, Any]]:
+                    warp_partition: str = "auto", backend: str = "auto") -> Union[Any, Tuple[Any, Any, Any]]:
     """Exact attention softmax(scale * Q K^T) V: flash-attn's `flash_attn_func` on torch tensors or CuPy arrays.
 
     Args:
@@ -81,16 +80,11 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
             backward (autograd) follows: "sm80" keeps the mma.sync kernels; otherwise the Hopper backward runs
             wherever it can take the call (head dims 40-128, no dropout, dq_strategy "atomic" or "seqpar",
             warp_partition "auto"), else the mma.sync backward (cuflash.backward.bwd_backend).
-        return_residual: also return out's rounding residual (V2, without autograd): an array like out holding
-            the fp32 output minus out, for flash_attn_backward(..., out_residual=), which then forms the
-            backward's D = rowsum(dO * O) from the fp32 output as autograd does (autograd saves it itself).
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q (a new contiguous array of q's kind, dtype and device);
         with return_attn_probs=True, (out, softmax_lse [batch, nheads, seqlen_q] float32 natural log, S_dmask or
-        None); with return_residual=True the residual follows as the last element ((out, residual) or (out,
-        softmax_lse, S_dmask, residual)). Under torch.compile the call is one custom-operator node
-        (cuflash._torch_ops; no graph break).
+        None). Under torch.compile the call is one custom-operator node (cuflash._torch_ops; no graph break).
         Torch tensors that require grad (under grad mode) get a differentiable out (backward: cuflash kernels;
         the LSE is not differentiable).
 
@@ -106,10 +100,6 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
     if compiling():  # torch.compile: one custom-operator node and its autograd formula (cuflash._torch_ops)
         from ._torch_ops import compiled_flash_attn
 
-        if return_residual:
-            raise NotImplementedError("return_residual under torch.compile: the compiled autograd formula saves "
-                                      "the residual itself; call it outside the compiled region")
-
         return compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    deterministic, return_attn_probs, algorithm, grid_order, dq_strategy,
                                    warp_partition, backend)
@@ -123,11 +113,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
     check_backend(backend)
     if backend != "auto" and algorithm != "v2":
         raise ValueError(f"backend={backend!r} selects the V2 forward's kernels; algorithm={algorithm!r} has one path")
-    check_bool(return_residual, "return_residual")
-    if return_residual and (algorithm != "v2" or _is_torch_grad(q, k, v)):
-        raise ValueError("return_residual: the V2 forward without autograd returns it (algorithm='v2'; autograd "
-                         "saves its own)")
-    rng_state = res = None
+    rng_state = None
     if dropout_p and algorithm == "v2":  # the (seed, offset) of this call, validated inputs first
         from ._dropout import next_state
 
@@ -139,16 +125,12 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         out, lse = flash_attn_autograd(q, k, v, softmax_scale, causal, deterministic, algorithm, grid_order,
                                        dq_strategy, warp_partition, backend, window_size, softcap, alibi_slopes,
                                        dropout_p, rng_state)
-    elif rng_state is not None or return_residual:  # not memoized (dropout: every call has its own rng state)
+    elif rng_state is not None:  # dropout without autograd: not memoized (every call has its own rng state)
         from ._mods import mods_for
 
-        if rng_state is None:
-            qa, ka, va = check_qkv(q, k, v)
         mods = mods_for(qa, ka, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
                         rng_state=rng_state)
-        out, lse, *res = forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods,
-                                 residual=return_residual)
-        res = res[0] if res else None
+        out, lse = forward(qa, ka, va, softmax_scale, causal, grid_order, backend=backend, mods=mods)
     elif algorithm == "v2":
         out, lse = forward_memo(q, k, v, softmax_scale, causal, grid_order, backend, window_size, softcap,
                                 alibi_slopes)
@@ -158,7 +140,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         qa, ka, va = check_qkv(q, k, v)
         out, lse = v1_forward(qa, ka, va, softmax_scale, causal)[:2]
     if not return_attn_probs:
-        return (out, res) if return_residual else out
+        return out
     probs = None
     if rng_state is not None:
         from ._dropout import attention_probs
@@ -166,4 +148,4 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
 
         probs = attention_probs(qa, ka, wrap(lse, "lse").obj, softmax_scale, causal, window_size, softcap,
                                 alibi_slopes, dropout_p, rng_state)
-    return (out, lse, probs, res) if return_residual else (out, lse, probs)
+    return out, lse, probs

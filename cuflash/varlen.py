@@ -16,7 +16,7 @@ from typing import Any, Optional, Tuple, Union
 from . import _interop
 from ._fwd_sm90 import check_backend
 from ._mods import mods_for
-from ._validate import check_backward_headdim, check_bool, check_softmax_scale, check_unsupported
+from ._validate import check_backward_headdim, check_softmax_scale, check_unsupported
 from .packed import unpack
 from ._varlen import NO_PAGES_GRAD, check_varlen, gather_pages, varlen_backward, varlen_forward
 
@@ -33,7 +33,7 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Any = None, deterministic: bool = False, return_attn_probs: bool = False,
                            block_table: Any = None, *, dq_strategy: Optional[str] = None,
-                           backend: str = "auto", return_residual: bool = False) -> Union[Any, Tuple[Any, Any, Any]]:
+                           backend: str = "auto") -> Union[Any, Tuple[Any, Any, Any]]:
     """Exact attention over packed sequences: flash-attn's `flash_attn_varlen_func`.
 
     Args:
@@ -57,11 +57,9 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
             NotImplementedError (flash-attn's paged path has no backward either).
         dq_strategy: the backward's, as flash_attn_func's ("seqpar" needs max_seqlen_k as an int).
         backend: the forward's kernels, as flash_attn_func's ("auto": the Hopper kernels on sm_90 where they apply).
-        return_residual: as flash_attn_func's (without autograd; for flash_attn_varlen_backward(..., out_residual=)).
 
     Returns:
-        out [total_q, nheads, headdim] like q; with return_attn_probs, (out, softmax_lse, None); with
-        return_residual the residual follows as the last element. Torch tensors that
+        out [total_q, nheads, headdim] like q; with return_attn_probs, (out, softmax_lse, None). Torch tensors that
         require grad get a differentiable out (the backward: the packed V2 backward kernels).
 
     Raises (before anything is launched, naming the argument): TypeError, ValueError as flash_attn_func's, and for
@@ -69,12 +67,8 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
         integer tensor, a bad block_table or page size; NotImplementedError for block_table with autograd, and
         return_attn_probs with dropout.
     """
-    check_bool(return_residual, "return_residual")
     if _interop.compiling():
         from ._torch_ops import compiled_flash_attn_varlen
-
-        if return_residual:
-            raise NotImplementedError("return_residual under torch.compile: call it outside the compiled region")
 
         return compiled_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                           softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -82,8 +76,6 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     check_backend(backend)
-    if return_residual and _is_torch_grad(q, k, v):
-        raise ValueError("return_residual: the forward without autograd returns it (autograd saves its own)")
     if block_table is not None:  # paged K/V (inference): the pages gathered into packed rows, one pass
         if _is_torch_grad(q, k, v):
             raise NotImplementedError(NO_PAGES_GRAD)
@@ -105,10 +97,8 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
                                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
                                                  dropout_p, rng_state, deterministic, dq_strategy, backend)
     else:
-        out, lse, _, *res = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap,
-                                           alibi_slopes, dropout_p, rng_state, backend, residual=return_residual)
-        if return_residual:
-            return (out, lse, None, res[0]) if return_attn_probs else (out, res[0])
+        out, lse, _ = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                     dropout_p, rng_state, backend)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -142,11 +132,11 @@ def flash_attn_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, soft
                                softmax_scale: Optional[float] = None, causal: bool = False,
                                deterministic: bool = False, *, dq_strategy: Optional[str] = None,
                                window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
-                               dropout_p: float = 0.0, rng_state: Optional[Tuple[int, int]] = None,
-                               out_residual: Any = None) -> Tuple[Any, Any, Any]:
+                               dropout_p: float = 0.0,
+                               rng_state: Optional[Tuple[int, int]] = None) -> Tuple[Any, Any, Any]:
     """Gradients of flash_attn_varlen_func for CuPy users (also accepts torch tensors): dout, out like q, softmax_lse
     float32 [nheads, total_q] from flash_attn_varlen_func(..., return_attn_probs=True) of the same inputs and
-    options; dropout_p, rng_state, out_residual as flash_attn_backward's. Returns packed (dq, dk, dv) like q, k, v."""
+    options; dropout_p, rng_state as flash_attn_backward's. Returns packed (dq, dk, dv) like q, k, v."""
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     if dropout_p and rng_state is None:
@@ -156,4 +146,4 @@ def flash_attn_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, soft
     mods = mods_for(q4, k4, causal, window_size, softcap, alibi_slopes, softmax_scale, dropout_p=dropout_p,
                     rng_state=rng_state, batch=packed.batch)
     return varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, causal, deterministic, dq_strategy, mods, out_residual)
+                           softmax_scale, causal, deterministic, dq_strategy, mods)

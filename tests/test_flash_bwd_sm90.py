@@ -260,11 +260,9 @@ def test_autograd_takes_sm90_and_matches_the_explicit_call():
     out = cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True)
     dout = torch.randn_like(out)
     out.backward(dout)
-    # the explicit call with the forward's output residual, which autograd saves (tests/test_bwd_numerics.py)
-    _, lse, _, res = cuflash.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True, return_attn_probs=True,
-                                             return_residual=True)
+    _, lse, _ = cuflash.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True, return_attn_probs=True)
     dq, dk, dv = cuflash.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                                             causal=True, deterministic=True, backend="sm90", out_residual=res)
+                                             causal=True, deterministic=True, backend="sm90")
     assert torch.equal(q.grad, dq) and torch.equal(k.grad, dk) and torch.equal(v.grad, dv)
     # backend="sm80" keeps the mma.sync backward (its own rounding: close, not bitwise)
     q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))

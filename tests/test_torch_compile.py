@@ -129,17 +129,14 @@ def test_opcheck():
     import torch
 
     q, k, v = torch_inputs((2, 96, 4, 64), (2, 96, 2, 64), "float16", requires_grad=True)
-    fwd_args = (q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", "auto", True, None, "auto", True)
+    fwd_args = (q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", "auto", True, None, "auto")
     torch.library.opcheck(torch.ops.cuflash.flash_attn_fwd.default, fwd_args)
-    torch.library.opcheck(torch.ops.cuflash.flash_attn_fwd.default, fwd_args[:-1] + (False,))
-    out, lse, rng, res = torch.ops.cuflash.flash_attn_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
-                                                            for x in fwd_args))
-    assert res.shape == out.shape
+    out, lse, rng = torch.ops.cuflash.flash_attn_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
+                                                       for x in fwd_args))
     dout = torch.randn_like(out)
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, rng, 0.0, 0.125, True, -1, -1, 0.0, None, True,
-                None, "auto", "auto", res)
+                None, "auto", "auto")
     torch.library.opcheck(torch.ops.cuflash.flash_attn_bwd.default, bwd_args)
-    torch.library.opcheck(torch.ops.cuflash.flash_attn_bwd.default, bwd_args[:-1] + (None,))
     kc, vc = (torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     kn, vn = (torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     sl = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
@@ -186,13 +183,13 @@ def test_opcheck_varlen():
 
     cu = torch.tensor([0, 50, 50, 170], dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(170, n, 64, device="cuda", dtype=torch.float16, requires_grad=True) for n in (4, 2, 2))
-    fwd_args = (q, k, v, cu, cu, 120, 120, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", True, None, True)
+    fwd_args = (q, k, v, cu, cu, 120, 120, 0.0, 0.125, True, -1, -1, 0.0, None, "auto", True, None)
     torch.library.opcheck(torch.ops.cuflash.flash_attn_varlen_fwd.default, fwd_args)
-    out, lse, rng, res = torch.ops.cuflash.flash_attn_varlen_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
-                                                                   for x in fwd_args))
+    out, lse, rng = torch.ops.cuflash.flash_attn_varlen_fwd(*(x.detach() if isinstance(x, torch.Tensor) else x
+                                                              for x in fwd_args))
     dout = torch.randn_like(out)
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out, lse, cu, cu, 120, 120, rng, 0.0, 0.125, True, -1, -1,
-                0.0, None, True, None, res)
+                0.0, None, True, None)
     torch.library.opcheck(torch.ops.cuflash.flash_attn_varlen_bwd.default, bwd_args)
 
 

@@ -222,8 +222,8 @@ def test_packed_forms_and_cupy():
     # CuPy: forward with the LSE, then flash_attn_varlen_backward; the same numbers as torch's autograd
     qc, kc, vc = (cupy.from_dlpack(x.detach().contiguous()) for x in (q, k, v))
     cuc = cupy.from_dlpack(cq)
-    oc, lc, _, rc = cuflash.flash_attn_varlen_func(qc, kc, vc, cuc, cuc, max(lens), max(lens), causal=True,
-                                                   return_attn_probs=True, return_residual=True)
+    oc, lc, _ = cuflash.flash_attn_varlen_func(qc, kc, vc, cuc, cuc, max(lens), max(lens), causal=True,
+                                               return_attn_probs=True)
     assert isinstance(oc, cupy.ndarray) and lc.shape == (4, sum(lens))
     np.testing.assert_array_equal(cupy.asnumpy(oc), ref.detach().cpu().numpy())
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
@@ -231,7 +231,7 @@ def test_packed_forms_and_cupy():
     g = torch.randn_like(o_t)
     tq, tk, tv = torch.autograd.grad(o_t, (qg, kg, vg), g)
     dq, dk, dv = cuflash.flash_attn_varlen_backward(cupy.from_dlpack(g), qc, kc, vc, oc, lc, cuc, cuc, max(lens),
-                                                    max(lens), causal=True, deterministic=True, out_residual=rc)
+                                                    max(lens), causal=True, deterministic=True)
     for a, b in ((dq, tq), (dk, tk), (dv, tv)):
         np.testing.assert_array_equal(cupy.asnumpy(a), b.cpu().numpy())
 

@@ -109,7 +109,7 @@ def _plan(views, causal, exp_il):
     finally:
         _set_exp_il(False)
     ptrs = tuple(a.ptr for a in views)
-    return lambda: plan.run(*ptrs, 0)
+    return lambda: plan.run(*ptrs)
 
 
 def time_point(dt, causal, s, rounds, d=128):

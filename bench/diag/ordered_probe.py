@@ -46,7 +46,7 @@ def _plan(views, causal, strategy, order):
     finally:
         _bwd_sm90.CAUSAL_ORDER = old
     ptrs = tuple(a.ptr for a in views)
-    return lambda: plan.run(*ptrs, 0)
+    return lambda: plan.run(*ptrs)
 
 
 def run_point(dt, d, s, b, h, hk, rounds):

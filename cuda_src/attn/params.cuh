@@ -32,9 +32,6 @@ struct FwdParams {
   const int* cu_seqlens_k;  // and key counts, rows of [total, h, d] tensors; null: fixed lengths
   const float* alibi_slopes;  // MOD_SCORE: fp32 [batch or 1, nheads], slope of (b, h) at b * alibi_batch_stride + h;
                               // null: no ALiBi
-  void* o_res;  // optional (null: not written) [b, sq, h, d] with o's strides: O - (T)O, the rounding residual of
-                // the output in its dtype (common/ptx.cuh: pack2_residual), for the backward's D (BwdParams::o_res);
-                // written by the V2 and Hopper forwards
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -85,8 +82,6 @@ struct BwdParams {
   void* dq;             // [b, sq, h, d]
   void* dk;             // [b, sk, hk, d]
   void* dv;             // [b, sk, hk, d]
-  const void* o_res;    // optional [b, sq, h, d] with o's strides: the forward's O - (T)O (FwdParams::o_res); the
-                        // preprocess then forms D from O + o_res, the fp32 output to 2^-22 (null: from O alone)
   const int* cu_seqlens_q;  // varlen: as FwdParams'; the fp32 row buffers are then [h, sq_pad] with element b's
   const int* cu_seqlens_k;  // rows from 128 (cu_q[b] / 128 + b) (attn/seqlen.cuh: varlen_pad_start)
   const float* alibi_slopes;  // MOD_SCORE: as FwdParams::alibi_slopes

@@ -162,15 +162,6 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
   // bf16 is the top half of an fp32: one shift and one mask (IMAD.U32 / LOP3), no conversion instruction
   return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
 }
-// What pack2 lost: (lo, hi) minus their rounded pair, itself rounded to T. The rounded pair plus this residual is
-// the fp32 pair to within 2^-22 of its magnitude (fp16; 2^-16 for bf16), which is what the backward's D =
-// rowsum(dO * O) needs where O's own rounding error is not small against the differences it feeds
-// (attn/bwd.cuh: the forward's o_res output).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2_residual(float lo, float hi) {
-  const float2 r = unpack2<T>(pack2<T>(lo, hi));
-  return pack2<T>(lo - r.x, hi - r.y);
-}
 
 // ------------------------------------------------------------------------------------------- exp2
 // PTX ISA 9.7.4.x ex2.approx.ftz.f32: one MUFU.EX2 (2^x, max rel. error 2^-22, ex2(-inf) = +0).

@@ -68,9 +68,10 @@ def unaligned(headdim: int, *arrays) -> bool:
 def ua_fwd_tile(headdim: int, mod: int) -> FwdTile:
     """The UA forward's tile: the default one of its mode with the next K / V tile loaded before S = Q K^T
     (LOAD_AT 0: the element loads' registers are free again before S is computed); head dim 128 takes its 32-key
-    tile in every mode (the 64-key MOD_SCORE tile spilled 8 B on sm_80)."""
+    tile in every mode (the 64-key MOD_SCORE tile spilled 8 B on sm_80), and with dropout 64-row tiles (the packed
+    MOD_SCORE_DROPOUT kernel spilled 8-24 B at every unrolling of the 128-row one, next to ALiBi's per-row shift)."""
     if headdim == 128:
-        return FwdTile(128, 32, 4)
+        return FwdTile(64, 64, 4) if mod & MOD_DROPOUT else FwdTile(128, 32, 4)
     return replace(fwd_tile(headdim, False, mod), load_at=0)
 
 

@@ -40,13 +40,15 @@ def main(argv=None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import cuflash
+    from bench.harness import tflops
 
     b, h, s = 2, 16, args.seqlen
     rows = []
     for d, pad in ((64, 0), (59, 0), (64, 3), (128, 0), (111, 0)):
         big = [torch.randn(b, s, h, d + pad, device="cuda", dtype=torch.float16) for _ in range(3)]
         q, k, v = (x[..., :d].requires_grad_() if pad else x.requires_grad_() for x in big)
-        flops = 4 * b * h * s * s * d / 2  # causal
+        tf_fwd = lambda ms: tflops(ms, b, h, s, s, d, True, "fwd")  # noqa: E731
+        tf_fb = lambda ms: tflops(ms, b, h, s, s, d, True, "fwd_bwd")  # noqa: E731
         fwd = timed(lambda: cuflash.flash_attn_func(q, k, v, causal=True))
         out = cuflash.flash_attn_func(q, k, v, causal=True)
         dout = torch.randn_like(out)
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
                     o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
                 torch.autograd.grad(o, (qt, kt, vt), dout.transpose(1, 2))
             sdpa = timed(sfb)
-        rows.append((d, pad, fwd, fwdbwd, flops / fwd / 1e9, 3.5 * flops / fwdbwd / 1e9, sdpa))
+        rows.append((d, pad, fwd, fwdbwd, tf_fwd(fwd), tf_fb(fwdbwd), sdpa))
     print(f"\nUA cost, b={b} h={h} s={s} causal fp16 (ms medians; TFLOP/s at the inputs' head dim)")
     print(f"{'d':>4} {'row':>4} {'kernel':>8} {'fwd ms':>8} {'fwd TF':>7} {'f+b ms':>8} {'f+b TF':>7} {'sdpa f+b':>9}")
     for d, pad, fwd, fb_, tf, tfb, sd in rows:

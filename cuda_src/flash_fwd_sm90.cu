@@ -35,7 +35,11 @@
 //   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
 //                     <= 65536)
 //   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
-//   MOD               MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh)
+//   MOD               MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh);
+//                     MOD_SCORE_DROPOUT: with dropout (attn/dropout.cuh): the accumulator of S = Q K^T is the
+//                     m16n8 layout stacked along N (rows g, g + 8 of the warp's 16, columns 2t, 2t + 1 of each n8
+//                     block), so the mma.sync forward's Philox groups apply as they are and the kernels drop the
+//                     same elements; P zeroed where dropped before O += P V, O scaled by 1 / (1 - p)
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -45,6 +49,7 @@
 #include "attn/mask.cuh"
 #include "attn/block.cuh"
 #include "attn/softmax.cuh"
+#include "attn/dropout.cuh"
 
 namespace cuflash {
 
@@ -103,6 +108,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const int seqlen_q = si.seqlen_q;
   if (m0 >= seqlen_q) return;  // varlen: a tile past this element's rows (attn/seqlen.cuh)
   const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, blk.batch, blk.head);
+  constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
   // KV tiles [n_begin, n_end), visited last first: the tile that needs the mask comes first, the rest need none
   // but, with a window, the ones at its left edge (attn/block.cuh: tiles right of the diagonal / band of the
   // tile's last row, or left of the band of its first, are never loaded).
@@ -207,6 +213,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       mask.clear_shift(shift);
     return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
   };
+  // Dropout (DROP): P of tile n zeroed where dropped, after the row sums took every probability (flash-attn's
+  // semantics: the normaliser keeps all).
+  auto drop_p = [&](int n) {
+    if constexpr (DROP)
+      Dropout(p, (int64_t)blk.batch * p.nheads + blk.head).apply<false>(acc_s, row_w, n * BLOCK_N, lane);
+  };
 
   if (n_iters > 0) {
     if (PINGPONG && cw == NWG - 1) named_bar_arrive(1, 256);
@@ -228,6 +240,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       float alpha[1][2];
       softmax.rescale_sum(alpha);  // O is still zero: only m (and l = 0) move
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+      drop_p(n_end - 1);
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
     }
@@ -251,6 +264,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       float alpha[1][2];
       softmax.rescale_sum(alpha);
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+      drop_p(n);
       wgmma_wait<0>();  // P V done: O and the P fragments are free
       reg_fence(acc_o[0]);
       reg_fence(p_frag);
@@ -275,6 +289,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   // ------------------------------------------------------------------------------------------------ epilogue
   float lse[1][2];
   softmax.finalize(acc_o, lse);
+  if constexpr (DROP) scale_frags(acc_o, (float)p.dropout_scale);  // O / (1 - p)
   const int g = lane / 4, t = lane % 4;
   if (p.lse && t == 0) {
     const int64_t row0 = lse_row0(p, si, blk.batch, blk.head, varlen);

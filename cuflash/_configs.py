@@ -293,7 +293,8 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
 
 
 def sm90_fwd_specs():
-    return [sm90_fwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_HEADDIMS for c, m in MASK_MODES]
+    return [sm90_fwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_HEADDIMS
+            for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT))]
 
 
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)

@@ -21,7 +21,7 @@ from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
 from ._launch import _MAX_PARAM_BYTES, get_launcher
-from ._mods import has_dropout, kernel_mode, mod_fields
+from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -61,8 +61,6 @@ def ineligible(qa, ka, va, mods=None, packed=None) -> str | None:
     if kernel_headdim(d, SM90_HEADDIMS) is None or d <= SM80_ONLY_MAX_HEADDIM:
         return (f"head dim {d} (the sm90 forward runs the multiples of 8 from {SM80_ONLY_MAX_HEADDIM + 8} to "
                 f"{SM90_HEADDIMS[-1]}; the sm80 kernels have head dim {SM80_ONLY_MAX_HEADDIM} itself)")
-    if has_dropout(mods):
-        return "dropout (the mma.sync kernels run it)"
     if packed is None and folds_gqa(sq, h, hk, kernel_mode(mods, False)[1]):
         return "single-query GQA/MQA decoding (the sm80 kernel folds the query heads of a KV head into one tile)"
     if not (b and h and sq and sk):

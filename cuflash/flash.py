@@ -49,7 +49,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
             scaled by 1 / (1 - dropout_p), the softmax normaliser keeps all). Applied whenever it is > 0 (pass 0.0
             for evaluation). Random numbers: Philox, keyed by torch's CUDA generator for torch tensors (reproducible
             under torch.manual_seed; the backward drops exactly what the forward dropped), by cuflash's own
-            counter for CuPy arrays (cuflash.manual_seed, cuflash.get_rng_state); the mma.sync kernels run it.
+            counter for CuPy arrays (cuflash.manual_seed, cuflash.get_rng_state); both forwards run it, the
+            mma.sync backward its gradients.
         window_size: (left, right) keys around each query's diagonal position: query i sees key j iff
             i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves that side
             unbounded; with causal, right = 0 (flash-attn's sliding window). Blocks outside the band are skipped.
@@ -75,7 +76,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
             "2d" (FlashAttention-2's 32-row warp tiles in every product, head dims 32-128).
         backend: the V2 forward's kernels: "auto" (the default: on a compute capability 9.0 GPU the Hopper
             kernels -- wgmma, TMA, warp specialization -- for head dims 40-256 and inputs whose base and strides are
-            16-byte aligned, without dropout, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
+            16-byte aligned, else the mma.sync kernels), "sm90" (the Hopper kernels or a ValueError
             saying why not), "sm80" (the mma.sync kernels, any CUDA GPU of compute capability >= 8.0). The
             backward (autograd) follows: "sm80" keeps the mma.sync kernels; otherwise the Hopper backward runs
             wherever it can take the call (head dims 40-128, no dropout, dq_strategy "atomic" or "seqpar",

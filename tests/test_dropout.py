@@ -65,7 +65,7 @@ def test_dropped_fraction_and_independence(p):
 
 
 def dropout_case(b, sq, sk, h, hk, d, dtype, p, causal=False, window=(-1, -1), cap=0.0, alibi=None, backward=True,
-                 warp_partition="auto", dq_strategy=None, deterministic=False):
+                 warp_partition="auto", dq_strategy=None, deterministic=False, backend="auto"):
     import torch
 
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, requires_grad=backward, scale=3.0 if cap else 1.0)
@@ -74,7 +74,7 @@ def dropout_case(b, sq, sk, h, hk, d, dtype, p, causal=False, window=(-1, -1), c
     out, lse, probs = cuflash.flash_attn_func(q, k, v, p, causal=causal, window_size=window, softcap=cap,
                                               alibi_slopes=alibi, return_attn_probs=True,
                                               warp_partition=warp_partition, dq_strategy=dq_strategy,
-                                              deterministic=deterministic)
+                                              deterministic=deterministic, backend=backend)
     assert torch_rng_state() != state, "the call advances torch's generator"
     mask = mask_of(q, k, p, state)
     an = None if alibi is None else alibi.double().cpu().numpy()
@@ -108,22 +108,25 @@ def dropout_case(b, sq, sk, h, hk, d, dtype, p, causal=False, window=(-1, -1), c
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("p", [0.17, 0.5])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (77, 300), (300, 77), (257, 257)])
-def test_forward_backward(d, dtype, p, sq, sk):
+@pytest.mark.parametrize("backend", ["auto", "sm80"])  # auto: the Hopper forward on sm_90 (head dims from 40)
+def test_forward_backward(d, dtype, p, sq, sk, backend):
     # One key per row: torch's gradients are exactly 0 there (dS = P (dP / (1 - p) - D) cancels in exact
     # arithmetic), while the kernels' D = rowsum(dO O) comes from the 16-bit O, as in FlashAttention-2: dQ, dK are
     # that rounding (bench/NOTES.md, "Backward numerics"), so the 1 x 1 case checks the forward only.
-    dropout_case(2, sq, sk, 4, 2, d, dtype, p, backward=sk > 1)
+    dropout_case(2, sq, sk, 4, 2, d, dtype, p, backward=sk > 1, backend=backend)
 
 
 @pytest.mark.parametrize("opt", [(True, (-1, -1), 0.0, None), (False, (40, 9), 0.0, None),
                                  (True, (-1, -1), 15.0, "h"), (False, (-1, -1), 0.0, "h")],
                          ids=["causal", "window", "causal-cap-alibi", "alibi"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_with_score_modifiers(opt, d):
+@pytest.mark.parametrize("backend", ["auto", "sm80"])
+def test_with_score_modifiers(opt, d, backend):
     from test_score_mods import slopes
 
     causal, window, cap, akind = opt
-    dropout_case(2, 200, 333, 4, 2, d, "float16", 0.3, causal, window, cap, slopes(2, 4) if akind else None)
+    dropout_case(2, 200, 333, 4, 2, d, "float16", 0.3, causal, window, cap, slopes(2, 4) if akind else None,
+                 backend=backend)
 
 
 PART_CASES = [(d, part) for d in (32, 64, 96, 128, 256) for part in ("kv", "q", "2d")
@@ -189,15 +192,27 @@ def test_cupy_path_and_explicit_backward():
 
 
 def test_backend_and_algorithm():
-    """backend='sm90' refuses dropout by name; 'auto' runs it on the mma.sync kernels; V1 has no dropout."""
+    """The Hopper forward drops exactly what the mma.sync one drops (the same seed: the same elements zeroed, the
+    outputs equal up to rounding, the zeros of a row where every key is dropped included); its backward refuses
+    dropout by name; V1 has no dropout."""
     import torch
 
-    q, k, v = torch_inputs((1, 64, 2, 64), (1, 64, 2, 64), "float16")
+    q, k, v = torch_inputs((2, 300, 4, 128), (2, 333, 2, 128), "float16")
     from cuflash._fwd_sm90 import device_cc
 
     if device_cc(0) == 90:
+        outs = []
+        for backend in ("sm90", "sm80"):
+            torch.manual_seed(5)
+            outs.append(cuflash.flash_attn_func(q, k, v, 0.9, causal=True, backend=backend))
+        # different kernels, the same mask: rounding apart (a different mask would differ by O(1))
+        assert (outs[0].float() - outs[1].float()).abs().max() <= 4e-3 * outs[1].float().abs().max()
+        assert torch.equal(outs[0] == 0, outs[1] == 0)
+        qg = q.detach().clone().requires_grad_()
+        out = cuflash.flash_attn_func(qg, k, v, 0.2)
         with pytest.raises(ValueError, match="dropout"):
-            cuflash.flash_attn_func(q, k, v, 0.2, backend="sm90")
+            cuflash.flash_attn_backward(torch.randn_like(out), q, k, v, out.detach(), torch.zeros(2, 4, 300,
+                                        device="cuda"), dropout_p=0.2, rng_state=(1, 0), backend="sm90")
     out = cuflash.flash_attn_func(q, k, v, 0.2)
     assert torch.isfinite(out).all()
     with pytest.raises(NotImplementedError, match="dropout"):

@@ -236,8 +236,10 @@ def test_backward_plan_memo(kind):
     q_off = base[1:1 + q.numel()].view(q.shape)
     q_off.copy_(q)
     dq2, dk2, dv2 = cuflash.flash_attn_backward(dout, q_off, k, v, out, lse, causal=True)
+    assert len(bwd_mod._PLANS) == 2  # a plan for data that is not 16-byte aligned is not kept
     for name, a, b2 in (("dq", dq, dq2), ("dk", dk, dk2), ("dv", dv, dv2)):
-        assert (a.float() - b2.float()).abs().max().item() <= 2e-2 * max(1.0, a.float().abs().max().item()), name
+        a, b2 = to_np(a), to_np(b2)
+        assert np.abs(a - b2).max() <= 2e-2 * max(1.0, np.abs(a).max()), name
 
 
 def test_launch_from_a_thread_without_a_cuda_context():

@@ -3,8 +3,9 @@
 dropout: attention dropout (p = 0.1) next to the same call without it, forward and forward + backward through
 autograd, fp16 causal and not, head dims 64 and 128, seqlen 2k and 8k (batch x seqlen = 16k, hidden 2048), with
 SDPA's FLASH and CUDNN backends given the same dropout_p, timed in turn, medians of `rounds` rounds. The cuflash
-dropout kernels are the mma.sync ones (backend sm80); `ratio_to_plain` = the time without dropout / with it
-(cuflash's plain record is its default path: the Hopper forward on an sm_90 GPU).
+dropout call takes the default path (default_backend: on sm_90 the Hopper forward, the mma.sync backward);
+`ratio_to_plain` = the time of the same path without dropout / with it (cuflash's plain record is its default path;
+"sm80-plain" the mma.sync kernels' for comparison).
 
 headdims: head dims that are not compiled (80, 160, 192, 224, 384: run on the kernel of the next compiled head
 dim, zero-padded in shared memory) next to the compiled ones around them and SDPA FLASH / CUDNN at the same head
@@ -89,11 +90,11 @@ def _records(res, mode, b, h, s, d, causal, rounds, p):
     out = []
     for key, (ms, per) in res.items():
         prov, name = key.split("/")
-        base = res.get(f"{prov}/{'sm80-plain' if prov == 'cuflash' else 'plain'}", (None,))[0]
+        base = res.get(f"{prov}/plain", (None,))[0]  # the same path without dropout
         ratio = (base / ms) if (name == "dropout" and base and ms) else None
         drop = p if name == "dropout" else 0.0
         if prov == "cuflash":
-            be = "sm80" if name != "plain" else default_backend(d, mode)
+            be = "sm80" if name == "sm80-plain" else default_backend(d, mode, dropout=name == "dropout")
             out.append(record("cuflash", f"v2-{name}", mode, "float16", b, h, s, s, d, causal, ms, backend=be, rounds=rounds,
                               round_ms=per, dropout_p=drop, ratio_to_plain=ratio))
         else:
@@ -104,14 +105,19 @@ def _records(res, mode, b, h, s, d, causal, rounds, p):
     return out
 
 
-def default_backend(d, mode) -> str:
-    """The kernel path of a default cuflash call: the Hopper forward on an sm_90 GPU (with the mma.sync backward:
-    "sm90+sm80" for forward + backward), else the mma.sync kernels."""
+def default_backend(d, mode, dropout=False) -> str:
+    """The kernel path of a default cuflash call (backend "auto"), forward or forward + backward ("fwd+bwd" where
+    the two differ): on an sm_90 GPU the Hopper forward from head dim 40 to 256 (dropout included) and the Hopper
+    backward at kernel head dims 64-128 without dropout; the mma.sync kernels otherwise."""
+    from cuflash._configs import SM80_ONLY_MAX_HEADDIM, SM90_BWD_HEADDIMS, kernel_headdim
     from cuflash._fwd_sm90 import device_cc
 
-    if device_cc(0) != 90 or d > 256:
-        return "sm80"
-    return "sm90" if mode == "fwd" else "sm90+sm80"
+    hopper = device_cc(0) == 90 and SM80_ONLY_MAX_HEADDIM < d <= 256
+    fwd = "sm90" if hopper else "sm80"
+    if mode == "fwd":
+        return fwd
+    bwd = "sm90" if hopper and not dropout and kernel_headdim(d) in SM90_BWD_HEADDIMS else "sm80"
+    return fwd if fwd == bwd else f"{fwd}+{bwd}"
 
 
 def headdims(dims=(64, 80, 96, 128, 160, 192, 224, 256, 384, 512), seqlen=4096, rounds=3):

@@ -67,12 +67,13 @@ def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384),
                     fns[f"sdpa/{prov}"] = lambda fn=fn: fn(qt, kt, vt, True)
                 res = time_rounds(fns, rounds)
                 recs += _records(res, "fwd", dtype, b, h, s, d, rounds)
-                # backward (mma.sync kernels): from each forward's own out and LSE
+                # backward, each backend: from each forward's own out and LSE
                 fns = {}
                 for name, kw in [("plain", {})] + list(opts.items()):
                     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, **kw)
-                    fns[f"sm80/{name}"] = (lambda out=out, lse=lse, kw=kw: cuflash.flash_attn_backward(
-                        dout, q, k, v, out, lse, causal=True, **kw))
+                    for be in ("sm90", "sm80"):
+                        fns[f"{be}/{name}"] = (lambda out=out, lse=lse, kw=kw, be=be: cuflash.flash_attn_backward(
+                            dout, q, k, v, out, lse, causal=True, backend=be, **kw))
                 res = time_rounds(fns, rounds)
                 recs += _records(res, "bwd", dtype, b, h, s, d, rounds)
                 del q, k, v, qt, kt, vt, dout

@@ -523,7 +523,7 @@ def dropout_table(records, section="dropout"):
         name = r["provider"] + ("+drop" if r.get("dropout_p") else "") + ("/sm80" if r.get("algo") == "v2-sm80-plain"
                                                                            else "")
         cell[k][name] = r
-    lines = ["| mode | hdim | seqlen | causal | cuflash plain (path) | cuflash dropout (sm80) | x plain sm80 | "
+    lines = ["| mode | hdim | seqlen | causal | cuflash plain (path) | cuflash dropout (path) | x plain | "
              "FLASH / +dropout | cuDNN / +dropout | dropout: cuflash / cuDNN |", "|" + "---|" * 10]
 
     for k in sorted(cell, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
@@ -534,7 +534,8 @@ def dropout_table(records, section="dropout"):
         vs = (f"{drop['tflops'] / cud['tflops']:.2f}x" if drop and cud and drop.get("tflops") and cud.get("tflops")
               else "-")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {tf(plain)} ({plain.get('backend') if plain else '-'}) | "
-                     f"{tf(drop)} | {f'{ratio:.2f}' if ratio else '-'} | {tf(c.get('flash'))} / "
+                     f"{tf(drop)} ({drop.get('backend') if drop else '-'}) | {f'{ratio:.2f}' if ratio else '-'} | "
+                     f"{tf(c.get('flash'))} / "
                      f"{tf(c.get('flash+drop'))} | {tf(c.get('cudnn'))} / {tf(cud)} | {vs} |")
     return "\n".join(lines) + "\n"
 

@@ -55,7 +55,7 @@ SUITES = {s.name: s for s in (
           "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k"),
     Suite("scores", "bench_scores", "scores", 2.0,
           "the score modifiers (sliding window 4096, soft-cap 50, ALiBi, all three) next to the plain causal "
-          "kernels, forward (sm90, sm80) and backward, fp16 hdim 64/128 at 4k-16k, SDPA FLASH / cuDNN on the plain "
+          "kernels, forward and backward (sm90, sm80), fp16 hdim 64/128 at 4k-16k, SDPA FLASH / cuDNN on the plain "
           "causal problem, timed in turn, medians of 3 rounds"),
     Suite("dropout", "bench_parity", "dropout", 1.5,
           "attention dropout (p 0.1) next to the same call without it, forward and forward + backward, fp16 hdim "

@@ -43,9 +43,6 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
-//   EXP_IL        P^T's exponentials interleaved with dV's k16 steps: step k's product is issued once the exps of
-//                 its 16 queries are done, so the tensor cores start dV after 1 / KM of the exps rather than all of
-//                 them (a variant at head dims 96 and 128, which bench/diag/bwd90_variant_probe.py times)
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -107,7 +104,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, bool EXP_IL = false>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -305,44 +302,24 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (MOD != MOD_NONE) {
       if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
     }
-    auto p_at = [&](int nf, int e, float2 lse) {  // P^T's element e of n8 block nf
-      float x = acc_s[nf][e];
-      if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
-      return softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
-    };
-    uint32_t pa[KM][4];
-    if constexpr (EXP_IL) {
-      // dV += P^T dO a k16 step at a time: n8 blocks 2k, 2k + 1 of P^T -> pa[k] (acc_s is not written: P^T is
-      // only ever read from pa), then the fence that orders those writes before the step's wgmma.
 #pragma unroll
-      for (int k = 0; k < KM; ++k) {
-        float pk[2][4];
+    for (int nf = 0; nf < MF; ++nf) {
+      const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int nf = 2 * k + j;
-          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pk[j][e] = p_at(nf, e, lse);
-        }
-        frag_to_a<T>(pk, 0, pa[k]);
-        wgmma_fence();  // pa[k]'s writes (at k = 0 also acc_dv's last reads) before the wgmma
-        Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+      for (int e = 0; e < 4; ++e) {
+        float x = acc_s[nf][e];
+        if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+        acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
       }
-    } else {
-#pragma unroll
-      for (int nf = 0; nf < MF; ++nf) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[nf][e] = p_at(nf, e, lse);
-      }
-      frags_to_a<T>(acc_s, pa);
-
-      // dV += P^T dO.
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < KM; ++k)
-        Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
     }
+    uint32_t pa[KM][4];
+    frags_to_a<T>(acc_s, pa);
+
+    // dV += P^T dO.
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KM; ++k)
+      Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T done (dV may still run)
     reg_fence(acc_dp);

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
-                       SM90_BWD_EXP_IL_HEADDIMS, kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
+                       kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -75,19 +75,15 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 # The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
 # may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
-# The EXP_IL kernels (P^T's exps interleaved with dV's k16 steps) at the kernel head dims of
-# SM90_BWD_EXP_IL_HEADDIMS: a diagnostic sets True here, and clears cuflash.backward._PLANS, to time them
-EXP_IL = False
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None):
     """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call; strategy:
-    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); the EXP_IL kernel where
-    EXP_IL is set and compiled."""
+    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER)."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
-    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, EXP_IL and d in SM90_BWD_EXP_IL_HEADDIMS)
+    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),

@@ -343,42 +343,26 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 
-# The sm90 backward's EXP_IL variant (P^T's exps interleaved with dV's k16 steps) is compiled at these head dims
-# (block_m 64) for bench/diag/bwd90_variant_probe.py, which sets cuflash._bwd_sm90.EXP_IL to time it.
-SM90_BWD_EXP_IL_HEADDIMS = (96, 128)
-
-
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
-                  order: int = DQ_ORDER_PLAIN, exp_il: bool = False) -> KernelSpec:
+                  order: int = DQ_ORDER_PLAIN) -> KernelSpec:
     """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
-    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers); exp_il: the EXP_IL variant
-    (head dims of SM90_BWD_EXP_IL_HEADDIMS)."""
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers)."""
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    if exp_il and headdim not in SM90_BWD_EXP_IL_HEADDIMS:
-        raise ValueError(f"exp_il: head dims {SM90_BWD_EXP_IL_HEADDIMS}; got headdim={headdim!r}")
-    if exp_il:
-        tail = f", {_mod_checked(causal, mod)}, {order}, true"
-    else:
-        tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
+    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER); and
-    the same with EXP_IL at SM90_BWD_EXP_IL_HEADDIMS."""
-    out = []
-    for il in (False, True):
-        dims = SM90_BWD_EXP_IL_HEADDIMS if il else SM90_BWD_HEADDIMS
-        out += ([sm90_bwd_spec(dt, d, c, mod=m, exp_il=il) for dt in DTYPES for d in dims for c, m in MASK_MODES] +
-                [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER, exp_il=il) for dt in DTYPES for d in dims])
-    return out
+    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
+    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
 
 
 @dataclass(frozen=True)

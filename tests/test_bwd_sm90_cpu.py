@@ -73,20 +73,6 @@ r2, _ = launches(lambda: cuflash.flash_attn_backward(*args))
 args2 = tensors(1, 256, 256, 2, 2, 64)
 r3, _ = launches(lambda: cuflash.flash_attn_backward(*args2))
 res["memo"] = [r1, r2, r3, [a.data_ptr() for a in args], [a.data_ptr() for a in args2]]
-# the EXP_IL variant (set by bench/diag/bwd90_variant_probe.py): its kernels at head dims 96 and 128 only
-from cuflash import _bwd_sm90, backward as _bwd
-_bwd_sm90.EXP_IL = True
-_bwd._PLANS.clear()
-for d in (64, 96, 128):
-    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, d), causal=True,
-                                                          deterministic=True))
-    res[f"exp_il ordered causal {d}"] = rec
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
-res["exp_il atomic"] = rec
-_bwd_sm90.EXP_IL = False
-_bwd._PLANS.clear()
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
-res["exp_il off"] = rec
 """
 
 
@@ -257,29 +243,6 @@ def test_the_emulation_sees_a_deadlock():
     on a block that cannot start while one slot holds the waiter."""
     blocks = _ordered_blocks(1000, 1000, 64, 1, _configs.DQ_ORDER_KV_DESC)[::-1]
     assert _run(blocks, 1)[1] and not _run(blocks, 132)[1]
-
-
-def test_exp_il_variant_kernels(res):
-    """cuflash._bwd_sm90.EXP_IL selects the EXP_IL kernels at head dims 96 and 128 (ordered causal and atomic alike;
-    64 keeps the plain one, and so does every call once it is cleared); each of them is in all_specs, which the
-    compile check (tests/test_compile.py) compiles under both NVRTCs."""
-    spec = _configs.sm90_bwd_spec
-    kv_desc = _configs.SM90_BWD_CAUSAL_ORDER
-    assert res["exp_il ordered causal 64"][1][0] == spec("float16", 64, True, order=kv_desc).name
-    for d in (96, 128):
-        name = res[f"exp_il ordered causal {d}"][1][0]
-        assert name == spec("float16", d, True, order=kv_desc, exp_il=True).name and name.endswith(", 0, 2, true>")
-    assert res["exp_il atomic"][1][0] == spec("float16", 128, False, exp_il=True).name
-    assert res["exp_il off"][1][0] == spec("float16", 128, False).name
-    every = {s.name for s in _configs.all_specs()}
-    variants = ([spec(dt, d, c, mod=m, exp_il=True) for dt in _configs.DTYPES
-                 for d in _configs.SM90_BWD_EXP_IL_HEADDIMS for c, m in _configs.MASK_MODES] +
-                [spec(dt, d, True, order=kv_desc, exp_il=True) for dt in _configs.DTYPES
-                 for d in _configs.SM90_BWD_EXP_IL_HEADDIMS])
-    assert len({s.name for s in variants}) == 16 and all(s.name in every for s in variants)
-    assert all(s.name.endswith(", true>") and s.arch_suffix == "a" for s in variants)
-    with pytest.raises(ValueError, match="exp_il"):
-        spec("float16", 64, False, exp_il=True)
 
 
 def test_ordered_causal_takes_the_kv_desc_kernel(res):

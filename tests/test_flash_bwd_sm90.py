@@ -118,48 +118,6 @@ def causal_order(request, monkeypatch):
     bwd_mod._PLANS.clear()
 
 
-@pytest.fixture
-def exp_il(monkeypatch):
-    """The EXP_IL kernels (cuflash._bwd_sm90.EXP_IL: P^T's exps interleaved with dV's k16 steps), fresh plans."""
-    monkeypatch.setattr(_bwd_sm90, "EXP_IL", True)
-    bwd_mod._PLANS.clear()
-    yield
-    bwd_mod._PLANS.clear()
-
-
-@pytest.mark.parametrize("dq_strategy", ["atomic", "ordered", "seqpar"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [96, 120, 128])
-def test_exp_il_variant(exp_il, dq_strategy, causal, d):
-    """The EXP_IL variant: ragged tails, seqlen_q != seqlen_k, GQA, each dQ strategy (the deterministic ones bitwise
-    repeatable), its kernel the one launched."""
-    import torch
-
-    det = dq_strategy != "atomic"
-    (q, k, v, out, lse, dout), first = check(2, 700, 1100, 6, 2, d, "bfloat16", causal, dq_strategy=dq_strategy,
-                                             deterministic=det)
-    order = _configs.SM90_BWD_CAUSAL_ORDER if causal and dq_strategy == "ordered" else _configs.DQ_ORDER_PLAIN
-    spec = _configs.sm90_bwd_spec("bfloat16", _configs.kernel_headdim(d), causal, order=order, exp_il=True)
-    da, qa, ka, va, _, _ = bwd_mod.check_backward_inputs(dout, q, k, v, out, lse)
-    assert _bwd_sm90.main_launch(da, qa, ka, va, causal, 0, dq_strategy)[0] == spec
-    if dq_strategy != "seqpar":  # (seqpar plans are not memoized: the launch is checked through main_launch above)
-        assert get_launcher(spec, q.device.index).ptr in [p.launches[1][0] for p in bwd_mod._PLANS.values()]
-    if det:
-        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
-                                            dq_strategy=dq_strategy, backend="sm90")
-        assert all(torch.equal(a, b) for a, b in zip(first, again))
-
-
-@pytest.mark.parametrize("mods", ["window_softcap", "alibi"])
-def test_exp_il_variant_modifiers(exp_il, mods):
-    import torch
-
-    if mods == "alibi":
-        check(2, 333, 517, 4, 2, 128, "float16", False, alibi=torch.rand(4, device="cuda") * 0.5)
-    else:
-        check(2, 333, 517, 4, 2, 128, "float16", False, window=(40, 8), cap=5.0)
-
-
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
                                             (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
                                             (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128)])

@@ -43,6 +43,8 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
+//   CAP_EXP       MOD_SCORE with the soft-cap on: how P's exponentials run (attn/softmax.cuh ExpVariant: all on MUFU,
+//                 or a share on the FMA pipe; each soft-capped score also asks MUFU for its tanh)
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -104,7 +106,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int CAP_EXP = EXP_FFMA_EX2>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -125,6 +127,8 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
+  static_assert(CAP_EXP == EXP_FFMA_EX2 || (CAP_EXP >= EXP_POLY_HALF && MOD == MOD_SCORE),
+                "CAP_EXP: EXP_FFMA_EX2, or an EXP_POLY_* split with MOD_SCORE");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -302,18 +306,59 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (MOD != MOD_NONE) {
       if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
     }
-#pragma unroll
-    for (int nf = 0; nf < MF; ++nf) {
-      const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = acc_s[nf][e];
-        if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
-        acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
-      }
-    }
     uint32_t pa[KM][4];
-    frags_to_a<T>(acc_s, pa);
+    // With the soft-cap (MOD_SCORE, uniform): P goes straight into the A fragments, and the soft-cap's derivative
+    // 1 - tanh^2 of each element (softcap_grad_of: from its value, no MUFU) is kept until dS: in acc_s at DP = 128;
+    // at DP = 64 (BLOCK_M = 128: 64 elements per thread, whose registers do not fit beside pa, dP^T, dK and dV) as
+    // 32 fp16 pairs in the rows of the dS^T buffer that this warp's dS^T overwrites later (its 16 rows of each
+    // 64-query chunk: 4 KB, a word per lane per row; values in [0, 1]: 2^-12 absolute, below the 16-bit dS they
+    // multiply). The exponentials of CAP_EXP. Element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g +
+    // 8 (e / 2); its pair is word 2 nf + e / 2.
+    constexpr bool CAP_PACKED = SPLIT_M;
+    static_assert(!CAP_PACKED || 2 * MF == 16 * (BLOCK_M / 64), "the derivative's words: 16 rows per 64-query chunk");
+    bool cap = false;
+    unsigned char* ds_buf = nullptr;  // MOD_SCORE: the dS^T buffer (its layout: see the dS^T stores below)
+    if constexpr (MOD != MOD_NONE) {
+      cap = mask.softcap();
+      ds_buf = sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
+    }
+    auto cap_word = [&](int w) {
+      return reinterpret_cast<uint32_t*>(ds_buf + (64 * cw + 16 * warp) * 128) + lane + (w / 16) * (BLOCK_N * 32) +
+             (w % 16) * 32;
+    };
+    if (cap) {
+      const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
+#pragma unroll
+      for (int nf = 0; nf < MF; ++nf) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+        float pv[4], dv[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = acc_s[nf][e];
+          pv[e] = softmax_p_from_lse<CAP_EXP>(x, scale_log2, e % 2 ? lse.y : lse.x, 2 * nf + e % 2);
+          dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
+          if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
+        }
+        pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
+        pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+        if constexpr (CAP_PACKED) {
+          *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
+          *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nf = 0; nf < MF; ++nf) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = acc_s[nf][e];
+          if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+          acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+        }
+      }
+      frags_to_a<T>(acc_s, pa);
+    }
 
     // dV += P^T dO.
     wgmma_fence();
@@ -334,27 +379,30 @@ __global__ void __launch_bounds__(384, 1)
       acc_dp[nf][2] = p23.x * (acc_dp[nf][2] - dl.x);
       acc_dp[nf][3] = p23.y * (acc_dp[nf][3] - dl.y);
     }
-    if constexpr (MOD != MOD_NONE) {  // the soft-cap's derivative (attn/mask.cuh: softcap_grad)
-      if (mask.softcap()) {  // element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g + 8 (e / 2)
-        const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
+    if (cap) {  // the soft-cap's derivative, kept in acc_s or in smem (above)
 #pragma unroll
-        for (int nf = 0; nf < MF; ++nf) {
-          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-          const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
-          const float pv[4] = {p01.x, p01.y, p23.x, p23.y};
+      for (int nf = 0; nf < MF; ++nf) {
+        if constexpr (CAP_PACKED) {
+          const float2 d01 = unpack2<__half>(*cap_word(2 * nf)), d23 = unpack2<__half>(*cap_word(2 * nf + 1));
+          acc_dp[nf][0] *= d01.x;
+          acc_dp[nf][1] *= d01.y;
+          acc_dp[nf][2] *= d23.x;
+          acc_dp[nf][3] *= d23.y;
+        } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            acc_dp[nf][e] *= mask.softcap_grad(pv[e], e % 2 ? lse.y : lse.x,
-                                               dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)), scale_log2);
+          for (int e = 0; e < 4; ++e) acc_dp[nf][e] *= acc_s[nf][e];
         }
       }
     }
     uint32_t dsa[KM][4];
     frags_to_a<T>(acc_dp, dsa);
     // dS^T -> smem buffer it % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
-    // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g.
+    // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g. Over the soft-cap
+    // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of tile
+    // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1.
+    if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
     {
-      unsigned char* dsb = sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
+      unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
 #pragma unroll
       for (int k = 0; k < KM; ++k) {
         unsigned char* chunk = dsb + (k / 4) * BLOCK_N * 128;

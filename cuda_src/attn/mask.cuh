@@ -34,7 +34,7 @@
 //   left_of_window(i0, j1)      every key lies left of every row's band (the window's left edge)
 // and, on the tiles that need it, replaces each score by score(): -inf where hidden, the modified value else.
 // Which tiles a block visits at all follows from the same edges (attn/block.cuh). The backward's dS gets the
-// soft-cap's derivative from softcap_grad(). Every kernel calls only these functions, so a modifier written here
+// soft-cap's derivative from softcap_grad() or softcap_grad_of(). Every kernel calls only these functions, so a modifier written here
 // reaches the forward, split-KV, decode and backward kernels alike (the V1 kernels take MOD = 0).
 #pragma once
 #include "../common/ptx.cuh"
@@ -136,6 +136,14 @@ struct Mask {
   __device__ __forceinline__ float softcap_grad(float p, float lse_log2, float dist, float scale_log2) const {
     const float t = fmaf(alibi, fabsf(dist), __fdividef(log2_approx(p) + lse_log2, scale_log2));
     return p > 0.f ? fmaxf(0.f, fmaf(-t, t, 1.f)) : 0.f;
+  }
+  // The same derivative from the element's value x (what apply() / apply_t() left: value() with ALiBi, or -inf
+  // where hidden), read before x becomes P: tanh = x + alibi |dist|, exactly the tanh of the score up to the rounding
+  // of ALiBi's term; 0 where hidden. No MUFU (softcap_grad takes a MUFU.LG2 per score): for kernels that can keep
+  // the derivative in the registers of S until dS (the sm_90a backward: its S^T accumulator is free once P is packed).
+  __device__ __forceinline__ float softcap_grad_of(float x, float dist) const {
+    const float t = fmaf(alibi, fabsf(dist), x);
+    return x != -INFINITY ? fmaxf(0.f, fmaf(-t, t, 1.f)) : 0.f;
   }
   __device__ __forceinline__ float dist_of(int i, int j) const { return (float)(i + diag - j); }
 

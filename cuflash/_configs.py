@@ -419,6 +419,20 @@ def decode_bulk_applies(arch: int, input_headdim: int) -> bool:
     return arch == 90 and input_headdim in DECODE_BULK_TILES
 
 
+def decode_uses_bulk(loads, arch: int, input_headdim: int) -> bool:
+    """Whether a decode call takes the bulk-copy kernel: loads None -> DECODE_DEFAULT_LOADS, falling back to the
+    cp.async kernel where bulk does not apply; "cp_async" -> no; "bulk" -> yes, where it applies (ValueError naming
+    `loads` otherwise: a benchmark asking for it must not time the other kernel)."""
+    if loads is None:
+        return DECODE_DEFAULT_LOADS == "bulk" and decode_bulk_applies(arch, input_headdim)
+    if not isinstance(loads, str) or loads not in DECODE_LOADS:
+        raise ValueError(f"loads must be None or one of {DECODE_LOADS}; got {loads!r}")
+    if loads == "bulk" and not decode_bulk_applies(arch, input_headdim):
+        raise ValueError(f"loads='bulk' needs an sm_90 device and a head dim of {tuple(DECODE_BULK_TILES)} with "
+                         f"16-byte rows; got sm_{arch}, head dim {input_headdim}")
+    return loads == "bulk"
+
+
 def decode_tile(headdim: int) -> DecodeTile:
     """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
     footprints above fit both)."""

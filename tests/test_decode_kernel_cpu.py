@@ -591,3 +591,26 @@ def test_decode_probe_table():
     t = table([rec]).splitlines()
     assert len(t) == 3 and t[0].count("|") == t[2].count("|") == 13
     assert "| 28.6 (122) | 9.0 (64) | 10.0 (32) | 0.36 | 1.13 | 1.13 |" in t[2]
+
+
+def test_decode_bulk_probe_table():
+    """bench/diag/decode_bulk_probe.py's last table from records (the script itself needs an sm_90 GPU): ratios and
+    TB/s per provider, a provider missing in a case shown as '-'; its cases are the large caches it names."""
+    from bench.diag.decode_bulk_probe import CASES, CHECKS, table
+
+    recs = [dict(batch=8, heads=32, heads_k=32, seqlen_k=16384, dtype="float16", kv_bytes=2 << 30,
+                 us={"old": 507.0, "new": 470.0, "cudnn": 469.0}, splits={"old": 1, "new": 1},
+                 tb_per_s={"old": 4.24, "new": 4.57, "cudnn": 4.58}),
+            dict(batch=1, heads=32, heads_k=8, seqlen_k=131072, dtype="bfloat16", kv_bytes=512 << 20,
+                 us={"old": 130.0, "new": 125.0, "cudnn": None}, splits={"old": 4, "new": 4},
+                 tb_per_s={"old": 4.1, "new": 4.3})]
+    t = table(recs, 4.6e12).splitlines()
+    assert len(t) == 5 and t[0].count("|") == t[2].count("|") == t[3].count("|") == 12
+    assert "| hk32 b8 16k | 2048 | 1 / 1 | 507.0 | 470.0 | 469.0 | 0.927 | 0.998 | 4.24 | 4.57 | 4.58 |" == t[2]
+    assert "| hk8 b1 128k bf16 | 512 | 4 / 4 | 130.0 | 125.0 | - | 0.962 | - | 4.10 | 4.30 | - |" == t[3]
+    assert "4.60 TB/s" in t[4]
+    assert all(2 * b * s * hk * 128 * 2 >= 256 << 20 for hk, b, s, _ in CASES)
+    for b, s, hk, h, d, dt, lens, ps in CHECKS:  # ragged: lengths off the 32-key tile, page-aligned capacities
+        assert len(lens) == b and max(lens) <= s and h % hk == 0 and d in _configs.DECODE_BULK_TILES
+        assert not ps or s % ps == 0
+    assert any(n % 32 for _, _, _, _, _, _, lens, _ in CHECKS for n in lens)

@@ -23,16 +23,13 @@ Stops starting timing cases after --time-limit seconds (default 150) so that the
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
 
 from bench.bench_decode import capture_graph
-from bench.diag.decode_probe import _check, _sdpa_fn
-from bench.harness import measure_ceilings, read_bandwidth, time_rounds
-
-ROUNDS = 3
+from bench.diag.decode_probe import ROUNDS, _check, _sdpa_fn, graph_times, release_memory
+from bench.harness import measure_ceilings, read_bandwidth
 H, D = 32, 128
 # (KV heads, batch, cache length, dtype) of the timing part, in order
 CASES = [(32, 1, 32768, "float16"), (32, 1, 131072, "float16"), (32, 8, 16384, "float16"),
@@ -133,9 +130,7 @@ def timing(limit_s: float, read_bw: float | None) -> list:
             graphs["cudnn"] = capture_graph(_sdpa_fn("cudnn", q, kc, vc, H, hk), calls)
         except RuntimeError as e:
             print(f"sdpa cudnn b={b} hk={hk} s={s}: {str(e).splitlines()[0][:100]}", flush=True)
-        res = time_rounds({k: g.replay for k, g in graphs.items()}, rounds=ROUNDS, warmup=2, rep=10,
-                          min_warmup_ms=2.0)
-        us = {k: (v[0] * 1e3 / calls if v[0] is not None else None) for k, v in res.items()}
+        us = graph_times(graphs, calls)
         rec = dict(batch=b, heads=H, heads_k=hk, seqlen_k=s, dtype=dt, kv_bytes=kv_bytes, us=us,
                    splits={k: p.num_splits for k, p in plans.items()},
                    tb_per_s={k: kv_bytes / (v * 1e-6) / 1e12 for k, v in us.items() if v},
@@ -144,8 +139,7 @@ def timing(limit_s: float, read_bw: float | None) -> list:
         print(f"b={b} hk={hk} s={s // 1024}k {dt}: " + " ".join(f"{k}={v:.1f}us" for k, v in us.items() if v),
               flush=True)
         del graphs, plans, q, kc, vc, seqlens
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_memory()
     return recs
 
 

@@ -66,24 +66,6 @@
 // The work per tile is tiny next to its bytes (D = 128, BLOCK_N 16, MF 1: 32 HMMA + 16 LDSM.x4 + 8
 // exponentials per lane for 8 KB), so a warp spends its time waiting on its ring.
 //
-// Bulk-copy loads (BULK = true; sm_90 only, compiled for sm_90a like the Hopper kernels). The same warps, tiles,
-// math and epilogue; only the ring's loads change. Each lane owns one row of every warp tile (row lane % BLOCK_N:
-// BLOCK_N = 32, the lane copies that row of K and of V; BLOCK_N = 16, lanes 0-15 copy K rows, 16-31 V rows) and
-// copies it with one cp.async.bulk of D * 2 bytes (the TMA unit; any row address, so paged caches take the same
-// path: the lane looks up its own row's page one tile ahead) into the padded smem row, completing on the stage's
-// mbarrier (lane 0 arrives with the tile's byte count); rows past the cache's end are zero-filled by their lane
-// with shared stores, as cp.async's zero-fill did. A cp.async tile costs every lane 2 * BLOCK_N * D / 256 16-byte
-// copies (16 at D = 128); a bulk tile 1-2. The slot of tile i is refilled (tile i + STAGES) right after tile i's
-// products, before the wait for tile i + 1, so all STAGES tiles of a warp are in flight while it waits (cp.async:
-// STAGES - 1, the group accounting refills at the top of the next iteration). The host takes it only for
-// inputs whose head dim equals D (no padding columns: a bulk copy cannot clamp a source column) -- always
-// with 16-byte strides and base addresses, which every decode call has (cuflash/_configs.py: unaligned). Tiles
-// (DECODE_BULK_TILES; rows padded as above, + NWARPS x STAGES mbarriers):
-//   D = 128: BLOCK_N 32, 4 warps, 3 stages: 213 KB (MF 2) -> 1 block/SM: 4 x 3 x 16 KB = 192 KB in flight while
-//            the warps wait, 128 KB while they compute (cp.async: 64 KB).
-//   D =  64: BLOCK_N 32, 4 warps, 3 stages: 113 KB -> 2 blocks/SM: 2 x 4 x 3 x 8 KB = 192 KB (cp.async: 128 KB).
-//   D = 256: BLOCK_N 16, 2 warps, 3 stages: 107 KB -> 2 blocks/SM: 2 x 2 x 3 x 16 KB = 192 KB (cp.async: 128 KB).
-//
 // Template parameters (chosen in cuflash/_configs.py: decode_spec):
 //   T          __half or __nv_bfloat16
 //   D          head dim (multiple of 16)
@@ -97,13 +79,10 @@
 //              then query positions of one head: the host does not fold GQA heads into rows)
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
-//   BULK       K/V tiles by cp.async.bulk into an mbarrier ring (above; sm_90a); false: the cp.async ring
 //
 // Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
 #include "common/ptx.cuh"
-// mbarriers and cp.async.bulk of the BULK kernels (inline functions: nothing of them is emitted for the others)
-#include "common/sm90.cuh"
 #include "common/tile.cuh"
 #include "common/warp_gemm.cuh"
 #include "attn/params.cuh"
@@ -116,7 +95,7 @@
 namespace cuflash {
 
 // Shared-memory layout of flash_decode_kernel, in bytes (the host mirrors it: _configs.decode_smem_bytes).
-template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES, bool BULK = false>
+template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES>
 struct DecodeSmem {
   static constexpr int BLOCK_M = 16 * MF;
   static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row
@@ -128,10 +107,7 @@ struct DecodeSmem {
   // m_w, l_w, and the final weights c_w / L, each [NWARPS][BLOCK_M] fp32.
   static constexpr int RLD = D + 8;  // fp32 row stride: float2 stores of a quad row hit 8 distinct banks
   static constexpr int RED_BYTES = NWARPS * BLOCK_M * (RLD + 3) * 4;
-  // BULK: the rings' mbarriers [NWARPS][STAGES] after everything (never aliased by the combine: nothing is in flight
-  // by then, but a barrier's word is left as it is).
-  static constexpr int BAR_OFFSET = Q_BYTES + (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES);
-  static constexpr int BYTES = BAR_OFFSET + (BULK ? NWARPS * STAGES * 8 : 0);
+  static constexpr int BYTES = Q_BYTES + (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES);
 };
 
 // Lanes of a warp copying a [ROWS, D] 16-bit tile with 16-byte cp.async: each row is CPR = D / 8 chunks;
@@ -240,21 +216,10 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   }
 }
 
-// BULK: a row past the cache's end, zero-filled by its lane with shared stores (`bytes` from shared address dst).
-template <int BYTES>
-__device__ __forceinline__ void st_shared_zero(uint32_t dst) {
-#pragma unroll
-  for (int c = 0; c < BYTES; c += 16)
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + c), "r"(0) : "memory");
-}
-
-// BULK: a minimum of 1 block per SM lifts the register target ptxas otherwise settles on (128 at head dim 64, 168
-// at 128 with the score modifiers, where the paged bulk kernels spilled 8-20 B; 0, the cp.async kernels: no minimum,
-// their code unchanged).
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false, bool BULK = false>
-__global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel(const __grid_constant__ FwdParams p) {
-  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, BULK>;
+          int MOD = MOD_NONE, bool PAGED = false>
+__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
+  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;
   constexpr int NF = BLOCK_N / 8;  // n8 fragments of S
@@ -266,7 +231,6 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(MF >= 1 && STAGES >= 2 && NWARPS >= 1, "configuration");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout (cuflash/_configs.py)");
-  static_assert(!BULK || BLOCK_N == 16 || BLOCK_N == 32, "bulk loads: one tile row per lane");
   // Q fragments stay in registers when they take at most 32 of them (D <= 128 at MF = 1).
   constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
 
@@ -345,8 +309,8 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
   int next_row = first * BLOCK_N;
   const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + src_col;
   const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + src_col;
-  PagedChunks<PAGED ? BLOCK_N : 16> chunks;  // paged: the pages of the tile at next_row (BULK: unused)
-  if constexpr (PAGED && !BULK) chunks.lookup(pages, (int)p.page_size, next_row, seqlen_k);
+  PagedChunks<PAGED ? BLOCK_N : 16> chunks;  // paged: the pages of the tile at next_row
+  if constexpr (PAGED) chunks.lookup(pages, (int)p.page_size, next_row, seqlen_k);
   auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
     const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
     if constexpr (PAGED) {
@@ -363,58 +327,6 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
     next_row += NWARPS * BLOCK_N;
   };
 
-  // BULK: this lane's row `brow` of every tile (BLOCK_N = 32: its K and its V row; 16: lanes 0-15 K, 16-31 V),
-  // the stage barriers of this warp's ring, and the row's source: contiguous, the K and V pointers of the row in
-  // the warp's next tile (one warp round of rows per tile); paged, its page and row in the page, looked up one tile
-  // ahead (the table's latency hides behind the wait for the current tile).
-  constexpr bool BOTH = BLOCK_N == 32;
-  const int brow = lane % BLOCK_N;
-  const bool v_copier = !BOTH && lane >= BLOCK_N;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + L::BAR_OFFSET) + warp * STAGES;  // [STAGES] of this warp
-  const uint32_t bulk_dst = ring_w + (uint32_t)(brow * LDS * 2) + (v_copier ? (uint32_t)L::TILE_BYTES : 0u);
-  const T* k_row = k_ptr + (int64_t)(next_row + brow) * p.k_row_stride;
-  const T* v_row = v_ptr + (int64_t)(next_row + brow) * p.v_row_stride;
-  int row_page = 0;  // (its row in the page is found again at the copy: one register less across the loop)
-  auto lookup_row = [&](int row0) {
-    const int r = row0 + brow;
-    if (r < seqlen_k) row_page = __ldg(pages + r / (int)p.page_size);  // past the keys: may be anything, or past the table
-  };
-  if constexpr (PAGED && BULK) lookup_row(next_row);
-  // The warp's next tile (first key row0, passed in rather than kept: a register less across the loop) -> ring slot,
-  // completing on bars[slot].
-  auto load_next_bulk = [&](int slot, int row0) {
-    uint64_t* bar = bars + slot;
-    const int valid = min(BLOCK_N, seqlen_k - row0);  // rows inside the keys (>= 1: tiles start below kv_len)
-    // the tile's bytes; the other lanes' copies may complete first (the transaction count goes below zero until this
-    // arrival: the phase cannot complete before it)
-    if (lane == 0) mbar_arrive_expect_tx(bar, (uint32_t)(2 * valid * D * 2));
-    const uint32_t dst = bulk_dst + (uint32_t)(slot * L::SLOT_BYTES);
-    if (brow < valid) {
-      const T* ks = k_row;
-      const T* vs = v_row;
-      if constexpr (PAGED) {  // page 0 of the head again from the parameters (no leftpad, no batch row when paged):
-        // one 32-bit head index across the loop instead of two pointers (opaque: not merged back into k_ptr, v_ptr)
-        const int64_t h = opaque((int)kv_head);
-        const int in_page = (row0 + brow) % (int)p.page_size;
-        ks = reinterpret_cast<const T*>(p.k) + h * p.k_head_stride + (int64_t)row_page * p.k_batch_stride +
-             (int64_t)in_page * p.k_row_stride;
-        vs = reinterpret_cast<const T*>(p.v) + h * p.v_head_stride + (int64_t)row_page * p.v_batch_stride +
-             (int64_t)in_page * p.v_row_stride;
-      }
-      if (BOTH || !v_copier) bulk_load(dst, ks, D * 2, bar);
-      if (BOTH || v_copier) bulk_load(dst + (BOTH ? (uint32_t)L::TILE_BYTES : 0u), vs, D * 2, bar);
-    } else {  // past the end: zeros (a zero V row times a zero probability stays 0; the cache there may hold NaN)
-      st_shared_zero<D * 2>(dst);
-      if (BOTH) st_shared_zero<D * 2>(dst + L::TILE_BYTES);
-    }
-    if constexpr (PAGED) {
-      lookup_row(row0 + NWARPS * BLOCK_N);  // one tile ahead
-    } else {
-      k_row += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
-      v_row += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
-    }
-  };
-
   // Q (all threads, one cp.async group; with a rotary embedding, plain loads rotated into shared memory,
   // attn/rotary.cuh: query row i at position seqlens_k[b] (+ i when causal or local)), then each warp's first
   // STAGES - 1 tiles (one group each, empty groups included so that the group count per iteration is static).
@@ -426,25 +338,12 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
     load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
   }
   cp_async_commit();
-  if constexpr (BULK) {  // the warp's barriers (count 1: lane 0's arrival), then its first STAGES tiles
-    if (lane == 0) {
 #pragma unroll
-      for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, 1);
-      fence_barrier_init();  // visible to the async proxy ...
-    }
-    __syncwarp();  // ... and to the warp's lanes (only they use them) before the first copy
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s)
-      if (s < my_tiles) load_next_bulk(s, (first + s * NWARPS) * BLOCK_N);
-    cp_async_wait<0>();  // this thread's Q chunks have landed ...
-  } else {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < my_tiles) load_next(s);
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) load_next(s);
+    cp_async_commit();
   }
+  cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
   __syncthreads();              // ... everyone's (the only block barrier before the epilogue)
 
   // ldmatrix lane offsets (bytes): Q as the A operand (rows mf*16 + lane%16, cols kd*16 + (lane/16)*8);
@@ -468,18 +367,12 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
   const float scale_log2 = (float)p.scale_log2;
 
   int read_slot = 0, write_slot = STAGES - 1;
-  int phase = 0;  // BULK: the parity of the barriers' current phase in this pass over the ring
   for (int i = 0; i < my_tiles; ++i) {
-    const int slot = read_slot;
-    if constexpr (BULK) {
-      mbar_wait(bars + slot, phase);  // tile i's copies have landed (its zero rows: stored before an earlier __syncwarp)
-    } else {
-      cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
-      __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
-      if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
-      cp_async_commit();
-    }
-    const uint32_t k_tile = ring_w + (uint32_t)(slot * L::SLOT_BYTES);
+    cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
+    __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
+    if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
+    cp_async_commit();
+    const uint32_t k_tile = ring_w + (uint32_t)(read_slot * L::SLOT_BYTES);
     read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
     write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
@@ -514,13 +407,6 @@ __global__ void __launch_bounds__(NWARPS * 32, BULK ? 1 : 0) flash_decode_kernel
     gemm_pv_x4<T, MF, KN, DF>(
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
         [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
-
-    if constexpr (BULK) {
-      __syncwarp();  // every lane's ldmatrix reads of the slot are done (WAR) before the async proxy refills it
-      if (i + STAGES < my_tiles)  // tile i + STAGES: all STAGES slots in flight at the wait
-        load_next_bulk(slot, col0 + STAGES * NWARPS * BLOCK_N);
-      phase ^= slot == STAGES - 1 ? 1 : 0;
-    }
   }
 
   // ---- Cross-warp combine. Every warp's ring is drained and read: reuse the rings for (m_w, l_w, O_w).

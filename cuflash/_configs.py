@@ -405,45 +405,6 @@ DECODE_KERNEL_TILES = {
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
 
 
-# The bulk-copy decode kernels (flash_decode_kernel<..., BULK = true>, sm_90a): one cp.async.bulk per K / V row
-# into an mbarrier ring, every slot refilled right after its tile's products, so all `stages` tiles of a warp are in
-# flight while it waits (cp.async: stages - 1). Head dims whose input rows are the kernel's rows (no padding columns);
-# each tile fills what one block (head dim 128) or two (64, 256) of an sm_90 SM hold: 192 KB of K / V in flight
-# per SM while the warps wait (the file header's arithmetic). Not yet measured against the cp.async ring.
-DECODE_BULK_TILES = {
-    64: DecodeTile(32, 4, 3),
-    128: DecodeTile(32, 4, 3),
-    256: DecodeTile(16, 2, 3),
-}
-# The decode kernel's K / V loads ("cp_async": the cp.async ring on every device; "bulk": DECODE_BULK_TILES on sm_90
-# where they apply, `decode_bulk_applies`); `plan_for(..., loads=)` and flash_attn_with_kvcache(..., loads=) pick
-# one per call. The default when a call names none:
-DECODE_LOADS = ("cp_async", "bulk")
-DECODE_DEFAULT_LOADS = "cp_async"
-
-
-def decode_bulk_applies(arch: int, input_headdim: int) -> bool:
-    """Whether the bulk-copy decode kernel runs a call: an sm_90 device (its cubins are sm_90a) and an input head dim
-    that is a DECODE_BULK_TILES head dim itself (a bulk copy moves whole rows: no padding columns to fill). The rows'
-    16-byte strides and addresses hold for every call the decode kernel takes (`unaligned` sends the others to the V2
-    forward)."""
-    return arch == 90 and input_headdim in DECODE_BULK_TILES
-
-
-def decode_uses_bulk(loads, arch: int, input_headdim: int) -> bool:
-    """Whether a decode call takes the bulk-copy kernel: loads None -> DECODE_DEFAULT_LOADS, falling back to the
-    cp.async kernel where bulk does not apply; "cp_async" -> no; "bulk" -> yes, where it applies (ValueError naming
-    `loads` otherwise: a benchmark asking for it must not time the other kernel)."""
-    if loads is None:
-        return DECODE_DEFAULT_LOADS == "bulk" and decode_bulk_applies(arch, input_headdim)
-    if not isinstance(loads, str) or loads not in DECODE_LOADS:
-        raise ValueError(f"loads must be None or one of {DECODE_LOADS}; got {loads!r}")
-    if loads == "bulk" and not decode_bulk_applies(arch, input_headdim):
-        raise ValueError(f"loads='bulk' needs an sm_90 device and a head dim of {tuple(DECODE_BULK_TILES)} with "
-                         f"16-byte rows; got sm_{arch}, head dim {input_headdim}")
-    return loads == "bulk"
-
-
 def decode_tile(headdim: int) -> DecodeTile:
     """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
     footprints above fit both)."""
@@ -455,47 +416,38 @@ def decode_mf(headdim: int, rows: int) -> int:
     return 1 if rows <= 16 else DECODE_MAX_MF[headdim]
 
 
-def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int, bulk: bool = False) -> int:
+def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
     """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded; the cross-warp combine (fp32 O_w rows of
-    headdim + 8, and m_w, l_w, c_w) reuses the rings; bulk: + NWARPS x STAGES 8-byte mbarriers. Mirrors DecodeSmem
-    in cuda_src/flash_decode.cu."""
+    headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
     lds = headdim + SMEM_ROW_PAD
     block_m = 16 * mf
     ring = tile.nwarps * tile.stages * 2 * tile.block_n * lds * ELEM_BYTES
     red = tile.nwarps * block_m * (headdim + 8 + 3) * 4
-    bars = tile.nwarps * tile.stages * 8 if bulk else 0
-    return block_m * lds * ELEM_BYTES + max(ring, red) + bars
+    return block_m * lds * ELEM_BYTES + max(ring, red)
 
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0, paged: bool = False, bulk: bool = False) -> KernelSpec:
+                mod: int = 0, paged: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table); bulk: the bulk-copy loads (DECODE_BULK_TILES; sm_90a)."""
-    tile = tile or (DECODE_BULK_TILES[headdim] if bulk else decode_tile(headdim))
-    smem = decode_smem_bytes(headdim, tile, mf, bulk)
+    paged-cache kernel (its K/V loads look up a block table)."""
+    tile = tile or decode_tile(headdim)
+    smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    tail = (f", {mod}, {'true' if paged else 'false'}, true" if bulk else f", {mod}, true" if paged
-            else f", {mod}" if mod else "")
+    tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
-    if bulk:
-        return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem, 90, "a")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
-def decode_family(dtype: str, headdim: int, causal: bool, mod: int, bulk: bool = False) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged; bulk:
-    the bulk-copy kernels (none for a head dim without a DECODE_BULK_TILES entry)."""
-    if bulk and headdim not in DECODE_BULK_TILES:
-        return []
-    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg, bulk=bulk) for pg in (False, True)
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
+    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
-    """Every decode-kernel configuration the package can launch: the cp.async kernels, then the bulk-copy ones."""
-    return [s for bulk in (False, True) for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES
-            for s in decode_family(dt, d, causal, m, bulk)]
+    """Every decode-kernel configuration the package can launch."""
+    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
@@ -907,8 +859,6 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
                     out += decode_family(dt, d, c, m)
-                    if arch == 90 and DECODE_DEFAULT_LOADS == "bulk" and d in headdims:
-                        out += decode_family(dt, d, c, m, bulk=True)
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:

@@ -11,9 +11,7 @@ Two kernels (keyword `kernel`):
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
   directly (one launch); more write fp32 partials for flash_decode_combine_kernel (one block per output row,
   every split's loads in flight at once; `plan_for(..., combine="warp")` takes the split-KV forward's
-  flash_combine_kernel instead, for comparison). On sm_90 the same kernel has a bulk-copy variant (one
-  cp.async.bulk per K/V row into an mbarrier ring, a deeper ring: `loads="bulk"`, for head dims 64, 128 and
-  256); which one a call takes when it names none is _configs.DECODE_DEFAULT_LOADS.
+  flash_combine_kernel instead, for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -33,10 +31,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop
-from . import _loader
-from ._configs import (DECODE_BULK_TILES, DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec,
-                       decode_combine_spec, decode_mf, decode_spec, decode_tile, decode_uses_bulk, fwd_smem_bytes,
-                       kernel_headdim, split_tile, unaligned)
+from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
+                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
@@ -244,13 +240,12 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "block", trim: bool = True, loads: str | None = None) -> _Plan:
+               local: bool = False, combine: str = "block", trim: bool = True) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
-    split count without `without_empty_splits` (benchmarks); loads: the K / V loads (_configs.decode_uses_bulk:
-    None, "cp_async" or "bulk")."""
+    split count without `without_empty_splits` (benchmarks)."""
     cache = cache or NO_CACHE_OPTIONS
     if unaligned(qa.shape[3], qa, kca, vca, kna, vna):
         raise NotImplementedError("the decode kernel needs 16-byte rows (a head dim that is a multiple of 8, strides "
@@ -264,11 +259,8 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
     dev = qa.device
-    bulk = decode_uses_bulk(loads, _loader.device_cc(dev), hd)
-    if bulk and tile is None:
-        tile = DECODE_BULK_TILES[d]
-    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None, bulk=bulk)
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
@@ -478,7 +470,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
                             window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Any = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, *, scratch: Optional[Sequence[Any]] = None,
-                            kernel: str = "decode", loads: Optional[str] = None) -> Union[Any, Tuple[Any, Any]]:
+                            kernel: str = "decode") -> Union[Any, Tuple[Any, Any]]:
     """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays: attention of a few new queries
     against a KV cache (Flash-Decoding: the keys split across thread blocks, partials combined).
 
@@ -518,9 +510,6 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
             for split launches; otherwise they come from the inputs' allocator.
         kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
             splits, for comparison; without the cache indirections and rotary embedding: NotImplementedError).
-        loads: the decode kernel's K / V loads: None (the default: _configs.DECODE_DEFAULT_LOADS where it applies),
-            "cp_async" (the cp.async ring, every device) or "bulk" (cp.async.bulk rows into an mbarrier ring: an
-            sm_90 device and a head dim of 64, 128 or 256, else ValueError). Not with kernel="fwd_split".
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q; with return_softmax_lse=True, (out, softmax_lse
@@ -529,8 +518,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     Raises (before anything is launched; messages name the argument):
         TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes, a cache_seqlens array not int32.
         ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
-            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, loads other than None, "cp_async" or
-            "bulk" (or "bulk" where it does not apply, or with kernel="fwd_split"), a problem too large for the grid, a
+            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid, a
             page size that is no multiple of 16, rotary tables without k / v or of a bad shape, cache_batch_idx or
             cache_leftpad with block_table.
         NotImplementedError: the indirections or rotary embedding with kernel="fwd_split".
@@ -552,8 +540,6 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     opts = None if plain else (window_size, softcap, alibi_slopes)
     if kernel != "decode":
         check_kernel(kernel)
-        if loads is not None:
-            raise ValueError(f"loads picks the decode kernel's loads; kernel={kernel!r} takes none (got {loads!r})")
         if kernel == "fwd_split":
             if options is not None:
                 _refuse_fwd_split(options)
@@ -578,7 +564,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     mk = () if plain else memo_key(causal, window_size, softcap, alibi_slopes)
     if qd is not None and kcd is not None and vcd is not None and sp is not None and knp is not None \
             and vnp is not None and mk is not None and xp is not None:
-        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk, xd, loads)
+        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk, xd)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and fail) below
@@ -587,7 +573,6 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(
             q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale, options)
         if unaligned(qa.shape[3], qa, kca, vca, kna, vna):  # rows that are not 16-byte units: the V2 UA kernel
-            decode_uses_bulk(loads, 0, 0)  # a bad value, or "bulk" (which needs 16-byte rows): ValueError
             if options is not None:
                 _refuse_fwd_split(options, "rows that are not 16-byte units (a head dim that is not a multiple of 8, "
                                            "strides or data not 16-byte aligned)")
@@ -595,7 +580,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
                               scratch, opts)
         mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
-                          mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW, loads=loads)
+                          mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
@@ -664,13 +649,11 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True,
-             loads: str | None = None) -> _Plan:
+             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
-    split-KV forward's one-warp-per-row combine), the split count before `without_empty_splits` with
-    trim=False and the K / V loads with `loads` (None: the default; "cp_async"; "bulk": sm_90, head dims 64, 128,
-    256, else ValueError) (run it with `run_plan`)."""
+    split-KV forward's one-warp-per-row combine) and the split count before `without_empty_splits` with
+    trim=False (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
@@ -679,7 +662,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, loads)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

@@ -211,20 +211,6 @@ def assert_close_to_ref(name, ours, torch_lowp, ref, factor=2.0):
     return e_ours, e_torch
 
 
-DECODE_LOADS = (None, "bulk")  # the decode tests' load paths: the default, and the bulk-copy kernel where it runs
-
-
-def decode_loads(loads, headdim: int) -> dict:
-    """flash_attn_with_kvcache's `loads` keyword for a decode test parametrized over DECODE_LOADS; skips a "bulk"
-    case where that kernel does not run (not an sm_90 device, or a head dim without a bulk tile)."""
-    if loads == "bulk":
-        from cuflash import _configs, _loader
-
-        if not _configs.decode_bulk_applies(_loader.device_cc(0), headdim):
-            pytest.skip(f"no bulk-copy decode kernel for head dim {headdim} on this device")
-    return {} if loads is None else {"loads": loads}
-
-
 # ------------------------------------------------------------------- host path with the GPU stood in (CPU)
 _STAND_IN_PREAMBLE = r"""
 import json, sys

@@ -94,7 +94,7 @@ def test_emulation_causal_speculative(num_splits, sq, seqlens):
 
 
 def test_decode_specs_fit_and_name_their_smem():
-    specs = [s for s in _configs.decode_specs() if not s.arch_suffix]  # the cp.async kernels (every device)
+    specs = _configs.decode_specs()
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
@@ -110,69 +110,6 @@ def test_decode_specs_fit_and_name_their_smem():
         assert resident in (1, 2), d
         in_flight = resident * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
         assert in_flight >= 64 * 1024, (d, in_flight)
-
-
-def test_decode_bulk_specs():
-    """The bulk-copy kernels: every dtype, mask mode, row-fragment count, contiguous and paged, of the head dims of
-    DECODE_BULK_TILES, in the compile-check list for sm_90a only; their names end in (MOD, PAGED, BULK = true) and
-    carry the shared memory of the layout with the mbarriers; every tile fits a block and keeps >= 128 KB of K / V
-    in flight per sm_90 SM while the warps wait (all STAGES tiles of every warp: the file header's arithmetic)."""
-    bulk = [s for s in _configs.decode_specs() if s.arch_suffix]
-    every = set(_configs.all_specs())
-    n_mf = sum(_configs.DECODE_MAX_MF[d] for d in _configs.DECODE_BULK_TILES)
-    assert len(bulk) == len(set(bulk)) == len(_configs.DTYPES) * len(_configs.MASK_MODES) * 2 * n_mf
-    for s in bulk:
-        assert s in every and (s.min_arch, s.arch_suffix) == (90, "a")
-        m = re.search(rf"<(\w+), (\d+), (\d), (\d+), (\d), (true|false), (\d), {s.smem}, ([01]), (true|false), true>$",
-                      s.name)
-        assert m, s.name
-        d, mf = int(m.group(2)), int(m.group(3))
-        t = _configs.DECODE_BULK_TILES[d]
-        assert (int(m.group(4)), int(m.group(5)), int(m.group(7))) == (t.block_n, t.nwarps, t.stages)
-        assert s.smem == _configs.decode_smem_bytes(d, t, mf, bulk=True) <= 227 * 1024 and s.smem % 16 == 0
-        assert s.threads == 32 * t.nwarps
-    for d, t in _configs.DECODE_BULK_TILES.items():
-        assert t.block_n in (16, 32) and t.nwarps * t.block_n * 2 // 32 >= t.block_n // 16  # one row per lane
-        spec = _configs.decode_spec("float16", d, False, _configs.DECODE_MAX_MF[d], bulk=True)
-        resident = resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM)
-        assert resident >= 1
-        in_flight = resident * t.nwarps * t.stages * 2 * t.block_n * d * 2
-        assert in_flight >= 128 * 1024, (d, in_flight)
-    # the cp.async kernels keep their names (no BULK argument) and the bulk ones come only with it
-    assert not any(n.name.endswith(", true, true>") and not n.arch_suffix for n in _configs.decode_specs())
-    assert _configs.decode_family("float16", 96, False, 0, bulk=True) == []
-
-
-def test_decode_bulk_smem_formula():
-    t = _configs.DECODE_BULK_TILES[128]
-    lds = 128 + 8
-    assert _configs.decode_smem_bytes(128, t, 1, bulk=True) == 16 * lds * 2 + 4 * 3 * 2 * 32 * lds * 2 + 4 * 3 * 8
-    assert (_configs.decode_smem_bytes(128, t, 2, bulk=True) - _configs.decode_smem_bytes(128, t, 2)
-            == t.nwarps * t.stages * 8)
-
-
-def test_decode_uses_bulk(monkeypatch):
-    """loads: None follows DECODE_DEFAULT_LOADS where bulk applies (sm_90, head dims 64 / 128 / 256 exactly) and falls
-    back to cp.async elsewhere; "bulk" where it does not apply, or an unknown value, is a ValueError naming loads."""
-    f = _configs.decode_uses_bulk
-    assert _configs.DECODE_DEFAULT_LOADS in _configs.DECODE_LOADS
-    for d in (64, 128, 256):
-        assert f("bulk", 90, d) and not f("cp_async", 90, d)
-    for arch, d in ((80, 128), (89, 128), (100, 128), (90, 96), (90, 120), (90, 32), (90, 248)):
-        assert not f(None, arch, d) and not f("cp_async", arch, d)
-        with pytest.raises(ValueError, match="loads='bulk' needs an sm_90 device"):
-            f("bulk", arch, d)
-    for bad in ("tma", "", 1, True):
-        with pytest.raises(ValueError, match="loads must be None or one of"):
-            f(bad, 90, 128)
-    monkeypatch.setattr(_configs, "DECODE_DEFAULT_LOADS", "cp_async")
-    assert not f(None, 90, 128)
-    monkeypatch.setattr(_configs, "DECODE_DEFAULT_LOADS", "bulk")  # the one-line flip
-    assert f(None, 90, 128) and f(None, 90, 64) and not f(None, 90, 96) and not f(None, 80, 128)
-    # precompile's model list follows the default: the bulk kernels of the model's head dims on sm_90 only
-    specs = _configs.model_specs(dtypes=("float16",), headdims=(128,), causal=(False,), backward=False)
-    assert any(s.arch_suffix and "flash_decode_kernel" in s.name for s in specs)
-    assert not any(s.arch_suffix for s in _configs.model_specs(dtypes=("float16",), headdims=(128,), arch=80))
 
 
 def test_decode_smem_formula():
@@ -327,17 +264,6 @@ err("rotary_short", q, kc, vc, k1, v1, T((4000, 32), torch.float16), T((4000, 32
 err("rotary_dtype", q, kc, vc, k1, v1, T((4096, 32), torch.bfloat16), T((4096, 32), torch.bfloat16), sl)
 err("interleaved_int", q, kc, vc, k1, v1, cos, sin, sl, rotary_interleaved=1)
 err("fwd_split_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, kernel="fwd_split")
-# the K / V loads (the stand-in device is an sm_90): bulk rows on a GQA step and a paged one, both loads in one memo
-call("gqa_bulk", q, kc, vc, cache_seqlens=sl, loads="bulk")
-call("gqa_cp_async", q, kc, vc, cache_seqlens=sl, loads="cp_async")
-call("paged_bulk", q, kp, vp, k1, v1, cache_seqlens=sl, block_table=bt, loads="bulk")
-q96 = T((1, 1, 8, 96), torch.float16); k96 = T((1, 256, 8, 96), torch.float16)
-q120 = T((1, 1, 8, 120), torch.float16); k120 = T((1, 256, 8, 120), torch.float16)
-sl1 = T((1,), torch.int32)
-err("loads_fwd_split", q, kc, vc, cache_seqlens=sl, kernel="fwd_split", loads="bulk")
-err("loads_bad", q, kc, vc, cache_seqlens=sl, loads="tma")
-err("loads_bulk_d96", q96, k96, k96, cache_seqlens=sl1, loads="bulk")
-err("loads_bulk_d120", q120, k120, k120, cache_seqlens=sl1, loads="bulk")
 res["errors"] = errs
 print("RESULT" + json.dumps(res))
 """
@@ -451,7 +377,7 @@ def test_kvcache_signature_is_flash_attns():
         params = inspect.signature(fn).parameters
         positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
         assert positional == flash_attn_order
-        assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel", "loads"]
+        assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel"]
 
 
 def test_host_path_paged(host_path):
@@ -501,32 +427,10 @@ def test_host_path_rotary(host_path):
     ("rotary_dtype", "TypeError", "rotary_cos must have the dtype of q"),
     ("interleaved_int", "TypeError", "rotary_interleaved must be a bool"),
     ("fwd_split_paged", "NotImplementedError", "block_table runs on kernel='decode'"),
-    ("loads_fwd_split", "ValueError", "kernel='fwd_split' takes none"),
-    ("loads_bad", "ValueError", "loads must be None or one of"),
-    ("loads_bulk_d96", "ValueError", "loads='bulk' needs an sm_90 device"),
-    ("loads_bulk_d120", "ValueError", "head dim 120"),
 ])
 def test_host_path_cache_option_errors(host_path, tag, kind, words):
     e = host_path["errors"][tag]
     assert e.startswith(kind + ":") and words in e, e
-
-
-def test_host_path_bulk_loads(host_path):
-    """loads="bulk": the BULK kernel (its smem, block and split count from DECODE_BULK_TILES), the same parameter
-    block as the cp.async kernel's but for nothing; loads="cp_async" and None (the default) the cp.async kernel;
-    each its own plan."""
-    bulk, cpa, dflt = (host_path[t]["launches"][0] for t in ("gqa_bulk", "gqa_cp_async", "gqa"))
-    t = _configs.DECODE_BULK_TILES[128]
-    assert bulk["name"].endswith(", 0, false, true>") and bulk["threads"] == 32 * t.nwarps
-    assert bulk["smem"] == _configs.decode_smem_bytes(128, t, 1, bulk=True)
-    assert cpa["name"] == dflt["name"] and not cpa["name"].endswith(", true>")
-    if _configs.DECODE_DEFAULT_LOADS == "cp_async":
-        assert cpa["smem"] == dflt["smem"] == _configs.decode_smem_bytes(128, _configs.decode_tile(128), 1)
-    same = {k for k in bulk["p"] if k not in ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k")}
-    assert {k: bulk["p"][k] for k in same} == {k: cpa["p"][k] for k in same}
-    assert host_path["gqa_cp_async"]["plans"] == host_path["gqa_bulk"]["plans"] + 1
-    app, main = host_path["paged_bulk"]["launches"][:2]
-    assert main["name"].endswith(", 0, true, true>") and main["p"]["block_table"] and main["p"]["page_size"] == 256
 
 
 def test_page_multiple_matches_the_kernel():
@@ -591,26 +495,3 @@ def test_decode_probe_table():
     t = table([rec]).splitlines()
     assert len(t) == 3 and t[0].count("|") == t[2].count("|") == 13
     assert "| 28.6 (122) | 9.0 (64) | 10.0 (32) | 0.36 | 1.13 | 1.13 |" in t[2]
-
-
-def test_decode_bulk_probe_table():
-    """bench/diag/decode_bulk_probe.py's last table from records (the script itself needs an sm_90 GPU): ratios and
-    TB/s per provider, a provider missing in a case shown as '-'; its cases are the large caches it names."""
-    from bench.diag.decode_bulk_probe import CASES, CHECKS, table
-
-    recs = [dict(batch=8, heads=32, heads_k=32, seqlen_k=16384, dtype="float16", kv_bytes=2 << 30,
-                 us={"old": 507.0, "new": 470.0, "cudnn": 469.0}, splits={"old": 1, "new": 1},
-                 tb_per_s={"old": 4.24, "new": 4.57, "cudnn": 4.58}),
-            dict(batch=1, heads=32, heads_k=8, seqlen_k=131072, dtype="bfloat16", kv_bytes=512 << 20,
-                 us={"old": 130.0, "new": 125.0, "cudnn": None}, splits={"old": 4, "new": 4},
-                 tb_per_s={"old": 4.1, "new": 4.3})]
-    t = table(recs, 4.6e12).splitlines()
-    assert len(t) == 5 and t[0].count("|") == t[2].count("|") == t[3].count("|") == 12
-    assert "| hk32 b8 16k | 2048 | 1 / 1 | 507.0 | 470.0 | 469.0 | 0.927 | 0.998 | 4.24 | 4.57 | 4.58 |" == t[2]
-    assert "| hk8 b1 128k bf16 | 512 | 4 / 4 | 130.0 | 125.0 | - | 0.962 | - | 4.10 | 4.30 | - |" == t[3]
-    assert "4.60 TB/s" in t[4]
-    assert all(2 * b * s * hk * 128 * 2 >= 256 << 20 for hk, b, s, _ in CASES)
-    for b, s, hk, h, d, dt, lens, ps in CHECKS:  # ragged: lengths off the 32-key tile, page-aligned capacities
-        assert len(lens) == b and max(lens) <= s and h % hk == 0 and d in _configs.DECODE_BULK_TILES
-        assert not ps or s % ps == 0
-    assert any(n % 32 for _, _, _, _, _, _, lens, _ in CHECKS for n in lens)

@@ -11,15 +11,13 @@
 * the score options with them; the append with them; CUDA-graph capture of a paged, rotary decode step replayed
   after the lengths and the block table changed.
 
-The reference attends over the cache as the call left it (the append is checked separately, row by row). The paged,
-indirection and score-option cases run with the decode kernel's default loads and with loads="bulk" (the sm_90
-bulk-copy ring: one copy per row, so a paged row is found by its own lane; skipped elsewhere)."""
+The reference attends over the cache as the call left it (the append is checked separately, row by row)."""
 import numpy as np
 import pytest
 
 import cuflash
 from cuflash import reference
-from conftest import DECODE_LOADS, assert_close_to_ref, decode_loads, to_np, torch_attention_lowp
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp
 from test_score_mods import make_alibi
 
 pytestmark = pytest.mark.gpu
@@ -56,10 +54,9 @@ class Case:
 
     def __init__(self, b=3, sq=1, h=8, hk=2, d=128, cap=512, seqlens=(300, 0, 511), s_new=0, dtype="float16",
                  page_size=None, batch_idx=False, leftpad=None, rotary=None, causal=False, window=(-1, -1),
-                 softcap=0.0, alibi=None, seed=0, loads=None):
+                 softcap=0.0, alibi=None, seed=0):
         import torch
 
-        self.loads = decode_loads(loads, d)  # {} or {"loads": ...}; skips a bulk case where it does not run
         g = torch.Generator(device="cuda").manual_seed(seed)
         dt = getattr(torch, dtype)
         self.b, self.sq, self.h, self.hk, self.d, self.cap, self.dtype = b, sq, h, hk, d, cap, dtype
@@ -97,8 +94,7 @@ class Case:
         return dict(rotary_cos=self.cos, rotary_sin=self.sin, cache_seqlens=self.cache_seqlens,
                     cache_batch_idx=self.batch_idx, cache_leftpad=self.leftpad, block_table=self.block_table,
                     causal=self.causal, window_size=self.window, softcap=self.softcap,
-                    rotary_interleaved=self.rotary[1] if self.rotary else True, alibi_slopes=self.alibi,
-                    **self.loads)
+                    rotary_interleaved=self.rotary[1] if self.rotary else True, alibi_slopes=self.alibi)
 
     def run(self, num_splits=0):
         return cuflash.flash_attn_with_kvcache(self.q, self.kc, self.vc, self.k_new, self.v_new, num_splits=num_splits,
@@ -201,15 +197,13 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------------- paged
-@pytest.mark.parametrize("loads", DECODE_LOADS)
 @pytest.mark.parametrize("page_size", [16, 32, 48, 256])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("h,hk,sq", [(8, 2, 1), (4, 4, 3)])
-def test_paged_against_reference_and_contiguous(page_size, d, h, hk, sq, loads):
+def test_paged_against_reference_and_contiguous(page_size, d, h, hk, sq):
     import torch
 
-    c = Case(d=d, h=h, hk=hk, sq=sq, page_size=page_size, cap=700, seqlens=(650, 0, 17), causal=sq > 1, seed=d,
-             loads=loads)
+    c = Case(d=d, h=h, hk=hk, sq=sq, page_size=page_size, cap=700, seqlens=(650, 0, 17), causal=sq > 1, seed=d)
     out, lse = c.run()
     c.check(out, lse, f"paged {page_size}")
     # the same keys laid out contiguously, the same split count: the same bits
@@ -218,7 +212,7 @@ def test_paged_against_reference_and_contiguous(page_size, d, h, hk, sq, loads):
     for ns in (1, 5):
         o_p, l_p = c.run(num_splits=ns)
         o_c, l_c = cuflash.flash_attn_with_kvcache(c.q, kc, vc, cache_seqlens=c.cache_seqlens, causal=c.causal,
-                                                   num_splits=ns, return_softmax_lse=True, **c.loads)
+                                                   num_splits=ns, return_softmax_lse=True)
         assert torch.equal(o_p, o_c) and torch.equal(l_p, l_c), f"paged vs contiguous, {ns} splits"
 
 
@@ -238,24 +232,22 @@ def test_paged_append(page_size, s_new, causal, dtype):
 @pytest.mark.parametrize("opt", [(True, (64, -1), 0.0, None), (False, (-1, -1), 20.0, "bh"),
                                  (True, (33, -1), 15.0, "h")], ids=["causal-window", "softcap-alibi", "all"])
 @pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("loads", DECODE_LOADS)
-def test_indirections_with_score_options(opt, paged, loads):
+def test_indirections_with_score_options(opt, paged):
     causal, window, cap, alibi = opt
     c = Case(sq=4, h=4, hk=4, page_size=32 if paged else None, batch_idx=not paged,
              leftpad=None if paged else (100, 0, 7), seqlens=(400, 0, 300), s_new=2, causal=causal, window=window,
-             softcap=cap, alibi=alibi, rotary=(64, False), loads=loads)
+             softcap=cap, alibi=alibi, rotary=(64, False))
     out, lse = c.run()
     c.check_append()
     c.check(out, lse, f"options {opt}")
 
 
 # --------------------------------------------------------------------------------- batch index, left padding
-@pytest.mark.parametrize("loads", DECODE_LOADS)
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("h,hk,sq,causal", [(8, 2, 1, False), (8, 8, 5, True), (8, 1, 1, False)])
-def test_batch_idx_and_leftpad(num_splits, h, hk, sq, causal, loads):
+def test_batch_idx_and_leftpad(num_splits, h, hk, sq, causal):
     c = Case(h=h, hk=hk, sq=sq, causal=causal, batch_idx=True, leftpad=(250, 0, 511), seqlens=(300, 0, 511),
-             s_new=sq if causal else 0, loads=loads)
+             s_new=sq if causal else 0)
     out, lse = c.run(num_splits)
     c.check_append()
     c.check(out, lse, "batch_idx + leftpad")  # element 2: leftpad == seqlens, no key before the append

@@ -43,8 +43,6 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
-//   CAP_EXP       MOD_SCORE with the soft-cap on: how P's exponentials run (attn/softmax.cuh ExpVariant: all on MUFU,
-//                 or a share on the FMA pipe; each soft-capped score also asks MUFU for its tanh)
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -106,7 +104,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int CAP_EXP = EXP_FFMA_EX2>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -127,8 +125,6 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
-  static_assert(CAP_EXP == EXP_FFMA_EX2 || (CAP_EXP >= EXP_POLY_HALF && MOD == MOD_SCORE),
-                "CAP_EXP: EXP_FFMA_EX2, or an EXP_POLY_* split with MOD_SCORE");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -312,7 +308,7 @@ __global__ void __launch_bounds__(384, 1)
     // at DP = 64 (BLOCK_M = 128: 64 elements per thread, whose registers do not fit beside pa, dP^T, dK and dV) as
     // 32 fp16 pairs in the rows of the dS^T buffer that this warp's dS^T overwrites later (its 16 rows of each
     // 64-query chunk: 4 KB, a word per lane per row; values in [0, 1]: 2^-12 absolute, below the 16-bit dS they
-    // multiply). The exponentials of CAP_EXP. Element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g +
+    // multiply). Element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g +
     // 8 (e / 2); its pair is word 2 nf + e / 2.
     constexpr bool CAP_PACKED = SPLIT_M;
     static_assert(!CAP_PACKED || 2 * MF == 16 * (BLOCK_M / 64), "the derivative's words: 16 rows per 64-query chunk");
@@ -335,7 +331,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float x = acc_s[nf][e];
-          pv[e] = softmax_p_from_lse<CAP_EXP>(x, scale_log2, e % 2 ? lse.y : lse.x, 2 * nf + e % 2);
+          pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
           dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
           if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
         }

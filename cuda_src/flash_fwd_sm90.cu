@@ -40,9 +40,6 @@
 //                     m16n8 layout stacked along N (rows g, g + 8 of the warp's 16, columns 2t, 2t + 1 of each n8
 //                     block), so the mma.sync forward's Philox groups apply as they are and the kernels drop the
 //                     same elements; P zeroed where dropped before O += P V, O scaled by 1 / (1 - p)
-//   EXP, CAP_EXP      how the softmax takes its exponentials (attn/softmax.cuh ExpVariant: all on MUFU, or a share on
-//                     the FMA pipe) on the tiles without / with the soft-cap (CAP_EXP: MOD_SCORE kernels only). With
-//                     the soft-cap on, each score asks MUFU for a tanh besides the exponential.
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -78,7 +75,7 @@ struct Sm90FwdLayout {
 };
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, int EXP = EXP_FFMA_EX2, int CAP_EXP = EXP_FFMA_EX2>
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
   using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
@@ -95,9 +92,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
-  static_assert((EXP == EXP_FFMA_EX2 || EXP >= EXP_POLY_HALF) && (CAP_EXP == EXP_FFMA_EX2 || CAP_EXP >= EXP_POLY_HALF) &&
-                    (CAP_EXP == EXP_FFMA_EX2 || (MOD & MOD_SCORE)),
-                "EXP, CAP_EXP: EXP_FFMA_EX2 or an EXP_POLY_* split (CAP_EXP with MOD_SCORE)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -219,14 +213,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       mask.clear_shift(shift);
     return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
   };
-  // P = exp2(S scale_log2 - m) and the row sums, with the exponentials of EXP, or of CAP_EXP where the soft-cap is on
-  // (a run-time switch of the parameter block: uniform).
-  auto exps = [&]() {
-    if constexpr (CAP_EXP != EXP) {
-      if (mask.softcap()) return softmax.template exp_and_sum<CAP_EXP>(acc_s, scale_log2, mask.shift_arg(shift));
-    }
-    softmax.template exp_and_sum<EXP>(acc_s, scale_log2, mask.shift_arg(shift));
-  };
   // Dropout (DROP): P of tile n zeroed where dropped, after the row sums took every probability (flash-attn's
   // semantics: the normaliser keeps all).
   auto drop_p = [&](int n) {
@@ -253,7 +239,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       mask_and_max(n_end - 1);
       float alpha[1][2];
       softmax.rescale_sum(alpha);  // O is still zero: only m (and l = 0) move
-      exps();
+      softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       drop_p(n_end - 1);
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
@@ -277,7 +263,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       const bool moved = mask_and_max(n);
       float alpha[1][2];
       softmax.rescale_sum(alpha);
-      exps();
+      softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       drop_p(n);
       wgmma_wait<0>();  // P V done: O and the P fragments are free
       reg_fence(acc_o[0]);

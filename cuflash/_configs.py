@@ -135,8 +135,6 @@ MASK_MODES = ((False, MOD_NONE), (True, MOD_NONE), (False, MOD_SCORE))
 MOD_DROPOUT = 2
 MOD_SCORE_DROPOUT = MOD_SCORE | MOD_DROPOUT
 MOD_VALUES = (MOD_NONE, MOD_SCORE, MOD_SCORE_DROPOUT)
-# cuda_src/attn/softmax.cuh ExpVariant: where the softmax's exponentials run (the kernels' path; a share on the FMA pipe)
-EXP_FFMA_EX2, EXP_POLY_HALF, EXP_POLY_QUARTER = 0, 3, 4
 
 
 # MOD_SCORE kernels whose plain tile spills with the modifiers' registers (band edges, slope, soft-cap, about
@@ -250,11 +248,6 @@ class Sm90FwdTile:
     regs_mma: int = 240  # setmaxnreg register counts: 128 (regs_load + nwg regs_mma) <= the launch allocation
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
-    # How the softmax takes its exponentials (cuda_src/attn/softmax.cuh ExpVariant): EXP_FFMA_EX2 all on MUFU, or a
-    # share on the FMA pipe (EXP_POLY_HALF / EXP_POLY_QUARTER); `exp` on tiles without the soft-cap, `cap_exp` on
-    # tiles with it (the MOD_SCORE kernels: there each score asks MUFU for a tanh besides the exponential).
-    exp: int = 0
-    cap_exp: int = 0
 
     @property
     def block_m(self) -> int:
@@ -293,10 +286,9 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     tile = tile or sm90_fwd_tile(headdim, causal)
     smem = sm90_fwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
-    cap_exp = tile.cap_exp if _mod_checked(causal, mod) & MOD_SCORE else 0  # (the soft-cap: MOD_SCORE kernels)
-    tail = f", {mod}, {tile.exp}, {cap_exp}" if tile.exp or cap_exp else f", {mod}" if mod else ""
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
-            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}"
+            f"{', %d' % mod if _mod_checked(causal, mod) else ''}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
@@ -317,7 +309,6 @@ class Sm90BwdTile:
     regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
     block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
     threads: int = 384
-    cap_exp: int = 0  # P's exponentials with the soft-cap on (MOD_SCORE kernels): as Sm90FwdTile.cap_exp
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -362,9 +353,7 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    cap_exp = tile.cap_exp if _mod_checked(causal, mod) & MOD_SCORE else 0
-    tail = (f", {mod}, {order}, {cap_exp}" if cap_exp else f", {mod}, {order}" if order else
-            f", {mod}" if mod else "")
+    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")

@@ -38,43 +38,27 @@ constexpr float LN2_F = 0.6931471805599453f;
 enum ExpVariant {
   EXP_FFMA_EX2 = 0,     // ex2.approx(fma(s, scale_log2, -m)): one FFMA + one MUFU.EX2
   EXP_PRECISE = 1,      // expf(fma(s, scale, -m)): the accurate libdevice exp (FMUL, range reduction, ...)
-  EXP_SEPARATE_MUL = 2,  // ex2.approx(s * scale_log2 - m) kept as FMUL + FADD (no FFMA folding)
-  // Part of the exponentials on the FMA pipe (exp2_poly, common/ptx.cuh), the rest on MUFU: where MUFU is the busier
-  // unit, as with the soft-cap (one MUFU.TANH per score besides the exponential). Which scores: by their column
-  // within the thread's part of the row (k, a compile-time index after unrolling), so the split costs nothing.
-  EXP_POLY_HALF = 3,    // odd k: every other score
-  EXP_POLY_QUARTER = 4  // k % 4 == 3: one score in four
+  EXP_SEPARATE_MUL = 2  // ex2.approx(s * scale_log2 - m) kept as FMUL + FADD (no FFMA folding)
 };
-
-// Score k of a row (the thread's k-th column) takes its exponential on the FMA pipe under EXP_VARIANT.
-template <int EXP_VARIANT>
-__device__ __forceinline__ constexpr bool exp_on_fma(int k) {
-  return (EXP_VARIANT == EXP_POLY_HALF && k % 2 == 1) || (EXP_VARIANT == EXP_POLY_QUARTER && k % 4 == 3);
-}
 
 // The exponent base of a row max: 0 for a row that has seen no key (see above).
 __device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 
-// P = exp(scale * s - m) with m in log2 units, by variant; k: the score's column (exp_on_fma).
+// P = exp(scale * s - m) with m in log2 units, by variant.
 template <int EXP_VARIANT = EXP_FFMA_EX2>
-__device__ __forceinline__ float softmax_exp(float s, float scale_log2, float m, int k = 0) {
+__device__ __forceinline__ float softmax_exp(float s, float scale_log2, float m) {
   if constexpr (EXP_VARIANT == EXP_PRECISE)
     return expf(fmaf(s, scale_log2 * LN2_F, -m * LN2_F));
   else if constexpr (EXP_VARIANT == EXP_SEPARATE_MUL)
     return exp2_approx(__fadd_rn(__fmul_rn(s, scale_log2), -m));
-  else if (exp_on_fma<EXP_VARIANT>(k))
-    return exp2_poly(fmaf(s, scale_log2, -m));  // FFMA + the FMA-pipe exp2
   else
     return exp2_approx(fmaf(s, scale_log2, -m));  // FFMA + MUFU.EX2
 }
 
 // The backward's P, recomputed from the forward's LSE (lse_log2 = LSE log2(e); +inf for rows that saw no
 // key, so P = exp2(-inf) = 0 there): no max, no sum.
-// EXP_VARIANT, k: as softmax_exp's (EXP_FFMA_EX2 or an EXP_POLY_* split).
-template <int EXP_VARIANT = EXP_FFMA_EX2>
-__device__ __forceinline__ float softmax_p_from_lse(float s, float scale_log2, float lse_log2, int k = 0) {
-  const float x = fmaf(s, scale_log2, -lse_log2);
-  return exp_on_fma<EXP_VARIANT>(k) ? exp2_poly(x) : exp2_approx(x);  // FFMA + MUFU.EX2 (or the FMA-pipe exp2)
+__device__ __forceinline__ float softmax_p_from_lse(float s, float scale_log2, float lse_log2) {
+  return exp2_approx(fmaf(s, scale_log2, -lse_log2));  // FFMA + MUFU.EX2
 }
 
 template <int MF, int RESCALE_LOG2 = 8>
@@ -135,7 +119,7 @@ struct OnlineSoftmax {
     for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[mf][nf][e] = softmax_exp<EXP_VARIANT>(s[mf][nf][e], scale_log2, m, 2 * nf + e % 2);
+        s[mf][nf][e] = softmax_exp<EXP_VARIANT>(s[mf][nf][e], scale_log2, m);
         sum += s[mf][nf][e];
       }
     row_sum[mf][h] = FRESH ? sum : row_sum[mf][h] + sum;

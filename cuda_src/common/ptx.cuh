@@ -173,23 +173,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// 2^x without MUFU: on the FMA pipe (FlashAttention-4's device on Blackwell), for kernels where MUFU is the busier
-// unit (a soft-capped score asks it for tanh and exp2). x = j + f with j = round(x) and f in [-0.5, 0.5]: the FADD
-// of 1.5 * 2^23 leaves j in the low mantissa bits of t, 2^f is a degree-3 polynomial (relative error 1.0e-4,
-// minimax on [-0.5, 0.5] with p(0) = 1 exactly: below half an ulp of the fp16 / bf16 P it feeds), and 2^j is added
-// into the exponent field (t << 23 is j << 23 modulo 2^32). x is clamped at -127 first: there j = -127, f = 0 and
-// the sum is the bits of 1.0 minus 127 << 23, exactly +0, so a masked score (-inf) gives 0 as ex2.approx does;
-// x in (-127, -126) gives a denormal bit pattern within 2^-126 of the value. Upper end: x <= 127 (the softmax's x
-// is at most RESCALE_LOG2). Per call: FMNMX, 3 FADD, 3 FFMA, SHL + IADD (or one IMAD): no MUFU.
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -127.f);
-  const float t = __fadd_rn(x, ROUND);
-  const float f = __fsub_rn(x, __fsub_rn(t, ROUND));
-  const float p = fmaf(fmaf(fmaf(0x1.c2a25cp-5f, f, 0x1.f00c4ep-3f), f, 0x1.62f5fap-1f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // PTX ISA tanh.approx.f32 (sm_75+): one MUFU.TANH, max relative error 2^-10.987 (the score soft-cap,
 // attn/mask.cuh; the products that feed it are rounded to 16 bits on the way in, so the softmax sees inputs of
 // about that precision either way).

@@ -40,6 +40,8 @@
 //                     m16n8 layout stacked along N (rows g, g + 8 of the warp's 16, columns 2t, 2t + 1 of each n8
 //                     block), so the mma.sync forward's Philox groups apply as they are and the kernels drop the
 //                     same elements; P zeroed where dropped before O += P V, O scaled by 1 / (1 - p)
+//   O_TMA             the epilogue's store through a TMA tensor store of O's map (Sm90FwdMapsO) instead of the
+//                     threads' 16-byte stores, on the warpgroup tiles TMA can clip (see the epilogue); off by default
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -58,6 +60,20 @@ namespace cuflash {
 struct Sm90FwdMaps {
   TmaDesc q, k, v;
 };
+// O_TMA: O's map too ([batch, seqlen_q, heads, head_dim] as the kernel stores it, boxes of 64 columns by 64 rows: one
+// consumer warpgroup's rows; columns past head_dim and rows past the map's seqlen are clipped). The default kernels
+// keep Sm90FwdMaps: their parameter block is unchanged.
+struct Sm90FwdMapsO : Sm90FwdMaps {
+  TmaDesc o;
+};
+template <bool O_TMA>
+struct Sm90FwdMapsOf {
+  using type = Sm90FwdMaps;
+};
+template <>
+struct Sm90FwdMapsOf<true> {
+  using type = Sm90FwdMapsO;
+};
 
 template <int D, int BLOCK_N, int NWG, int STAGES>
 struct Sm90FwdLayout {
@@ -75,9 +91,10 @@ struct Sm90FwdLayout {
 };
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE>
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
-    flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p,
+                          const __grid_constant__ typename Sm90FwdMapsOf<O_TMA>::type maps) {
   using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
   constexpr int BLOCK_M = L::BLOCK_M, DP = L::DP, CH = L::CH;
   constexpr int NF = BLOCK_N / 8;   // n8 blocks of S per row band
@@ -311,6 +328,26 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       const int r = warp * 16 + g + 8 * h;
       *reinterpret_cast<uint32_t*>(o_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
                                    t * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
+    }
+  }
+  if constexpr (O_TMA) {
+    // One thread stores the warpgroup's 64 rows by TMA, one box per 64-column chunk (the smem tile is already in the
+    // map's 128-byte swizzle). TMA clips what lies outside the map: columns past head_dim (D's padding) and rows past
+    // seqlen_q -- but a varlen map is [1, total, h, d], where rows past this element's end are the next element's:
+    // a varlen warpgroup tile that crosses its element's end takes the 16-byte stores below.
+    if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
+      fence_proxy_async_shared();  // each thread's O writes, before the async proxy (the TMA store) reads them
+      named_bar_sync(4 + cw, 128);  // every thread's writes fenced before the store is issued
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          if (c * 64 < p.head_dim)  // (a chunk wholly past head_dim would be clipped whole: not issued)
+            tma_store_4d(&maps.o, o_tile + c * BLOCK_M * 128, c * 64, si.q_start + row_wg, blk.head,
+                         varlen ? 0 : blk.batch);
+        bulk_commit_group();
+        bulk_wait_group_read<0>();  // the smem source read before the block exits (its shared memory is freed)
+      }
+      return;
     }
   }
   named_bar_sync(4 + cw, 128);

@@ -248,6 +248,7 @@ class Sm90FwdTile:
     regs_mma: int = 240  # setmaxnreg register counts: 128 (regs_load + nwg regs_mma) <= the launch allocation
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
+    o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
 
     @property
     def block_m(self) -> int:
@@ -288,7 +289,7 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     b = lambda x: "true" if x else "false"  # noqa: E731
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
             f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}"
-            f"{', %d' % mod if _mod_checked(causal, mod) else ''}>")
+            f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma else ''}{', true' if tile.o_tma else ''}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 

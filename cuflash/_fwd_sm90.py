@@ -10,12 +10,15 @@ on the sm80 kernels, read in place, never copied.
 The kernel takes two parameters: the FwdParams block (the same fields as the sm80 forward, the same grid) and
 Sm90FwdMaps: the three 128-byte tensor maps (cuflash._tma), which embed the base addresses. A memoized plan keeps the encoded maps of the last
 pointer triples it saw, so a repeated call (a benchmark loop, a static-buffer inference step) encodes nothing;
-new pointers cost one cuTensorMapEncodeTiled per tensor.
+new pointers cost one cuTensorMapEncodeTiled per tensor. A tile with `o_tma` (the TMA-store epilogue, not a
+configured default) takes O's map as a fourth (Sm90FwdMapsO): its plans key the encoded maps by the output's
+pointer as well, so a call whose output lands at a new address encodes the four maps again.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import replace
 
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
@@ -29,8 +32,9 @@ from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 BACKENDS = ("auto", "sm80", "sm90")
 MAPS_OFFSET = 512  # byte offset of Sm90FwdMaps in the parameter buffer (64-byte aligned, past FwdParams)
 ARGS_BYTES = 3 * MAP_BYTES  # the maps of q, k, v
+O_ARGS_BYTES = 4 * MAP_BYTES  # and of o (a tile with o_tma: Sm90FwdMapsO)
 MAX_MAP_SETS = 8  # encoded (q, k, v) map triples a plan keeps
-assert FWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
+assert FWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + O_ARGS_BYTES <= _MAX_PARAM_BYTES
 
 _tls = threading.local()
 _cc: dict = {}
@@ -86,10 +90,12 @@ def resolve_backend(backend: str, qa, ka, va, mods=None, packed=None) -> str:
     return "sm90" if cc == 90 and ineligible(qa, ka, va, mods, packed) is None else "sm80"
 
 
-def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, mods=None, packed=None):
-    """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs) of a validated, eligible call;
-    `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark sweeps); mods: the score
-    modifiers (cuflash._mods.Mods) or None."""
+def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=None, mods=None, packed=None,
+                 o_ptr=0):
+    """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs -- and o's with a tile of o_tma) of a
+    validated, eligible call; `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark
+    sweeps); mods: the score modifiers (cuflash._mods.Mods) or None. An output (o_strides, o_ptr) no tensor map can
+    describe takes the tile without o_tma."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
@@ -97,6 +103,9 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     hd, d = d, kernel_headdim(d, SM90_HEADDIMS)  # the maps' columns past hd read as zeros (TMA out of bounds)
     causal, mod = kernel_mode(mods, causal)
     tile = tile or sm90_fwd_tile(d, causal)
+    o_shape = (qa.shape[0], sq, h, hd)
+    if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
+        tile = replace(tile, o_tma=False)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b, 1)
     osb, osq, osh = o_strides
@@ -114,12 +123,14 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n))
+    if tile.o_tma:  # boxes of one consumer warpgroup's 64 rows
+        maps += (attention_map_spec(qa.dtype, o_shape, (*o_strides, 1), 64),)
     return lau, grid, fields, maps
 
 
 def encode_args(maps, *ptrs: int) -> bytes:
-    """The maps' bytes at these base addresses, in order (Sm90FwdMaps: q, k, v; the backward's Sm90BwdMaps: q, k,
-    v, dout)."""
+    """The maps' bytes at these base addresses, in order (Sm90FwdMaps: q, k, v; Sm90FwdMapsO: q, k, v, o; the
+    backward's Sm90BwdMaps: q, k, v, dout); pointers past the maps' count are ignored."""
     return b"".join(m.encode(ptr) for m, ptr in zip(maps, ptrs))
 
 
@@ -150,7 +161,7 @@ def _scratch():
 def _launch(fn, grid, threads, smem, stream, pack, maps_bytes, device, *values):
     buf, base, argv, _ = _scratch()
     pack(buf, 0, *values)
-    ctypes.memmove(base + MAPS_OFFSET, maps_bytes, ARGS_BYTES)
+    ctypes.memmove(base + MAPS_OFFSET, maps_bytes, len(maps_bytes))
     _interop.ensure_context()
     with _interop.device_guard(device):
         from cupy.cuda import driver
@@ -166,61 +177,65 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
 
     check_softmax_scale(softmax_scale)
     out, lse, o_strides = outputs(qa, out, lse, packed)
-    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile, mods,
-                                           packed)
     op, lp = _interop.data_ptr(out), _interop.data_ptr(lse)
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile, mods,
+                                           packed, op)
     cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
     values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, **NO_CACHE,
                                **cu, **fields)
     _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
-            encode_args(maps, qa.ptr, ka.ptr, va.ptr), qa.device, *values)
+            encode_args(maps, qa.ptr, ka.ptr, va.ptr, op), qa.device, *values)
     return out, lse
 
 
 class Sm90Plan(HostPlan):
     """A memoized sm90 forward (see cuflash._fwd._FwdPlan): the maps of recent pointer triples are kept; `run_kv`
-    runs it at another key count (k and v's maps then follow the call's shape and strides)."""
+    runs it at another key count (k and v's maps then follow the call's shape and strides). With o_tma the maps
+    are keyed by the output's pointer too."""
 
-    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps")
+    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps", "o_tma")
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
-        mb = memo_args(self.encoded, self.maps, (qp, kp, vp))
+        mb = memo_args(self.encoded, self.maps, (qp, kp, vp, op) if self.o_tma else (qp, kp, vp))
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
-        ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
+        ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
 
     def run_kv(self, qp, kp, vp, kshape, ks, vs):
         """run with k, v of shape kshape (the plan's but for the key count) and element strides ks, vs."""
         (out, lse), (op, lp), stream = self.outs()
-        mb = self.encoded.get((qp, kp, vp, kshape, ks, vs))
+        ptrs = (qp, kp, vp, op) if self.o_tma else (qp, kp, vp)
+        mb = self.encoded.get((*ptrs, kshape, ks, vs))
         if mb is None:  # the maps launch_setup makes of such k, v: made once for the layers of a step, then encoded
             shape = (kshape, ks, vs)
             maps = self.kv_maps.get(shape)
             if maps is None:
-                qm, km, _ = self.maps
+                qm, km, _, *om = self.maps
                 if len(self.kv_maps) >= MAX_MAP_SETS:
                     self.kv_maps.clear()
                 maps = self.kv_maps[shape] = (qm, attention_map_spec(km.dtype, kshape, ks, km.box[1]),
-                                              attention_map_spec(km.dtype, kshape, vs, km.box[1]))
-            mb = memo_args(self.encoded, maps, (qp, kp, vp), (qp, kp, vp, kshape, ks, vs))
+                                              attention_map_spec(km.dtype, kshape, vs, km.box[1]), *om)
+            mb = memo_args(self.encoded, maps, ptrs, (*ptrs, kshape, ks, vs))
         buf, base, argv, _ = _scratch()
         self.kv.pack(self, buf, qp, kp, vp, op, lp, kshape[1], ks, vs)
-        ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
+        ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
 
 
-def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None) -> Sm90Plan:
+def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=None) -> Sm90Plan:
+    """The memoized forward (cuflash._fwd._make_plan's sm90 branch); `tile` overrides the configured one
+    (diagnostics time a variant through the same memoized calls)."""
     b, sq, h, d = qa.shape
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
-                                           mods=mods)
+                                           tile=tile, mods=mods)
     p = Sm90Plan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **fields)
     p.add_launch(lau, grid)
-    p.maps, p.encoded, p.kv_maps = maps, {}, {}
+    p.maps, p.encoded, p.kv_maps, p.o_tma = maps, {}, {}, len(maps) == 4
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

@@ -61,6 +61,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, uint6
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// The reverse: a box of shared memory at src (laid out as tma_load_4d writes it, the map's swizzle) -> the box of a
+// 4-d tensor map at these coordinates, through this thread's bulk async-groups (bulk_commit_group, then
+// bulk_wait_group_read before src is reused or the block exits). Out-of-range elements are not written; generic
+// writes to src must be fenced first (fence_proxy_async_shared).
+__device__ __forceinline__ void tma_store_4d(const TmaDesc* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // 9.7.9.25.4.1 cp.async.bulk: `bytes` contiguous bytes global -> shared memory at dst (both 16-byte aligned, bytes
 // a multiple of 16), completing that many transaction bytes on bar.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

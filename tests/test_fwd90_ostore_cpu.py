@@ -1,0 +1,135 @@
+"""CPU: the Hopper forward's TMA-store epilogue variant (Sm90FwdTile.o_tma, the kernel's O_TMA) on the host: its
+kernel name, and the launches of the memoized, the explicit and the packed paths with the GPU replaced by
+bench/diag/host_overhead.py's stand-ins -- the fourth tensor map (O's: the output's base, dims and strides, boxes
+of 64 columns by one consumer warpgroup's 64 rows) after q, k and v's, and none with the default tiles."""
+import struct
+from dataclasses import replace
+
+import pytest
+
+from cuflash import _configs
+from cuflash._fwd_sm90 import MAPS_OFFSET
+from conftest import run_with_stand_ins
+
+_BODY = r"""
+from dataclasses import replace
+from cuflash import _configs, _fwd, _fwd_sm90
+from cuflash._validate import check_qkv
+
+def run(d, causal=False, window=(-1, -1), shapes=((2, 300, 8), (2, 777, 2))):
+    (b, sq, h), (_, sk, hk) = shapes
+    q, k, v = T((b, sq, h, d), torch.float16), T((b, sk, hk, d), torch.float16), T((b, sk, hk, d), torch.float16)
+    rec, out = launches(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window))
+    return rec, [out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()]
+
+for d in (64, 80, 128):
+    res[f"default {d}"] = run(d)
+tiles = dict(_configs.SM90_FWD_TILES)
+for kd, t in tiles.items():
+    _configs.SM90_FWD_TILES[kd] = replace(t, o_tma=True)
+_fwd._PLANS.clear(); _fwd._KV_PLANS.clear()
+for d in (64, 80, 128, 256):
+    res[f"o_tma {d}"] = run(d)
+res["o_tma causal"] = run(128, True)
+res["o_tma window"] = run(128, False, (50, 0))
+res["o_tma repeat"] = [run(64)[0] for _ in range(2)]
+# the explicit path with a strided output: out = the first 128 columns of a [2, 300, 8, 192] tensor
+q, k, v = T((2, 300, 8, 128), torch.float16), T((2, 777, 2, 128), torch.float16), T((2, 777, 2, 128), torch.float16)
+qa, ka, va = check_qkv(q, k, v)
+wide = T((2, 300, 8, 192), torch.float16)
+o = T((2, 300, 8, 128), torch.float16, strides=(300 * 8 * 192, 8 * 192, 192, 1))
+rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, False, out=o))
+res["o_tma strided"] = [rec, [o.data_ptr()]]
+# an output no map describes (a head stride of 0: TMA steps only positive strides): the tile without o_tma
+o_bad = T((2, 300, 8, 128), torch.float16, strides=(300 * 128, 128, 0, 1))
+rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, False, out=o_bad))
+res["o_tma unmappable out"] = [rec]
+# packed sequences: O's map is [1, total, h, d]
+qv, kv_ = T((700, 8, 128), torch.float16), T((900, 2, 128), torch.float16)
+vv = T((900, 2, 128), torch.float16)
+cq, ck = T((4,), torch.int32), T((4,), torch.int32)
+rec, out = launches(lambda: cuflash.flash_attn_varlen_func(qv, kv_, vv, cq, ck, 350, 300))
+res["o_tma varlen"] = [rec, [out.data_ptr()]]
+"""
+
+
+@pytest.fixture(scope="module")
+def res():
+    return run_with_stand_ins(_BODY)
+
+
+def _maps(raw_hex, n):
+    raw = bytes.fromhex(raw_hex)
+    return [raw[MAPS_OFFSET + 128 * i: MAPS_OFFSET + 128 * (i + 1)] for i in range(n)]
+
+
+def _map_fields(m):
+    ptr, _ = struct.unpack_from("<QI", m, 0)
+    dims_box = [struct.unpack_from("<QI", m, 12 + 12 * i) for i in range(4)]
+    strides = list(struct.unpack_from("<3Q", m, 60))
+    return ptr, [d for d, _ in dims_box], [b for _, b in dims_box], strides
+
+
+def test_spec_name_shows_the_variant_only_when_set():
+    for d in _configs.SM90_HEADDIMS:
+        t = _configs.sm90_fwd_tile(d, False)
+        assert not t.o_tma
+        for causal, mod in _configs.MASK_MODES:
+            base = _configs.sm90_fwd_spec("float16", d, causal, mod=mod)
+            assert base == _configs.sm90_fwd_spec("float16", d, causal, t, mod) and "true>" not in base.name[-6:]
+            v = _configs.sm90_fwd_spec("float16", d, causal, replace(t, o_tma=True), mod)
+            # the MOD argument is spelled out (even MOD_NONE) so that O_TMA, after it, can be given
+            assert v.name == base.name[:-1].removesuffix(f", {mod}") + f", {mod}, true>"
+            assert (v.threads, v.smem, v.min_arch, v.arch_suffix) == (base.threads, base.smem, 90, "a")
+    assert all(", true>" != s.name[-7:] for s in _configs.sm90_fwd_specs())  # never a configured kernel
+
+
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_default_tiles_launch_three_maps(res, d):
+    rec, _ = res[f"default {d}"]
+    assert len(rec) == 1 and "flash_fwd_sm90_kernel" in rec[0][0] and not rec[0][0].endswith(", true>")
+
+
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+def test_o_tma_launches_the_output_map(res, d):
+    (launch,), (op, qp, kp, vp) = res[f"o_tma {d}"]
+    kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
+    t = _configs.SM90_FWD_TILES[kd]
+    assert launch[0] == _configs.sm90_fwd_spec("float16", kd, False, replace(t, o_tma=True)).name
+    q, k, v, o = (_map_fields(m) for m in _maps(launch[2], 4))
+    assert [q[0], k[0], v[0], o[0]] == [qp, kp, vp, op]
+    # O: the inputs' head dim (columns past it, D's padding, are clipped), q's rows, 64-row boxes, out's strides
+    assert o[1] == [d, 300, 8, 2] and o[2] == [64, 64, 1, 1]
+    assert o[3] == [8 * d * 2, d * 2, 300 * 8 * d * 2]
+    assert q[2] == [64, t.block_m, 1, 1]
+
+
+def test_o_tma_mask_modes_and_memo(res):
+    name = res["o_tma causal"][0][0][0]
+    assert name.startswith("cuflash::flash_fwd_sm90_kernel<__half, 128, 128, 2, 2, true, ")  # CAUSAL
+    assert name.endswith(", 0, true>")  # MOD_NONE spelled out, then O_TMA
+    assert res["o_tma window"][0][0][0].endswith(", 1, true>")
+    r1, r2 = res["o_tma repeat"]
+    assert len(_maps(r1[0][2], 4)[3]) == 128 and _map_fields(_maps(r1[0][2], 4)[3])[1] == [64, 300, 8, 2]
+    assert _map_fields(_maps(r2[0][2], 4)[3])[1] == [64, 300, 8, 2]
+
+
+def test_o_tma_strided_output(res):
+    (launch,), (op,) = res["o_tma strided"]
+    assert launch[0].endswith(", true>")
+    ptr, dims, box, strides = _map_fields(_maps(launch[2], 4)[3])
+    assert ptr == op and dims == [128, 300, 8, 2] and box == [64, 64, 1, 1]
+    assert strides == [8 * 192 * 2, 192 * 2, 300 * 8 * 192 * 2]  # (rows, heads, batch): out's, not q's
+
+
+def test_o_tma_falls_back_for_an_output_no_map_describes(res):
+    (launch,), = res["o_tma unmappable out"]
+    assert "flash_fwd_sm90_kernel" in launch[0] and not launch[0].endswith(", true>")
+
+
+def test_o_tma_packed_output_map(res):
+    (launch,), (op,) = res["o_tma varlen"]
+    assert launch[0].endswith(", true>")
+    ptr, dims, box, strides = _map_fields(_maps(launch[2], 4)[3])
+    assert ptr == op and dims == [128, 700, 8, 1] and box == [64, 64, 1, 1]
+    assert strides[:2] == [8 * 128 * 2, 128 * 2]

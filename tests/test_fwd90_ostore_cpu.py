@@ -133,3 +133,28 @@ def test_o_tma_packed_output_map(res):
     ptr, dims, box, strides = _map_fields(_maps(launch[2], 4)[3])
     assert ptr == op and dims == [128, 700, 8, 1] and box == [64, 64, 1, 1]
     assert strides[:2] == [8 * 128 * 2, 128 * 2]
+
+
+@pytest.mark.parametrize("d,causal", [(64, True), (256, False)])
+def test_variant_compiles_spill_free_with_tma_stores(tmp_path, d, causal):
+    """An offline sm_90a build of the variant: no spills, no local memory, no ptxas performance note, and (where
+    cuobjdump is installed) one UTMASTG per 64-column chunk of O next to the loads' UTMALDG."""
+    import re
+    import shutil
+    import subprocess
+
+    from cuflash._loader import compile_offline
+
+    spec = _configs.sm90_fwd_spec("bfloat16", d, causal, replace(_configs.sm90_fwd_tile(d, causal), o_tma=True))
+    res = compile_offline(spec.filename, [spec.name], "90a")
+    info = res["kernels"][spec.name]
+    assert info["stack"] == 0 and info["spill_st"] == 0 and info["spill_ld"] == 0
+    assert not [w for w in info["ptxas_warnings"] if "C75" in w]
+    exe = shutil.which("cuobjdump")
+    if exe is None:
+        return
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(res["cubin"] + b"\0")  # CuPy's getCUBIN drops the last byte
+    sass = subprocess.run([exe, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"\b([A-Z][A-Z0-9]+)[.\s]", sass)
+    assert ops.count("UTMASTG") == d // 64 and "UTMALDG" in ops and not {"LDL", "STL"} & set(ops)

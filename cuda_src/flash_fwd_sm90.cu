@@ -338,7 +338,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
       fence_proxy_async_shared();  // each thread's O writes, before the async proxy (the TMA store) reads them
       named_bar_sync(4 + cw, 128);  // every thread's writes fenced before the store is issued
-      if (tid == 0) {
+      if (tid == 0 && row_wg < seqlen_q) {  // (a warpgroup wholly past seqlen_q has nothing to store)
 #pragma unroll
         for (int c = 0; c < CH; ++c)
           if (c * 64 < p.head_dim)  // (a chunk wholly past head_dim would be clipped whole: not issued)

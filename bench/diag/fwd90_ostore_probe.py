@@ -220,8 +220,8 @@ def main(argv):
     if "--json" in argv:
         with open(argv[argv.index("--json") + 1], "w") as fh:
             json.dump(recs, fh, indent=1)
+    print(f"correctness: {'all ok' if ok else 'FAILURES (see the correctness lines)'}")
     table(rows)
-    print(f"correctness: {'all ok' if ok else 'FAILURES (see the lines above)'}")
     return 0 if ok else 1
 
 

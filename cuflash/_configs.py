@@ -262,11 +262,12 @@ class Sm90FwdTile:
 SM90_HEADDIMS = (64, 96, 128, 256)
 # FlashAttention-3's shapes per head dim (its hopper/ tile table), read to learn: 3 consumer warpgroups at
 # d64 (registers: O is small), 2 above; 80-key stages at d256 so that Q + 2 stages of K and V fit 227 KB.
+# O leaves through TMA stores (o_tma): 1.00-1.06x the 16-byte stores' epilogue at 512-2k (bench/NOTES.md).
 SM90_FWD_TILES = {
-    64: Sm90FwdTile(128, 3, 2, 160, 24),
-    96: Sm90FwdTile(128, 2),
-    128: Sm90FwdTile(128, 2),
-    256: Sm90FwdTile(80, 2),
+    64: Sm90FwdTile(128, 3, 2, 160, 24, o_tma=True),
+    96: Sm90FwdTile(128, 2, o_tma=True),
+    128: Sm90FwdTile(128, 2, o_tma=True),
+    256: Sm90FwdTile(80, 2, o_tma=True),
 }
 
 

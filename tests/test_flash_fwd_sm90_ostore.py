@@ -1,8 +1,9 @@
-"""GPU: the Hopper forward's TMA-store epilogue variant (Sm90FwdTile.o_tma) forced on every head dim's tile
-(cuflash._configs.SM90_FWD_TILES patched, the memoized plans cleared): against the float64 reference with ragged
+"""GPU: the Hopper forward's TMA-store epilogue (Sm90FwdTile.o_tma, the configured tiles' epilogue; the fixture
+makes sure of it on every head dim's tile, the memoized plans cleared): against the float64 reference with ragged
 tails, seqlen_q != seqlen_k, causal, GQA, a head dim below the kernel's (padding columns), packed sequences whose
-elements end inside and at the end of a warpgroup's 64 rows, and strided outputs -- and bitwise the default
-epilogue's output (the same products; only the store differs). Skipped off compute capability 9.0."""
+elements end inside and at the end of a warpgroup's 64 rows, and strided outputs -- and bitwise the output of the
+16-byte stores' epilogue (o_tma off: the same products; only the store differs). Skipped off compute capability
+9.0."""
 from dataclasses import replace
 
 import pytest
@@ -34,8 +35,8 @@ def o_tma(monkeypatch):
     _fwd._KV_PLANS.clear()
 
 
-def _default(fn):
-    """fn() with the configured (default-epilogue) tiles."""
+def _stores16(fn):
+    """fn() with every tile's O written by 16-byte stores (o_tma off)."""
     saved = dict(_configs.SM90_FWD_TILES)
     try:
         for d, t in saved.items():
@@ -56,12 +57,12 @@ def _launched_o_tma():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 80, 96, 128, 136, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_against_reference_and_bitwise_default(o_tma, d, dtype, causal):
+def test_against_reference_and_bitwise_stores16(o_tma, d, dtype, causal):
     q, k, v = torch_inputs((2, 777, 4, d), (2, 901, 2, d), dtype)  # ragged tails, sq != sk, GQA
     out = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90")
     assert _launched_o_tma()
     _check(out, q, k, v, causal)
-    ref = _default(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90"))
+    ref = _stores16(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90"))
     assert (out == ref).all()
 
 
@@ -72,14 +73,14 @@ def test_row_counts_around_the_warpgroup_boxes(o_tma, sq, sk):
     for causal in (False, True):
         out = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90")
         _check(out, q, k, v, causal)
-        assert (out == _default(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90"))).all()
+        assert (out == _stores16(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90"))).all()
 
 
 def test_window_and_softcap(o_tma):
     q, k, v = torch_inputs((2, 500, 4, 128), (2, 700, 4, 128), "float16")
     kw = dict(window_size=(100, 30), softcap=20.0, backend="sm90")
     out = cuflash.flash_attn_func(q, k, v, **kw)
-    assert (out == _default(lambda: cuflash.flash_attn_func(q, k, v, **kw))).all()
+    assert (out == _stores16(lambda: cuflash.flash_attn_func(q, k, v, **kw))).all()
 
 
 @pytest.mark.parametrize("lens_q,lens_k", [
@@ -94,7 +95,7 @@ def test_packed_sequences(o_tma, lens_q, lens_k, d, causal):
     q, k, v = packed_inputs(lens_q, lens_k, 4, 2, d, "bfloat16", requires_grad=False)
     out = check_varlen(q, k, v, lens_q, lens_k, causal=causal, backend="sm90", grads=False)
     cq, ck = cu_of(lens_q), cu_of(lens_k)
-    ref = _default(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, max(lens_q), max(lens_k), causal=causal,
+    ref = _stores16(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, max(lens_q), max(lens_k), causal=causal,
                                                          backend="sm90"))
     assert (out == ref).all()
 

@@ -1,7 +1,8 @@
-"""CPU: the Hopper forward's TMA-store epilogue variant (Sm90FwdTile.o_tma, the kernel's O_TMA) on the host: its
-kernel name, and the launches of the memoized, the explicit and the packed paths with the GPU replaced by
-bench/diag/host_overhead.py's stand-ins -- the fourth tensor map (O's: the output's base, dims and strides, boxes
-of 64 columns by one consumer warpgroup's 64 rows) after q, k and v's, and none with the default tiles."""
+"""CPU: the Hopper forward's TMA-store epilogue (Sm90FwdTile.o_tma, the kernel's O_TMA; the configured tiles' epilogue)
+on the host: its kernel name, and the launches of the memoized, the explicit and the packed paths with the GPU replaced
+by bench/diag/host_overhead.py's stand-ins -- the fourth tensor map (O's: the output's base, dims and strides, boxes
+of 64 columns by one consumer warpgroup's 64 rows) after q, k and v's, and none with the 16-byte stores' tiles
+(o_tma off)."""
 import struct
 from dataclasses import replace
 
@@ -22,11 +23,13 @@ def run(d, causal=False, window=(-1, -1), shapes=((2, 300, 8), (2, 777, 2))):
     rec, out = launches(lambda: cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window))
     return rec, [out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()]
 
-for d in (64, 80, 128):
-    res[f"default {d}"] = run(d)
 tiles = dict(_configs.SM90_FWD_TILES)
 for kd, t in tiles.items():
-    _configs.SM90_FWD_TILES[kd] = replace(t, o_tma=True)
+    _configs.SM90_FWD_TILES[kd] = replace(t, o_tma=False)
+_fwd._PLANS.clear(); _fwd._KV_PLANS.clear()
+for d in (64, 80, 128):
+    res[f"stores16 {d}"] = run(d)
+_configs.SM90_FWD_TILES.update(tiles)  # the configured tiles: o_tma
 _fwd._PLANS.clear(); _fwd._KV_PLANS.clear()
 for d in (64, 80, 128, 256):
     res[f"o_tma {d}"] = run(d)
@@ -70,23 +73,24 @@ def _map_fields(m):
     return ptr, [d for d, _ in dims_box], [b for _, b in dims_box], strides
 
 
-def test_spec_name_shows_the_variant_only_when_set():
+def test_spec_name_shows_the_epilogue():
     for d in _configs.SM90_HEADDIMS:
         t = _configs.sm90_fwd_tile(d, False)
-        assert not t.o_tma
+        assert t.o_tma  # every configured tile
         for causal, mod in _configs.MASK_MODES:
-            base = _configs.sm90_fwd_spec("float16", d, causal, mod=mod)
-            assert base == _configs.sm90_fwd_spec("float16", d, causal, t, mod) and "true>" not in base.name[-6:]
-            v = _configs.sm90_fwd_spec("float16", d, causal, replace(t, o_tma=True), mod)
+            v = _configs.sm90_fwd_spec("float16", d, causal, mod=mod)
+            assert v == _configs.sm90_fwd_spec("float16", d, causal, t, mod)
+            base = _configs.sm90_fwd_spec("float16", d, causal, replace(t, o_tma=False), mod)
+            assert "true>" not in base.name[-6:]
             # the MOD argument is spelled out (even MOD_NONE) so that O_TMA, after it, can be given
             assert v.name == base.name[:-1].removesuffix(f", {mod}") + f", {mod}, true>"
             assert (v.threads, v.smem, v.min_arch, v.arch_suffix) == (base.threads, base.smem, 90, "a")
-    assert all(", true>" != s.name[-7:] for s in _configs.sm90_fwd_specs())  # never a configured kernel
+    assert all(s.name.endswith(", true>") for s in _configs.sm90_fwd_specs())  # every configured kernel
 
 
 @pytest.mark.parametrize("d", [64, 80, 128])
-def test_default_tiles_launch_three_maps(res, d):
-    rec, _ = res[f"default {d}"]
+def test_16_byte_store_tiles_launch_three_maps(res, d):
+    rec, _ = res[f"stores16 {d}"]
     assert len(rec) == 1 and "flash_fwd_sm90_kernel" in rec[0][0] and not rec[0][0].endswith(", true>")
 
 

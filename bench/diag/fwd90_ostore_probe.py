@@ -1,5 +1,6 @@
-"""Diagnostic (GPU, compute capability 9.0): the Hopper forward's TMA-store epilogue (Sm90FwdTile.o_tma) against
-the default epilogue (16-byte stores by every consumer thread) and SDPA's cuDNN backend.
+"""Diagnostic (GPU, compute capability 9.0): the Hopper forward's TMA-store epilogue (Sm90FwdTile.o_tma, the
+configured tiles' epilogue) against the 16-byte stores by every consumer thread (o_tma off; "default" below, the
+epilogue before o_tma) and SDPA's cuDNN backend.
 
     python -m bench.diag.fwd90_ostore_probe [--rounds N] [--json FILE]
 
@@ -36,7 +37,7 @@ def _tiles(d):
     from cuflash._configs import SM90_HEADDIMS, kernel_headdim, sm90_fwd_tile
 
     t = sm90_fwd_tile(kernel_headdim(d, SM90_HEADDIMS), False)
-    return t, replace(t, o_tma=True)
+    return replace(t, o_tma=False), replace(t, o_tma=True)
 
 
 def specs():

@@ -249,6 +249,18 @@ class Sm90FwdTile:
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
+    min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
+
+    def __post_init__(self):
+        # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
+        if self.min_blocks < 1:
+            raise ValueError(f"min_blocks must be at least 1; got {self.min_blocks}")
+        if self.regs_mma % 8 or self.regs_load % 8:
+            raise ValueError(f"regs_mma and regs_load must be multiples of 8; got {self.regs_mma}, {self.regs_load}")
+        if 128 * (self.regs_load + self.nwg * self.regs_mma) > self.launch_regs * self.threads:
+            raise ValueError(f"regs_mma {self.regs_mma} x {self.nwg} consumer warpgroups + regs_load {self.regs_load} "
+                             f"exceed the launch allocation of {self.launch_regs} registers per thread "
+                             f"({self.threads} threads, min_blocks {self.min_blocks})")
 
     @property
     def block_m(self) -> int:
@@ -257,6 +269,11 @@ class Sm90FwdTile:
     @property
     def threads(self) -> int:
         return 128 * (self.nwg + 1)
+
+    @property
+    def launch_regs(self) -> int:
+        """Registers per thread at launch: 65536 / (min_blocks threads), rounded down to a multiple of 8."""
+        return 65536 // (self.min_blocks * self.threads) // 8 * 8
 
 
 SM90_HEADDIMS = (64, 96, 128, 256)
@@ -275,6 +292,10 @@ def sm90_fwd_tile(headdim: int, causal: bool) -> Sm90FwdTile:
     return SM90_FWD_TILES[headdim]
 
 
+SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an H100/H200 SM; each resident block also reserves 1 KB
+SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
+
+
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
     """Q + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack (the kernel's
     Sm90FwdLayout::BYTES, static_asserted)."""
@@ -286,10 +307,17 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
     smem = sm90_fwd_smem_bytes(headdim, tile)
+    if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + 1024) > SM90_SMEM_PER_SM:
+        raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
+                         f"memory do not fit an SM")
     b = lambda x: "true" if x else "false"  # noqa: E731
+    # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
+    # O_TMA false, MINB 1): the configured kernels keep their names
+    minb = tile.min_blocks != 1
+    tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
+            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
-            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}"
-            f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma else ''}{', true' if tile.o_tma else ''}>")
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 

@@ -303,6 +303,40 @@ def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
     return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
 
 
+# Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
+# prologue (barrier set-up, the Q load before the first product) and epilogue (the O store) are a visible share
+# that, one block per SM, nothing hides: with two or three resident blocks they run under another block's main loop
+# (bench/NOTES.md, "More than one block per SM"). Not configured (SM90_FWD_TILES is unchanged): reachable through an
+# explicit tile (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_minb_probe). Each is the
+# configured tile of its head dim with these fields replaced, so it keeps the configured epilogue (o_tma). The
+# registers: the launch allocation is 65536 / (min_blocks threads) per thread and the consumers' setmaxnreg share
+# must hold S, P and O of the overlapped loop at once (fp32 S: block_n / 2 per thread, P: block_n / 4, O: D / 2)
+# while ptxas still compiles each wgmma within the launch allocation (the O += P V of head dim 128, 64 accumulators
+# and its operands, needs 94: no three-block d128 tile) -- so 2 consumers x 104 registers take 48-key stages (64
+# spill), and one consumer warpgroup (64-row Q tiles) takes 128-key stages at two blocks (232 registers) or 64-96
+# at three (136). Shared memory: min_blocks x (the layout + 1 KB per block) within the SM's 228 KB (d128: at most
+# 80-key stages at two blocks).
+SM90_FWD_MINB_VARIANTS = {
+    64: {
+        "2x2wg n48": dict(block_n=48, nwg=2, stages=2, regs_mma=104, pingpong=True, min_blocks=2),
+        "2x1wg n128": dict(block_n=128, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+        "3x1wg n64": dict(block_n=64, nwg=1, stages=2, regs_mma=136, pingpong=False, min_blocks=3),
+        "3x1wg n96": dict(block_n=96, nwg=1, stages=2, regs_mma=136, pingpong=False, min_blocks=3),
+    },
+    128: {
+        "2x1wg n64": dict(block_n=64, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+        "2x1wg n80": dict(block_n=80, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+    },
+}
+
+
+def sm90_fwd_minb_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of SM90_FWD_MINB_VARIANTS at a kernel head dim (empty where there are none): the
+    configured tile with the variant's fields."""
+    base = sm90_fwd_tile(headdim, False)
+    return {n: replace(base, **f) for n, f in SM90_FWD_MINB_VARIANTS.get(headdim, {}).items()}
+
+
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)

@@ -33,7 +33,7 @@
 //   BLOCK_N           keys per KV tile (multiple of 16, <= 256);   NWG  consumer warpgroups (BLOCK_M = 64 NWG)
 //   STAGES            K/V shared-memory stages;   CAUSAL  bottom-right aligned causal mask
 //   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
-//                     <= 65536)
+//                     <= the launch allocation: 65536 with MINB = 1)
 //   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
 //   MOD               MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh);
 //                     MOD_SCORE_DROPOUT: with dropout (attn/dropout.cuh): the accumulator of S = Q K^T is the
@@ -42,6 +42,11 @@
 //                     same elements; P zeroed where dropped before O += P V, O scaled by 1 / (1 - p)
 //   O_TMA             the epilogue's store through a TMA tensor store of O's map (Sm90FwdMapsO) instead of the
 //                     threads' 16-byte stores, on the warpgroup tiles TMA can clip (see the epilogue); off by default
+//   MINB              blocks per SM the launch bounds ask for (__launch_bounds__'s second argument): the launch
+//                     allocation is 65536 / (MINB threads) registers per thread, rounded down to a multiple of 8, which
+//                     REGS_LOAD + NWG REGS_MMA must fit; 2: short blocks whose prologue and epilogue run under another
+//                     block's main loop (the smem of MINB blocks must fit the SM too: cuflash/_configs.py checks it);
+//                     1 by default
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -91,8 +96,8 @@ struct Sm90FwdLayout {
 };
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1>
+__global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p,
                           const __grid_constant__ typename Sm90FwdMapsOf<O_TMA>::type maps) {
   using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES>;
@@ -103,9 +108,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   constexpr int KN = BLOCK_N / 16;  // k16 steps of P V
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && BLOCK_N <= 256 && DP <= 256, "wgmma shapes");
   static_assert(NWG >= 1 && NWG <= 3 && (!PINGPONG || NWG >= 2), "consumer warpgroups");
-  // (setmaxnreg moves registers within the block's launch allocation: 65536 / threads, rounded down to a multiple of
-  // 8, per thread -- asking for more than the producer gives back never returns)
-  static_assert(128 * (REGS_LOAD + NWG * REGS_MMA) <= 65536 / ((NWG + 1) * 128 * 8) * 8 * ((NWG + 1) * 128) &&
+  // (setmaxnreg moves registers within the block's launch allocation: 65536 / (MINB threads), rounded down to a
+  // multiple of 8, per thread -- asking for more than the producer gives back never returns)
+  static_assert(MINB >= 1 && 128 * (REGS_LOAD + NWG * REGS_MMA) <=
+                                 65536 / (MINB * (NWG + 1) * 128 * 8) * 8 * ((NWG + 1) * 128) &&
                     REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");

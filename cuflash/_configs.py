@@ -249,6 +249,18 @@ class Sm90FwdTile:
     regs_load: int = 24
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
+    min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
+
+    def __post_init__(self):
+        # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
+        if self.min_blocks < 1:
+            raise ValueError(f"min_blocks must be at least 1; got {self.min_blocks}")
+        if self.regs_mma % 8 or self.regs_load % 8:
+            raise ValueError(f"regs_mma and regs_load must be multiples of 8; got {self.regs_mma}, {self.regs_load}")
+        if 128 * (self.regs_load + self.nwg * self.regs_mma) > self.launch_regs * self.threads:
+            raise ValueError(f"regs_mma {self.regs_mma} x {self.nwg} consumer warpgroups + regs_load {self.regs_load} "
+                             f"exceed the launch allocation of {self.launch_regs} registers per thread "
+                             f"({self.threads} threads, min_blocks {self.min_blocks})")
 
     @property
     def block_m(self) -> int:
@@ -257,6 +269,11 @@ class Sm90FwdTile:
     @property
     def threads(self) -> int:
         return 128 * (self.nwg + 1)
+
+    @property
+    def launch_regs(self) -> int:
+        """Registers per thread at launch: 65536 / (min_blocks threads), rounded down to a multiple of 8."""
+        return 65536 // (self.min_blocks * self.threads) // 8 * 8
 
 
 SM90_HEADDIMS = (64, 96, 128, 256)
@@ -276,6 +293,10 @@ def sm90_fwd_tile(headdim: int, causal: bool) -> Sm90FwdTile:
     return SM90_FWD_TILES[headdim]
 
 
+SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an H100/H200 SM; each resident block also reserves 1 KB
+SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
+
+
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
     """Q + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack (the kernel's
     Sm90FwdLayout::BYTES, static_asserted)."""
@@ -283,14 +304,55 @@ def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
     return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
 
 
+# Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
+# prologue (barrier set-up, the Q load before the first product) and epilogue (the O store) are a visible share
+# that, one block per SM, nothing hides: with two or three resident blocks they run under another block's main loop
+# (bench/NOTES.md, "More than one block per SM"). Not configured (SM90_FWD_TILES is unchanged): reachable through an
+# explicit tile (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_minb_probe). Each is the
+# configured tile of its head dim with these fields replaced, so it keeps the configured epilogue (o_tma). The
+# registers: the launch allocation is 65536 / (min_blocks threads) per thread and the consumers' setmaxnreg share
+# must hold S, P and O of the overlapped loop at once (fp32 S: block_n / 2 per thread, P: block_n / 4, O: D / 2)
+# while ptxas still compiles each wgmma within the launch allocation (the O += P V of head dim 128, 64 accumulators
+# and its operands, needs 94: no three-block d128 tile) -- so 2 consumers x 104 registers take 48-key stages (64
+# spill), and one consumer warpgroup (64-row Q tiles) takes 128-key stages at two blocks (232 registers) or 64-96
+# at three (136). Shared memory: min_blocks x (the layout + 1 KB per block) within the SM's 228 KB (d128: at most
+# 80-key stages at two blocks).
+SM90_FWD_MINB_VARIANTS = {
+    64: {
+        "2x2wg n48": dict(block_n=48, nwg=2, stages=2, regs_mma=104, pingpong=True, min_blocks=2),
+        "2x1wg n128": dict(block_n=128, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+        "3x1wg n64": dict(block_n=64, nwg=1, stages=2, regs_mma=136, pingpong=False, min_blocks=3),
+        "3x1wg n96": dict(block_n=96, nwg=1, stages=2, regs_mma=136, pingpong=False, min_blocks=3),
+    },
+    128: {
+        "2x1wg n64": dict(block_n=64, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+        "2x1wg n80": dict(block_n=80, nwg=1, stages=2, regs_mma=232, pingpong=False, min_blocks=2),
+    },
+}
+
+
+def sm90_fwd_minb_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of SM90_FWD_MINB_VARIANTS at a kernel head dim (empty where there are none): the
+    configured tile with the variant's fields."""
+    base = sm90_fwd_tile(headdim, False)
+    return {n: replace(base, **f) for n, f in SM90_FWD_MINB_VARIANTS.get(headdim, {}).items()}
+
+
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
     smem = sm90_fwd_smem_bytes(headdim, tile)
+    if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + 1024) > SM90_SMEM_PER_SM:
+        raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
+                         f"memory do not fit an SM")
     b = lambda x: "true" if x else "false"  # noqa: E731
+    # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
+    # O_TMA false, MINB 1): the configured kernels keep their names
+    minb = tile.min_blocks != 1
+    tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
+            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
-            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}"
-            f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma else ''}{', true' if tile.o_tma else ''}>")
+            f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 

@@ -46,10 +46,15 @@ def test_read_kernels_compile_without_spills(kernel_report, arch):
     _check(kernel_report, arch)
 
 
-@pytest.mark.parametrize("arch", (80, 90))
-def test_read_kernels_compile_without_spills_alt_nvrtc(kernel_report, arch):
+@pytest.fixture
+def alt_nvrtc():
     if not ALT_NVRTC:
         pytest.skip("CUFLASH_NVRTC_ALT not set (.ci/run sets it to NVRTC 13.0's lib folder)")
+    return ALT_NVRTC
+
+
+@pytest.mark.parametrize("arch", (80, 90))
+def test_read_kernels_compile_without_spills_alt_nvrtc(alt_nvrtc, kernel_report, arch):
     versions = {info.get("nvrtc") for info in kernel_report.values()}
     assert len(versions) == 1 and _compile_check.nvrtc_version() not in versions, versions
     _check(kernel_report, arch)

@@ -288,8 +288,13 @@ SM90_FWD_TILES = {
 }
 
 
-def sm90_fwd_tile(headdim: int, causal: bool) -> Sm90FwdTile:
-    """The sm_90a forward tile of a head dim (the same with and without the causal mask)."""
+def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: int = MOD_NONE) -> Sm90FwdTile:
+    """The sm_90a forward tile of a head dim; with seqlen_k (the keys a query row may see: seqlen_k, or max_seqlen_k
+    of packed sequences) at most SM90_FWD_SHORT_MAX_SEQLEN_K and no modifier (mod), the short-keys tile of
+    SM90_FWD_SHORT_TILES where the head dim and mask have one."""
+    name = SM90_FWD_SHORT_TILES.get((headdim, causal))
+    if name and mod == MOD_NONE and seqlen_k is not None and seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
+        return sm90_fwd_minb_tiles(headdim)[name]
     return SM90_FWD_TILES[headdim]
 
 
@@ -331,6 +336,14 @@ SM90_FWD_MINB_VARIANTS = {
 }
 
 
+# Short keys at head dim 64 without modifiers take a tile of 2-3 blocks per SM (bench.diag.fwd90_minb_probe, FA2
+# grid fp16/bf16 at 512-4k over the configured tile: non-causal "2x2wg n48" 1.00-1.10x at 512-1k, 0.90-0.94x from 2k;
+# causal "3x1wg n64" 1.20-1.34x at 512-1k, 0.94-0.98x from 2k; bench/NOTES.md). Head dim 128's variants measured
+# below its configured tile (0.88-0.99x at 1k), so it has none; the modifiers keep the configured tiles.
+SM90_FWD_SHORT_MAX_SEQLEN_K = 1024
+SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64"}
+
+
 def sm90_fwd_minb_tiles(headdim: int) -> dict:
     """{name: Sm90FwdTile} of SM90_FWD_MINB_VARIANTS at a kernel head dim (empty where there are none): the
     configured tile with the variant's fields."""
@@ -357,8 +370,16 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
 
 
 def sm90_fwd_specs():
-    return [sm90_fwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_HEADDIMS
-            for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT))]
+    """Every kernel the Hopper forward launches: the configured tiles in every mask mode, the short-keys tiles
+    (SM90_FWD_SHORT_TILES), and each of them also without o_tma (an output no tensor map describes)."""
+    out = []
+    for dt in DTYPES:
+        for d in SM90_HEADDIMS:
+            for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
+                tiles = [sm90_fwd_tile(d, c, None, m), sm90_fwd_tile(d, c, SM90_FWD_SHORT_MAX_SEQLEN_K, m)]
+                for t in dict.fromkeys(tiles):
+                    out += [sm90_fwd_spec(dt, d, c, t, m), sm90_fwd_spec(dt, d, c, replace(t, o_tma=False), m)]
+    return out
 
 
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)

@@ -102,7 +102,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d, SM90_HEADDIMS)  # the maps' columns past hd read as zeros (TMA out of bounds)
     causal, mod = kernel_mode(mods, causal)
-    tile = tile or sm90_fwd_tile(d, causal)
+    tile = tile or sm90_fwd_tile(d, causal, packed.max_k if packed is not None else sk, mod)
     o_shape = (qa.shape[0], sq, h, hd)
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)

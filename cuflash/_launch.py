@@ -215,20 +215,18 @@ class ProgrammaticLaunch:
 
     def config(self, stream: int) -> CUlaunchConfig:
         """The launch config for `stream` (built on its first use)."""
-        c = self.configs.get(stream)
-        if c is None:
-            gx, gy, gz, bx, by, bz, smem = self.dims
-            cfg = CUlaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.pointer(_PDL_ATTR), 1)
-            if len(self.configs) >= self.MAX_STREAMS:
-                self._old, self.configs = self.configs, {}
-            c = self.configs[stream] = (ctypes.addressof(cfg), cfg)
-        return c[1]
+        return (self.configs.get(stream) or self._build(stream))[1]
+
+    def _build(self, stream: int) -> tuple:
+        gx, gy, gz, bx, by, bz, smem = self.dims
+        cfg = CUlaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.pointer(_PDL_ATTR), 1)
+        if len(self.configs) >= self.MAX_STREAMS:
+            self._old, self.configs = self.configs, {}
+        c = self.configs[stream] = (ctypes.addressof(cfg), cfg)
+        return c
 
     def __call__(self, stream: int, argv: int) -> None:
-        c = self.configs.get(stream)
-        if c is None:
-            self.config(stream)
-            c = self.configs[stream]
+        c = self.configs.get(stream) or self._build(stream)
         rc = _launch_ex(c[0], self.fn, argv, None)
         if rc:
             from cupy.cuda import driver

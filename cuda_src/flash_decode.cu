@@ -80,6 +80,11 @@
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
 //
+// Programmatic Dependent Launch (sm_90; common/ptx.cuh: grid_dependency_wait / grid_launch_dependents). The host
+// launches this kernel as the dependent of flash_attn_with_kvcache's append kernel, and the combine as this kernel's
+// (cuflash/decode.py): each block waits for the append's grid before its first K/V load (and before an empty split's
+// writes), and lets the combine's blocks in once its KV loop is done; below sm_90 both compile to nothing.
+//
 // Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
 // is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
 #include "common/ptx.cuh"
@@ -278,6 +283,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 
   if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's
     // o is not written: both combines skip the o of a split whose lse is -inf, so an empty split costs no o traffic)
+    grid_dependency_wait();  // PDL: no block of this grid ends before the append kernel has (see below)
     if (direct)
       for (int i = tid; i < valid_rows * (D / 4); i += NT) {
         const int r = i / (D / 4), c = (i % (D / 4)) * 4;
@@ -338,6 +344,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
   }
   cp_async_commit();
+  // PDL (launched after flash_attn_with_kvcache's append kernel, cuda_src/flash_fwd.cu): everything above reads only
+  // what the append does not write (the parameter block, seqlens_k, leftpad_k, cache_batch_idx, block_table, q and
+  // the rotary tables); the K/V rows it writes are read from here on, once it has completed.
+  grid_dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < my_tiles) load_next(s);
@@ -408,6 +418,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
         [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
   }
+
+  // PDL: the KV loop's shared memory and registers are all this block still needs; let the combine's blocks be
+  // scheduled (they wait in flash_decode_combine_kernel until this grid has completed).
+  grid_launch_dependents();
 
   // ---- Cross-warp combine. Every warp's ring is drained and read: reuse the rings for (m_w, l_w, O_w).
   cp_async_wait<0>();  // only empty groups can be pending here; keeps the smem reuse obviously safe
@@ -485,6 +499,9 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
 //      (columns below head_dim) and thread 0 the LSE (-inf and O = 0 when no split saw a key: every w_s = 0)
 // Reads the parameter block of the decode launch: batch, nheads, seqlen_q, num_splits (<= DECODE_MAX_SPLITS, the
 // host's MAX_SPLITS), o_accum, lse_accum, o, lse, the o strides and head_dim.
+// Programmatic Dependent Launch (sm_90, cuflash/_launch.py): the host launches it as the decode kernel's dependent,
+// so its blocks may be resident before the decode grid drains (the decode kernel lets them in after its KV loop);
+// grid_dependency_wait precedes every read of the partials and every write.
 constexpr int DECODE_MAX_SPLITS = 128;
 constexpr int COMBINE_SPLIT_GROUPS = 8;
 
@@ -505,6 +522,9 @@ __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_com
   const int64_t rows = p.batch * p.nheads * p.seqlen_q;
   const int64_t row = blockIdx.x;
   const int n = (int)p.num_splits;
+
+  // PDL (launched right after the decode kernel): its partials are read only after it has completed.
+  grid_dependency_wait();
 
   // 1. LSEs -> weights.
   float lse_s[PER_THREAD], mx = -INFINITY;

@@ -422,6 +422,9 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
                                       int64_t seqlen_new, int64_t nheads_k, int64_t seqlen_cache, int64_t headdim,
                                       int64_t bt_stride, int64_t page_size, int64_t rotary_dim,
                                       int64_t rotary_interleaved, int64_t seqlen_ro) {
+  // PDL: the decode kernel launched after it (cuflash/decode.py) may start its set-up now; it waits for this grid to
+  // complete before it reads the cache (cuda_src/flash_decode.cu).
+  grid_launch_dependents();
   const int64_t CHUNKS = (headdim + 7) / 8;
   const int64_t per_tensor = batch * seqlen_new * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -8,6 +8,8 @@ cuflash/_params.py); the host packs it into a reused per-thread buffer and calls
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -101,3 +103,132 @@ def get_launcher(spec: KernelSpec, device_id: int) -> Launcher:
             if lau is None:
                 lau = _launchers[key] = Launcher(spec, device_id)
     return lau
+
+
+# ------------------------------------------------------------------------- Programmatic Dependent Launch
+# On sm_90 a kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may be scheduled before the
+# kernel ahead of it in the stream has drained: its blocks start once every block of that one has executed
+# griddepcontrol.launch_dependents (or exited), and its own griddepcontrol.wait blocks until that kernel has
+# completed (cuda_src/common/ptx.cuh). What it saves is the gap between two dependent kernels (the second launch's
+# latency and the first grid's tail): the decode step's combine after the split kernel, and the decode kernel
+# after flash_attn_with_kvcache's append (bench/NOTES.md, "Decode"). A kernel launched so must wait before reading
+# anything its primary writes; only such kernels are (cuflash/decode.py). CuPy has no cuLaunchKernelEx: it is
+# called through ctypes on libcuda.so.1, with one CUlaunchConfig per (launch of a plan, stream), built once.
+#
+# PDL: the switch (environment CUFLASH_PDL=0 turns it off), read when a plan is made; a plan records whether it
+# launches with PDL (HostPlan.pdl). Devices below compute capability 9.0, drivers before CUDA 12.3 (the first to
+# keep programmatic edges in a captured CUDA graph) and a libcuda without cuLaunchKernelEx get plain launches.
+PDL = os.environ.get("CUFLASH_PDL", "1") != "0"
+PDL_MIN_CC = 90
+PDL_MIN_DRIVER = 12030
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class CUlaunchAttributeValue(ctypes.Union):
+    """cuda.h's CUlaunchAttributeValue: a 64-byte union (8-byte aligned: it holds pointers); the one member used."""
+
+    _fields_ = [("pad", ctypes.c_char * 64), ("programmaticStreamSerializationAllowed", ctypes.c_int),
+                ("_align", ctypes.c_void_p)]
+
+
+class CUlaunchAttribute(ctypes.Structure):
+    """cuda.h: CUlaunchAttributeID id; char pad[8 - sizeof(CUlaunchAttributeID)]; CUlaunchAttributeValue value."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", CUlaunchAttributeValue)]
+
+
+class CUlaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig (56 bytes: hStream at 32, attrs at 40, numAttrs at 48)."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+# The one attribute every programmatic launch carries (read-only, shared by all configs).
+_PDL_ATTR = CUlaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL_ATTR.value.programmaticStreamSerializationAllowed = 1
+
+_launch_ex = None  # cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void** params, void** extra) -> CUresult
+_driver_version = None
+
+
+def launch_ex_fn():
+    """libcuda's cuLaunchKernelEx through ctypes (looked up once), or None where the driver has none."""
+    global _launch_ex
+    if _launch_ex is None:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+        except (OSError, AttributeError):
+            fn = False
+        else:
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _launch_ex = fn
+    return _launch_ex or None
+
+
+def driver_version() -> int:
+    """The driver's CUDA version (12030 for 12.3), looked up once."""
+    global _driver_version
+    if _driver_version is None:
+        from cupy.cuda import runtime
+
+        _driver_version = int(runtime.driverGetVersion())
+    return _driver_version
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device: int) -> bool:
+    from ._loader import device_cc
+
+    if device_cc(device) < PDL_MIN_CC or launch_ex_fn() is None:
+        return False
+    try:
+        return driver_version() >= PDL_MIN_DRIVER
+    except Exception:  # noqa: BLE001 - no driver to ask: plain launches
+        return False
+
+
+def pdl_supported(device: int) -> bool:
+    """Whether a plan made now on `device` launches its dependent kernels with PDL (the switch, the device's
+    compute capability, the driver)."""
+    return PDL and _pdl_capable(device)
+
+
+class ProgrammaticLaunch:
+    """One kernel of a plan launched with PDL: `(stream, argv)` launches it. Its CUlaunchConfig (grid, block, shared
+    memory, the stream, the PDL attribute) is built once per stream and kept, so that a call reads one dict entry and
+    calls the driver; nothing is written per call (the configs may be read by several threads at once). The cache is
+    bounded: past MAX_STREAMS streams it starts afresh, the previous generation kept alive until the next reset (a
+    launch in flight in another thread still reads it)."""
+
+    __slots__ = ("fn", "dims", "configs", "_old")
+    MAX_STREAMS = 64
+
+    def __init__(self, fn: int, grid, threads: int, smem: int):
+        self.fn = fn
+        self.dims = (int(grid[0]), int(grid[1]), int(grid[2]), int(threads), 1, 1, int(smem))
+        self.configs = {}  # stream -> (address of its CUlaunchConfig, the CUlaunchConfig)
+        self._old = {}
+
+    def config(self, stream: int) -> CUlaunchConfig:
+        """The launch config for `stream` (built on its first use)."""
+        return (self.configs.get(stream) or self._build(stream))[1]
+
+    def _build(self, stream: int) -> tuple:
+        gx, gy, gz, bx, by, bz, smem = self.dims
+        cfg = CUlaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.pointer(_PDL_ATTR), 1)
+        if len(self.configs) >= self.MAX_STREAMS:
+            self._old, self.configs = self.configs, {}
+        c = self.configs[stream] = (ctypes.addressof(cfg), cfg)
+        return c
+
+    def __call__(self, stream: int, argv: int) -> None:
+        c = self.configs.get(stream) or self._build(stream)
+        rc = _launch_ex(c[0], self.fn, argv, None)
+        if rc:
+            from cupy.cuda import driver
+
+            raise driver.CUDADriverError(rc)

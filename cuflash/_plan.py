@@ -7,7 +7,9 @@ made once, after validation; a call whose arrays match the key then only
 
 1. allocates the outputs (an `allocator`: one torch.empty / cupy.empty each, NaN-filled under _interop.POISON),
 2. packs the block with the call's pointers and launches every kernel (`launch`: one Struct.pack_into and
-   one cuLaunchKernel per kernel, on the plan's device).
+   one cuLaunchKernel per kernel, on the plan's device; a kernel added with pdl=True, one that waits for the
+   kernel before it with griddepcontrol.wait, goes through cuLaunchKernelEx with Programmatic Dependent Launch
+   where cuflash._launch.pdl_supported says so: its launch config built once, cuflash._launch.ProgrammaticLaunch).
 
 Memoization: each family keeps a dict of plans keyed by `_interop.desc` parts and scalar options (built
 inline on the hot path); `remember` is the shared bounded put.
@@ -18,7 +20,7 @@ import sys
 
 from . import _interop
 from ._interop import TORCH, ctx_current_fn, ensure_context, get_device_fn, launch_fn
-from ._launch import _scratch, _tls
+from ._launch import ProgrammaticLaunch, _scratch, _tls, pdl_supported
 from ._params import ParamBlock
 
 FLOAT32 = "float32"
@@ -31,19 +33,22 @@ class HostPlan:
 
     * `spec(shape, float32=False)` -> an output spec for `allocator` (the inputs' dtype, or float32);
     * `bind(block, dynamic, **constants)` fixes the parameter block: `dynamic` names its leading per-call fields;
-    * `add_launch(launcher, grid)` appends a kernel launched with the block (in order);
+    * `add_launch(launcher, grid, pdl=False)` appends a kernel launched with the block (in order); pdl=True: a
+      kernel that may start before the one ahead of it drains (it waits for it on the device), launched with PDL
+      where supported -- `pdl` then says the plan does;
     * `allocator(*specs)` -> a function of no arguments that allocates those outputs;
     * per call: that allocator() -> (arrays, pointers, stream); `launch(stream, *dynamic_values)` (or
       `launch_after(first, first_values, stream, *dynamic_values)`: another plan's kernels first).
     """
 
-    __slots__ = ("kind", "device", "tdevice", "odtype", "params", "pack", "rest", "launches", "_driver")
+    __slots__ = ("kind", "device", "tdevice", "odtype", "params", "pack", "rest", "launches", "pdl", "_driver")
 
     def __init__(self, like: _interop.Arr):
         self.kind, self.device = like.kind, like.device
         self.odtype = like.obj.dtype
         self.tdevice = like.obj.device if like.kind == TORCH else None
         self.launches = ()
+        self.pdl = False  # some kernel is launched with Programmatic Dependent Launch
         self.params = self.pack = self.rest = None
         # cuLaunchKernel, cudaGetDevice and cuCtxGetCurrent, looked up once (what _interop.launch_fn, get_device and
         # ensure_context call)
@@ -61,10 +66,16 @@ class HostPlan:
         self.params = block.bind(dynamic, **constants)
         self.pack, self.rest = self.params.struct.pack_into, self.params.rest
 
-    def add_launch(self, launcher, grid) -> None:
-        """Launch `launcher` (cuflash._launch.Launcher) over `grid` (x, y, z) with the plan's block, after the others."""
+    def add_launch(self, launcher, grid, pdl: bool = False) -> None:
+        """Launch `launcher` (cuflash._launch.Launcher) over `grid` (x, y, z) with the plan's block, after the others;
+        pdl=True: with Programmatic Dependent Launch where supported (the kernel must wait for its predecessor's
+        writes with griddepcontrol.wait, and that predecessor must be the plan's own kernel)."""
         gx, gy, gz = grid
-        self.launches += ((launcher.ptr, gx, gy, gz, launcher.threads, launcher.smem),)
+        ex = None
+        if pdl and pdl_supported(self.device):
+            ex = ProgrammaticLaunch(launcher.ptr, grid, launcher.threads, launcher.smem)
+            self.pdl = True
+        self.launches += ((launcher.ptr, gx, gy, gz, launcher.threads, launcher.smem, ex),)
 
     def allocator(self, *specs):
         """A function of no arguments that allocates one array per spec (from `spec`) on the plan's device and
@@ -86,14 +97,20 @@ class HostPlan:
         if not ctx_current():
             ensure_context()
         if get_device() == self.device:
-            for fn, gx, gy, gz, threads, smem in self.launches:
-                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+            for fn, gx, gy, gz, threads, smem, ex in self.launches:
+                if ex is None:
+                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                else:
+                    ex(stream, argv)
         else:
             import cupy
 
             with cupy.cuda.Device(self.device):
-                for fn, gx, gy, gz, threads, smem in self.launches:
-                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                for fn, gx, gy, gz, threads, smem, ex in self.launches:
+                    if ex is None:
+                        launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                    else:
+                        ex(stream, argv)
 
     def launch_after(self, first: HostPlan, first_values: tuple, stream: int, *dynamic) -> None:
         """`first`'s kernels with its own block (first_values: its dynamic fields), then this plan's `launch`,
@@ -110,11 +127,17 @@ class HostPlan:
             ctx.__enter__()
         try:
             first.pack(buf, 0, *first_values, *first.rest)
-            for fn, gx, gy, gz, threads, smem in first.launches:
-                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+            for fn, gx, gy, gz, threads, smem, ex in first.launches:
+                if ex is None:
+                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                else:
+                    ex(stream, argv)
             self.pack(buf, 0, *dynamic, *self.rest)
-            for fn, gx, gy, gz, threads, smem in self.launches:
-                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+            for fn, gx, gy, gz, threads, smem, ex in self.launches:
+                if ex is None:
+                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                else:
+                    ex(stream, argv)
         finally:
             if ctx is not None:
                 ctx.__exit__(None, None, None)

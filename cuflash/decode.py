@@ -24,13 +24,18 @@ everything that depends only on (dtype, shapes, strides, devices, the scalar arg
 into a `_Plan` memoized in a dict keyed by a tuple of those; a call then reads the pointers, checks their
 16-byte alignment, allocates the output (and one scratch buffer when split), packs one parameter block
 and launches (the combine kernel reads the same block).
+
+Programmatic Dependent Launch (sm_90, cuflash/_launch.py; CUFLASH_PDL=0 turns it off): the combine is launched as
+the split kernel's dependent and, with k / v appended, the decode kernel as the append kernel's, so each may be
+scheduled before the kernel ahead of it drains (each waits for it on the device before reading what it wrote);
+`plan.pdl` says whether a plan does.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from . import _interop
+from . import _interop, _launch
 from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
@@ -240,13 +245,17 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "block", trim: bool = True) -> _Plan:
+               local: bool = False, combine: str = "block", trim: bool = True, pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
-    split count without `without_empty_splits` (benchmarks)."""
+    split count without `without_empty_splits` (benchmarks); pdl: launch the dependent kernels (the combine after the
+    split kernel, the decode kernel after the append) with Programmatic Dependent Launch where the device supports
+    it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does)."""
     cache = cache or NO_CACHE_OPTIONS
+    if pdl is None:
+        pdl = _launch.PDL
     if unaligned(qa.shape[3], qa, kca, vca, kna, vna):
         raise NotImplementedError("the decode kernel needs 16-byte rows (a head dim that is a multiple of 8, strides "
                                   "and data 16-byte aligned); flash_attn_with_kvcache runs other rows on the V2 "
@@ -288,7 +297,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
            num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
            **mod_fields(mods, float(softmax_scale), hd))
-    p.add_launch(main, (blocks, 1, 1))
+    # PDL: the decode kernel waits for the append kernel (griddepcontrol.wait before it reads the cache), never for a
+    # caller's kernel (it reads q before that wait), so only after the plan's own append
+    p.add_launch(main, (blocks, 1, 1), pdl=pdl and kna is not None)
     out, lse = p.spec((b, sq, h, hd)), p.spec((b, h, sq), float32=True)
     if num_splits > 1:
         partial_rows = num_splits * b * kheads * rows
@@ -298,9 +309,10 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
         out_rows = b * kheads * rows
-        if combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter block
-            p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d), dev), (out_rows, 1, 1))
-        else:  # one warp per output row (cuda_src/flash_fwd.cu)
+        if combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter block;
+            # PDL: its blocks may be resident before the split kernel drains, they wait for it on the device
+            p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d), dev), (out_rows, 1, 1), pdl=pdl)
+        else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
             p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
     else:  # one split: the kernel writes out (and the LSE) itself
@@ -649,11 +661,13 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True) -> _Plan:
+             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True,
+             pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
-    split-KV forward's one-warp-per-row combine) and the split count before `without_empty_splits` with
-    trim=False (run it with `run_plan`)."""
+    split-KV forward's one-warp-per-row combine), the split count before `without_empty_splits` with
+    trim=False and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;
+    `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
@@ -662,7 +676,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, pdl)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

@@ -146,6 +146,19 @@ def install_fakes(record=False):
 
     _loader.get_function = get_function
     _loader.device_cc = lambda device: 90  # the H200's (the backward picks its tiles by it; the forward its backend)
+    from cuflash import _launch
+
+    def launch_ex(cfg, func, argv, extra):  # cuLaunchKernelEx (Programmatic Dependent Launch): the same record
+        if record:
+            c = _launch.CUlaunchConfig.from_address(cfg)
+            launch(func, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
+                   c.hStream, argv, extra)
+        else:
+            _Counters.launches += 1
+        return 0
+
+    _launch._launch_ex, _launch._driver_version = launch_ex, 13000
+    _launch._pdl_capable.cache_clear()
     from cuflash import _fwd_sm90, _tma
 
     def encode(addr, dtype, rank, ptr, dims, strides, box, estr, interleave, swizzle, l2, oob):

@@ -88,6 +88,24 @@ __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Programmatic Dependent Launch (PTX ISA griddepcontrol, sm_90). A kernel launched with the programmatic
+// stream serialization attribute (cuflash/_launch.py) may start while the kernel before it in the stream still
+// runs: `grid_dependency_wait` blocks until that kernel has completed and its writes are visible (it returns at
+// once when there is no programmatic dependency: a plain launch), so a secondary kernel may touch only memory its
+// primary does not write before it. `grid_launch_dependents` lets the dependent kernel's blocks be scheduled as
+// soon as every block of this grid has issued it or exited (no effect without a dependent launched that way).
+// Compiled to nothing below sm_90 (the sm_80 code is that of a kernel without them) and with CUFLASH_NO_GRIDDEP
+// (the tests' reference build).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900 && !defined(CUFLASH_NO_GRIDDEP)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if __CUDA_ARCH__ >= 900 && !defined(CUFLASH_NO_GRIDDEP)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

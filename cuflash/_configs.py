@@ -292,7 +292,7 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     """The sm_90a forward tile of a head dim; with seqlen_k (the keys a query row may see: seqlen_k, or max_seqlen_k
     of packed sequences) at most SM90_FWD_SHORT_MAX_SEQLEN_K and no modifier (mod), the short-keys tile of
     SM90_FWD_SHORT_TILES where the head dim and mask have one."""
-    name = SM90_FWD_SHORT_TILES.get((headdim, causal))
+    name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
     if name and mod == MOD_NONE and seqlen_k is not None and seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
         return sm90_fwd_minb_tiles(headdim)[name]
     return SM90_FWD_TILES[headdim]

@@ -256,10 +256,13 @@ def run_with_stand_ins(body: str) -> dict:
 
 def launch_params(launch, zero=("o", "lse")) -> tuple:
     """(kernel name, grid, parameter bytes) of a recorded launch with the FwdParams fields `zero` (fresh
-    allocations: out, lse) set to 0."""
+    allocations: out, lse) set to 0 -- and, with "o" among them, the base address in the Hopper forward's O map
+    (the fourth map after FwdParams, o_tma)."""
     import struct
 
+    from cuflash._fwd_sm90 import MAPS_OFFSET
     from cuflash._launch import FWD_FORMAT, FWD_PARAMS
+    from cuflash._tma import MAP_BYTES
 
     names = [n for n, _ in FWD_PARAMS]
     name, grid, raw = launch
@@ -268,4 +271,7 @@ def launch_params(launch, zero=("o", "lse")) -> tuple:
     for f in zero:
         p[names.index(f)] = 0
     struct.pack_into(FWD_FORMAT, raw, 0, *p)
+    o_map = MAPS_OFFSET + 3 * MAP_BYTES
+    if "o" in zero and "flash_fwd_sm90_kernel<" in name and len(raw) >= o_map + 8:
+        raw[o_map:o_map + 8] = bytes(8)
     return name, grid, bytes(raw)

@@ -122,3 +122,21 @@ def test_explicit_variant_tile_launches(res, d, name):
     (launch_name, grid), = res[f"{d} {name}"]
     assert launch_name == sm90_fwd_spec("float16", d, True, t).name
     assert sorted(grid) == sorted([-(-300 // t.block_m), 8, 2])
+
+
+def test_short_keys_tile_selection():
+    """Head dim 64 without modifiers takes its short-keys tile up to SM90_FWD_SHORT_MAX_SEQLEN_K keys; longer keys,
+    an unknown key count (packed sequences given max_seqlen_k as a device array), the modifiers and the other head
+    dims take the configured tile."""
+    from cuflash import _configs
+
+    limit = _configs.SM90_FWD_SHORT_MAX_SEQLEN_K
+    for causal, name in ((False, "2x2wg n48"), (True, "3x1wg n64")):
+        short = sm90_fwd_minb_tiles(64)[name]
+        assert sm90_fwd_tile(64, causal, 1) == sm90_fwd_tile(64, causal, limit) == short and short.min_blocks > 1
+        assert short.o_tma and sm90_fwd_tile(64, causal, limit + 1) == _configs.SM90_FWD_TILES[64]
+        assert sm90_fwd_tile(64, causal, None) == _configs.SM90_FWD_TILES[64]
+    for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
+        assert sm90_fwd_tile(64, False, 512, mod) == _configs.SM90_FWD_TILES[64]
+    for d in (96, 128, 256):
+        assert sm90_fwd_tile(d, True, 512) == _configs.SM90_FWD_TILES[d]

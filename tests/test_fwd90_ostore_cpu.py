@@ -85,7 +85,13 @@ def test_spec_name_shows_the_epilogue():
             # the MOD argument is spelled out (even MOD_NONE) so that O_TMA, after it, can be given
             assert v.name == base.name[:-1].removesuffix(f", {mod}") + f", {mod}, true>"
             assert (v.threads, v.smem, v.min_arch, v.arch_suffix) == (base.threads, base.smem, 90, "a")
-    assert all(s.name.endswith(", true>") for s in _configs.sm90_fwd_specs())  # every configured kernel
+    specs = set(_configs.sm90_fwd_specs())
+    for d in _configs.SM90_HEADDIMS:  # every launched tile with o_tma, and without (an output no map describes)
+        for causal, mod in _configs.MASK_MODES:
+            for sk in (None, _configs.SM90_FWD_SHORT_MAX_SEQLEN_K):
+                t = _configs.sm90_fwd_tile(d, causal, sk, mod)
+                assert t.o_tma and _configs.sm90_fwd_spec("float16", d, causal, t, mod) in specs
+                assert _configs.sm90_fwd_spec("float16", d, causal, replace(t, o_tma=False), mod) in specs
 
 
 @pytest.mark.parametrize("d", [64, 80, 128])
@@ -98,8 +104,8 @@ def test_16_byte_store_tiles_launch_three_maps(res, d):
 def test_o_tma_launches_the_output_map(res, d):
     (launch,), (op, qp, kp, vp) = res[f"o_tma {d}"]
     kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
-    t = _configs.SM90_FWD_TILES[kd]
-    assert launch[0] == _configs.sm90_fwd_spec("float16", kd, False, replace(t, o_tma=True)).name
+    t = _configs.sm90_fwd_tile(kd, False, 777)  # 777 keys: head dim 64 takes its short-keys tile
+    assert t.o_tma and launch[0] == _configs.sm90_fwd_spec("float16", kd, False, t).name
     q, k, v, o = (_map_fields(m) for m in _maps(launch[2], 4))
     assert [q[0], k[0], v[0], o[0]] == [qp, kp, vp, op]
     # O: the inputs' head dim (columns past it, D's padding, are clipped), q's rows, 64-row boxes, out's strides

@@ -81,7 +81,7 @@ def test_forward_launch(host, backend):
     assert kernel in name, name
     if backend == "sm80":
         assert name.endswith(", true>"), name  # VARLEN
-    block_m = (int(name.split(", ")[2]) if backend == "sm80" else _configs.sm90_fwd_tile(64, True).block_m)
+    block_m = (int(name.split(", ")[2]) if backend == "sm80" else _configs.sm90_fwd_tile(64, True, 53).block_m)
     assert grid == [TQ // block_m + B, 8, 1]  # every sequence's tiles, from the totals
     assert f["batch"] == B and f["seqlen_q"] == TQ and f["seqlen_k"] == TK and f["grid_order"] == 0
     assert f["cu_seqlens_q"] != 0 and f["cu_seqlens_k"] != 0 and f["cu_seqlens_q"] != f["cu_seqlens_k"]

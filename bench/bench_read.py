@@ -14,7 +14,7 @@ from cuflash._launch import KernelSpec
 FILE = "micro/read_sweep.cu"
 ROW_BYTES = 256  # one row of the heads layouts: head dim 128 x 16 bits
 LAYOUTS = {"flat_grid": 0, "flat_chunk": 1, "heads_seq": 2, "heads_interleaved": 3}
-HINTS = {"plain": 0, "nc": 1, "l2_128": 2, "l2_256": 3, "evict_first": 4}
+HINTS = {"plain": 0, "nc": 1, "l2_128": 2, "l2_256": 3}
 KINDS = ("ldg", "cp_async", "bulk")
 BULK_MAX_STAGES = 16  # read_sweep.cu READ_BULK_MAX_STAGES
 BULK_BARRIER_BYTES = 128

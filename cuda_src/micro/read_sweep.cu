@@ -4,7 +4,7 @@
 // reads a buffer far larger than L2 once and keeps nothing, so its time is the read bandwidth of its pattern.
 // Three load kinds:
 //   read_ldg_kernel<U, HINT>            U 16-byte ld.global.v4 per thread per tile into registers (HINT: plain,
-//                                       .nc, .nc + L2::128B / L2::256B prefetch, .nc + L2 evict_first policy);
+//                                       .nc, .nc + L2::128B / L2::256B prefetch);
 //   read_cp_async_kernel<STAGES, U, HINT>  cp.async.cg 16 B into a STAGES-deep shared-memory ring, U chunks per
 //                                       thread per stage (the decode kernel's load, HINT as above);
 //   read_bulk_kernel                    cp.async.bulk (non-tensor) of one contiguous tile per stage into an
@@ -44,7 +44,6 @@ constexpr int READ_PLAIN = 0;        // ld.global.v4 / cp.async.cg
 constexpr int READ_NC = 1;           // ld.global.nc.L1::no_allocate (cp.async: the same as PLAIN)
 constexpr int READ_L2_128B = 2;      // + .L2::128B: the L2 fetches the 128-byte line around the access
 constexpr int READ_L2_256B = 3;      // + .L2::256B: the 256-byte pair of lines
-constexpr int READ_EVICT_FIRST = 4;  // + .L2::256B and an L2::evict_first cache policy (a read-once stream)
 
 struct ReadSweepParams {
   const unsigned char* k;  // region 0 (the flat layouts: the whole buffer)
@@ -135,13 +134,10 @@ __device__ __forceinline__ uint4 read_ldg16(const void* src, uint64_t policy) {
   } else if constexpr (HINT == READ_L2_128B) {
     asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(src));
-  } else if constexpr (HINT == READ_L2_256B) {
+  } else {
+    static_assert(HINT == READ_L2_256B, "load hint");
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(src));
-  } else {
-    static_assert(HINT == READ_EVICT_FIRST, "load hint");
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(src), "l"(policy));
   }
   return r;
 }
@@ -153,21 +149,17 @@ __device__ __forceinline__ void read_cp_async16(uint32_t dst, const void* src, u
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   } else if constexpr (HINT == READ_L2_128B) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-  } else if constexpr (HINT == READ_L2_256B) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   } else {
-    static_assert(HINT == READ_EVICT_FIRST, "load hint");
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "l"(policy));
+    static_assert(HINT == READ_L2_256B, "load hint");
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   }
 }
 
-// PTX ISA 9.7.9.18 createpolicy: every access made with this policy is evicted from L2 first.
+// No cache policy: an L2::evict_first policy (createpolicy + .L2::cache_hint) stopped the sweep with an illegal
+// instruction on the H200 and was removed.
 template <int HINT>
 __device__ __forceinline__ uint64_t read_policy() {
-  uint64_t pol = 0;
-  if constexpr (HINT == READ_EVICT_FIRST) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
+  return 0;
 }
 
 __device__ __forceinline__ uint4 read_lds16(uint32_t addr) {

@@ -1,6 +1,6 @@
 """CPU: the Hopper forward's tiles with more than one block per SM (Sm90FwdTile.min_blocks, the kernel's MINB;
 cuflash._configs.SM90_FWD_MINB_VARIANTS): the kernel names (the configured ones unchanged), the register and
-shared-memory budgets said in Python before a compile and in the kernel's static_assert, the offline build of every
+shared-memory limits said in Python before a compile and in the kernel's static_assert, the offline build of every
 variant (no spills, no local memory, no ptxas performance note, with the pip NVRTC and the one CUFLASH_NVRTC_ALT
 names), and the launch of an explicit variant tile (grid of its 64 nwg-row Q tiles) with the GPU replaced by
 bench/diag/host_overhead.py's stand-ins."""
@@ -39,7 +39,7 @@ def test_variant_names_spell_out_mod_and_o_tma(d, name):
             assert t.min_blocks * (v.smem + 1024) <= _configs.SM90_SMEM_PER_SM
 
 
-def test_register_budget_checked_in_python():
+def test_register_limit_checked_in_python():
     # two blocks of 384 threads: 80 registers per thread at launch, 128 (24 + 2 R) <= 80 x 384: R <= 108
     assert Sm90FwdTile(48, 2, regs_mma=104, min_blocks=2).launch_regs == 80
     with pytest.raises(ValueError, match="launch allocation"):

@@ -134,13 +134,25 @@ def correctness() -> bool:
     return ok_all
 
 
+def add_records(res, row, recs, dtype, b, h, s, d, causal, rounds):
+    """The records of one timed point (harness.time_rounds' {name: (ms, per-round ms)}: "cudnn" is SDPA's, every
+    other name a cuflash sm90 tile) appended to recs, and each one's TFLOP/s into row[name]."""
+    from ..harness import record
+
+    for name, (ms, per) in res.items():
+        r = record("cudnn" if name == "cudnn" else "cuflash", name, "fwd", dtype, b, h, s, s, d, causal, ms,
+                   backend=None if name == "cudnn" else "sm90", rounds=rounds, round_ms=per)
+        recs.append(r)
+        row[name] = r["tflops"]
+
+
 def timing(rounds):
     import torch
 
     from cuflash import _fwd_sm90
     from cuflash._validate import check_qkv
 
-    from ..harness import record, sdpa, time_rounds
+    from ..harness import sdpa, time_rounds
 
     count = [0]
     real = _fwd_sm90.encode_args
@@ -173,12 +185,7 @@ def timing(rounds):
                         res = time_rounds(fns, rounds)
                         enc = count[0] - c0
                         row = dict(dtype=dtype, d=d, s=s, causal=causal, enc=enc)
-                        for name, (ms, per) in res.items():
-                            r = record("cudnn" if name == "cudnn" else "cuflash", name, "fwd", dtype, b, h, s, s, d,
-                                       causal, ms, backend=None if name == "cudnn" else "sm90", rounds=rounds,
-                                       round_ms=per)
-                            recs.append(r)
-                            row[name] = r["tflops"]
+                        add_records(res, row, recs, dtype, b, h, s, d, causal, rounds)
                         rows.append(row)
                         print(f"{dtype} d{d} s{s} causal={int(causal)}: " + " ".join(
                             f"{n}={row[n]:.0f}" if row.get(n) else f"{n}=n/a" for n in fns) + f" enc={enc}",

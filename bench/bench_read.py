@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cuflash._configs import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, SM90_SMEM_RESERVED
 from cuflash._launch import KernelSpec
 
 FILE = "micro/read_sweep.cu"
@@ -19,11 +20,11 @@ KINDS = ("ldg", "cp_async", "bulk")
 BULK_MAX_STAGES = 16  # read_sweep.cu READ_BULK_MAX_STAGES
 BULK_BARRIER_BYTES = 128
 LDG_MAX_THREADS = 512  # read_ldg_kernel's __launch_bounds__
-SMEM_PER_SM = 228 * 1024  # H100 / H200 (the sweep's target); the occupancy API has the last word
-SMEM_RESERVED = 1024  # per block
+SMEM_PER_SM = SM90_SMEM_PER_SM  # H100 / H200 (the sweep's target); the occupancy API has the last word
+SMEM_RESERVED = SM90_SMEM_RESERVED  # per block
 SMEM_STATIC = 128  # read_sweep.cu's warp sums
 # the most dynamic shared memory a block may ask for: the opt-in limit (227 KB) counts the static bytes too
-SMEM_MAX_BLOCK = 227 * 1024 - SMEM_STATIC
+SMEM_MAX_BLOCK = SM90_SMEM_PER_BLOCK - SMEM_STATIC
 CP_ASYNC_U = 8  # 16-byte chunks per thread per ring stage
 # ReadSweepParams: k, v, out, then 10 int64 fields, in read_sweep.cu's order
 PARAM_FORMAT = "=QQQ" + "q" * 10

@@ -279,7 +279,8 @@ class Sm90FwdTile:
 SM90_HEADDIMS = (64, 96, 128, 256)
 # FlashAttention-3's shapes per head dim (its hopper/ tile table), read to learn: 3 consumer warpgroups at
 # d64 (registers: O is small), 2 above; 80-key stages at d256 so that Q + 2 stages of K and V fit 227 KB.
-# O leaves through TMA stores (o_tma): 1.00-1.06x the 16-byte stores' epilogue at 512-2k (bench/NOTES.md).
+# O leaves through TMA stores (o_tma): 1.00-1.06x the 16-byte stores' epilogue at 512-1k, within noise at 2k
+# (bench/NOTES.md).
 SM90_FWD_TILES = {
     64: Sm90FwdTile(128, 3, 2, 160, 24, o_tma=True),
     96: Sm90FwdTile(128, 2, o_tma=True),
@@ -298,7 +299,8 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     return SM90_FWD_TILES[headdim]
 
 
-SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an H100/H200 SM; each resident block also reserves 1 KB
+SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an H100/H200 SM
+SM90_SMEM_RESERVED = 1024  # what the driver reserves per resident block
 SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
 
 
@@ -312,8 +314,8 @@ def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
 # Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
 # prologue (barrier set-up, the Q load before the first product) and epilogue (the O store) are a visible share
 # that, one block per SM, nothing hides: with two or three resident blocks they run under another block's main loop
-# (bench/NOTES.md, "More than one block per SM"). Not configured (SM90_FWD_TILES is unchanged): reachable through an
-# explicit tile (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_minb_probe). Each is the
+# (bench/NOTES.md, "More than one block per SM"). Two are configured for short keys (SM90_FWD_SHORT_TILES); every one
+# is reachable through an explicit tile (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_minb_probe). Each is the
 # configured tile of its head dim with these fields replaced, so it keeps the configured epilogue (o_tma). The
 # registers: the launch allocation is 65536 / (min_blocks threads) per thread and the consumers' setmaxnreg share
 # must hold S, P and O of the overlapped loop at once (fp32 S: block_n / 2 per thread, P: block_n / 4, O: D / 2)
@@ -355,7 +357,7 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
     smem = sm90_fwd_smem_bytes(headdim, tile)
-    if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + 1024) > SM90_SMEM_PER_SM:
+    if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
         raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
                          f"memory do not fit an SM")
     b = lambda x: "true" if x else "false"  # noqa: E731

@@ -10,8 +10,8 @@ on the sm80 kernels, read in place, never copied.
 The kernel takes two parameters: the FwdParams block (the same fields as the sm80 forward, the same grid) and
 Sm90FwdMaps: the three 128-byte tensor maps (cuflash._tma), which embed the base addresses. A memoized plan keeps the encoded maps of the last
 pointer triples it saw, so a repeated call (a benchmark loop, a static-buffer inference step) encodes nothing;
-new pointers cost one cuTensorMapEncodeTiled per tensor. A tile with `o_tma` (the TMA-store epilogue, not a
-configured default) takes O's map as a fourth (Sm90FwdMapsO): its plans key the encoded maps by the output's
+new pointers cost one cuTensorMapEncodeTiled per tensor. A tile with `o_tma` (the TMA-store epilogue, the
+configured tiles') takes O's map as a fourth (Sm90FwdMapsO): its plans key the encoded maps by the output's
 pointer as well, so a call whose output lands at a new address encodes the four maps again.
 """
 from __future__ import annotations

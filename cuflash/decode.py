@@ -670,6 +670,8 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
     `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
+    if pdl is not None:
+        check_bool(pdl, "pdl")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
     options = None if block_table is None else (None, None, None, None, block_table, True)
     qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(q, k_cache, v_cache, k, v, cache_seqlens,

@@ -101,6 +101,15 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def alt_nvrtc():
+    """The second NVRTC's lib folder (CUFLASH_NVRTC_ALT); the test skips without it."""
+    alt = os.environ.get("CUFLASH_NVRTC_ALT")
+    if not alt:
+        pytest.skip("CUFLASH_NVRTC_ALT not set (.ci/run sets it to NVRTC 13.0's lib folder)")
+    return alt
+
+
+@pytest.fixture
 def kernel_report(request):
     """{name expression: ptxas report} of the current test's KERNEL_TASKS (one arch, one NVRTC), from the
     run's compile pass."""

@@ -42,13 +42,6 @@ def test_all_kernels_compile_without_spills(kernel_report, arch):
     _check_no_spills(kernel_report, arch)
 
 
-@pytest.fixture
-def alt_nvrtc():
-    if not ALT_NVRTC:
-        pytest.skip("CUFLASH_NVRTC_ALT not set (.ci/run sets it to NVRTC 13.0's lib folder)")
-    return ALT_NVRTC
-
-
 @pytest.mark.parametrize("arch", _compile_check.ARCHS)
 def test_all_kernels_compile_without_spills_alt_nvrtc(alt_nvrtc, kernel_report, arch):
     """The same check under the second NVRTC; it must really be another release than the installed one."""

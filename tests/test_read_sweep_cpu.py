@@ -46,13 +46,6 @@ def test_read_kernels_compile_without_spills(kernel_report, arch):
     _check(kernel_report, arch)
 
 
-@pytest.fixture
-def alt_nvrtc():
-    if not ALT_NVRTC:
-        pytest.skip("CUFLASH_NVRTC_ALT not set (.ci/run sets it to NVRTC 13.0's lib folder)")
-    return ALT_NVRTC
-
-
 @pytest.mark.parametrize("arch", (80, 90))
 def test_read_kernels_compile_without_spills_alt_nvrtc(alt_nvrtc, kernel_report, arch):
     versions = {info.get("nvrtc") for info in kernel_report.values()}

@@ -123,7 +123,7 @@ __device__ __forceinline__ void read_block_sum(uint32_t* out, uint32_t s) {
 // PTX ISA 9.7.9.8 ld: ld.global{.nc}{.level::eviction_priority}{.level::cache_hint}{.level::prefetch_size}.v4.u32.
 // Volatile: the U loads of a tile are issued in program order, all before the first use.
 template <int HINT>
-__device__ __forceinline__ uint4 read_ldg16(const void* src, uint64_t policy) {
+__device__ __forceinline__ uint4 read_ldg16(const void* src) {
   uint4 r;
   if constexpr (HINT == READ_PLAIN) {
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -144,7 +144,7 @@ __device__ __forceinline__ uint4 read_ldg16(const void* src, uint64_t policy) {
 
 // PTX ISA 9.7.9.25.3.1 cp.async.cg.shared.global{.level::cache_hint}{.level::prefetch_size}, 16 bytes.
 template <int HINT>
-__device__ __forceinline__ void read_cp_async16(uint32_t dst, const void* src, uint64_t policy) {
+__device__ __forceinline__ void read_cp_async16(uint32_t dst, const void* src) {
   if constexpr (HINT == READ_PLAIN || HINT == READ_NC) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   } else if constexpr (HINT == READ_L2_128B) {
@@ -155,12 +155,8 @@ __device__ __forceinline__ void read_cp_async16(uint32_t dst, const void* src, u
   }
 }
 
-// No cache policy: an L2::evict_first policy (createpolicy + .L2::cache_hint) stopped the sweep with an illegal
-// instruction on the H200 and was removed.
-template <int HINT>
-__device__ __forceinline__ uint64_t read_policy() {
-  return 0;
-}
+// No cache-policy hint: an L2::evict_first policy (createpolicy + .L2::cache_hint) stopped the sweep with an
+// illegal instruction on the H200 and was removed.
 
 __device__ __forceinline__ uint4 read_lds16(uint32_t addr) {
   uint4 v;
@@ -179,14 +175,13 @@ template <int U, int HINT>
 __global__ void __launch_bounds__(512, 1) read_ldg_kernel(const __grid_constant__ ReadSweepParams p) {
   const ReadWalk w(p);
   const int64_t off0 = read_chunk_offset(p), ustep = read_chunk_step(p);
-  const uint64_t policy = read_policy<HINT>();
   uint32_t sum = 0u;
 #pragma unroll 1
   for (int64_t i = 0; i < p.steps; ++i) {
     const unsigned char* src = w.tile(i) + off0;
     uint4 x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = read_ldg16<HINT>(src + u * ustep, policy);
+    for (int u = 0; u < U; ++u) x[u] = read_ldg16<HINT>(src + u * ustep);
 #pragma unroll
     for (int u = 0; u < U; ++u) sum += read_sum4(x[u]);
   }
@@ -206,7 +201,6 @@ __global__ void read_cp_async_kernel(const __grid_constant__ ReadSweepParams p) 
   const ReadWalk w(p);
   const int NT = blockDim.x, tid = threadIdx.x;
   const int64_t off0 = read_chunk_offset(p), ustep = read_chunk_step(p);
-  const uint64_t policy = read_policy<HINT>();
   const uint32_t smem0 = smem_addr(read_smem) + tid * 16u;
   const uint32_t u_bytes = NT * 16u, slot_bytes = U * u_bytes;
   const int64_t steps = p.steps;
@@ -214,7 +208,7 @@ __global__ void read_cp_async_kernel(const __grid_constant__ ReadSweepParams p) 
     const unsigned char* src = w.tile(i) + off0;
     const uint32_t dst = smem0 + slot * slot_bytes;
 #pragma unroll
-    for (int u = 0; u < U; ++u) read_cp_async16<HINT>(dst + u * u_bytes, src + u * ustep, policy);
+    for (int u = 0; u < U; ++u) read_cp_async16<HINT>(dst + u * u_bytes, src + u * ustep);
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {

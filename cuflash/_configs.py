@@ -250,6 +250,7 @@ class Sm90FwdTile:
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
+    persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
 
     def __post_init__(self):
         # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
@@ -303,10 +304,12 @@ SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
 
 
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
-    """Q + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack (the kernel's
-    Sm90FwdLayout::BYTES, static_asserted)."""
+    """Q (two buffers, persistent) + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack
+    (the kernel's Sm90FwdLayout::BYTES, static_asserted)."""
     dp = -(-headdim // 64) * 64
-    return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
+    qbuf = 2 if tile.persistent else 1
+    bars = qbuf + 4 * tile.stages + (qbuf if tile.persistent else 0)
+    return (qbuf * tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + bars * 8 + 1024
 
 
 # Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
@@ -351,6 +354,27 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
     return {n: replace(base, **f) for n, f in SM90_FWD_MINB_VARIANTS.get(headdim, {}).items()}
 
 
+# The persistent form (Sm90FwdTile.persistent, the kernel's PERSIST; cuda_src/flash_fwd_sm90.cu and bench/NOTES.md
+# "Hopper forward"): min_blocks blocks per SM walking the Q tiles, the next tile's Q and first K/V loaded under the
+# current tile's epilogue, the barriers set up once. Not configured: reached through an explicit tile
+# (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_persist_probe). Each is the configured tile of
+# its head dim with these fields: the configured epilogue (o_tma) and register split, but at d64 the 16-byte stores
+# (with the TMA store NVRTC 13.0 spills 8-16 B of the three consumers' 160 registers in the causal kernel); shared
+# memory holds two Q buffers (d64: 113 KB, d96 and d128: 193 KB; d256's 288 KB do not fit, so it has none). No
+# score modifier or dropout (the tile selection keeps the default for them).
+SM90_FWD_PERSIST_VARIANTS = {
+    64: {"persist": dict(persistent=True, o_tma=False)},
+    96: {"persist": dict(persistent=True)},
+    128: {"persist": dict(persistent=True)},
+}
+
+
+def sm90_fwd_persist_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of SM90_FWD_PERSIST_VARIANTS at a kernel head dim (empty where there are none)."""
+    base = SM90_FWD_TILES[headdim]
+    return {n: replace(base, **f) for n, f in SM90_FWD_PERSIST_VARIANTS.get(headdim, {}).items()}
+
+
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
@@ -358,12 +382,16 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + 1024) > SM90_SMEM_PER_SM:
         raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
                          f"memory do not fit an SM")
+    if tile.persistent and mod != MOD_NONE:
+        raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
     b = lambda x: "true" if x else "false"  # noqa: E731
     # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
-    # O_TMA false, MINB 1): the configured kernels keep their names
-    minb = tile.min_blocks != 1
+    # O_TMA false, MINB 1, PERSIST false): the configured kernels keep their names
+    pers = tile.persistent
+    minb = tile.min_blocks != 1 or pers
     tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
-            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}")
+            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}"
+            f"{', true' if pers else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
             f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")

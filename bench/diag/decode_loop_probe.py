@@ -9,7 +9,8 @@ refill="early"), DecodeTile.early_refill) against the default order, on the band
     head dims 64 / 128 / 256, fp16 and bf16, auto and forced split counts (1, 7), a paged cache of 16-key pages, the
     rows past each element's keys NaN and the fp32 partials NaN-filled scratch. Every case also runs with the default
     order at the same split count: the arithmetic and its order are the same, so the outputs must be bitwise equal
-    ("bitwise" on the line). Exit status 1 when a case misses.
+    ("bitwise" on the line). The other tiles of part (c) (s3, w8, r4) against the reference, MHA and MQA. Exit status 1
+    when a case misses.
 (b) The read sweep's per-warp rings (bench/diag/hbm_read_sweep.py WARP_RINGS: the decode kernel's loop without its
     arithmetic, refill after / before the wait, with and without a busy wait standing in for the products) and its
     decode mimic, on one 2 GiB buffer read as the b8 h32 16k d128 caches, each checked (block sums = the buffer's
@@ -33,10 +34,8 @@ import json
 import sys
 import time
 
-import numpy as np
-
 from bench.bench_decode import capture_graph
-from bench.diag.decode_probe import ROUNDS, _f64, _sdpa_fn
+from bench.diag.decode_probe import ROUNDS, _check, _sdpa_fn
 from bench.harness import time_rounds
 
 H, D = 32, 128
@@ -63,29 +62,6 @@ CHECKS = [(3, 4100, 1, 32, 128, "float16", [4100, 0, 130], 0),  # MQA: 32 folded
 TOL = {"float16": (4e-3, 2e-4), "bfloat16": (1.6e-2, 1e-3)}
 
 
-def _check(tag, out, lse, q, kc, vc, seqlens, tol, lse_tol) -> bool:
-    """decode_probe._check with the dtype's bounds."""
-    from cuflash import reference
-
-    qn, kn, vn = _f64(q), _f64(kc), _f64(vc)
-    o, ls = _f64(out), _f64(lse)
-    ok, err, lerr = True, 0.0, 0.0
-    for i, n in enumerate(seqlens):
-        ro, rl = reference.attention_forward(qn[i:i + 1], kn[i:i + 1, :n], vn[i:i + 1, :n], None, False)
-        e = float(np.abs(np.nan_to_num(o[i], nan=1e9) - ro[0]).max())
-        err = max(err, e)
-        ok &= e <= tol * max(1.0, float(np.abs(ro[0]).max()))
-        ok &= bool(np.array_equal(np.isneginf(ls[i]), np.isneginf(rl[0])))
-        fin = np.isfinite(rl[0])
-        if fin.any():
-            le = float(np.abs(ls[i][fin] - rl[0][fin]).max())
-            lerr = max(lerr, le)
-            ok &= le < lse_tol
-    ok &= not np.isnan(o).any()
-    print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err:.2e} lse {lerr:.2e}", flush=True)
-    return ok
-
-
 def release_memory():
     import torch
 
@@ -97,7 +73,7 @@ def release_memory():
 def correctness() -> bool:
     import torch
 
-    from cuflash import _interop
+    from cuflash import _configs, _interop
     from cuflash.decode import plan_for, run_plan
 
     torch.manual_seed(0)
@@ -141,6 +117,20 @@ def correctness() -> bool:
             all_ok &= ok and same
         del kc, vc, kx, vx
         release_memory()
+    # the timing part's other tiles (d128, fp16), against the reference: MHA and MQA (two row fragments), 0 / 7 splits
+    for hk, lens in ((32, [2000, 1001]), (1, [2000, 0])):
+        kc = torch.randn(2, 2000, hk, D, device="cuda", dtype=torch.float16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(2, 1, H, D, device="cuda", dtype=torch.float16)
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        for k, (t, refill) in TILES.items():
+            for ns in (0, 7):
+                plan = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=_configs.DecodeTile(*t), refill=refill,
+                                num_splits=ns)
+                out, lse = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True)
+                torch.cuda.synchronize()
+                all_ok &= _check(f"{k} {t} refill={refill} hk={hk} lens={lens} splits={plan.num_splits}", out, lse, q,
+                                 kc, vc, lens, *TOL["float16"])
     _interop.POISON = False
     return all_ok
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .fwd90_ostore_probe import BOUND, _err  # the reference bound and the error of an output (NaN flagged)
+from .fwd90_ostore_probe import BOUND, _err, add_records  # the reference bound and the error of an output (NaN flagged)
 
 ROUNDS = 3
 TIME_LIMIT_S = 200.0
@@ -144,7 +144,7 @@ def timing(rounds, deadline):
     from cuflash import _fwd_sm90
     from cuflash._validate import check_qkv
 
-    from ..harness import record, sdpa, time_rounds
+    from ..harness import sdpa, time_rounds
 
     recs, rows = [], []
     cud = sdpa("cudnn")
@@ -168,12 +168,7 @@ def timing(rounds, deadline):
                     fns["cudnn"] = lambda: cud(qt, kt, vt, causal)
                     res = time_rounds(fns, rounds)
                     row = dict(dtype=dtype, d=d, s=s, causal=causal)
-                    for name, (ms, per) in res.items():
-                        r = record("cudnn" if name == "cudnn" else "cuflash", name, "fwd", dtype, b, h, s, s, d,
-                                   causal, ms, backend=None if name == "cudnn" else "sm90", rounds=rounds,
-                                   round_ms=per)
-                        recs.append(r)
-                        row[name] = r["tflops"]
+                    add_records(res, row, recs, dtype, b, h, s, d, causal, rounds)
                     rows.append(row)
                     print(f"{dtype} d{d} s{s} causal={int(causal)}: " + " ".join(
                         f"{n}={row[n]:.0f}" if row.get(n) else f"{n}=n/a" for n in fns), flush=True)

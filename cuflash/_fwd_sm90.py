@@ -23,7 +23,7 @@ from dataclasses import replace
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
-from ._launch import _MAX_PARAM_BYTES, get_launcher
+from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan
@@ -134,8 +134,6 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
 def persistent_grid(grid, tile, device: int) -> tuple:
     """The persistent form's grid (a tile with `persistent`): at most min_blocks blocks per SM, one per Q tile of the
     one-tile grid `grid` at most (the kernel walks the tiles: Sm90FwdTiles in cuda_src/flash_fwd_sm90.cu)."""
-    from .decode import sm_count
-
     tiles = grid[0] * grid[1] * grid[2]
     return (max(1, min(tiles, sm_count(device) * tile.min_blocks)), 1, 1)
 

@@ -41,7 +41,7 @@ from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, check_refill,
                        with_refill)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
-from ._launch import get_launcher
+from ._launch import _props, get_launcher, sm_count, smem_per_sm
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
@@ -59,19 +59,7 @@ _NO_WINDOW = (-1, -1)
 
 
 # ------------------------------------------------------------------------------------- device facts
-@functools.lru_cache(maxsize=None)
-def _props(device: int) -> dict:
-    from cupy.cuda import runtime
-
-    return runtime.getDeviceProperties(device)
-
-
-def sm_count(device: int) -> int:
-    return _props(device)["multiProcessorCount"]
-
-
-def smem_per_sm(device: int) -> int:
-    return _props(device)["sharedMemPerMultiprocessor"]
+# _props, sm_count, smem_per_sm: cuflash._launch (the Hopper forward's persistent grid reads them too)
 
 
 def decode_slots(device: int, smem_bytes: int) -> int:

@@ -171,7 +171,8 @@ __device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInf
       const float4 x = reinterpret_cast<const float4*>(stage)[32 * k + lane];
       const int i0 = m0 + 16 * (k / (D / 8)) + lane / 4, c = (k % (D / 8)) * 8 + 2 * (lane % 4);
       if (c < hd) {
-        if (i0 < seqlen_q) *reinterpret_cast<uint32_t*>(dq_h + i0 * p.dq_row_stride + c) = pack2<T>(x.x * scale, x.y * scale);
+        if (i0 < seqlen_q)
+          *reinterpret_cast<uint32_t*>(dq_h + i0 * p.dq_row_stride + c) = pack2<T>(x.x * scale, x.y * scale);
         if (i0 + 8 < seqlen_q)
           *reinterpret_cast<uint32_t*>(dq_h + (i0 + 8) * p.dq_row_stride + c) = pack2<T>(x.z * scale, x.w * scale);
       }

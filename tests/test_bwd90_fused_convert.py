@@ -7,16 +7,10 @@ start from the preprocess's zeros every call); the plans launch two kernels. Ski
 import pytest
 
 import cuflash
-from cuflash import _bwd_sm90, _fwd_sm90, backward as bwd_mod
-from test_flash_bwd_sm90 import check
+from cuflash import _bwd_sm90, backward as bwd_mod
+from test_flash_bwd_sm90 import _hopper, check  # noqa: F401 (_hopper: the autouse skip off compute capability 9.0)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if _fwd_sm90.device_cc(0) != 90:
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU")
 
 
 @pytest.fixture

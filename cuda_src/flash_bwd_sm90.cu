@@ -101,8 +101,8 @@ enum DqFuse { DQ_FUSE_NONE = 0, DQ_FUSE_ATOMIC = 1, DQ_FUSE_ORDERED = 2 };
 // (the async proxy again, as "ordered"'s next reduction), completing on bar_kv (the consumers' only wait on it is
 // its phase 0, before their first tile, so before this writer's first dq_full), and the warp converts it:
 // dQ = softmax_scale * sum, rows below seqlen_q, columns below head_dim (the convert kernel's rule), then releases
-// the staging. KV tile 0 also writes the zero rows of the Q tiles no KV tile sees (causal, seqlen_q > seqlen_k:
-// those before its first Q tile), which the convert kernel would write from the zeroed accumulator.
+// the staging. KV tile 0 also writes, after its loop, the zero rows of the Q tiles no KV tile sees (causal,
+// seqlen_q > seqlen_k: those before its first Q tile), which the convert kernel wrote from the zeroed accumulator.
 template <typename T, int D, int BLOCK_M, int ORDER, int FUSE, class M>
 __device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInfo& si, const M& band, int n_block,
                                                 int kv_head, int batch, int group, int m_begin, int num_m,
@@ -114,15 +114,6 @@ __device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInf
   const uint32_t src = smem_addr(stage);
   T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, batch, 0);
   const int hd = (int)p.head_dim, seqlen_q = si.seqlen_q;
-  if (n_block == 0) {  // the rows of the Q tiles before this one's first: no key, dQ = 0 (16-bit zeros, 2 per lane)
-    const int rows = min(m_begin * BLOCK_M, seqlen_q);
-#pragma unroll 1
-    for (int h = 0; h < group; ++h)
-#pragma unroll 1
-      for (int r = 0; r < rows; ++r)
-        for (int c = 2 * lane; c < hd; c += 64)
-          *reinterpret_cast<uint32_t*>(dq + (kv_head * group + h) * p.dq_head_stride + r * p.dq_row_stride + c) = 0u;
-  }
   int h = 0, m = 0, loads = 0;
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
@@ -179,6 +170,17 @@ __device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInf
     }
     __syncwarp();  // every lane has read the staging
     if (lane == 0) mbar_arrive(dq_empty);
+  }
+  // The rows of the Q tiles before KV tile 0's first: no key, dQ = 0 (16-bit zeros, 2 per lane; after the loop, so
+  // that the consumers' first tiles do not wait for them).
+  if (n_block == 0) {
+    const int rows = min(m_begin * BLOCK_M, seqlen_q);
+#pragma unroll 1
+    for (int hh = 0; hh < group; ++hh)
+#pragma unroll 1
+      for (int r = 0; r < rows; ++r)
+        for (int c = 2 * lane; c < hd; c += 64)
+          *reinterpret_cast<uint32_t*>(dq + (kv_head * group + hh) * p.dq_head_stride + r * p.dq_row_stride + c) = 0u;
   }
 }
 

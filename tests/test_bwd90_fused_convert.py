@@ -80,12 +80,15 @@ def test_fused_ordered_is_bitwise_the_default(monkeypatch, d, causal, sq, sk):
     default = cuflash.flash_attn_backward(*args, **kw)
     monkeypatch.setattr(_bwd_sm90, "FUSED_CONVERT", True)
     bwd_mod._PLANS.clear()
-    for _ in range(3):
-        poison()
-        got = cuflash.flash_attn_backward(*args, **kw)
-        assert all(torch.equal(a, b) for a, b in zip(default, got))
-    fused_plans_launch_two()
-    bwd_mod._PLANS.clear()
+    try:
+        for _ in range(3):
+            poison()
+            got = cuflash.flash_attn_backward(*args, **kw)
+            for name, a, b in zip(("dq", "dk", "dv"), default, got):
+                assert torch.equal(a, b), name
+        fused_plans_launch_two()
+    finally:
+        bwd_mod._PLANS.clear()
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -144,7 +144,8 @@ __device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInf
       } else {
         last = atom_acq_rel_gpu_add(sem + row / 64, 1) == tiles - 1;
       }
-      if (last) {  // the sum, back into the staging (the reads after the acquire: fenced above)
+      if (last) {  // the sum, back into the staging: the async proxy's reads, after the generic acquire
+        fence_proxy_async_global();
         mbar_arrive_expect_tx(bar_ld, BYTES);
         bulk_load(stage, p.dq_accum + row * D, BYTES, bar_ld);
       } else {

@@ -23,10 +23,26 @@
 // STAGES x V [BLOCK_N, DP], then the mbarriers. DP = D rounded up to 64 (one 128-byte box per 64 columns): the
 // columns past D read as zeros (TMA fills them), add nothing to S and give O columns that are never stored.
 //
-// Scheduling: one block per Q tile, the heaviest causal tiles first (grid order as the sm80 forward's). A
-// persistent form (one block per SM looping over the tiles, the next tile's K/V loaded under the previous
-// tile's epilogue) was built and measured 10-18% slower at every point of bench/NOTES.md's comparison; it is
-// not kept.
+// Scheduling: one block per Q tile, the heaviest causal tiles first (grid order as the sm80 forward's); or, with
+// PERSIST, a grid of at most MINB blocks per SM, each walking Q tiles (the persistent form, below).
+//
+// The persistent form (PERSIST; not a configured tile, bench/NOTES.md "Hopper forward"). For short sequences,
+// where a block runs 4-8 KV tiles and its prologue (barrier set-up, the Q load and first K load before the first
+// product) and epilogue (O / l, the O store, the wait for the store's reads) are not hidden by anything: block
+// `bid` of G takes tiles bid, 2G - 1 - bid, 2G + bid, 4G - 1 - bid, ... (Sm90FwdTiles: waves of G tiles, every
+// other wave in reverse, so that a block's causal tiles alternate heavy and light), the tiles of one (batch, head)
+// consecutive (their K/V shared through L2) and within them the heaviest causal tile first. The barriers are set
+// up once; the producer runs ahead across tiles: the K/V ring is one stream over all of a block's tiles (stage and
+// phase from a running count), and Q has two buffers, each with a full (bar_q) and an empty (empty_q) mbarrier, so
+// tile t + 1's Q and first K/V stages load while the consumers finish tile t. Hazards: the epilogue stages O in
+// the warpgroup's rows of its tile's Q buffer (as the one-tile form does), so that buffer is released (empty_q:
+// every consumer thread arrives) only after the O store has read it -- the 16-byte stores' own loads, or the TMA
+// store's reads (its issuing thread waits for them, `cp.async.bulk.wait_group.read`, at the next tile's first
+// product, out of the way of the epilogue); with PINGPONG the last consumer's last turn of a tile opens the first
+// turn of the next (a tile with no KV tile has no turns and passes the opening on), so the tensor cores go on to
+// the next tile during its epilogue, and consumer 0 takes the one opening left over after the last tile. A tile
+// whose rows see no key (n_iters = 0) takes a Q buffer without a load (bar_q completes by a plain arrive) and
+// stores O = 0, LSE = -inf; a packed tile past its element's rows is skipped by producer and consumers alike.
 //
 // Template parameters (cuflash/_configs.py: SM90_FWD_TILES, the source of truth):
 //   T                 __half or __nv_bfloat16;   D  head dim (multiple of 16)
@@ -47,6 +63,7 @@
 //                     REGS_LOAD + NWG REGS_MMA must fit; 2: short blocks whose prologue and epilogue run under another
 //                     block's main loop (the smem of MINB blocks must fit the SM too: cuflash/_configs.py checks it);
 //                     1 by default
+//   PERSIST           the persistent form above (MOD_NONE only); false by default
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -80,7 +97,8 @@ struct Sm90FwdMapsOf<true> {
   using type = Sm90FwdMapsO;
 };
 
-template <int D, int BLOCK_N, int NWG, int STAGES>
+// QBUF Q buffers: 1, or 2 in the persistent form (the next tile's Q loads while the current one's runs).
+template <int D, int BLOCK_N, int NWG, int STAGES, int QBUF = 1>
 struct Sm90FwdLayout {
   static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
   static constexpr int CH = DP / 64;
@@ -88,15 +106,349 @@ struct Sm90FwdLayout {
   static constexpr int Q_BYTES = BLOCK_M * DP * 2;
   static constexpr int KV_BYTES = BLOCK_N * DP * 2;  // one stage of K (or of V)
   static constexpr int Q_OFF = 0;
-  static constexpr int K_OFF = Q_OFF + Q_BYTES;
+  static constexpr int K_OFF = Q_OFF + QBUF * Q_BYTES;
   static constexpr int V_OFF = K_OFF + STAGES * KV_BYTES;
   static constexpr int BAR_OFF = V_OFF + STAGES * KV_BYTES;
-  static constexpr int BARS = 1 + 4 * STAGES;  // Q; full_k, full_v, empty_k, empty_v per stage
+  // full Q per buffer; full_k, full_v, empty_k, empty_v per stage; with two buffers, empty Q per buffer
+  static constexpr int BARS = QBUF + 4 * STAGES + (QBUF > 1 ? QBUF : 0);
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
 };
 
+// The persistent form's tiles: a linear index over x (a (batch, head)'s Q tiles, or, packed, every element's tiles
+// as the one-tile grid's x: attn/seqlen.cuh) by head by batch, x innermost and visited last first (the heaviest
+// causal tile first, as fwd_block_coords). Block bid of G takes tile k G + bid of wave k for even k and
+// k G + G - 1 - bid for odd k: with G a multiple of the x tiles a block's tiles pair heavy with light exactly, and
+// nearly so otherwise (the causal work per block balanced without a counter).
+template <int BLOCK_M>
+struct Sm90FwdTiles {
+  int x_tiles, count;
+  __device__ __forceinline__ Sm90FwdTiles(const FwdParams& p, bool varlen)
+      : x_tiles(varlen ? (int)(p.seqlen_q / BLOCK_M + p.batch) : (int)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M)),
+        count(x_tiles * (int)(p.nheads * (varlen ? 1 : p.batch))) {}
+  __device__ __forceinline__ int tile(int k) const {  // this block's tile of wave k (none when >= count)
+    const int g = (int)gridDim.x;
+    return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
+  }
+  __device__ __forceinline__ FwdBlock coords(const FwdParams& p, int t, bool varlen) const {
+    FwdBlock c;
+    const int x = x_tiles - 1 - t % x_tiles, bh = t / x_tiles;
+    if (varlen) {
+      const int2 bt = varlen_tile<BLOCK_M>(p.cu_seqlens_q, (int)p.batch, x);
+      c.batch = bt.x;
+      c.m_block = bt.y;
+      c.head = bh;
+    } else {
+      c.m_block = x;
+      c.head = bh % (int)p.nheads;
+      c.batch = bh / (int)p.nheads;
+    }
+    c.split = 0;
+    return c;
+  }
+};
+
+// The persistent form (PERSIST: see the top of this file), the kernel's whole body then. Per tile it runs the
+// one-tile form's steps (the same products in the same order, the same softmax and epilogue: a tile's output is
+// bitwise the one-tile form's), written apart from it so that the one-tile kernels compile exactly as they did.
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1>
+          bool PINGPONG, bool O_TMA>
+__device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
+                                                          const typename Sm90FwdMapsOf<O_TMA>::type& maps,
+                                                          unsigned char* sm) {
+  using L = Sm90FwdLayout<D, BLOCK_N, NWG, STAGES, 2>;
+  constexpr int BLOCK_M = L::BLOCK_M, DP = L::DP, CH = L::CH;
+  constexpr int NF = BLOCK_N / 8, DF = DP / 8, KD = DP / 16, KN = BLOCK_N / 16;  // as the kernel's
+  uint64_t* bar_q = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);  // Q buffer b loaded: bar_q[b]
+  uint64_t* full_k = bar_q + 2;
+  uint64_t* full_v = full_k + STAGES;
+  uint64_t* empty_k = full_v + STAGES;
+  uint64_t* empty_v = empty_k + STAGES;
+  uint64_t* empty_q = empty_v + STAGES;  // Q buffer b free again (the O staged in it stored): empty_q[b]
+
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int wg = threadIdx.x / 128;
+  // A tile's coordinates, its element's lengths and its KV tiles [n_end - n_iters, n_end) (as the kernel's)
+  struct Work {
+    FwdBlock blk;
+    SeqInfo si;
+    int m0, n_end, n_iters;
+  };
+  auto work_of = [&](const Sm90FwdTiles<BLOCK_M>& tiles, int t) {
+    Work w;
+    w.blk = tiles.coords(p, t, varlen);
+    w.m0 = w.blk.m_block * BLOCK_M;
+    w.si = seqinfo(p, w.blk.batch, varlen);
+    const Mask<CAUSAL> mk = w.si.mask<CAUSAL, MOD_NONE>(p, w.blk.batch, w.blk.head);
+    w.n_end = kv_block_end<BLOCK_N>(mk, min(w.m0 + BLOCK_M, w.si.seqlen_q));
+    w.n_iters = max(0, w.n_end - kv_block_begin<BLOCK_N>(mk, w.m0));
+    return w;
+  };
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(&bar_q[b], 1);
+      mbar_init(&empty_q[b], NWG * 128);  // every consumer thread releases a Q buffer, its O stored
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_k[s], NWG * 128);
+      mbar_init(&empty_v[s], NWG * 128);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------------------ producer
+    setmaxnreg_dec<REGS_LOAD>();
+    if (threadIdx.x == 0) {
+      // Every tile in turn: Q buffer qi % 2 (reloaded once the consumers have stored the O staged in it) and one
+      // ring position per KV tile, the ring continuing across tiles.
+      const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
+      int kv = 0, qi = 0;
+      for (int k = 0, t = tiles.tile(0); t < tiles.count; t = tiles.tile(++k)) {
+        const Work w = work_of(tiles, t);
+        if (w.m0 >= w.si.seqlen_q) continue;  // varlen: past the element's rows (the consumers skip it too)
+        const int qb = qi % 2, qph = (qi / 2) & 1;
+        ++qi;
+        const int kv_head = (int)(w.blk.head / p.heads_per_kv);
+        const int tb = varlen ? 0 : w.blk.batch;
+        mbar_wait(&empty_q[qb], qph ^ 1);
+        if (w.n_iters > 0) {
+          mbar_arrive_expect_tx(&bar_q[qb], L::Q_BYTES);
+#pragma unroll
+          for (int c = 0; c < CH; ++c)
+            tma_load_4d(sm + L::Q_OFF + qb * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &bar_q[qb], c * 64,
+                        w.si.q_start + w.m0, w.blk.head, tb);
+        } else {
+          mbar_arrive(&bar_q[qb]);  // no key: nothing to load, the buffer only stages O = 0
+        }
+        for (int it = 0; it < w.n_iters; ++it, ++kv) {
+          const int n = w.n_end - 1 - it, s = kv % STAGES, ph = (kv / STAGES) & 1;
+          mbar_wait(&empty_k[s], ph ^ 1);
+          mbar_arrive_expect_tx(&full_k[s], L::KV_BYTES);
+#pragma unroll
+          for (int c = 0; c < CH; ++c)
+            tma_load_4d(sm + L::K_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.k, &full_k[s], c * 64,
+                        w.si.k_start + n * BLOCK_N, kv_head, tb);
+          mbar_wait(&empty_v[s], ph ^ 1);
+          mbar_arrive_expect_tx(&full_v[s], L::KV_BYTES);
+#pragma unroll
+          for (int c = 0; c < CH; ++c)
+            tma_load_4d(sm + L::V_OFF + s * L::KV_BYTES + c * BLOCK_N * 128, &maps.v, &full_v[s], c * 64,
+                        w.si.k_start + n * BLOCK_N, kv_head, tb);
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------------------------ consumers
+  setmaxnreg_inc<REGS_MMA>();
+  const int cw = wg - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const float scale_log2 = (float)p.scale_log2;
+  const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
+
+  float acc_o[1][DF][4];
+  float acc_s[1][NF][4];
+  float shift[1][2];  // (MOD_NONE: untouched)
+  uint32_t p_frag[KN][4];
+
+  // The kernel's issue_qk / issue_pv with this tile's Q buffer (q_base: the warpgroup's rows of it).
+  auto issue_qk = [&](uint32_t q_base, int st) {
+    const uint32_t kb = k_base + st * L::KV_BYTES;
+#pragma unroll
+    for (int k = 0; k < KD; ++k) {
+      const uint32_t off = (k % 4) * 32;
+      const uint64_t da = smem_desc(q_base + (k / 4) * BLOCK_M * 128 + off, 16, 1024);
+      const uint64_t db = smem_desc(kb + (k / 4) * BLOCK_N * 128 + off, 16, 1024);
+      Wgmma<BLOCK_N>::template ss<T>(acc_s[0], da, db, k > 0);
+    }
+  };
+  auto issue_pv = [&](int st) {
+    const uint32_t vb = v_base + st * L::KV_BYTES;
+#pragma unroll
+    for (int k = 0; k < KN; ++k)
+      Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
+  };
+  // PINGPONG turns as the kernel's, but continuing across tiles: the last consumer's last turn of a tile opens
+  // the next tile's first (a tile without KV tiles has no turns and passes the opening on); consumer 0 takes the
+  // opening left over after the last tile.
+  auto turn_begin = [&]() {
+    if constexpr (PINGPONG) named_bar_sync(1 + cw, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (PINGPONG) named_bar_arrive(1 + (cw + 1) % NWG, 256);
+  };
+  if (PINGPONG && cw == NWG - 1) named_bar_arrive(1, 256);  // the first tile's first turn
+
+  // tid 0 releases the previous tile's Q buffer (qb ^ 1: consecutive tiles alternate) once that tile's O store
+  // has read it, at this tile's first product -- out of the epilogue's way -- or, without KV tiles, after the wait
+  // for Q; the last tile's store is waited for at the end.
+  auto release_previous = [&](int qb, int qi) {
+    if (tid == 0 && qi > 1) {
+      bulk_wait_group_read<0>();
+      mbar_arrive(&empty_q[qb ^ 1]);
+    }
+  };
+
+  const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
+  int kv = 0, qi = 0;
+  for (int k = 0, t = tiles.tile(0); t < tiles.count; t = tiles.tile(++k)) {
+    const Work wl = work_of(tiles, t);
+    if (wl.m0 >= wl.si.seqlen_q) continue;
+    const int qb = qi % 2, qph = (qi / 2) & 1;
+    ++qi;
+    const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
+    const int row_wg = wl.m0 + cw * 64, row_w = row_wg + warp * 16;
+    unsigned char* q_tile = sm + L::Q_OFF + qb * L::Q_BYTES + cw * 64 * 128;  // the warpgroup's rows of buffer qb
+    const uint32_t q_base = smem_addr(q_tile);
+    auto mask_and_max = [&](OnlineSoftmax<1>& softmax, int n) {
+      if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
+        mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
+      else
+        mask.clear_shift(shift);
+      return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
+    };
+    zero_frags(acc_o[0]);
+    OnlineSoftmax<1> softmax;
+    mbar_wait(&bar_q[qb], qph);
+    const int n_end = wl.n_end, n_iters = wl.n_iters;
+    if (n_iters > 0) {
+      // KV tile 0: S alone.
+      const int st0 = kv % STAGES, ph0 = (kv / STAGES) & 1;
+      mbar_wait(&full_k[st0], ph0);
+      turn_begin();
+      wgmma_fence();
+      issue_qk(q_base, st0);
+      wgmma_commit();
+      turn_end();
+      release_previous(qb, qi);
+      wgmma_wait<0>();
+      reg_fence(acc_s[0]);
+      mbar_arrive(&empty_k[st0]);
+      {
+        mask_and_max(softmax, n_end - 1);
+        float alpha[1][2];
+        softmax.rescale_sum(alpha);
+        softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+#pragma unroll
+        for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
+      }
+      // KV tiles 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
+      for (int it = 1; it < n_iters; ++it) {
+        const int n = n_end - 1 - it, st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
+        const int pst = (kv + it - 1) % STAGES, pph = ((kv + it - 1) / STAGES) & 1;
+        mbar_wait(&full_k[st], ph);
+        mbar_wait(&full_v[pst], pph);
+        turn_begin();
+        wgmma_fence();
+        issue_qk(q_base, st);
+        wgmma_commit();
+        issue_pv(pst);
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<1>();
+        reg_fence(acc_s[0]);
+        mbar_arrive(&empty_k[st]);
+        const bool moved = mask_and_max(softmax, n);
+        float alpha[1][2];
+        softmax.rescale_sum(alpha);
+        softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+        wgmma_wait<0>();
+        reg_fence(acc_o[0]);
+        reg_fence(p_frag);
+        mbar_arrive(&empty_v[pst]);
+        if (__any_sync(0xffffffffu, moved)) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
+      }
+      // The last O += P V.
+      const int lst = (kv + n_iters - 1) % STAGES, lph = ((kv + n_iters - 1) / STAGES) & 1;
+      mbar_wait(&full_v[lst], lph);
+      turn_begin();
+      wgmma_fence();
+      issue_pv(lst);
+      wgmma_commit();
+      turn_end();  // (the last consumer: the next tile's first turn)
+      wgmma_wait<0>();
+      reg_fence(acc_o[0]);
+      mbar_arrive(&empty_v[lst]);
+      kv += n_iters;
+    } else {
+      release_previous(qb, qi);
+    }
+
+    // Epilogue, as the kernel's: O / l -> the warpgroup's rows of Q buffer qb -> the TMA store or 16-byte stores.
+    // (The tile's coordinates taken again from its index rather than held in registers through the main loop.)
+    const Work w = work_of(tiles, opaque(t));
+    const int seqlen_q = w.si.seqlen_q;
+    float lse[1][2];
+    softmax.finalize(acc_o, lse);
+    const int g = lane / 4, tq = lane % 4;
+    if (p.lse && tq == 0) {
+      const int64_t row0 = lse_row0(p, w.si, w.blk.batch, w.blk.head, varlen);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_w + g + 8 * h;
+        if (row < seqlen_q) p.lse[row0 + row] = lse[0][h];
+      }
+    }
+    named_bar_sync(4 + cw, 128);
+#pragma unroll
+    for (int df = 0; df < DF; ++df) {
+      if (df * 8 >= D) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + g + 8 * h;
+        *reinterpret_cast<uint32_t*>(q_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
+                                     tq * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
+      }
+    }
+    bool stored = false;
+    if constexpr (O_TMA) {
+      if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
+        fence_proxy_async_shared();
+        named_bar_sync(4 + cw, 128);
+        if (tid == 0 && row_wg < seqlen_q) {
+#pragma unroll
+          for (int c = 0; c < CH; ++c)
+            if (c * 64 < p.head_dim)
+              tma_store_4d(&maps.o, q_tile + c * BLOCK_M * 128, c * 64, w.si.q_start + row_wg, w.blk.head,
+                           varlen ? 0 : w.blk.batch);
+          bulk_commit_group();  // (its reads waited for by release_previous)
+        }
+        stored = true;
+      }
+    }
+    if (!stored) {
+      named_bar_sync(4 + cw, 128);
+      T* o_ptr = reinterpret_cast<T*>(p.o) + w.si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride,
+                                                           w.blk.batch, w.blk.head);
+      constexpr int PIECES = D / 8;
+#pragma unroll
+      for (int i = tid; i < 64 * PIECES; i += 128) {
+        const int r = i / PIECES, pc = i % PIECES;
+        const int row = row_wg + r;
+        if (row < seqlen_q && pc * 8 < p.head_dim)
+          *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) =
+              *reinterpret_cast<const uint4*>(q_tile + (pc / 8) * BLOCK_M * 128 + r * 128 +
+                                              (((pc % 8) ^ (r % 8)) * 16));
+      }
+    }
+    // Buffer qb is free once its O is stored: each thread arrives after its own reads of it (the 16-byte stores'
+    // loads, in program order before the arrive's release); tid 0 after the TMA store's reads (release_previous).
+    if (tid != 0) mbar_arrive(&empty_q[qb]);
+  }
+  if (tid == 0) bulk_wait_group_read<0>();  // the last store's smem source read before the block exits
+  if (PINGPONG && cw == 0) named_bar_sync(1, 256);  // the opening the last consumer left after the last tile
+}
+
+template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1, bool PERSIST = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p,
                           const __grid_constant__ typename Sm90FwdMapsOf<O_TMA>::type maps) {
@@ -114,10 +466,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
                                  65536 / (MINB * (NWG + 1) * 128 * 8) * 8 * ((NWG + 1) * 128) &&
                     REGS_MMA % 8 == 0 && REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
-  static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
+  static_assert(SMEM_BYTES == Sm90FwdLayout<D, BLOCK_N, NWG, STAGES, PERSIST ? 2 : 1>::BYTES,
+                "host smem size must match the layout");
+  static_assert(!PERSIST || MOD == MOD_NONE, "the persistent form takes no score modifier");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
+  if constexpr (PERSIST) {
+    flash_fwd_sm90_persistent<T, D, BLOCK_N, NWG, STAGES, CAUSAL, REGS_MMA, REGS_LOAD, PINGPONG, O_TMA>(p, maps, sm);
+    return;
+  }
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
   uint64_t* full_k = bar_q + 1;
   uint64_t* full_v = full_k + STAGES;

@@ -250,6 +250,7 @@ class Sm90FwdTile:
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
+    persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
 
     def __post_init__(self):
         # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
@@ -305,10 +306,12 @@ SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
 
 
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
-    """Q + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack (the kernel's
-    Sm90FwdLayout::BYTES, static_asserted)."""
+    """Q (two buffers, persistent) + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack
+    (the kernel's Sm90FwdLayout::BYTES, static_asserted)."""
     dp = -(-headdim // 64) * 64
-    return (tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + (1 + 4 * tile.stages) * 8 + 1024
+    qbuf = 2 if tile.persistent else 1
+    bars = qbuf + 4 * tile.stages + (qbuf if tile.persistent else 0)
+    return (qbuf * tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + bars * 8 + 1024
 
 
 # Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
@@ -353,6 +356,27 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
     return {n: replace(base, **f) for n, f in SM90_FWD_MINB_VARIANTS.get(headdim, {}).items()}
 
 
+# The persistent form (Sm90FwdTile.persistent, the kernel's PERSIST; cuda_src/flash_fwd_sm90.cu and bench/NOTES.md
+# "Hopper forward"): min_blocks blocks per SM walking the Q tiles, the next tile's Q and first K/V loaded under the
+# current tile's epilogue, the barriers set up once. Not configured: reached through an explicit tile
+# (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_persist_probe). Each is the configured tile of
+# its head dim with these fields: the configured epilogue (o_tma) and register split, but at d64 the 16-byte stores
+# (with the TMA store NVRTC 13.0 spills 8-16 B of the three consumers' 160 registers in the causal kernel); shared
+# memory holds two Q buffers (d64: 113 KB, d96 and d128: 193 KB; d256's 288 KB do not fit, so it has none). No
+# score modifier or dropout (the tile selection keeps the default for them).
+SM90_FWD_PERSIST_VARIANTS = {
+    64: {"persist": dict(persistent=True, o_tma=False)},
+    96: {"persist": dict(persistent=True)},
+    128: {"persist": dict(persistent=True)},
+}
+
+
+def sm90_fwd_persist_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of SM90_FWD_PERSIST_VARIANTS at a kernel head dim (empty where there are none)."""
+    base = SM90_FWD_TILES[headdim]
+    return {n: replace(base, **f) for n, f in SM90_FWD_PERSIST_VARIANTS.get(headdim, {}).items()}
+
+
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
     tile = tile or sm90_fwd_tile(headdim, causal)
@@ -360,12 +384,16 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
         raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
                          f"memory do not fit an SM")
+    if tile.persistent and mod != MOD_NONE:
+        raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
     b = lambda x: "true" if x else "false"  # noqa: E731
     # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
-    # O_TMA false, MINB 1): the configured kernels keep their names
-    minb = tile.min_blocks != 1
+    # O_TMA false, MINB 1, PERSIST false): the configured kernels keep their names
+    pers = tile.persistent
+    minb = tile.min_blocks != 1 or pers
     tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
-            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}")
+            f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}"
+            f"{', true' if pers else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
             f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -396,6 +424,9 @@ class Sm90BwdTile:
     regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
     block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
     threads: int = 384
+    # dQ converted in the main kernel by the block that adds into a Q tile last (DQ_FUSE_*, the kernel's FUSE) instead
+    # of by the convert kernel: dq_strategy "atomic" and "ordered" without score modifiers (others keep the kernel)
+    fused_convert: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -415,6 +446,20 @@ def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
     return SM90_BWD_TILES[headdim]
 
 
+# The fused-convert variant's register split (regs_mma, regs_load) per head dim: its dQ writer warp also converts
+# (address arithmetic of the output rows and the loop over the Q tile: at 24 registers it spills 40-56 bytes under
+# both NVRTCs), so the producer warpgroup takes 40 and each consumer 232 (128 (40 + 2 x 232) = 168 x 384, the
+# launch allocation); at head dim 64 NVRTC 13.0 still spills 16 bytes in the bf16 causal "ordered" kernel's writer
+# at 40 (and 32), none at 56 with consumers of 224.
+SM90_BWD_FUSED_REGS = {64: (224, 56), 96: (232, 40), 128: (232, 40)}
+
+
+def sm90_bwd_fused_tile(headdim: int) -> Sm90BwdTile:
+    """The tile of the fused-convert variant (Sm90BwdTile.fused_convert) at this head dim."""
+    mma, load = SM90_BWD_FUSED_REGS[headdim]
+    return replace(sm90_bwd_tile(headdim), fused_convert=True, regs_mma=mma, regs_load=load)
+
+
 def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
     """K, V; stages x (Q, dO); 2 dS^T buffers; the dQ staging [block_m, headdim] fp32; stages x (lse_log2, D); the
     mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES, static_asserted)."""
@@ -429,18 +474,35 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+# The sm90 backward's dQ convert (the kernel's FUSE): NONE, the convert kernel; ATOMIC / ORDERED, in the main kernel
+# with that dQ strategy (Sm90BwdTile.fused_convert)
+DQ_FUSE_NONE, DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED = 0, 1, 2
+
+
+def sm90_bwd_fuse(tile: Sm90BwdTile, strategy: str, mod: int = 0) -> int:
+    """The DQ_FUSE_* of a call: the tile's fused_convert for "atomic" and "ordered" without modifiers, else NONE."""
+    if not tile.fused_convert or mod:
+        return DQ_FUSE_NONE
+    return {"atomic": DQ_FUSE_ATOMIC, "ordered": DQ_FUSE_ORDERED}.get(strategy, DQ_FUSE_NONE)
+
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
-                  order: int = DQ_ORDER_PLAIN) -> KernelSpec:
+                  order: int = DQ_ORDER_PLAIN, fuse: int = DQ_FUSE_NONE) -> KernelSpec:
     """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
-    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers)."""
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers); fuse: a DQ_FUSE_* (not NONE:
+    mod 0; with an order other than PLAIN, ORDERED)."""
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
+    if fuse not in (DQ_FUSE_NONE, DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED) or (fuse and mod) or (
+            order and fuse == DQ_FUSE_ATOMIC):
+        raise ValueError(f"fuse must be one of 0, 1, 2 (non-zero: mod 0; 1: order 0); got fuse={fuse!r}, "
+                         f"order={order!r}, mod={mod!r}")
+    tail = (f", {mod}, {order}, {fuse}" if fuse else f", {mod}, {order}" if order else
+            (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -449,7 +511,17 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
-            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
+            sm90_bwd_fused_specs())
+
+
+def sm90_bwd_fused_specs():
+    """The fused-convert variants (Sm90BwdTile.fused_convert): "atomic" and "ordered" (causal: in
+    SM90_BWD_CAUSAL_ORDER), with and without the causal mask, no modifiers."""
+    return [sm90_bwd_spec(dt, d, c, sm90_bwd_fused_tile(d),
+                          order=SM90_BWD_CAUSAL_ORDER if c and f == DQ_FUSE_ORDERED else DQ_ORDER_PLAIN, fuse=f)
+            for dt in DTYPES for d in SM90_BWD_HEADDIMS for c in (False, True)
+            for f in (DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED)]
 
 
 @dataclass(frozen=True)
@@ -461,6 +533,10 @@ class DecodeTile:
     block_n: int  # keys per warp tile (multiple of 16)
     nwarps: int  # warps per block; the split's warp tiles are dealt round-robin to them
     stages: int  # cp.async ring depth per warp (>= 2)
+    # EARLY_REFILL: a warp refills the slot it has just read right after that tile's products, before it waits for
+    # its next tile (stages tiles issued when it starts to wait), instead of after that wait (stages - 1, the d128
+    # tile's one tile draining to nothing while it waits); same shared memory, bitwise the same output
+    early_refill: bool = False
 
 
 # Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
@@ -481,10 +557,28 @@ DECODE_KERNEL_TILES = {
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
 
 
-def decode_tile(headdim: int) -> DecodeTile:
+# The decode kernel's ring refill orders (`plan_for(..., refill=)`): "wait" refills after the wait for the next tile
+# (the default), "early" before it (DecodeTile.early_refill; bench/NOTES.md, "Decode": the decode loop).
+DECODE_REFILLS = ("wait", "early")
+DECODE_DEFAULT_REFILL = "wait"
+
+
+def decode_tile(headdim: int, refill: str | None = None) -> DecodeTile:
     """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
-    footprints above fit both)."""
-    return DECODE_KERNEL_TILES[headdim]
+    footprints above fit both), with the ring refill order `refill` (DECODE_REFILLS; None: the default)."""
+    return with_refill(DECODE_KERNEL_TILES[headdim], refill)
+
+
+def check_refill(refill) -> None:
+    """ValueError naming `refill` unless it is None or one of DECODE_REFILLS."""
+    if refill is not None and (not isinstance(refill, str) or refill not in DECODE_REFILLS):
+        raise ValueError(f"refill must be None or one of {DECODE_REFILLS}; got {refill!r}")
+
+
+def with_refill(tile: DecodeTile, refill: str | None) -> DecodeTile:
+    """`tile` with the refill order `refill` (None: `tile` as it is)."""
+    check_refill(refill)
+    return tile if refill is None else replace(tile, early_refill=refill == "early")
 
 
 def decode_mf(headdim: int, rows: int) -> int:
@@ -509,21 +603,27 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
+    if tile.early_refill:  # the defaults' names are unchanged: the trailing template arguments only when not default
+        tail = f", {mod}, {'true' if paged else 'false'}, true"
+    else:
+        tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
-def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
-    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int, refill: str | None = None) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode, refill order): every row-fragment count, contiguous
+    and paged."""
+    tile = decode_tile(headdim, refill)
+    return [decode_spec(dtype, headdim, causal, mf, tile, mod=mod, paged=pg) for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
-    """Every decode-kernel configuration the package can launch."""
-    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
+    """Every decode-kernel configuration the package can launch (both refill orders)."""
+    return [s for r in DECODE_REFILLS for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES
+            for s in decode_family(dt, d, causal, m, r)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block

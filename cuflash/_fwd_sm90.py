@@ -23,7 +23,7 @@ from dataclasses import replace
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
-from ._launch import _MAX_PARAM_BYTES, get_launcher
+from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE
 from ._plan import HostPlan
@@ -95,7 +95,8 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs -- and o's with a tile of o_tma) of a
     validated, eligible call; `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark
     sweeps); mods: the score modifiers (cuflash._mods.Mods) or None. An output (o_strides, o_ptr) no tensor map can
-    describe takes the tile without o_tma."""
+    describe takes the tile without o_tma. A persistent tile with score modifiers or dropout is a ValueError (the
+    persistent form has none)."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
@@ -120,12 +121,21 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if packed is not None:  # the maps see [1, total, heads, d] (cuda_src/flash_fwd_sm90.cu)
         grid = packed.grid(tile.block_m, h)
         packed.patch(fields)
+    if tile.persistent:
+        grid = persistent_grid(grid, tile, qa.device)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n))
     if tile.o_tma:  # boxes of one consumer warpgroup's 64 rows
         maps += (attention_map_spec(qa.dtype, o_shape, (*o_strides, 1), 64),)
     return lau, grid, fields, maps
+
+
+def persistent_grid(grid, tile, device: int) -> tuple:
+    """The persistent form's grid (a tile with `persistent`): at most min_blocks blocks per SM, one per Q tile of the
+    one-tile grid `grid` at most (the kernel walks the tiles: Sm90FwdTiles in cuda_src/flash_fwd_sm90.cu)."""
+    tiles = grid[0] * grid[1] * grid[2]
+    return (max(1, min(tiles, sm_count(device) * tile.min_blocks)), 1, 1)
 
 
 def encode_args(maps, *ptrs: int) -> bytes:

@@ -42,6 +42,22 @@ def _scratch():
     return s
 
 
+@functools.lru_cache(maxsize=None)
+def _props(device: int) -> dict:
+    """The device's properties (cached: read once per device)."""
+    from cupy.cuda import runtime
+
+    return runtime.getDeviceProperties(device)
+
+
+def sm_count(device: int) -> int:
+    return _props(device)["multiProcessorCount"]
+
+
+def smem_per_sm(device: int) -> int:
+    return _props(device)["sharedMemPerMultiprocessor"]
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """Everything needed to compile and launch one kernel instantiation (built in _configs.py)."""

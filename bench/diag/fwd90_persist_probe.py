@@ -1,0 +1,227 @@
+"""Diagnostic (GPU, compute capability 9.0): the Hopper forward's persistent form (Sm90FwdTile.persistent, the kernel's
+PERSIST; cuflash._configs.SM90_FWD_PERSIST_VARIANTS) against the configured tile and SDPA's cuDNN backend at short
+sequences.
+
+    python -m bench.diag.fwd90_persist_probe [--rounds N] [--time-limit S] [--json FILE]
+
+(a) Correctness, one line per case: the persistent variant against the float64 reference (max abs error; bound 2e-3
+    fp16, 1.6e-2 bf16, scaled by max(1, max |ref|)) and bitwise against the one-tile kernel of the same tile shape
+    (the same products per tile: any difference is a fault) -- ragged tails with seqlen_q != seqlen_k and GQA, causal
+    and not, rows that see no key (seqlen_q > seqlen_k causal), a head dim below the kernel's, more tiles than SMs,
+    packed sequences; each variant with both epilogues where it compiles both (d96, d128). Outputs poisoned (NaN)
+    before each launch. Exit status 1 when a case misses.
+(b) Timing, the FA2 grid's short sequences (batch x seqlen = 16k, hidden 2048: seqlen 512, 1k, 2k, 4k), fp16/bf16,
+    head dims 64 and 128, causal and not: the configured tile at that key count ("def": at d64 up to 1k the short-keys
+    tile), the persistent variant ("persist"), its tile shape as one tile per block where that is not "def" ("1tile":
+    the schedule's effect apart from the tile's) through memoized plans (cuflash._fwd_sm90.make_plan: no map encode
+    once the pointers repeat) and SDPA cuDNN, timed in turn (harness.time_rounds: medians of `rounds` rounds of
+    CUDA-event medians). The shortest points first; a point is not started past --time-limit seconds from the start
+    (default 200, compiles included), so the probe ends in time and the table holds the points done. The table comes
+    last: TFLOP/s of def and cuDNN, then persist over def and over cuDNN (and over 1tile), with geomeans over 512-1k
+    and over all points per head dim.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from .fwd90_ostore_probe import BOUND, _err, add_records  # the reference bound and the error of an output (NaN flagged)
+
+ROUNDS = 3
+TIME_LIMIT_S = 200.0
+SEQLENS = (512, 1024, 2048, 4096)
+DTYPES = ("float16", "bfloat16")
+HEADDIMS = (64, 128)
+
+
+def _tiles(d, causal, s):
+    """{"def": the configured tile at s keys, "persist": the variant, "1tile": its shape one tile per block (only
+    where that is not def)}."""
+    from cuflash._configs import sm90_fwd_persist_tiles, sm90_fwd_tile
+
+    pt = sm90_fwd_persist_tiles(d)["persist"]
+    out = {"def": sm90_fwd_tile(d, causal, s), "persist": pt}
+    one = replace(pt, persistent=False)
+    if one != out["def"]:
+        out["1tile"] = one
+    return out
+
+
+def _epilogues(d):
+    from cuflash._configs import sm90_fwd_persist_tiles
+
+    pt = sm90_fwd_persist_tiles(d)["persist"]
+    return (pt,) if d == 64 else (pt, replace(pt, o_tma=not pt.o_tma))
+
+
+def specs():
+    from cuflash._configs import sm90_fwd_spec
+
+    out = []
+    for d in HEADDIMS:
+        for dt in DTYPES:
+            for causal in (False, True):
+                for s in SEQLENS:
+                    out += [sm90_fwd_spec(dt, d, causal, t) for t in _tiles(d, causal, s).values()]
+                for t in _epilogues(d):
+                    out += [sm90_fwd_spec(dt, d, causal, t), sm90_fwd_spec(dt, d, causal, replace(t, persistent=False))]
+    return list(dict.fromkeys(out))
+
+
+def correctness() -> bool:
+    import torch
+
+    from cuflash import _fwd_sm90, reference
+    from cuflash._validate import check_qkv
+    from cuflash._varlen import check_varlen
+
+    ok_all = True
+
+    def line(name, dtype, a, b, ref):
+        nonlocal ok_all
+        e, nan = _err(a, ref)
+        same = bool(torch.equal(a, b))
+        bound = BOUND[dtype] * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        ok = not nan and e <= bound and same
+        ok_all &= ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name:<62} err={e:.2e} (bound {bound:.1e}) "
+              f"{'bitwise = one-tile' if same else 'DIFFERS from one-tile'}{' NaN' if nan else ''}", flush=True)
+
+    def run(qa, ka, va, causal, tile, packed=None):
+        b, sq, h, d = qa.shape
+        out = torch.full((b, sq, h, d) if packed is None else (packed.total_q, h, d), float("nan"), device="cuda",
+                         dtype=getattr(torch, qa.dtype))
+        o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
+        return o
+
+    def np64(x):
+        return x.float().cpu().numpy().astype(np.float64)
+
+    cases = [("float16", 64, (2, 777, 901, 4, 2)), ("bfloat16", 64, (1, 1000, 129, 4, 1)),
+             ("float16", 56, (2, 333, 444, 4, 2)), ("bfloat16", 128, (2, 777, 901, 4, 2)),
+             ("float16", 128, (3, 65, 300, 2, 2)), ("bfloat16", 120, (2, 333, 444, 4, 2)),
+             ("float16", 128, (2, 700, 100, 4, 4)), ("bfloat16", 128, (4, 1024, 1024, 40, 8))]
+    for dtype, d, (b, sq, sk, h, hk) in cases:
+        kd = 64 if d <= 64 else 128
+        dt = getattr(torch, dtype)
+        q = torch.randn(b, sq, h, d, device="cuda").to(dt)
+        k, v = (torch.randn(b, sk, hk, d, device="cuda").to(dt) for _ in range(2))
+        qa, ka, va = check_qkv(q, k, v)
+        for causal in (False, True):
+            ref, _ = reference.attention_forward(np64(q), np64(k), np64(v), None, causal)
+            for t in _epilogues(kd):
+                line(f"o_tma={int(t.o_tma)} {dtype} d{d} b{b} sq{sq} sk{sk} h{h}/{hk} causal={int(causal)}", dtype,
+                     run(qa, ka, va, causal, t), run(qa, ka, va, causal, replace(t, persistent=False)), ref)
+
+    lens_q, lens_k = (128, 300, 64, 65, 1000, 63, 1), (128, 200, 900, 65, 1000, 70, 5)
+    for d in HEADDIMS:
+        dtype = "bfloat16"
+        dt = getattr(torch, dtype)
+        q = torch.randn(sum(lens_q), 4, d, device="cuda").to(dt)
+        k, v = (torch.randn(sum(lens_k), 2, d, device="cuda").to(dt) for _ in range(2))
+        cq_h, ck_h = (np.cumsum((0,) + x) for x in (lens_q, lens_k))
+        q4, k4, v4, packed = check_varlen(q, k, v, *(torch.tensor(x, dtype=torch.int32, device="cuda")
+                                                     for x in (cq_h, ck_h)), max(lens_q), max(lens_k))
+        for causal in (False, True):
+            ref = np.concatenate([  # element by element: rows [q0, q1) against keys [k0, k1)
+                reference.attention_forward(np64(q[q0:q1])[None], np64(k[k0:k1])[None], np64(v[k0:k1])[None], None,
+                                            causal)[0][0]
+                for q0, q1, k0, k1 in zip(cq_h, cq_h[1:], ck_h, ck_h[1:])])
+            for t in _epilogues(d):
+                line(f"o_tma={int(t.o_tma)} {dtype} d{d} packed {len(lens_q)} seqs causal={int(causal)}", dtype,
+                     run(q4, k4, v4, causal, t, packed), run(q4, k4, v4, causal, replace(t, persistent=False), packed),
+                     ref)
+    return ok_all
+
+
+def timing(rounds, deadline):
+    import torch
+
+    from cuflash import _fwd_sm90
+    from cuflash._validate import check_qkv
+
+    from ..harness import sdpa, time_rounds
+
+    recs, rows = [], []
+    cud = sdpa("cudnn")
+    for s in SEQLENS:  # the shortest first: the points the variant is for
+        for d in HEADDIMS:
+            for dtype in DTYPES:
+                dt = getattr(torch, dtype)
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                qa, ka, va = check_qkv(q, k, v)
+                for causal in (False, True):
+                    if time.perf_counter() > deadline:
+                        print(f"time limit reached: {dtype} d{d} s{s} causal={int(causal)} and later points not timed",
+                              flush=True)
+                        return recs, rows
+                    fns = {}
+                    for n, t in _tiles(d, causal, s).items():
+                        p = _fwd_sm90.make_plan(qa, ka, va, None, causal, "auto", tile=t)
+                        fns[n] = lambda p=p: p.run(qa.ptr, ka.ptr, va.ptr)
+                    fns["cudnn"] = lambda: cud(qt, kt, vt, causal)
+                    res = time_rounds(fns, rounds)
+                    row = dict(dtype=dtype, d=d, s=s, causal=causal)
+                    add_records(res, row, recs, dtype, b, h, s, d, causal, rounds)
+                    rows.append(row)
+                    print(f"{dtype} d{d} s{s} causal={int(causal)}: " + " ".join(
+                        f"{n}={row[n]:.0f}" if row.get(n) else f"{n}=n/a" for n in fns), flush=True)
+    return recs, rows
+
+
+def table(rows):
+    def f(x):
+        return f"{x:6.0f}" if x else "   n/a"
+
+    def ratio(a, b):
+        return f"{a / b:6.3f}" if a and b else "   n/a"
+
+    for d in sorted({r["d"] for r in rows}):
+        sel = [r for r in rows if r["d"] == d]
+        print(f"\nd{d}: TFLOP/s (medians) of the configured tile (def) and cuDNN; persist over def, over cuDNN and "
+              f"over its own tile one per block (1tile, where that is not def)")
+        print(f"{'dtype':<9}{'seqlen':>7}{'causal':>7} | {'def':>6} {'cudnn':>6} {'def/c':>6} | {'pers':>6} "
+              f"{'p/def':>6} {'p/c':>6} {'p/1t':>6}")
+        for r in sel:
+            print(f"{r['dtype']:<9}{r['s']:>7}{int(r['causal']):>7} | {f(r.get('def'))} {f(r.get('cudnn'))} "
+                  f"{ratio(r.get('def'), r.get('cudnn'))} | {f(r.get('persist'))} {ratio(r.get('persist'), r.get('def'))} "
+                  f"{ratio(r.get('persist'), r.get('cudnn'))} {ratio(r.get('persist'), r.get('1tile'))}")
+        for label, keep in (("512-1k", lambda r: r["s"] <= 1024), ("all", lambda r: True)):
+            for other in ("def", "cudnn"):
+                g = [r["persist"] / r[other] for r in sel if keep(r) and r.get("persist") and r.get(other)]
+                if g:
+                    print(f"geomean d{d} persist / {other} over {label}: {float(np.exp(np.mean(np.log(g)))):.3f} "
+                          f"({len(g)} points, min {min(g):.3f})")
+
+
+def main(argv):
+    from cuflash._fwd_sm90 import device_cc
+    from cuflash.precompile import compile_specs
+
+    t0 = time.perf_counter()
+    if device_cc(0) != 90:
+        print("needs a compute capability 9.0 GPU")
+        return 2
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else ROUNDS
+    limit = float(argv[argv.index("--time-limit") + 1]) if "--time-limit" in argv else TIME_LIMIT_S
+    compile_specs(specs(), progress=True)
+    ok = correctness()
+    print(f"compiles and correctness: {time.perf_counter() - t0:.0f} s", flush=True)
+    recs, rows = timing(rounds, t0 + limit)
+    if "--json" in argv:
+        with open(argv[argv.index("--json") + 1], "w") as fh:
+            json.dump(recs, fh, indent=1)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    print(f"correctness: {'all ok' if ok else 'FAILURES (see the correctness lines)'}")
+    table(rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""GPU: the Hopper forward's persistent form (cuflash._configs.SM90_FWD_PERSIST_VARIANTS, launched through an explicit
+tile: not configured) against the float64 reference and bitwise against the one-tile kernel of the same tile shape
+(the same products per tile): ragged tails, seqlen_q != seqlen_k, GQA, causal with rows that see no key (whole Q tiles
+of them when seqlen_q > seqlen_k), grids of fewer tiles than SMs and of many tiles per block, and packed sequences.
+Outputs poisoned (NaN) before each launch. Skipped off compute capability 9.0."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cuflash import _configs, _fwd_sm90, reference
+from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+from test_flash_fwd_sm90 import _check
+from test_flash_fwd_sm90_minb import _run
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = [(d, n) for d in sorted(_configs.SM90_FWD_PERSIST_VARIANTS) for n in _configs.SM90_FWD_PERSIST_VARIANTS[d]]
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if _fwd_sm90.device_cc(0) != 90:
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU")
+
+
+def _tiles(d, name, o_tma=None):
+    t = _configs.sm90_fwd_persist_tiles(d)[name]
+    if o_tma is not None:
+        t = replace(t, o_tma=o_tma)
+    return t, replace(t, persistent=False)
+
+
+def _both(q, k, v, causal, d, name, o_tma=None, packed=None):
+    import torch
+
+    pt, one = _tiles(d, name, o_tma)
+    a = _run(q, k, v, causal, pt, packed)
+    b = _run(q, k, v, causal, one, packed)
+    assert torch.equal(a, b), f"persistent != one-tile: max diff {float((a.float() - b.float()).abs().max())}"
+    return a
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("o_tma", [None, False, True])
+def test_against_reference_and_one_tile(d, name, dtype, causal, o_tma):
+    if d == 64 and o_tma:
+        pytest.skip("d64's persistent variant takes the 16-byte stores")
+    q, k, v = torch_inputs((2, 777, 4, d), (2, 901, 2, d), dtype)  # ragged tails, sq != sk, GQA
+    _check(_both(q, k, v, causal, d, name, o_tma), q, k, v, causal)
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+@pytest.mark.parametrize("b,sq,sk,h", [(1, 64, 64, 1), (3, 65, 300, 2), (3, 1000, 129, 2), (2, 2048, 2048, 4),
+                                       (4, 1024, 1024, 40)])
+def test_row_counts_and_grids(d, name, b, sq, sk, h):
+    """One tile, tiles just past a Q tile, sq > sk causal (Q tiles whose rows see no key: O = 0, LSE -inf), long
+    blocks, and many more tiles than SMs (every block walks several)."""
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, h, d), "bfloat16")
+    for causal in (False, True):
+        _check(_both(q, k, v, causal, d, name), q, k, v, causal)
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+def test_lse_of_rows_that_see_no_key(d, name):
+    import torch
+
+    from cuflash._validate import check_qkv
+
+    q, k, v = torch_inputs((2, 700, 4, d), (2, 100, 4, d), "float16")
+    qa, ka, va = check_qkv(q, k, v)
+    pt, one = _tiles(d, name)
+    outs = []
+    for t in (pt, one):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((2, 4, 700), float("nan"), device="cuda")
+        _fwd_sm90.forward(qa, ka, va, None, True, out=out, lse=lse, tile=t)
+        outs.append((out, lse))
+    (o1, l1), (o2, l2) = outs
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    assert torch.all(o1[:, :600] == 0) and torch.all(torch.isneginf(l1[:, :, :600]))  # rows 0..599 see no key
+    assert torch.isfinite(l1[:, :, 600:]).all()
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_sequences(d, name, causal):
+    import torch
+
+    from cuflash._varlen import check_varlen
+
+    lens_q, lens_k = (37, 1, 130, 64, 128, 300, 1000, 63), (53, 1, 130, 200, 128, 77, 1000, 70)
+    q, k, v = torch_inputs((1, sum(lens_q), 4, d), (1, sum(lens_k), 2, d), "bfloat16")
+    q, k, v = q[0], k[0], v[0]
+    cq, ck = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32, device="cuda")
+              for x in (lens_q, lens_k))
+    packed = check_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k))
+    out = _both(q, k, v, causal, d, name, packed=packed)
+    oq = ok = 0
+    for lq, lk in zip(lens_q, lens_k):
+        qe, ke, ve = q[oq:oq + lq][None], k[ok:ok + lk][None], v[ok:ok + lk][None]
+        ref, _ = reference.attention_forward(to_np(qe), to_np(ke), to_np(ve), None, causal)
+        assert_close_to_ref(f"element at {oq}", out[oq:oq + lq][None], torch_attention_lowp(qe, ke, ve, d ** -0.5,
+                                                                                            causal), ref)
+        oq, ok = oq + lq, ok + lk

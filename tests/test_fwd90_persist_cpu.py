@@ -1,0 +1,146 @@
+"""CPU: the Hopper forward's persistent form (Sm90FwdTile.persistent, the kernel's PERSIST;
+cuflash._configs.SM90_FWD_PERSIST_VARIANTS): the kernel names (the configured ones unchanged), its shared memory (two Q
+buffers) said in Python and static_asserted, no score modifier, the offline build of every variant (no spills, no
+local memory, no ptxas performance note, with the pip NVRTC and the one CUFLASH_NVRTC_ALT names), and the launch grid
+of an explicit persistent tile (at most min_blocks blocks per SM of the stand-ins' 132, one per Q tile at most) on
+the memoized, explicit and packed paths with the GPU replaced by bench/diag/host_overhead.py's stand-ins."""
+import os
+from dataclasses import replace
+
+import pytest
+
+from cuflash import _configs
+from cuflash._configs import sm90_fwd_persist_tiles, sm90_fwd_spec, sm90_fwd_tile
+from conftest import run_with_stand_ins
+
+VARIANTS = [(d, n) for d in sorted(_configs.SM90_FWD_PERSIST_VARIANTS) for n in _configs.SM90_FWD_PERSIST_VARIANTS[d]]
+
+
+def test_configured_tiles_are_not_persistent_and_keep_their_names():
+    for d in _configs.SM90_HEADDIMS:
+        t = sm90_fwd_tile(d, False)
+        assert not t.persistent
+        for causal, mod in _configs.MASK_MODES:
+            assert sm90_fwd_spec("float16", d, causal, mod=mod) == sm90_fwd_spec("float16", d, causal,
+                                                                                 replace(t, persistent=False), mod)
+    assert all(not s.name.endswith(", true>") or s.name.count(",") <= 12 for s in _configs.sm90_fwd_specs())
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+def test_variant_names_and_shared_memory(d, name):
+    t = sm90_fwd_persist_tiles(d)[name]
+    assert t.persistent
+    dp = -(-d // 64) * 64
+    for causal in (False, True):
+        v = sm90_fwd_spec("bfloat16", d, causal, t)
+        assert v.name.endswith(f", 0, {'true' if t.o_tma else 'false'}, {t.min_blocks}, true>")
+        assert v.threads == t.threads
+        # two Q buffers; bar_q, empty_q per buffer and four barriers per stage
+        assert v.smem == (2 * t.block_m + 2 * t.stages * t.block_n) * dp * 2 + (4 + 4 * t.stages) * 8 + 1024
+        assert v.smem <= _configs.SM90_SMEM_PER_BLOCK
+
+
+def test_no_score_modifier_and_d256_does_not_fit():
+    t = sm90_fwd_persist_tiles(128)["persist"]
+    for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
+        with pytest.raises(ValueError, match="persistent form takes no score modifier"):
+            sm90_fwd_spec("float16", 128, False, t, mod)
+    with pytest.raises(ValueError, match="do not fit an SM"):
+        sm90_fwd_spec("float16", 256, False, replace(sm90_fwd_tile(256, False), persistent=True))
+
+
+def test_kernel_static_assert_checks_the_two_buffer_layout():
+    from cuflash._loader import compile_offline
+
+    t = sm90_fwd_persist_tiles(128)["persist"]
+    one_buffer = sm90_fwd_spec("float16", 128, False, replace(t, persistent=False)).smem
+    name = sm90_fwd_spec("float16", 128, False, t).name.replace(f", {sm90_fwd_spec('float16', 128, False, t).smem},",
+                                                                  f", {one_buffer},")
+    with pytest.raises(RuntimeError, match="host smem size must match the layout"):
+        compile_offline("flash_fwd_sm90.cu", [name], "90a", verbose=False)
+
+
+def _variant_specs():
+    out = []
+    for d, name in VARIANTS:
+        t = sm90_fwd_persist_tiles(d)[name]
+        for dt in ("float16", "bfloat16"):
+            for causal in (False, True):
+                out.append(sm90_fwd_spec(dt, d, causal, t))
+                if d != 64:  # (d64's variant takes the 16-byte stores: _configs.SM90_FWD_PERSIST_VARIANTS)
+                    out.append(sm90_fwd_spec(dt, d, causal, replace(t, o_tma=not t.o_tma)))
+    return out
+
+
+def test_variants_compile_spill_free_under_both_nvrtcs():
+    """Every variant, fp16 and bf16, causal and not, both epilogues at d96 and d128: no spills, no local memory, no
+    ptxas note (C75xx) -- with the pip NVRTC, and with CUFLASH_NVRTC_ALT's when set."""
+    from cuflash._compile_check import CompilePass, tasks
+
+    alt = os.environ.get("CUFLASH_NVRTC_ALT")
+    ts = tasks(_variant_specs(), (90,)) + (tasks(_variant_specs(), (90,), alt) if alt else [])
+    bad = []
+    for t, r in CompilePass().result(ts).items():
+        if r.get("error") or r["stack"] or r["spill_st"] or r["spill_ld"] or \
+                [w for w in r.get("ptxas_warnings", []) if "C75" in w]:
+            bad.append((t.name, t.nvrtc, {k: r.get(k) for k in ("regs", "stack", "spill_st", "error")}))
+    assert not bad, bad
+
+
+_BODY = r"""
+from cuflash import _configs, _fwd_sm90, _mods
+from cuflash._validate import check_qkv
+from cuflash._varlen import check_varlen
+
+for d, shapes in (("128", ((2, 300, 8), (2, 777, 2))), ("64", ((2, 300, 8), (2, 777, 2))),
+                  ("128", ((16, 1024, 16), (16, 1024, 16)))):
+    (b, sq, h), (_, sk, hk) = shapes
+    t = _configs.sm90_fwd_persist_tiles(int(d))["persist"]
+    q = T((b, sq, h, int(d)), torch.float16)
+    k, v = T((b, sk, hk, int(d)), torch.float16), T((b, sk, hk, int(d)), torch.float16)
+    qa, ka, va = check_qkv(q, k, v)
+    for causal in (False, True):
+        rec, _ = launches(lambda: _fwd_sm90.make_plan(qa, ka, va, None, causal, "auto", tile=t).run(qa.ptr, ka.ptr,
+                                                                                                     va.ptr))
+        res[f"plan {d} {b} {sq} {causal}"] = [[r[0], list(r[1])] for r in rec]
+    rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, True, tile=t))
+    res[f"forward {d} {b} {sq}"] = [[r[0], list(r[1])] for r in rec]
+    mods = _mods.resolve(False, (-1, -1), 30.0, None, sq, sk, int(d) ** -0.5)
+    res[f"mod {d} {b} {sq}"] = err(lambda: _fwd_sm90.forward(qa, ka, va, None, False, tile=t, mods=mods))
+qv, kv_ = T((700, 8, 128), torch.float16), T((900, 2, 128), torch.float16)
+vv = T((900, 2, 128), torch.float16)
+cq, ck = T((4,), torch.int32), T((4,), torch.int32)
+q4, k4, v4, packed = check_varlen(qv, kv_, vv, cq, ck, 350, 300)
+t = _configs.sm90_fwd_persist_tiles(128)["persist"]
+rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, tile=t, packed=packed))
+res["packed"] = [[r[0], list(r[1])] for r in rec]
+"""
+
+
+@pytest.fixture(scope="module")
+def res():
+    return run_with_stand_ins(_BODY)
+
+
+@pytest.mark.parametrize("d,b,sq,h", [(128, 2, 300, 8), (64, 2, 300, 8), (128, 16, 1024, 16)])
+def test_persistent_grid(res, d, b, sq, h):
+    t = sm90_fwd_persist_tiles(d)["persist"]
+    tiles = -(-sq // t.block_m) * h * b
+    for causal in (False, True):
+        (name, grid), = res[f"plan {d} {b} {sq} {causal}"]
+        assert name == sm90_fwd_spec("float16", d, causal, t).name
+        assert grid == [min(tiles, 132 * t.min_blocks), 1, 1]
+    (name, grid), = res[f"forward {d} {b} {sq}"]
+    assert name == sm90_fwd_spec("float16", d, True, t).name and grid == [min(tiles, 132), 1, 1]
+
+
+def test_persistent_tile_refuses_score_modifiers_before_a_launch(res):
+    kind, msg = res["mod 128 2 300"]
+    assert kind == "ValueError" and "persistent form takes no score modifier" in msg
+
+
+def test_persistent_packed_grid(res):
+    (name, grid), = res["packed"]
+    t = sm90_fwd_persist_tiles(128)["persist"]
+    assert name == sm90_fwd_spec("float16", 128, True, t).name
+    assert grid == [min((700 // t.block_m + 3) * 8, 132), 1, 1]  # Packed.grid: x (3 sequences) by 8 heads

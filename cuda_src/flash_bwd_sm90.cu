@@ -81,110 +81,6 @@ __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
   return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
 }
 
-// FUSE: where dQ leaves the fp32 accumulator for the output dtype. DQ_FUSE_NONE: flash_bwd.cu's convert kernel,
-// after this one. The fused variants (causal or not, MOD_NONE; cuflash/_configs.py: the same numbers) convert each
-// Q tile in this kernel, in the block that adds into it last, and take the dQ strategy from FUSE, not p.dq_strategy:
-// DQ_FUSE_ATOMIC adds as "atomic"; DQ_FUSE_ORDERED as "ordered" (in ORDER's order). Both count the additions of
-// each Q tile in the "ordered" semaphores (the host sets p.dq_strategy = DQ_ORDERED so that the preprocess zeroes
-// them every call).
-enum DqFuse { DQ_FUSE_NONE = 0, DQ_FUSE_ATOMIC = 1, DQ_FUSE_ORDERED = 2 };
-
-// The dQ writer of the fused variants: the whole warp 1 of the producer warpgroup. Lane 0 adds each staged tile as
-// the unfused writer does, but waits until the addition is complete (cp.async.bulk.wait_group 0: its writes to
-// global memory performed, not only its shared-memory source read), then counts it in the Q tile's semaphore
-// (sem[row / 64]) after fence.proxy.async.global (the async proxy's writes, ordered before the generic-proxy count)
-// with release semantics. The addition that makes the count reach the Q tile's number of KV tiles (those before
-// kv_block_end: a prefix, every query head alike since dQ is per query head) is the last one: "atomic" reads the
-// count back from the same atom (acquire: every earlier adder's release is visible), "ordered" knows it from its
-// turn (it acquired the previous turn's release). The last adder then holds the staging (dq_empty not yet
-// arrived): fence.proxy.async.global, a bulk copy of the summed fp32 tile from global memory into the staging
-// (the async proxy again, as "ordered"'s next reduction), completing on bar_kv (the consumers' only wait on it is
-// its phase 0, before their first tile, so before this writer's first dq_full), and the warp converts it:
-// dQ = softmax_scale * sum, rows below seqlen_q, columns below head_dim (the convert kernel's rule), then releases
-// the staging. KV tile 0 also writes, after its loop, the zero rows of the Q tiles no KV tile sees (causal,
-// seqlen_q > seqlen_k: those before its first Q tile), which the convert kernel wrote from the zeroed accumulator.
-template <typename T, int D, int BLOCK_M, int ORDER, int FUSE, class M>
-__device__ __forceinline__ void dq_writer_fused(const BwdParams& p, const SeqInfo& si, const M& band, int n_block,
-                                                int kv_head, int batch, int group, int m_begin, int num_m,
-                                                uint64_t* dq_full, uint64_t* dq_empty, uint64_t* bar_ld, float* stage) {
-  constexpr int BLOCK_N = 128, BYTES = BLOCK_M * D * 4;
-  const int lane = threadIdx.x % 32, total = group * num_m;
-  const int64_t ws_rows = bwd_ws_rows(p, false);
-  int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);
-  const uint32_t src = smem_addr(stage);
-  T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, batch, 0);
-  const int hd = (int)p.head_dim, seqlen_q = si.seqlen_q;
-  int h = 0, m = 0, loads = 0;
-#pragma unroll 1
-  for (int it = 0; it < total; ++it) {
-    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
-    if (++m == num_m) {
-      m = 0;
-      ++h;
-    }
-    const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
-    const int tiles = kv_block_end<BLOCK_N>(band, m0 + BLOCK_M);  // the KV tiles that add into this Q tile
-    int last = 0;
-    if (lane == 0) {
-      mbar_wait(dq_full, it & 1);
-      // this KV tile's turn under "ordered": ascending, or from the last one down (DQ_ORDER_KV_DESC)
-      const int turn = ORDER == DQ_ORDER_KV_DESC ? tiles - 1 - n_block : n_block;
-      if (FUSE == DQ_FUSE_ORDERED) {
-        while (ld_acquire_gpu(sem + row / 64) != turn) {
-        }
-        fence_proxy_async_global();
-      }
-      bulk_reduce_add_f32(p.dq_accum + row * D, src, BYTES);
-      bulk_commit_group();
-      bulk_wait_group<0>();  // added, not only read
-      fence_proxy_async_global();
-      if (FUSE == DQ_FUSE_ORDERED) {
-        last = turn == tiles - 1;
-        if (!last) red_release_gpu_add(sem + row / 64, 1);
-      } else {
-        last = atom_acq_rel_gpu_add(sem + row / 64, 1) == tiles - 1;
-      }
-      if (last) {  // the sum, back into the staging: the async proxy's reads, after the generic acquire
-        fence_proxy_async_global();
-        mbar_arrive_expect_tx(bar_ld, BYTES);
-        bulk_load(stage, p.dq_accum + row * D, BYTES, bar_ld);
-      } else {
-        mbar_arrive(dq_empty);
-      }
-    }
-    if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-    mbar_wait(bar_ld, ++loads & 1);  // (phase 0 was K / V's)
-    // the staging holds the tile fragment-tiled (attn/bwd.cuh): lane l's float4 of slot 32 k + l is rows
-    // m0 + 16 band + l / 4 (x, y) and + 8 (z, w), columns 8 f + 2 (l % 4) (+ 1)
-    const float scale = (float)p.softmax_scale;
-    T* dq_h = dq + hq * p.dq_head_stride;
-#pragma unroll 1
-    for (int k = 0; k < BLOCK_M * D / 128; ++k) {
-      const float4 x = reinterpret_cast<const float4*>(stage)[32 * k + lane];
-      const int i0 = m0 + 16 * (k / (D / 8)) + lane / 4, c = (k % (D / 8)) * 8 + 2 * (lane % 4);
-      if (c < hd) {
-        if (i0 < seqlen_q)
-          *reinterpret_cast<uint32_t*>(dq_h + i0 * p.dq_row_stride + c) = pack2<T>(x.x * scale, x.y * scale);
-        if (i0 + 8 < seqlen_q)
-          *reinterpret_cast<uint32_t*>(dq_h + (i0 + 8) * p.dq_row_stride + c) = pack2<T>(x.z * scale, x.w * scale);
-      }
-    }
-    __syncwarp();  // every lane has read the staging
-    if (lane == 0) mbar_arrive(dq_empty);
-  }
-  // The rows of the Q tiles before KV tile 0's first: no key, dQ = 0 (16-bit zeros, 2 per lane; after the loop, so
-  // that the consumers' first tiles do not wait for them).
-  if (n_block == 0) {
-    const int rows = min(m_begin * BLOCK_M, seqlen_q);
-#pragma unroll 1
-    for (int hh = 0; hh < group; ++hh)
-#pragma unroll 1
-      for (int r = 0; r < rows; ++r)
-        for (int c = 2 * lane; c < hd; c += 64)
-          *reinterpret_cast<uint32_t*>(dq + (kv_head * group + hh) * p.dq_head_stride + r * p.dq_row_stride + c) = 0u;
-  }
-}
-
 template <int D, int BLOCK_M, int STAGES>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
@@ -208,7 +104,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int FUSE = DQ_FUSE_NONE>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -229,8 +125,6 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
-  static_assert(FUSE == DQ_FUSE_NONE || (MOD == MOD_NONE && (FUSE == DQ_FUSE_ORDERED || ORDER == DQ_ORDER_PLAIN)),
-                "the fused convert: MOD_NONE, the other orders with DQ_FUSE_ORDERED only");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -301,10 +195,6 @@ __global__ void __launch_bounds__(384, 1)
         bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
         bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
       }
-    } else if (FUSE != DQ_FUSE_NONE && threadIdx.x / 32 == 1 && total > 0) {  // the dQ writer and converter
-      if constexpr (FUSE != DQ_FUSE_NONE)
-        dq_writer_fused<T, D, BLOCK_M, ORDER, FUSE>(p, si, band, n_block, kv_head, batch, group, m_begin, num_m,
-                                                    dq_full, dq_empty, bar_kv, dq_stage);
     } else if (threadIdx.x == 32 && total > 0) {  // the dQ writer
       const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
       const int64_t ws_rows = bwd_ws_rows(p, false);

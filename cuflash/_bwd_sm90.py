@@ -7,8 +7,7 @@ outside SM90_BWD_HEADDIMS' range, dropout, packed sequences, dq_strategy="loop",
 tile (both select sm80 kernels), empty sequences, and views whose base or strides are not 16-byte aligned (TMA).
 
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
-block and one fp32 workspace; with FUSED_CONVERT, "atomic" and "ordered" without modifiers launch no convert
-kernel: the main kernel converts) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
+block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
 maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector, the forward's
 (cuflash._fwd_sm90._scratch; the preprocess and convert kernels read only the first entry). A plan keeps the
 encoded maps of recent pointer sets (cuflash._fwd_sm90.memo_args).
@@ -18,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
-                       kernel_headdim, sm90_bwd_fuse, sm90_bwd_fused_tile, sm90_bwd_spec, sm90_bwd_tile)
+                       kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -78,28 +77,18 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
 
 
-# The fused dQ convert (cuflash._configs: Sm90BwdTile.fused_convert; cuda_src/flash_bwd_sm90.cu, FUSE): off by
-# default; a diagnostic may set it, and clear cuflash.backward._PLANS, to run "atomic" and "ordered" without the
-# convert kernel
-FUSED_CONVERT = False
-
-
 def main_launch(da, qa, ka, va, causal, mod, strategy=None):
-    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, its DQ_FUSE_*) of an eligible
-    call; strategy: the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER). A fused
-    kernel (not DQ_FUSE_NONE) writes dQ itself: the plan launches no convert kernel."""
+    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call; strategy:
+    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER)."""
     d = kernel_headdim(qa.shape[3])
-    tile = sm90_bwd_fused_tile(d) if FUSED_CONVERT else sm90_bwd_tile(d)
-    fuse = sm90_bwd_fuse(tile, strategy, mod)
-    if not fuse:
-        tile = sm90_bwd_tile(d)
+    tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
-    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, fuse)
+    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
             attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
-    return spec, tile.block_n, maps, fuse
+    return spec, tile.block_n, maps
 
 
 def run_plan(plan, dp, qp, kp, vp, op, lp):

@@ -424,9 +424,6 @@ class Sm90BwdTile:
     regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
     block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
     threads: int = 384
-    # dQ converted in the main kernel by the block that adds into a Q tile last (DQ_FUSE_*, the kernel's FUSE) instead
-    # of by the convert kernel: dq_strategy "atomic" and "ordered" without score modifiers (others keep the kernel)
-    fused_convert: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -446,20 +443,6 @@ def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
     return SM90_BWD_TILES[headdim]
 
 
-# The fused-convert variant's register split (regs_mma, regs_load) per head dim: its dQ writer warp also converts
-# (address arithmetic of the output rows and the loop over the Q tile: at 24 registers it spills 40-56 bytes under
-# both NVRTCs), so the producer warpgroup takes 40 and each consumer 232 (128 (40 + 2 x 232) = 168 x 384, the
-# launch allocation); at head dim 64 NVRTC 13.0 still spills 16 bytes in the bf16 causal "ordered" kernel's writer
-# at 40 (and 32), none at 56 with consumers of 224.
-SM90_BWD_FUSED_REGS = {64: (224, 56), 96: (232, 40), 128: (232, 40)}
-
-
-def sm90_bwd_fused_tile(headdim: int) -> Sm90BwdTile:
-    """The tile of the fused-convert variant (Sm90BwdTile.fused_convert) at this head dim."""
-    mma, load = SM90_BWD_FUSED_REGS[headdim]
-    return replace(sm90_bwd_tile(headdim), fused_convert=True, regs_mma=mma, regs_load=load)
-
-
 def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
     """K, V; stages x (Q, dO); 2 dS^T buffers; the dQ staging [block_m, headdim] fp32; stages x (lse_log2, D); the
     mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES, static_asserted)."""
@@ -474,35 +457,18 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
-# The sm90 backward's dQ convert (the kernel's FUSE): NONE, the convert kernel; ATOMIC / ORDERED, in the main kernel
-# with that dQ strategy (Sm90BwdTile.fused_convert)
-DQ_FUSE_NONE, DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED = 0, 1, 2
-
-
-def sm90_bwd_fuse(tile: Sm90BwdTile, strategy: str, mod: int = 0) -> int:
-    """The DQ_FUSE_* of a call: the tile's fused_convert for "atomic" and "ordered" without modifiers, else NONE."""
-    if not tile.fused_convert or mod:
-        return DQ_FUSE_NONE
-    return {"atomic": DQ_FUSE_ATOMIC, "ordered": DQ_FUSE_ORDERED}.get(strategy, DQ_FUSE_NONE)
-
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
-                  order: int = DQ_ORDER_PLAIN, fuse: int = DQ_FUSE_NONE) -> KernelSpec:
+                  order: int = DQ_ORDER_PLAIN) -> KernelSpec:
     """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
-    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers); fuse: a DQ_FUSE_* (not NONE:
-    mod 0; with an order other than PLAIN, ORDERED)."""
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers)."""
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    if fuse not in (DQ_FUSE_NONE, DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED) or (fuse and mod) or (
-            order and fuse == DQ_FUSE_ATOMIC):
-        raise ValueError(f"fuse must be one of 0, 1, 2 (non-zero: mod 0; 1: order 0); got fuse={fuse!r}, "
-                         f"order={order!r}, mod={mod!r}")
-    tail = (f", {mod}, {order}, {fuse}" if fuse else f", {mod}, {order}" if order else
-            (f", {mod}" if _mod_checked(causal, mod) else ""))
+    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -511,17 +477,7 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
-            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
-            sm90_bwd_fused_specs())
-
-
-def sm90_bwd_fused_specs():
-    """The fused-convert variants (Sm90BwdTile.fused_convert): "atomic" and "ordered" (causal: in
-    SM90_BWD_CAUSAL_ORDER), with and without the causal mask, no modifiers."""
-    return [sm90_bwd_spec(dt, d, c, sm90_bwd_fused_tile(d),
-                          order=SM90_BWD_CAUSAL_ORDER if c and f == DQ_FUSE_ORDERED else DQ_ORDER_PLAIN, fuse=f)
-            for dt in DTYPES for d in SM90_BWD_HEADDIMS for c in (False, True)
-            for f in (DQ_FUSE_ATOMIC, DQ_FUSE_ORDERED)]
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
 
 
 @dataclass(frozen=True)

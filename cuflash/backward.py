@@ -176,15 +176,12 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "'seqpar' there, and its dQ buffers do not fit the free memory")
         return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
                           packed, "sm80")
-    fuse = 0  # the sm90 main kernel converts dQ itself (cuflash._bwd_sm90.FUSED_CONVERT): no convert kernel
     if path == "sm90":
-        main_spec, block_n, maps, fuse = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy)
+        main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}
-    # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh; the fused convert counts each Q tile's additions
-    # in them too)
-    sems = rows // 64 if strategy == "ordered" or fuse else 0
+    sems = rows // 64 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh)
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d) + sems,), float32=True))
     p.ws_off = (0, 4 * rows, 8 * rows)
@@ -195,8 +192,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         **contiguous_fields("dq", c4(dq_shape)), **contiguous_fields("dk", c4(dkv_shape)),
         **contiguous_fields("dv", c4(dkv_shape)),
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
-        # (fused: the kernel takes its strategy from its FUSE; "ordered" here makes the preprocess zero the semaphores)
-        dq_strategy=DQ_STRATEGIES["ordered" if fuse else strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
+        dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
         **mod_fields(mods, softmax_scale, hd))
     dynamic = ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv")
     if packed is None:
@@ -211,15 +207,14 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     else:
         main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None,
                                      ua=ua), dev)
+    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
+    slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:
         p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
     else:  # x over every sequence's KV tiles ("loop": one block per (KV head, sequence))
         p.add_launch(main, (1, hk, b) if strategy == "loop" else (packed.kv_tiles(tile.block_n), hk, 1))
-    if not fuse:
-        conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
-        slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
-        p.add_launch(conv, (-(-slots // conv.threads), 1, 1))
+    p.add_launch(conv, (-(-slots // conv.threads), 1, 1))
     return p
 
 

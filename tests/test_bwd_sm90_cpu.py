@@ -73,27 +73,6 @@ r2, _ = launches(lambda: cuflash.flash_attn_backward(*args))
 args2 = tensors(1, 256, 256, 2, 2, 64)
 r3, _ = launches(lambda: cuflash.flash_attn_backward(*args2))
 res["memo"] = [r1, r2, r3, [a.data_ptr() for a in args], [a.data_ptr() for a in args2]]
-# the fused dQ convert (cuflash._bwd_sm90.FUSED_CONVERT): "atomic" and "ordered" without modifiers, fresh plans
-from cuflash import _bwd_sm90, backward as bwd_mod
-_bwd_sm90.FUSED_CONVERT = True
-bwd_mod._PLANS.clear()
-for d in (64, 96, 128):
-    for causal in (False, True):
-        for strategy in ("atomic", "ordered"):
-            rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, d), causal=causal,
-                                                                  dq_strategy=strategy,
-                                                                  deterministic=strategy == "ordered"))
-            res[f"fused {d} {causal} {strategy}"] = rec
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 72), causal=True))
-res["fused padded"] = rec
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), dq_strategy="seqpar"))
-res["fused seqpar"] = rec
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), window_size=(100, 0)))
-res["fused window"] = rec
-_bwd_sm90.FUSED_CONVERT = False
-bwd_mod._PLANS.clear()
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True))
-res["unfused again"] = rec
 """
 
 
@@ -276,79 +255,3 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
     with pytest.raises(ValueError, match="order"):
         _configs.sm90_bwd_spec("float16", 128, False, order=_configs.DQ_ORDER_KV_DESC)
-
-
-# ---- the fused dQ convert (cuflash._bwd_sm90.FUSED_CONVERT; cuda_src/flash_bwd_sm90.cu, FUSE) -----------------------
-
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("strategy", ["atomic", "ordered"])
-def test_fused_convert_launches_no_convert_kernel(res, d, causal, strategy):
-    """Two launches (preprocess, the fused main kernel with the fused tile's register split), one parameter block
-    whose dq_strategy is "ordered"'s (3: the preprocess zeroes the per-Q-tile counters), the usual grid."""
-    rec = res[f"fused {d} {causal} {strategy}"]
-    assert len(rec) == 2 and "preprocess" in rec[0][0]
-    fuse = {"atomic": _configs.DQ_FUSE_ATOMIC, "ordered": _configs.DQ_FUSE_ORDERED}[strategy]
-    order = _configs.SM90_BWD_CAUSAL_ORDER if causal and strategy == "ordered" else _configs.DQ_ORDER_PLAIN
-    spec = _configs.sm90_bwd_spec("float16", d, causal, _configs.sm90_bwd_fused_tile(d), order=order, fuse=fuse)
-    assert rec[1][0] == spec.name and spec in _configs.sm90_bwd_specs() and spec in _configs.all_specs()
-    assert rec[1][1] == [-(-777 // 128), 2, 2]
-    f = _fields(rec)
-    assert (f["dq_strategy"], f["num_dq_splits"]) == (3, 1)
-    assert rec[0][2][:2 * BWD_PARAMS.size] == rec[1][2][:2 * BWD_PARAMS.size]
-
-
-def test_fused_convert_keeps_the_kernel_elsewhere(res):
-    """A padded head dim runs the fused kernel of its compiled one; seqpar and the modifiers keep the convert kernel
-    and the default tile; with the switch off again, the default plan."""
-    rec = res["fused padded"]
-    assert len(rec) == 2 and rec[1][0] == _configs.sm90_bwd_spec(
-        "float16", 96, True, _configs.sm90_bwd_fused_tile(96), fuse=_configs.DQ_FUSE_ATOMIC).name
-    for name in ("fused seqpar", "fused window", "unfused again"):
-        rec = res[name]
-        assert len(rec) == 3 and "convert" in rec[2][0], name
-        assert f", {_configs.SM90_BWD_TILES[128].regs_mma}, {_configs.SM90_BWD_TILES[128].regs_load}," in rec[1][0]
-    assert res["unfused again"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
-    assert _fields(res["unfused again"])["dq_strategy"] == 0
-
-
-def test_fused_spec_names_and_refusals():
-    """The default kernels' names are unchanged (FUSE only in the fused ones' tail); the fused register split fits
-    the launch allocation; fuse with modifiers, or "atomic" with another order, is refused."""
-    t = _configs.sm90_bwd_fused_tile(128)
-    assert t.fused_convert and 128 * (t.regs_load + 2 * t.regs_mma) <= 65536 // (384 * 8) * 8 * 384
-    assert _configs.sm90_bwd_spec("float16", 128, True, order=2).name.endswith(", 0, 2>")
-    assert _configs.sm90_bwd_spec("float16", 128, True, t, order=2, fuse=2).name.endswith(", 0, 2, 2>")
-    for kw in (dict(mod=1, fuse=1), dict(order=2, fuse=1), dict(fuse=3)):
-        with pytest.raises(ValueError, match="fuse"):
-            _configs.sm90_bwd_spec("float16", 128, True, t, **kw)
-    assert _configs.sm90_bwd_fuse(_configs.sm90_bwd_tile(128), "atomic") == _configs.DQ_FUSE_NONE
-    assert _configs.sm90_bwd_fuse(t, "seqpar") == _configs.DQ_FUSE_NONE
-    assert _configs.sm90_bwd_fuse(t, "atomic", mod=1) == _configs.DQ_FUSE_NONE
-
-
-@pytest.mark.parametrize("bm", [64, 128])
-@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (130, 2100), (4095, 4097)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_fused_convert_covers_every_row_once(bm, sq, sk, causal):
-    """The fused writer's rules, emulated from the kernel's formulas: each Q tile with a KV tile that adds into it
-    is converted by exactly one block (the one whose count reaches kv_block_end's tiles, whatever the arrival
-    order, and in "ordered" the last turn), and the Q tiles no KV tile sees are exactly those before KV tile 0's
-    first Q tile (which it writes as zeros): every row below seqlen_q is written once."""
-    import random
-
-    blocks = _ordered_blocks(sq, sk, bm, 1, _configs.DQ_ORDER_PLAIN, causal)
-    diag, q_tiles = sk - sq, -(-sq // bm)
-    tiles = {m: (max(0, _cdiv_c(min(sk, (m + 1) * bm + diag) + 127, 128)) if causal else -(-sk // 128))
-             for m in range(q_tiles)}
-    adds = [(j, m) for j, items in blocks for _, m, _ in items]
-    for seed in range(3):
-        random.Random(seed).shuffle(adds)
-        count, converted = {}, []
-        for j, m in adds:
-            count[m] = count.get(m, 0) + 1
-            if count[m] == tiles[m]:
-                converted.append(m)
-        zero = [m for m in range(q_tiles) if m < blocks[0][1][0][1]]  # before KV tile 0's first Q tile
-        assert sorted(converted + zero) == list(range(q_tiles)), (seed, converted, zero)
-        assert all(tiles[m] == 0 for m in zero) and all(tiles[m] > 0 for m in converted)

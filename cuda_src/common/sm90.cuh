@@ -125,13 +125,6 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
 __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Adds v and returns the old value, acquire and release at GPU scope (an arrival count whose last arrival reads
-// what every earlier one wrote).
-__device__ __forceinline__ int atom_acq_rel_gpu_add(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
 // Orders this thread's generic-proxy and async-proxy (bulk copy, TMA) accesses of global memory.
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");

@@ -16,7 +16,7 @@ FILE = "micro/read_sweep.cu"
 ROW_BYTES = 256  # one row of the heads layouts: head dim 128 x 16 bits
 LAYOUTS = {"flat_grid": 0, "flat_chunk": 1, "heads_seq": 2, "heads_interleaved": 3}
 HINTS = {"plain": 0, "nc": 1, "l2_128": 2, "l2_256": 3}
-KINDS = ("ldg", "cp_async", "bulk", "warp_ring")
+KINDS = ("ldg", "cp_async", "bulk")
 BULK_MAX_STAGES = 16  # read_sweep.cu READ_BULK_MAX_STAGES
 BULK_BARRIER_BYTES = 128
 LDG_MAX_THREADS = 512  # read_ldg_kernel's __launch_bounds__
@@ -26,8 +26,8 @@ SMEM_STATIC = 128  # read_sweep.cu's warp sums
 # the most dynamic shared memory a block may ask for: the opt-in limit (227 KB) counts the static bytes too
 SMEM_MAX_BLOCK = SM90_SMEM_PER_BLOCK - SMEM_STATIC
 CP_ASYNC_U = 8  # 16-byte chunks per thread per ring stage
-# ReadSweepParams: k, v, out, then 11 int64 fields, in read_sweep.cu's order
-PARAM_FORMAT = "=QQQ" + "q" * 11
+# ReadSweepParams: k, v, out, then 10 int64 fields, in read_sweep.cu's order
+PARAM_FORMAT = "=QQQ" + "q" * 10
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,8 @@ class Heads:
 @dataclass(frozen=True)
 class Point:
     """One sweep point. depth: ldg U (16-byte loads per thread per tile), cp_async STAGES (ring of U = 8 chunks per
-    thread per stage), bulk stages, warp_ring STAGES (per warp); bulk_kb: bytes per bulk copy (one tile). layout:
-    LAYOUTS; splits / order / heads for the heads layouts (order "head": the decode kernel's block order, head-major;
-    "split": split-major). warp_ring (read_warp_ring_kernel: the decode kernel's per-warp rings): rows per warp tile
-    (`rows`), the refill before the wait (`early`) or after it, `spin` cycles of busy work per warp tile."""
+    thread per stage), bulk stages; bulk_kb: bytes per bulk copy (one tile). layout: LAYOUTS; splits / order /
+    heads for the heads layouts (order "head": the decode kernel's block order, head-major; "split": split-major)."""
 
     name: str
     kind: str
@@ -71,16 +69,11 @@ class Point:
     order: str = "head"
     heads: Heads = field(default_factory=Heads)
     note: str = ""
-    rows: int = 32
-    early: bool = False
-    spin: int = 0
 
     @property
     def tile_bytes(self) -> int:
         if self.kind == "bulk":
             return self.bulk_kb * 1024
-        if self.kind == "warp_ring":  # one K (or V) warp tile: the walk's unit
-            return self.rows * ROW_BYTES
         return self.threads * 16 * (self.depth if self.kind == "ldg" else CP_ASYNC_U)
 
     @property
@@ -90,16 +83,11 @@ class Point:
             return 0
         if self.kind == "cp_async":
             return self.depth * self.tile_bytes
-        if self.kind == "warp_ring":  # [warps][STAGES][K, V]
-            return self.threads // 32 * self.depth * 2 * self.tile_bytes
         return BULK_BARRIER_BYTES + self.depth * self.tile_bytes
 
     @property
     def block_in_flight(self) -> int:
-        """Bytes one block has in flight while it waits (ldg: its U loads; the rings: every stage; the per-warp rings:
-        the tiles issued when a warp starts to wait, STAGES (early) or STAGES - 1)."""
-        if self.kind == "warp_ring":
-            return self.threads // 32 * (self.depth - (not self.early)) * 2 * self.tile_bytes
+        """Bytes one block has in flight while it waits (ldg: its U loads; the rings: every stage)."""
         return self.tile_bytes if self.kind == "ldg" else self.depth * self.tile_bytes
 
     @property
@@ -114,9 +102,6 @@ class Point:
             hint = HINTS["plain"] if self.hint == "nc" else HINTS[self.hint]
             return KernelSpec(FILE, f"cuflash::read_cp_async_kernel<{self.depth}, {CP_ASYNC_U}, {hint}>",
                               self.threads, smem)
-        if self.kind == "warp_ring":
-            return KernelSpec(FILE, f"cuflash::read_warp_ring_kernel<{self.rows}, {self.depth}, "
-                              f"{'true' if self.early else 'false'}>", self.threads, smem)
         return KernelSpec(FILE, "cuflash::read_bulk_kernel", self.threads, smem, min_arch=90)
 
     def problems(self) -> list:
@@ -132,10 +117,8 @@ class Point:
             bad.append(f"threads {self.threads}")
         if self.kind == "ldg" and self.threads > LDG_MAX_THREADS:
             bad.append("ldg: more threads than its __launch_bounds__")
-        if self.kind in ("cp_async", "warp_ring") and self.depth < 2:
-            bad.append(f"{self.kind}: a ring needs 2 stages")
-        if self.kind == "warp_ring" and (self.layout != "heads_interleaved" or self.rows % 2 or self.spin < 0):
-            bad.append("warp_ring: the heads_interleaved layout, whole 2-row passes, spin >= 0")
+        if self.kind == "cp_async" and self.depth < 2:
+            bad.append("cp_async: a ring needs 2 stages")
         if self.kind == "bulk":
             if not 1 <= self.depth <= BULK_MAX_STAGES:
                 bad.append(f"bulk stages {self.depth}")
@@ -237,7 +220,7 @@ def prepare(p: Point, base_ptr: int, flat_bytes: int, out_ptr: int, device: int 
     h = p.heads
     bs, hs, rs = h.strides() if p.is_heads else (0, 0, ROW_BYTES)
     values = (base_ptr, base_ptr + (h.region_bytes if p.is_heads else 0), out_ptr, LAYOUTS[p.layout], steps,
-              p.tile_bytes, p.splits, h.kv_heads, bs, hs, rs, int(p.order == "split"), p.depth, p.spin)
+              p.tile_bytes, p.splits, h.kv_heads, bs, hs, rs, int(p.order == "split"), p.depth)
     fmt = struct.Struct(PARAM_FORMAT)
 
     def launch():  # the ReadSweepParams struct by value: argv[0] points at it (cuflash._launch._scratch)

@@ -50,18 +50,9 @@
 // Bytes in flight (the design target: HBM bandwidth x latency ~ 4.2 TB/s x ~1-1.5 us / 132 SMs
 // ~ 32-48 KB per SM; we aim at >= 64 KB so that the loaded latency may grow). At the top of iteration k
 // a warp has issued tiles 0 .. k + STAGES - 2 and waits for tile k; right after, it refills the slot of
-// tile k - 1 with tile k + STAGES - 1. So STAGES - 1 tiles of 2 * BLOCK_N * D * 2 bytes are issued per warp
-// when it starts to wait and while it computes, and per SM
+// tile k - 1 with tile k + STAGES - 1. So STAGES - 1 tiles of 2 * BLOCK_N * D * 2 bytes are in flight
+// per warp at all times (while it waits and while it computes), and per SM
 //   blocks/SM x NWARPS x (STAGES - 1) x 2 * BLOCK_N * D * 2 bytes.
-// The wait is for the last byte of tile k, so the warp's bytes in flight fall from STAGES - 1 tiles towards
-// STAGES - 2 while it waits: with STAGES = 2 (the d128 tile) to nothing, and they stay at nothing until the
-// refill is issued after the wait (cp.async.wait_group 0 = DEPBAR.LE SB0, 0x0, then WARPSYNC, then the
-// LDGSTS). EARLY_REFILL = true takes the read sweep's ring order (cuda_src/micro/read_sweep.cu) instead: the
-// slot of tile k is refilled with tile k + STAGES right after tile k's products (behind a __syncwarp: every
-// lane's ldmatrix of it is done), before the warp waits for tile k + 1, so STAGES tiles are issued when it
-// starts to wait and at least STAGES - 1 remain while it does (the same shared memory, one __syncwarp more
-// per tile; the arithmetic and its order are unchanged, so the output is bitwise the default's at the same
-// tiles and split count). Per SM: blocks/SM x NWARPS x STAGES tiles when the warps start to wait.
 // The configurations of cuflash/_configs.py (DECODE_KERNEL_TILES; fp16/bf16, padded smem rows of D + 8
 // elements; blocks/SM from shared memory, the registers allow at least as many):
 //   D = 128: BLOCK_N 32, 4 warps, 2 stages: tile 16 KB, smem 140 KB/block (MF 1) -> 1 block/SM on
@@ -88,8 +79,6 @@
 //              then query positions of one head: the host does not fold GQA heads into rows)
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
-//   EARLY_REFILL  refill a warp's ring slot right after the slot's products, before the wait for its next tile
-//              (see "Bytes in flight"; false: after that wait, the default)
 //
 // Programmatic Dependent Launch (sm_90; common/ptx.cuh: grid_dependency_wait / grid_launch_dependents). The host
 // launches this kernel as the dependent of flash_attn_with_kvcache's append kernel, and the combine as this kernel's
@@ -232,13 +221,9 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   }
 }
 
-// Launch bounds: EARLY_REFILL kernels say 1 block per SM (the most blocks their shared memory allows is 2 of <= 128
-// threads, which 255 registers still fit): without it ptxas held the head-dim-128 paged kernel (one row fragment) at
-// 168 registers under both NVRTCs and spilled 20 bytes. The default kernels' 0 is "no minimum", as before (their
-// SASS is unchanged).
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false, bool EARLY_REFILL = false>
-__global__ void __launch_bounds__(NWARPS * 32, EARLY_REFILL ? 1 : 0) flash_decode_kernel(const __grid_constant__ FwdParams p) {
+          int MOD = MOD_NONE, bool PAGED = false>
+__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
   using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;
@@ -350,8 +335,7 @@ __global__ void __launch_bounds__(NWARPS * 32, EARLY_REFILL ? 1 : 0) flash_decod
 
   // Q (all threads, one cp.async group; with a rotary embedding, plain loads rotated into shared memory,
   // attn/rotary.cuh: query row i at position seqlens_k[b] (+ i when causal or local)), then each warp's first
-  // AHEAD tiles (one group each, empty groups included so that the group count per iteration is static): STAGES - 1,
-  // or with EARLY_REFILL every slot (STAGES).
+  // STAGES - 1 tiles (one group each, empty groups included so that the group count per iteration is static).
   if (p.rotary_cos) {
     load_tile_rotated<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd, p.rotary_cos,
                                       p.rotary_sin, (int)p.rotary_dim, p.rotary_interleaved != 0, (int)p.seqlen_ro,
@@ -364,13 +348,12 @@ __global__ void __launch_bounds__(NWARPS * 32, EARLY_REFILL ? 1 : 0) flash_decod
   // what the append does not write (the parameter block, seqlens_k, leftpad_k, cache_batch_idx, block_table, q and
   // the rotary tables); the K/V rows it writes are read from here on, once it has completed.
   grid_dependency_wait();
-  constexpr int AHEAD = EARLY_REFILL ? STAGES : STAGES - 1;  // tile groups committed after Q's
 #pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     if (s < my_tiles) load_next(s);
     cp_async_commit();
   }
-  cp_async_wait<AHEAD>();       // this thread's Q chunks have landed ...
+  cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
   __syncthreads();              // ... everyone's (the only block barrier before the epilogue)
 
   // ldmatrix lane offsets (bytes): Q as the A operand (rows mf*16 + lane%16, cols kd*16 + (lane/16)*8);
@@ -393,18 +376,15 @@ __global__ void __launch_bounds__(NWARPS * 32, EARLY_REFILL ? 1 : 0) flash_decod
   OnlineSoftmax<MF> softmax;
   const float scale_log2 = (float)p.scale_log2;
 
-  // Groups committed after tile i's: AHEAD - 1 (tiles i + 1 .. i + AHEAD - 1, empty past the warp's last tile).
   int read_slot = 0, write_slot = STAGES - 1;
   for (int i = 0; i < my_tiles; ++i) {
-    cp_async_wait<AHEAD - 1>();   // tile i has landed for this lane ...
-    __syncwarp();                 // ... for every lane; (default) and every lane is done with tile i-1's slot
-    if constexpr (!EARLY_REFILL) {
-      if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
-      cp_async_commit();
-    }
+    cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
+    __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
+    if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
+    cp_async_commit();
     const uint32_t k_tile = ring_w + (uint32_t)(read_slot * L::SLOT_BYTES);
     read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
-    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;  // EARLY_REFILL: now tile i's slot
+    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
     // S = Q K^T  [BLOCK_M, BLOCK_N] (common/warp_gemm.cuh): Q fragments from registers or shared memory.
     float s[MF][NF][4];
@@ -437,12 +417,6 @@ __global__ void __launch_bounds__(NWARPS * 32, EARLY_REFILL ? 1 : 0) flash_decod
     gemm_pv_x4<T, MF, KN, DF>(
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
         [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
-
-    if constexpr (EARLY_REFILL) {
-      __syncwarp();  // WAR: every lane's ldmatrix of tile i's slot is done before the slot is refilled
-      if (i + STAGES < my_tiles) load_next(write_slot);  // tile i + STAGES, issued before the wait for tile i + 1
-      cp_async_commit();
-    }
   }
 
   // PDL: the KV loop's shared memory and registers are all this block still needs; let the combine's blocks be

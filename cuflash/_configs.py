@@ -489,10 +489,6 @@ class DecodeTile:
     block_n: int  # keys per warp tile (multiple of 16)
     nwarps: int  # warps per block; the split's warp tiles are dealt round-robin to them
     stages: int  # cp.async ring depth per warp (>= 2)
-    # EARLY_REFILL: a warp refills the slot it has just read right after that tile's products, before it waits for
-    # its next tile (stages tiles issued when it starts to wait), instead of after that wait (stages - 1, the d128
-    # tile's one tile draining to nothing while it waits); same shared memory, bitwise the same output
-    early_refill: bool = False
 
 
 # Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
@@ -513,28 +509,10 @@ DECODE_KERNEL_TILES = {
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
 
 
-# The decode kernel's ring refill orders (`plan_for(..., refill=)`): "wait" refills after the wait for the next tile
-# (the default), "early" before it (DecodeTile.early_refill; bench/NOTES.md, "Decode": the decode loop).
-DECODE_REFILLS = ("wait", "early")
-DECODE_DEFAULT_REFILL = "wait"
-
-
-def decode_tile(headdim: int, refill: str | None = None) -> DecodeTile:
+def decode_tile(headdim: int) -> DecodeTile:
     """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
-    footprints above fit both), with the ring refill order `refill` (DECODE_REFILLS; None: the default)."""
-    return with_refill(DECODE_KERNEL_TILES[headdim], refill)
-
-
-def check_refill(refill) -> None:
-    """ValueError naming `refill` unless it is None or one of DECODE_REFILLS."""
-    if refill is not None and (not isinstance(refill, str) or refill not in DECODE_REFILLS):
-        raise ValueError(f"refill must be None or one of {DECODE_REFILLS}; got {refill!r}")
-
-
-def with_refill(tile: DecodeTile, refill: str | None) -> DecodeTile:
-    """`tile` with the refill order `refill` (None: `tile` as it is)."""
-    check_refill(refill)
-    return tile if refill is None else replace(tile, early_refill=refill == "early")
+    footprints above fit both)."""
+    return DECODE_KERNEL_TILES[headdim]
 
 
 def decode_mf(headdim: int, rows: int) -> int:
@@ -559,27 +537,21 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    if tile.early_refill:  # the defaults' names are unchanged: the trailing template arguments only when not default
-        tail = f", {mod}, {'true' if paged else 'false'}, true"
-    else:
-        tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
+    tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
-def decode_family(dtype: str, headdim: int, causal: bool, mod: int, refill: str | None = None) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode, refill order): every row-fragment count, contiguous
-    and paged."""
-    tile = decode_tile(headdim, refill)
-    return [decode_spec(dtype, headdim, causal, mf, tile, mod=mod, paged=pg) for pg in (False, True)
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
+    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
-    """Every decode-kernel configuration the package can launch (both refill orders)."""
-    return [s for r in DECODE_REFILLS for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES
-            for s in decode_family(dt, d, causal, m, r)]
+    """Every decode-kernel configuration the package can launch."""
+    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block

@@ -36,9 +36,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, check_refill, combine_spec, decode_combine_spec,
-                       decode_mf, decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned,
-                       with_refill)
+from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
+                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import _props, get_launcher, sm_count, smem_per_sm
@@ -234,16 +233,14 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "block", trim: bool = True, pdl: bool | None = None,
-               refill: str | None = None) -> _Plan:
+               local: bool = False, combine: str = "block", trim: bool = True, pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
     split count without `without_empty_splits` (benchmarks); pdl: launch the dependent kernels (the combine after the
     split kernel, the decode kernel after the append) with Programmatic Dependent Launch where the device supports
-    it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does); refill: the ring refill
-    order (cuflash._configs.DECODE_REFILLS; None: `tile`'s, or the default tile's)."""
+    it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does)."""
     cache = cache or NO_CACHE_OPTIONS
     if pdl is None:
         pdl = _launch.PDL
@@ -258,8 +255,6 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
-    if refill is not None:
-        tile = with_refill(tile or decode_tile(d), refill)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
     dev = qa.device
@@ -655,26 +650,23 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
              alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True,
-             pdl: bool | None = None, refill: str | None = None) -> _Plan:
+             pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
     split-KV forward's one-warp-per-row combine), the split count before `without_empty_splits` with
-    trim=False, Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;
-    `plan.pdl` says whether the plan uses it) and the ring refill order with `refill` ("wait": the default; "early":
-    each warp refills a slot right after its products, before it waits for its next tile; `tile`'s flag when None)
-    (run it with `run_plan`)."""
+    trim=False and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;
+    `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     if pdl is not None:
         check_bool(pdl, "pdl")
-    check_refill(refill)
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
     options = None if block_table is None else (None, None, None, None, block_table, True)
     qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(q, k_cache, v_cache, k, v, cache_seqlens,
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, pdl, refill)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, pdl)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

@@ -98,9 +98,8 @@ def test_decode_specs_fit_and_name_their_smem():
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
-        # ..., SMEM_BYTES[, MOD[, PAGED]]> (the default refill order), ..., SMEM_BYTES, MOD, PAGED, true> (early)
-        assert re.search(rf", {s.smem}((, [01](, true)?)?|, [01], (true|false), true)>$", s.name), s.name
-        assert s.smem % 16 == 0, s.name
+        # ..., SMEM_BYTES[, MOD[, PAGED]]>
+        assert re.search(rf", {s.smem}(, [01](, true)?)?>$", s.name) and s.smem % 16 == 0, s.name
         assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
     for d, t in _configs.DECODE_KERNEL_TILES.items():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
@@ -111,35 +110,6 @@ def test_decode_specs_fit_and_name_their_smem():
         assert resident in (1, 2), d
         in_flight = resident * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
         assert in_flight >= 64 * 1024, (d, in_flight)
-
-
-def test_refill_orders_in_the_specs():
-    """Both refill orders of every decode configuration are compiled; the early one only differs by the trailing
-    template argument (same shared memory), the default's names are those without it."""
-    specs = _configs.decode_specs()
-    early = [s for s in specs if re.search(r", [01], (true|false), true>$", s.name)]
-    assert len(early) * 2 == len(specs)
-    default_names = {s.name for s in specs} - {s.name for s in early}
-    for s in early:
-        base = re.sub(r", ([01]), (true|false), true>$", "", s.name)
-        mod, paged = re.search(r", ([01]), (true|false), true>$", s.name).groups()
-        twin = base + (f", {mod}, true>" if paged == "true" else f", {mod}>" if mod != "0" else ">")
-        assert twin in default_names, s.name
-    assert _configs.decode_tile(128, "early") == _configs.DecodeTile(32, 4, 2, early_refill=True)
-    assert _configs.decode_tile(128, "wait") == _configs.decode_tile(128) == _configs.DECODE_KERNEL_TILES[128]
-    for bad in ("Early", "", 1, True):
-        with pytest.raises(ValueError, match="refill must be"):
-            _configs.decode_tile(128, bad)
-
-
-def test_host_path_refill(host_path):
-    for key, early in (("refill_early", True), ("refill_wait", False), ("refill_None", False)):
-        main = host_path[key][0]
-        assert main.startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, false, 2, "), main
-        assert main.endswith(", 0, false, true>") == early, (key, main)
-    (main,) = host_path["refill_paged"]
-    assert main.endswith(", 0, true, true>"), main
-    assert "refill must be None or one of ('wait', 'early'); got 'soon'" in host_path["refill_bad"]
 
 
 def test_decode_smem_formula():
@@ -271,21 +241,6 @@ call("batch_idx", q, k5, v5, cache_seqlens=sl, cache_batch_idx=bi, cache_leftpad
 cos = T((4096, 32), torch.float16); sin = T((4096, 32), torch.float16)
 call("rotary", q4, kc, vc, kn, vn, cos, sin, sl, causal=True, rotary_interleaved=False)
 call("rotary_fold", q, kc, vc, k1, v1, cos, sin, sl)
-# the ring refill order (plan_for(..., refill=)): the kernel a plan launches
-for refill in ("early", "wait", None):
-    ho.LAUNCHES.clear()
-    pl = decode.plan_for(q, kc, vc, cache_seqlens=sl, refill=refill)
-    decode.run_plan(pl, q, kc, vc, cache_seqlens=sl)
-    res["refill_" + str(refill)] = [r[0] for r in ho.LAUNCHES]
-ho.LAUNCHES.clear()
-pl = decode.plan_for(q, kp, vp, cache_seqlens=sl, block_table=bt, refill="early", num_splits=1)
-decode.run_plan(pl, q, kp, vp, cache_seqlens=sl, block_table=bt)
-res["refill_paged"] = [r[0] for r in ho.LAUNCHES]
-try:
-    decode.plan_for(q, kc, vc, cache_seqlens=sl, refill="soon")
-    res["refill_bad"] = "no error"
-except ValueError as e:
-    res["refill_bad"] = str(e)
 errs = {}
 def err(tag, *args, **kw):
     try:

@@ -116,23 +116,3 @@ def test_params_struct_matches_the_host_format():
     assert re.search(r"READ_BULK_MAX_STAGES = %d;" % br.BULK_MAX_STAGES, src)
     for name, value in br.LAYOUTS.items():
         assert re.search(r"READ_%s = %d;" % (name.upper(), value), src), name
-
-
-def test_warp_rings_are_the_decode_kernels_loop():
-    """The per-warp ring points: the d128 decode tile's warps, rows per warp tile, stages and ring shared memory; the
-    refill after the wait issues STAGES - 1 tiles per warp at a wait (the default kernel's 64 KB per SM), before it
-    STAGES (EARLY_REFILL's 128 KB)."""
-    from cuflash import _configs
-
-    d = sweep.DECODE
-    t = _configs.decode_tile(d["headdim"])
-    rings = [p for p in sweep.WARP_RINGS if p.threads == 32 * t.nwarps]
-    assert {p.early for p in rings} == {False, True} and {p.spin for p in rings} == {0, sweep.SPIN_PRODUCTS}
-    for p in rings:
-        assert p.kind == "warp_ring" and p.rows == t.block_n and p.depth == t.stages and p.blocks_per_sm == 1
-        assert p.layout == "heads_interleaved" and p.heads == sweep.BSHD
-        assert p.ring_bytes == t.nwarps * t.stages * 2 * t.block_n * d["headdim"] * 2
-        tiles = t.stages if p.early else t.stages - 1
-        assert p.block_in_flight == t.nwarps * tiles * 2 * t.block_n * d["headdim"] * 2
-    for p in sweep.WARP_RINGS:  # the 8-warp points keep the 4-warp ring's shared memory
-        assert p.ring_bytes == rings[0].ring_bytes and p.spec().name.startswith("cuflash::read_warp_ring_kernel<")

@@ -47,9 +47,8 @@ def _f64(x):
     return x.detach().double().cpu().numpy()
 
 
-def _check(tag, out, lse, q, kc, vc, seqlens, tol=4e-3, lse_tol=2e-4):
-    """out / lse against the float64 reference per batch element on its own valid keys (kc, vc contiguous): out within
-    tol x max(1, max |ref|), the LSE within lse_tol, -inf exactly where the reference has it, no NaN."""
+def _check(tag, out, lse, q, kc, vc, seqlens):
+    """out / lse against the float64 reference per batch element on its own valid keys (kc, vc contiguous)."""
     from cuflash import reference
 
     qn, kn, vn = _f64(q), _f64(kc), _f64(vc)
@@ -59,13 +58,13 @@ def _check(tag, out, lse, q, kc, vc, seqlens, tol=4e-3, lse_tol=2e-4):
         ro, rl = reference.attention_forward(qn[i:i + 1], kn[i:i + 1, :n], vn[i:i + 1, :n], None, False)
         e = float(np.abs(np.nan_to_num(o[i], nan=1e9) - ro[0]).max())
         err = max(err, e)
-        ok &= e <= tol * max(1.0, float(np.abs(ro[0]).max()))
+        ok &= e <= 4e-3 * max(1.0, float(np.abs(ro[0]).max()))
         ok &= bool(np.array_equal(np.isneginf(ls[i]), np.isneginf(rl[0])))
         fin = np.isfinite(rl[0])
         if fin.any():
             le = float(np.abs(ls[i][fin] - rl[0][fin]).max())
             lerr = max(lerr, le)
-            ok &= le < lse_tol
+            ok &= le < 2e-4
     ok &= not np.isnan(o).any()
     print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err:.2e} lse {lerr:.2e}", flush=True)
     return ok

@@ -10,15 +10,13 @@ One 2 GiB buffer of random fp16, read by:
   * torch's x.sum(dtype=float32) and x.max() over the whole buffer (the harness' old read probe);
   * the decoders on one large decode step over the SAME bytes, K = the first GiB, V = the second, as
     [8, 16384, 32, 128] fp16 caches (b8, 32 heads, 32 KV heads, 16k keys, d128, one query token): SDPA's cuDNN
-    backend, cuflash.flash_attn_with_kvcache and cuflash's plan with the ring refilled before the wait
-    (plan_for(..., refill="early")), each in CUDA-graph replay (4 calls per graph);
+    backend and cuflash.flash_attn_with_kvcache, each in CUDA-graph replay (4 calls per graph);
 all timed in turn, ROUNDS rounds (CUDA-event medians after warm-up; the decoders' graph time / 4 per call). Every
 line is the bytes read over the median time, in TB/s. The heads points read the decode caches as the decoders do
 (rows of 256 bytes, 8 KB apart in the [b, s, hk, d] cache; "bhsd" points read the same bytes as head-contiguous
 rows); "decode mimic" is the sweep point with the decode kernel's pattern on this case (a block per (batch, head),
 128 threads, K and V tiles interleaved, 64 KB in flight per block, 1 block per SM, 256 blocks in two waves), and the
-points named "mimic + ..." change one property of it each. The "warp rings" points are the decode kernel's own loop
-(per-warp rings, the refill after or before the wait) without its arithmetic, or with a busy wait standing in for it.
+points named "mimic + ..." change one property of it each.
 
 Stops starting rounds after --time-limit seconds (default 120; the points measured keep what they have). The table
 is last, sorted by TB/s, with the best pattern's parameters above it.
@@ -47,30 +45,6 @@ BHSD = Heads(8, 32, 16384, "bhsd")
 # 64 rows, K and V interleaved, a 4-stage ring -> K rows [64 j, 64 j + 128) and the same V rows in flight.
 MIMIC = Point("decode mimic", "cp_async", 4, threads=128, blocks_per_sm=1, layout="heads_interleaved", hint="plain",
               heads=BSHD, note="the decode kernel's pattern")
-
-
-# The decode kernel's own per-warp rings (read_warp_ring_kernel): 4 warps x 32-row (K, V) warp tiles x 2 stages (the
-# d128 tile's 128 KB of ring), the refill after the wait (the decode kernel's default order: one warp tile issued
-# when a warp starts to wait, none once it has landed until the refill) or before it (EARLY_REFILL: two), with no
-# work per tile or SPIN_PRODUCTS cycles standing in for the products (S = Q K^T, the softmax, O += P V of one 32-key
-# tile: ~330 instructions per warp, 64 HMMA of which 8 dependent, shuffles and 16 MUFU.EX2; an estimate). The
-# 8-warp point: 16-row warp tiles x 8 warps x 2 stages, the same shared memory.
-SPIN_PRODUCTS = 1000
-
-
-def _ring(name, early, spin=0, rows=32, warps=4):
-    return Point(name, "warp_ring", 2, threads=32 * warps, blocks_per_sm=1, layout="heads_interleaved", hint="plain",
-                 heads=BSHD, rows=rows, early=early, spin=spin)
-
-
-WARP_RINGS = (
-    _ring("warp rings 4w 32r x2, refill after wait", False),
-    _ring("warp rings 4w 32r x2, refill before wait", True),
-    _ring(f"warp rings 4w 32r x2, refill after wait, spin {SPIN_PRODUCTS}", False, SPIN_PRODUCTS),
-    _ring(f"warp rings 4w 32r x2, refill before wait, spin {SPIN_PRODUCTS}", True, SPIN_PRODUCTS),
-    _ring(f"warp rings 8w 16r x2, refill after wait, spin {SPIN_PRODUCTS}", False, SPIN_PRODUCTS, 16, 8),
-    _ring(f"warp rings 8w 16r x2, refill before wait, spin {SPIN_PRODUCTS}", True, SPIN_PRODUCTS, 16, 8),
-)
 
 
 def _mimic(name, **kw):
@@ -124,7 +98,6 @@ POINTS = (
           hint="plain", heads=BSHD),
     Point("heads bhsd bulk 16KB x4 1/SM", "bulk", 4, threads=128, bulk_kb=16, layout="heads_interleaved",
           heads=BHSD),
-    *WARP_RINGS,
 )
 
 
@@ -156,7 +129,7 @@ def _decoders(buf):
     import cuflash
     from bench.bench_decode import capture_graph
     from bench.diag.decode_probe import _sdpa_fn
-    from cuflash.decode import plan_for, run_plan
+    from cuflash.decode import plan_for
 
     b, h, hk, s, d = (DECODE[k] for k in ("batch", "heads", "kv_heads", "seqlen", "headdim"))
     half = buf.view(torch.float16)
@@ -172,12 +145,6 @@ def _decoders(buf):
         out["cuflash decode"] = (g.replay, kv_bytes, dict(num_splits=plan.num_splits, graph=g))
     except Exception as e:  # noqa: BLE001 - recorded as missing
         print(f"cuflash decode: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-    try:  # the ring refilled before the wait (DecodeTile.early_refill), the warp rings' "refill before wait"
-        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, refill="early")
-        g = capture_graph(lambda: run_plan(plan, q, kc, vc, cache_seqlens=seqlens), GRAPH_CALLS)
-        out["cuflash decode early refill"] = (g.replay, kv_bytes, dict(num_splits=plan.num_splits, graph=g))
-    except Exception as e:  # noqa: BLE001
-        print(f"cuflash decode early refill: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
     try:
         g = capture_graph(_sdpa_fn("cudnn", q, kc, vc, h, hk), GRAPH_CALLS)
         out["sdpa cudnn"] = (g.replay, kv_bytes, dict(graph=g))

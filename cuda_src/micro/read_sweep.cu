@@ -8,13 +8,7 @@
 //   read_cp_async_kernel<STAGES, U, HINT>  cp.async.cg 16 B into a STAGES-deep shared-memory ring, U chunks per
 //                                       thread per stage (the decode kernel's load, HINT as above);
 //   read_bulk_kernel                    cp.async.bulk (non-tensor) of one contiguous tile per stage into an
-//                                       mbarrier ring of p.stages stages (run time), one thread issuing;
-//   read_warp_ring_kernel<ROWS, STAGES, EARLY>  the decode kernel's own loop without its arithmetic: every warp
-//                                       streams its own (K, V) warp tiles of ROWS rows through a private
-//                                       STAGES-deep cp.async ring, refilled after (EARLY = false, the decode
-//                                       kernel's default) or before (true, its EARLY_REFILL) the wait for the
-//                                       warp's next tile, with p.spin cycles of busy work per tile standing in
-//                                       for the products (heads_interleaved layout only).
+//                                       mbarrier ring of p.stages stages (run time), one thread issuing.
 // and one walk of the tiles (ReadWalk, run time), so that the load kind and the layout are separate axes:
 //   READ_FLAT_GRID          block b reads tiles b, b + grid, b + 2 grid, ... of one flat region (the whole GPU
 //                           sweeps the buffer front to back: a grid-stride reduction, what torch's x.sum does);
@@ -65,7 +59,6 @@ struct ReadSweepParams {
   int64_t row_stride;      // bytes between 256-byte rows (the flat layouts: 256)
   int64_t split_major;     // heads layouts: block = split x heads + head (else head x splits + split, the decoder's)
   int64_t stages;          // read_bulk_kernel: ring depth (<= READ_BULK_MAX_STAGES)
-  int64_t spin;            // read_warp_ring_kernel: clock cycles of busy work per warp tile (0: none)
 };
 
 // The tiles one block reads, in order: tile(i) is the address of row 0 of its i-th tile. Regions are walked
@@ -234,76 +227,6 @@ __global__ void read_cp_async_kernel(const __grid_constant__ ReadSweepParams p) 
     for (int u = 0; u < U; ++u) sum += read_sum4(read_lds16(src + u * u_bytes));
     slot_w = slot_w + 1 == STAGES ? 0 : slot_w + 1;
     slot_r = slot_r + 1 == STAGES ? 0 : slot_r + 1;
-  }
-  cp_async_wait<0>();
-  read_block_sum(p.out, sum);
-}
-
-// ------------------------------------------------------------------------------------------ per-warp rings
-// flash_decode_kernel's loop (cuda_src/flash_decode.cu) with the products replaced by p.spin cycles of busy work:
-// warp w of W takes the walk's K / V tile pairs w, w + W, w + 2 W, ... (the decode kernel's round-robin warp tiles:
-// the block's W warp tiles cover W x ROWS consecutive rows), each a K tile of ROWS rows and the V tile of the same
-// rows, copied by the warp's lanes two 256-byte rows per cp.async pass (warp_load_tile's lane map at head dim 128)
-// into its own ring slot; one commit group per warp tile. Per trip, as the decode kernel:
-//   EARLY = false: wait for tile j (wait_group STAGES - 2), __syncwarp, refill the slot of tile j - 1 with tile
-//                  j + STAGES - 1, read tile j back, spin;
-//   EARLY = true:  wait for tile j (wait_group STAGES - 1), __syncwarp, read tile j back, spin, __syncwarp (WAR),
-//                  refill tile j's slot with tile j + STAGES.
-// A lane reads back the chunks it copied (every byte of the slot once, as read_cp_async_kernel). Dynamic shared
-// memory: W x STAGES x 2 x ROWS x 256 bytes.
-template <int ROWS, int STAGES, bool EARLY>
-__global__ void read_warp_ring_kernel(const __grid_constant__ ReadSweepParams p) {
-  static_assert(STAGES >= 2 && ROWS % 2 == 0, "a ring of whole passes");
-  constexpr int PASSES = ROWS / 2;                                  // cp.async per lane per K (or V) tile
-  constexpr uint32_t TILE = ROWS * READ_ROW_BYTES, SLOT = 2 * TILE;  // one K (or V) tile; a (K, V) slot
-  constexpr int AHEAD = EARLY ? STAGES : STAGES - 1;
-  extern __shared__ __align__(128) unsigned char read_smem[];
-  const ReadWalk w(p);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  const int64_t off0 = (int64_t)(lane >> 4) * p.row_stride + (lane & 15) * 16, pstep = 2 * p.row_stride;
-  const uint32_t ring = smem_addr(read_smem) + (uint32_t)(warp * STAGES) * SLOT + lane * 16u;
-  const int64_t pairs = p.steps / 2;                                // warp tiles of the block
-  const int my = warp < pairs ? (int)((pairs - warp + nwarps - 1) / nwarps) : 0;
-  auto issue = [&](int j, int slot) {                              // the warp's j-th tile -> slot
-    const int64_t pair = warp + (int64_t)j * nwarps;
-    const unsigned char* k = w.tile(2 * pair) + off0;
-    const unsigned char* v = w.tile(2 * pair + 1) + off0;
-    const uint32_t dst = ring + slot * SLOT;
-#pragma unroll
-    for (int i = 0; i < PASSES; ++i) read_cp_async16<READ_PLAIN>(dst + i * 512u, k + i * pstep, 0);
-#pragma unroll
-    for (int i = 0; i < PASSES; ++i) read_cp_async16<READ_PLAIN>(dst + TILE + i * 512u, v + i * pstep, 0);
-  };
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
-    if (s < my) issue(s, s);
-    cp_async_commit();
-  }
-  uint32_t sum = 0u;
-  int slot_r = 0, slot_w = STAGES - 1;
-#pragma unroll 1
-  for (int j = 0; j < my; ++j) {
-    cp_async_wait<AHEAD - 1>();
-    __syncwarp();
-    if constexpr (!EARLY) {
-      if (j + STAGES - 1 < my) issue(j + STAGES - 1, slot_w);
-      cp_async_commit();
-    }
-    const uint32_t src = ring + slot_r * SLOT;
-#pragma unroll
-    for (int i = 0; i < 2 * PASSES; ++i) sum += read_sum4(read_lds16(src + i * 512u));
-    if (p.spin > 0) {
-      const long long t0 = clock64();
-      while (clock64() - t0 < p.spin) {
-      }
-    }
-    slot_r = slot_r + 1 == STAGES ? 0 : slot_r + 1;
-    slot_w = slot_w + 1 == STAGES ? 0 : slot_w + 1;  // EARLY: now tile j's slot
-    if constexpr (EARLY) {
-      __syncwarp();  // WAR: every lane has read tile j's slot
-      if (j + STAGES < my) issue(j + STAGES, slot_w);
-      cp_async_commit();
-    }
   }
   cp_async_wait<0>();
   read_block_sum(p.out, sum);

@@ -296,7 +296,7 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     SM90_FWD_SHORT_TILES where the head dim and mask have one."""
     name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
     if name and mod == MOD_NONE and seqlen_k is not None and seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
-        return sm90_fwd_minb_tiles(headdim)[name]
+        return sm90_fwd_variant_tiles(headdim)[name]
     return SM90_FWD_TILES[headdim]
 
 
@@ -341,12 +341,14 @@ SM90_FWD_MINB_VARIANTS = {
 }
 
 
-# Short keys at head dim 64 without modifiers take a tile of 2-3 blocks per SM (bench.diag.fwd90_minb_probe, FA2
-# grid fp16/bf16 at 512-4k over the configured tile: non-causal "2x2wg n48" 1.00-1.10x at 512-1k, 0.90-0.94x from 2k;
-# causal "3x1wg n64" 1.20-1.34x at 512-1k, 0.94-0.98x from 2k; bench/NOTES.md). Head dim 128's variants measured
-# below its configured tile (0.88-0.99x at 1k), so it has none; the modifiers keep the configured tiles.
+# Short keys without modifiers take a variant of the configured tile (bench/NOTES.md; FA2 grid fp16/bf16 over the
+# configured tile). Head dim 64 takes a tile of 2-3 blocks per SM (bench.diag.fwd90_minb_probe: non-causal "2x2wg
+# n48" 1.00-1.10x at 512-1k, 0.90-0.94x from 2k; causal "3x1wg n64" 1.20-1.34x at 512-1k, 0.94-0.98x from 2k).
+# Causal head dim 128 takes the persistent form below (bench.diag.fwd90_persist_probe: 1.11-1.17x at 512, 1.01-1.03x
+# at 1k, 0.87-0.97x from 2k); non-causal it measured 0.94-1.06x at 512-1k and head dim 128's tiles of several blocks
+# per SM 0.88-0.99x at 1k, so it keeps the configured tile. The modifiers keep the configured tiles.
 SM90_FWD_SHORT_MAX_SEQLEN_K = 1024
-SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64"}
+SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128, True): "persist"}
 
 
 def sm90_fwd_minb_tiles(headdim: int) -> dict:
@@ -358,8 +360,9 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
 
 # The persistent form (Sm90FwdTile.persistent, the kernel's PERSIST; cuda_src/flash_fwd_sm90.cu and bench/NOTES.md
 # "Hopper forward"): min_blocks blocks per SM walking the Q tiles, the next tile's Q and first K/V loaded under the
-# current tile's epilogue, the barriers set up once. Not configured: reached through an explicit tile
-# (cuflash._fwd_sm90.make_plan / forward(tile=...); bench.diag.fwd90_persist_probe). Each is the configured tile of
+# current tile's epilogue, the barriers set up once. Configured for causal head dim 128 with short keys
+# (SM90_FWD_SHORT_TILES); every one is reachable through an explicit tile (cuflash._fwd_sm90.make_plan /
+# forward(tile=...); bench.diag.fwd90_persist_probe). Each is the configured tile of
 # its head dim with these fields: the configured epilogue (o_tma) and register split, but at d64 the 16-byte stores
 # (with the TMA store NVRTC 13.0 spills 8-16 B of the three consumers' 160 registers in the causal kernel); shared
 # memory holds two Q buffers (d64: 113 KB, d96 and d128: 193 KB; d256's 288 KB do not fit, so it has none). No
@@ -375,6 +378,11 @@ def sm90_fwd_persist_tiles(headdim: int) -> dict:
     """{name: Sm90FwdTile} of SM90_FWD_PERSIST_VARIANTS at a kernel head dim (empty where there are none)."""
     base = SM90_FWD_TILES[headdim]
     return {n: replace(base, **f) for n, f in SM90_FWD_PERSIST_VARIANTS.get(headdim, {}).items()}
+
+
+def sm90_fwd_variant_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of the tiles of several blocks per SM and the persistent form at a kernel head dim."""
+    return {**sm90_fwd_minb_tiles(headdim), **sm90_fwd_persist_tiles(headdim)}
 
 
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:

@@ -23,8 +23,9 @@ def test_configured_tiles_stay_one_block_and_keep_their_names():
         for causal, mod in _configs.MASK_MODES:
             base = sm90_fwd_spec("float16", d, causal, mod=mod)
             assert base == sm90_fwd_spec("float16", d, causal, replace(t, min_blocks=1), mod)
-    # (at most MOD and O_TMA after SMEM_BYTES: 12 commas; MINB would be a 13th)
-    assert all(s.name.count(",") <= 12 for s in _configs.sm90_fwd_specs())
+    # (MOD, O_TMA and MINB after SMEM_BYTES: at most 12 commas; only the persistent form's PERSIST is a 13th)
+    assert all(s.name.count(",") <= 12 or (s.name.count(",") == 13 and s.name.endswith(", true>"))
+               for s in _configs.sm90_fwd_specs())
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
@@ -125,18 +126,24 @@ def test_explicit_variant_tile_launches(res, d, name):
 
 
 def test_short_keys_tile_selection():
-    """Head dim 64 without modifiers takes its short-keys tile up to SM90_FWD_SHORT_MAX_SEQLEN_K keys; longer keys,
-    an unknown key count (packed sequences given max_seqlen_k as a device array), the modifiers and the other head
-    dims take the configured tile."""
+    """Without modifiers, head dim 64 takes its short-keys tiles (several blocks per SM) and causal head dim 128 the
+    persistent form, up to SM90_FWD_SHORT_MAX_SEQLEN_K keys; longer keys, an unknown key count (packed sequences
+    given max_seqlen_k as a device array), the modifiers, non-causal head dim 128 and the other head dims take the
+    configured tile."""
     from cuflash import _configs
+    from cuflash._configs import sm90_fwd_persist_tiles
 
     limit = _configs.SM90_FWD_SHORT_MAX_SEQLEN_K
-    for causal, name in ((False, "2x2wg n48"), (True, "3x1wg n64")):
-        short = sm90_fwd_minb_tiles(64)[name]
-        assert sm90_fwd_tile(64, causal, 1) == sm90_fwd_tile(64, causal, limit) == short and short.min_blocks > 1
-        assert short.o_tma and sm90_fwd_tile(64, causal, limit + 1) == _configs.SM90_FWD_TILES[64]
-        assert sm90_fwd_tile(64, causal, None) == _configs.SM90_FWD_TILES[64]
-    for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
-        assert sm90_fwd_tile(64, False, 512, mod) == _configs.SM90_FWD_TILES[64]
-    for d in (96, 128, 256):
-        assert sm90_fwd_tile(d, True, 512) == _configs.SM90_FWD_TILES[d]
+    cases = ((64, False, sm90_fwd_minb_tiles(64)["2x2wg n48"]), (64, True, sm90_fwd_minb_tiles(64)["3x1wg n64"]),
+             (128, True, sm90_fwd_persist_tiles(128)["persist"]))
+    for d, causal, short in cases:
+        assert sm90_fwd_tile(d, causal, 1) == sm90_fwd_tile(d, causal, limit) == short
+        assert short.min_blocks > 1 or short.persistent
+        assert short.o_tma and sm90_fwd_tile(d, causal, limit + 1) == _configs.SM90_FWD_TILES[d]
+        assert sm90_fwd_tile(d, causal, None) == _configs.SM90_FWD_TILES[d]
+        for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
+            assert sm90_fwd_tile(d, causal, 512, mod) == _configs.SM90_FWD_TILES[d]
+    assert sm90_fwd_tile(128, False, 512) == _configs.SM90_FWD_TILES[128]
+    for d in (96, 256):
+        for causal in (False, True):
+            assert sm90_fwd_tile(d, causal, 512) == _configs.SM90_FWD_TILES[d]

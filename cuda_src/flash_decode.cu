@@ -100,11 +100,12 @@
 namespace cuflash {
 
 // Shared-memory layout of flash_decode_kernel, in bytes (the host mirrors it: _configs.decode_smem_bytes).
-template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES>
+template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES, bool SWZ = false>
 struct DecodeSmem {
   static constexpr int BLOCK_M = 16 * MF;
-  static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row
-  static constexpr int TILE_BYTES = BLOCK_N * LDS * 2;                // one K (or V) warp tile
+  static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row (Q)
+  static constexpr int RS = SWZ ? D : LDS;                            // ... of the K / V rings (RingSwizzle)
+  static constexpr int TILE_BYTES = BLOCK_N * RS * 2;                 // one K (or V) warp tile
   static constexpr int SLOT_BYTES = 2 * TILE_BYTES;                   // K tile then V tile
   static constexpr int RING_BYTES = NWARPS * STAGES * SLOT_BYTES;     // [NWARPS][STAGES][K, V]
   static constexpr int Q_BYTES = BLOCK_M * LDS * 2;                   // [BLOCK_M][LDS]
@@ -126,12 +127,36 @@ struct WarpTileLanes {
   static constexpr int USED = RPP * CPR;
 };
 
+// The swizzled ring (the kernel's SWZ): K / V rows of D elements, unpadded, the 16-byte chunk c of tile row r stored
+// at chunk c ^ of(r). With the padded rows (D + 8 elements) every row but one in four starts 16 bytes off a 32-byte
+// sector of shared memory, and Nsight Compute counted 1.5x the L2 sectors of the bytes read on the large decode step
+// (the second half of each split sector a hit), where a read kernel with the same global addresses and unpadded
+// destinations counted 1.0x (bench/NOTES.md, "Decode"). Here a 32-byte global sector lands in one shared sector
+// (the XOR keeps chunk pairs 2k, 2k + 1 together) and a row starts on a 128-byte line (D = 64, 128, 256) or a 64-byte
+// half (D = 32, 96). ldmatrix stays conflict-free: the 8 rows of an 8x8 matrix (tile rows 8j .. 8j + 7) at one chunk
+// fall in 8 distinct 16-byte bank groups: rows of a multiple of 8 chunks XOR the chunk's low 3 bits with r mod 8;
+// rows of 4 or 12 chunks (D = 32, 96) put odd rows 64 bytes (4 groups) from even ones and XOR the low 2 bits with
+// (r / 2) mod 4. of(r) depends only on r mod 8, and warp tiles start on multiples of 16 rows.
+template <int D>
+struct RingSwizzle {
+  static constexpr int CPR = D / 8;
+  static constexpr int GROUP = CPR % 8 == 0 ? 8 : 4;
+  static_assert(CPR % GROUP == 0, "whole swizzle groups per row");
+  static constexpr int ROW_BYTES = D * 2;
+  static __device__ __forceinline__ int of(int row) { return GROUP == 8 ? (row & 7) : ((row >> 1) & 3); }
+  // byte offset of (row, chunk) in a tile
+  static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
+    return (uint32_t)(row * ROW_BYTES + ((chunk ^ of(row)) << 4));
+  }
+};
+
 // cp.async of one warp tile: `src` = this lane's first chunk (row row0 + lane / CPR of the matrix, column
 // (lane % CPR) * 8), `dst` = its smem address in tile[ROWS][D + 8]; rows at or past `nrows` are zero-filled
 // (a zero V row times a zero probability stays 0, never NaN: the cache past its valid length may hold
 // anything); their chunks get `base` (row 0 of the matrix, always mapped) as the address they do not read.
 // Full tiles (the common case, warp-uniform) take no per-row test.
-template <int ROWS, int D, typename T>
+// SWZ: `dst` is the tile's own address, and pass i of the lane lands at RingSwizzle::offset(its row, its chunk).
+template <int ROWS, int D, bool SWZ = false, typename T>
 __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const T* base, int64_t row_stride, int row0,
                                                int nrows, int lane) {
   using W = WarpTileLanes<D>;
@@ -139,15 +164,20 @@ __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const
   static_assert(ROWS % W::RPP == 0, "whole passes per tile");
   if (W::USED < 32 && lane >= W::USED) return;
   const int64_t step = W::RPP * row_stride;
+  const int lr = lane / W::CPR, lc = lane % W::CPR;
+  auto at = [&](int i) -> uint32_t {
+    if constexpr (SWZ) return dst + RingSwizzle<D>::offset(lr + i * W::RPP, lc);
+    else return dst + (uint32_t)(i * W::RPP * LDS * 2);
+  };
   if (row0 + ROWS <= nrows) {
 #pragma unroll
-    for (int i = 0; i < ROWS / W::RPP; ++i, src += step) cp_async_16(dst + (uint32_t)(i * W::RPP * LDS * 2), src, true);
+    for (int i = 0; i < ROWS / W::RPP; ++i, src += step) cp_async_16(at(i), src, true);
   } else {
-    const int left = nrows - row0 - lane / W::CPR;  // valid rows from this lane's first one
+    const int left = nrows - row0 - lr;  // valid rows from this lane's first one
 #pragma unroll
     for (int i = 0; i < ROWS / W::RPP; ++i, src += step) {
       const bool valid = i * W::RPP < left;
-      cp_async_16(dst + (uint32_t)(i * W::RPP * LDS * 2), valid ? src : base, valid);
+      cp_async_16(at(i), valid ? src : base, valid);
     }
   }
 }
@@ -180,7 +210,7 @@ struct PagedChunks {
 // (`pc`, looked up for this row0). `dst` as warp_load_tile's (the V tile TILE_BYTES after the K tile);
 // k_head / v_head: page 0 of the head (always mapped: the address of zero-filled chunks); col: the lane's
 // (clamped) source column.
-template <int ROWS, int D, int TILE_BYTES, typename T>
+template <int ROWS, int D, int TILE_BYTES, bool SWZ = false, typename T>
 __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head, const T* v_head,
                                                    const PagedChunks<ROWS>& pc, int64_t k_page_stride,
                                                    int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
@@ -190,7 +220,11 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   constexpr int CHUNK = 16;
   static_assert(ROWS % CHUNK == 0 && CHUNK % W::RPP == 0, "16-row page chunks in whole passes");
   if (W::USED < 32 && lane >= W::USED) return;
-  const int lr = lane / W::CPR;
+  const int lr = lane / W::CPR, lc = lane % W::CPR;
+  auto at = [&](int row) -> uint32_t {  // this lane's copy into tile row `row` (SWZ: dst is the tile's address)
+    if constexpr (SWZ) return dst + RingSwizzle<D>::offset(row + lr, lc);
+    else return dst + (uint32_t)(row * LDS * 2);
+  };
   // pass i of a chunk: byte offsets i x RPP x row bytes (32-bit: row strides are < 2^30 elements, and a chunk's
   // 16 rows stay well inside 2^32 bytes), one IMAD.WIDE.U32 per copy
   const uint32_t k_step = (uint32_t)(W::RPP * k_row_stride * (int64_t)sizeof(T));
@@ -201,7 +235,7 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
     if (r0 >= nrows) {  // past the end: zero-fill
 #pragma unroll
       for (int i = 0; i < CHUNK / W::RPP; ++i) {
-        const uint32_t d = dst + (uint32_t)((ch * CHUNK + i * W::RPP) * LDS * 2);
+        const uint32_t d = at(ch * CHUNK + i * W::RPP);
         cp_async_16(d, k_head, false);
         cp_async_16(d + TILE_BYTES, v_head, false);
       }
@@ -214,7 +248,7 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 #pragma unroll
     for (int i = 0; i < CHUNK / W::RPP; ++i) {
       const bool valid = i * W::RPP < left;
-      const uint32_t d = dst + (uint32_t)((ch * CHUNK + i * W::RPP) * LDS * 2);
+      const uint32_t d = at(ch * CHUNK + i * W::RPP);
       cp_async_16(d, valid ? ks + (uint32_t)i * k_step : reinterpret_cast<const char*>(k_head), valid);
       cp_async_16(d + TILE_BYTES, valid ? vs + (uint32_t)i * v_step : reinterpret_cast<const char*>(v_head), valid);
     }
@@ -222,9 +256,9 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 }
 
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false>
+          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false>
 __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
-  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
+  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, SWZ>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;
   constexpr int NF = BLOCK_N / 8;  // n8 fragments of S
@@ -239,7 +273,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   // Q fragments stay in registers when they take at most 32 of them (D <= 128 at MF = 1).
   constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: the SWZ ring addresses XOR bits 4-6 of a sum
   T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_M][LDS]
   unsigned char* ring = smem_raw + L::Q_BYTES;  // [NWARPS][STAGES][K | V][BLOCK_N][LDS]
 
@@ -309,7 +343,7 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   const int my_tiles = first < tile_end ? (tile_end - first + NWARPS - 1) / NWARPS : 0;
   const uint32_t ring_w = smem_addr(ring) + (uint32_t)(warp * STAGES * L::SLOT_BYTES);
   const int lane_row = lane / WarpTileLanes<D>::CPR, lane_col = (lane % WarpTileLanes<D>::CPR) * 8;
-  const uint32_t lane_dst = ring_w + (uint32_t)((lane_row * LDS + lane_col) * 2);
+  const uint32_t lane_dst = SWZ ? ring_w : ring_w + (uint32_t)((lane_row * LDS + lane_col) * 2);
   // A head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (the lane's source column clamped).
   const int hd = (int)p.head_dim, src_col = lane_col < hd ? lane_col : 0;
   int next_row = first * BLOCK_N;
@@ -320,13 +354,13 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
     const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
     if constexpr (PAGED) {
-      warp_load_kv_paged<BLOCK_N, D, L::TILE_BYTES>(dst, k_ptr, v_ptr, chunks, p.k_batch_stride, p.k_row_stride,
+      warp_load_kv_paged<BLOCK_N, D, L::TILE_BYTES, SWZ>(dst, k_ptr, v_ptr, chunks, p.k_batch_stride, p.k_row_stride,
                                                     p.v_batch_stride, p.v_row_stride, next_row, seqlen_k, lane,
                                                     src_col);
       chunks.lookup(pages, (int)p.page_size, next_row + NWARPS * BLOCK_N, seqlen_k);  // one tile ahead
     } else {
-      warp_load_tile<BLOCK_N, D>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
-      warp_load_tile<BLOCK_N, D>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
+      warp_load_tile<BLOCK_N, D, SWZ>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
+      warp_load_tile<BLOCK_N, D, SWZ>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
       k_src += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
       v_src += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
     }
@@ -359,8 +393,15 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   // ldmatrix lane offsets (bytes): Q as the A operand (rows mf*16 + lane%16, cols kd*16 + (lane/16)*8);
   // K rows as the B operand of Q K^T (plain ldmatrix); V rows as the B operand of P V (ldmatrix.trans).
   const uint32_t q_lane = smem_addr(q_smem) + (uint32_t)(((lane % 16) * LDS + (lane / 16) * 8) * 2);
-  const uint32_t k_lane = (uint32_t)((((lane % 8) + (lane / 16) * 8) * LDS + ((lane / 8) % 2) * 8) * 2);
-  const uint32_t v_lane = (uint32_t)((((lane % 8) + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8) * 2) + L::TILE_BYTES;
+  // SWZ: the lane's row offsets, and its chunk's XOR (RingSwizzle: of(row) is of(lane % 8) for every row the lane
+  // addresses; K's chunk 2 kd + (lane / 8) % 2 and V's df + lane / 16, df even, put the lane's bit in bit 0)
+  const uint32_t k_lane = SWZ ? (uint32_t)(((lane % 8) + (lane / 16) * 8) * L::RS * 2)
+                              : (uint32_t)((((lane % 8) + (lane / 16) * 8) * LDS + ((lane / 8) % 2) * 8) * 2);
+  const uint32_t v_lane = (SWZ ? (uint32_t)(((lane % 8) + ((lane / 8) % 2) * 8) * L::RS * 2)
+                               : (uint32_t)((((lane % 8) + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8) * 2)) +
+                          L::TILE_BYTES;
+  const uint32_t k_xor = (uint32_t)((((lane / 8) % 2) ^ RingSwizzle<D>::of(lane % 8)) << 4);
+  const uint32_t v_xor = (uint32_t)(((lane / 16) ^ RingSwizzle<D>::of(lane % 8)) << 4);
   uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
   if constexpr (Q_IN_REGS) {
 #pragma unroll
@@ -398,7 +439,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
             ldmatrix_x4(a, q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
           }
         },
-        [&](int nf, int kd) { return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2); });
+        [&](int nf, int kd) {
+          if constexpr (SWZ) return (k_tile + k_lane + (uint32_t)(nf * 8 * L::RS * 2 + kd * 32)) ^ k_xor;
+          else return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2);
+        });
 
     // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier
     // (warp-uniform branch); MOD_SCORE: shift, as flash_fwd_kernel.
@@ -416,7 +460,10 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     // O += P V: the S accumulators packed to 16-bit pairs are the A operand; V via ldmatrix.trans.
     gemm_pv_x4<T, MF, KN, DF>(
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
-        [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
+        [&](int kn, int df) {
+          if constexpr (SWZ) return (k_tile + v_lane + (uint32_t)(kn * 16 * L::RS * 2 + df * 16)) ^ v_xor;
+          else return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2);
+        });
   }
 
   // PDL: the KV loop's shared memory and registers are all this block still needs; let the combine's blocks be

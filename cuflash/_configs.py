@@ -497,6 +497,7 @@ class DecodeTile:
     block_n: int  # keys per warp tile (multiple of 16)
     nwarps: int  # warps per block; the split's warp tiles are dealt round-robin to them
     stages: int  # cp.async ring depth per warp (>= 2)
+    swizzle: bool = False  # the kernel's SWZ: K / V ring rows unpadded, 16-byte chunks XOR-swizzled (RingSwizzle)
 
 
 # Decode-kernel tiles per head dim: ~8 KB of K + V per warp tile (6 KB at d96, 4 KB at d32, 16 KB at d256)
@@ -529,11 +530,12 @@ def decode_mf(headdim: int, rows: int) -> int:
 
 
 def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
-    """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded; the cross-warp combine (fp32 O_w rows of
-    headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
+    """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded (the rings' unpadded with tile.swizzle); the
+    cross-warp combine (fp32 O_w rows of headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in
+    cuda_src/flash_decode.cu."""
     lds = headdim + SMEM_ROW_PAD
     block_m = 16 * mf
-    ring = tile.nwarps * tile.stages * 2 * tile.block_n * lds * ELEM_BYTES
+    ring = tile.nwarps * tile.stages * 2 * tile.block_n * (headdim if tile.swizzle else lds) * ELEM_BYTES
     red = tile.nwarps * block_m * (headdim + 8 + 3) * 4
     return block_m * lds * ELEM_BYTES + max(ring, red)
 
@@ -545,7 +547,11 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
+    if tile.swizzle and (headdim, mf, bool(causal), mod, bool(paged)) in DECODE_SWIZZLE_SPILLS:
+        raise ValueError(f"the swizzled decode ring is not built for head dim {headdim}, {mf} row fragment(s), "
+                         f"causal={causal}, mod {mod}, paged={paged}: it spills registers (DECODE_SWIZZLE_SPILLS)")
+    tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
+            else f", {mod}" if mod else "")
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
@@ -560,6 +566,28 @@ def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
 def decode_specs():
     """Every decode-kernel configuration the package can launch."""
     return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
+
+
+# The swizzled ring (DecodeTile.swizzle, the kernel's SWZ; cuda_src/flash_decode.cu RingSwizzle): reached through an
+# explicit tile (cuflash.decode.plan_for(..., tile=...); bench.diag.decode_swizzle_probe). These configurations
+# (head dim, row fragments, causal, mod, paged) spill under NVRTC 13.5 and 13.0 on sm_90 -- d128 with two row
+# fragments causal at 255 registers (36 B), d32 non-causal with one at 95-96 (8 B) -- and are not built.
+DECODE_SWIZZLE_SPILLS = {(128, 2, True, MOD_NONE, False), (32, 1, False, MOD_NONE, False),
+                         (32, 1, False, MOD_SCORE, False)}
+
+
+def decode_swizzle_specs():
+    """Every decode kernel of the swizzled ring (the default tiles with swizzle=True), less DECODE_SWIZZLE_SPILLS."""
+    out = []
+    for dt in DTYPES:
+        for d in HEADDIMS:
+            t = replace(decode_tile(d), swizzle=True)
+            for causal, m in MASK_MODES:
+                for pg in (False, True):
+                    for mf in range(1, DECODE_MAX_MF[d] + 1):
+                        if (d, mf, causal, m, pg) not in DECODE_SWIZZLE_SPILLS:
+                            out.append(decode_spec(dt, d, causal, mf, t, m, pg))
+    return out
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block

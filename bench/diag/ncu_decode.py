@@ -1,33 +1,75 @@
-"""Diagnostic (GPU, under Nsight Compute): the decode kernel on the large decode step (b8, 32 heads, 32 KV heads,
-16k cache, d128, fp16: 2 GiB of K/V, one split), launched twice (a warm-up, then the call to profile):
+"""Diagnostic (GPU, under Nsight Compute): the large decode step (b8, 32 heads, 32 KV heads, 16k cache, d128, fp16:
+2 GiB of K/V, one split) read by kernels over the same bytes -- cuflash's decode kernel (the default plan; "swz": its
+swizzled ring, DecodeTile.swizzle), SDPA's cuDNN backend and the read sweep's "decode mimic" (bench/diag/hbm_read_sweep.py: the decode kernel's grid and
+loads without its arithmetic) -- each warmed up twice, then called once between torch.cuda.profiler.start() and
+stop(), so that ncu profiles exactly those calls:
 
-    ncu --clock-control none -k regex:flash_decode_kernel --launch-skip 1 --launch-count 1 --section SchedulerStats \\
-        --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy python -m bench.diag.ncu_decode
-    bench/diag/ncu_source.sh /tmp/decode flash_decode_kernel 1 python3 -m bench.diag.ncu_decode   # per SASS line
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \\
+        --section SchedulerStats --section WarpStateStats --section Occupancy \\
+        --metrics lts__t_sectors.sum,lts__t_requests.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex.sum \\
+        python -m bench.diag.ncu_decode [--what cuflash,swz,cudnn,mimic]
+    bench/diag/ncu_source.sh /tmp/decode flash_decode_kernel 1 python3 -m bench.diag.ncu_decode --what cuflash
 
-What to read: the warps' stall reasons (WarpStateStats: "Long Scoreboard" at the DEPBAR of the ring's wait against
-the products' "Math Pipe Throttle" / "Short Scoreboard" / "MIO Throttle"), issue slots busy per scheduler (one warp
-per scheduler), DRAM throughput and L2 hit rate, and per SASS line (ncu_source.sh) where the samples fall."""
+What to read: per kernel the L2 throughput and hit rate against the DRAM throughput, and L2 sectors per DRAM byte
+(lts__t_sectors.sum x 32 / dram__bytes_read.sum): the decode kernel streams 4.1-4.2 TB/s with the L2 at 95% of its
+throughput, while the mimic and cuDNN stream 4.4-4.5 -- whether they do it with less L2 work per byte says whether
+the difference is in the requests the decode kernel makes (the Q load, the partial writes, the ring's requests) or
+elsewhere; then the warps' stall reasons (WarpStateStats) and issue slots (SchedulerStats)."""
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import replace
+
+WHAT = ("cuflash", "swz", "cudnn", "mimic")
 
 
-def main(argv) -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--what", default=",".join(WHAT), help=f"comma list of {', '.join(WHAT)}")
+    args = ap.parse_args(argv)
+    what = [w for w in args.what.split(",") if w]
+    bad = [w for w in what if w not in WHAT]
+    if bad:
+        raise ValueError(f"--what: unknown {bad}; choose from {WHAT}")
+
     import torch
 
+    import cuflash
+    from bench import bench_read as br
+    from cuflash import _configs
     from cuflash.decode import plan_for, run_plan
+    from bench.diag.decode_probe import _sdpa_fn
+    from bench.diag.hbm_read_sweep import BUFFER_BYTES, DECODE, MIMIC
 
-    b, h, hk, s, d = 8, 32, 32, 16384, 128
-    kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
-    vc = torch.randn_like(kc)
+    b, h, hk, s, d = (DECODE[k] for k in ("batch", "heads", "kv_heads", "seqlen", "headdim"))
+    torch.manual_seed(0)
+    buf = torch.empty(BUFFER_BYTES // 2, dtype=torch.float16, device="cuda").normal_()
+    n = b * s * hk * d
+    kc, vc = buf[:n].view(b, s, hk, d), buf[n: 2 * n].view(b, s, hk, d)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-    plan = plan_for(q, kc, vc, cache_seqlens=seqlens)
-    for _ in range(2):
-        run_plan(plan, q, kc, vc, cache_seqlens=seqlens)
-    torch.cuda.synchronize()
-    print(f"decode b{b} h{h} hk{hk} s{s} d{d}: {plan.num_splits} split(s)", flush=True)
+    out = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+    fns = {"cuflash": lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)}
+    if "swz" in what:
+        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=replace(_configs.decode_tile(d), swizzle=True))
+        fns["swz"] = lambda: run_plan(plan, q, kc, vc, cache_seqlens=seqlens)
+    if "cudnn" in what:
+        fns["cudnn"] = _sdpa_fn("cudnn", q, kc, vc, h, hk)  # (its one trial call runs here, outside the range)
+    if "mimic" in what:
+        prep = br.prepare(MIMIC, buf.data_ptr(), BUFFER_BYTES, out.data_ptr(),
+                          stream=torch.cuda.current_stream().cuda_stream)
+        fns["mimic"] = prep.launch
+    for name in what:
+        fn = fns[name]
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"{name}: decode b{b} h{h} hk{hk} s{s} d{d} profiled", flush=True)
     return 0
 
 

@@ -1,0 +1,220 @@
+"""Diagnostic (GPU): the decode kernel's swizzled ring (DecodeTile.swizzle, the kernel's SWZ: K / V rows unpadded,
+16-byte chunks XOR-swizzled; cuda_src/flash_decode.cu RingSwizzle) against the default padded rows.
+
+    python -m bench.diag.decode_swizzle_probe [--time-limit SECONDS] [--json FILE]
+
+(a) Correctness of the swizzled tile (plan_for(..., tile=replace(decode_tile(d), swizzle=True)) / run_plan) against
+    the float64 reference per batch element on its own keys (out within 4e-3 (bf16 1.6e-2) x max(1, max |ref|), LSE
+    within 2e-4 (bf16 1e-3), -inf exactly where the reference has it, no NaN): ragged cache_seqlens with 0 and
+    lengths inside a warp tile, MQA (two row fragments) / GQA / MHA, head dims 64 / 96 / 128 / 256, fp16 and bf16,
+    auto and forced split counts (1, 7), paged caches of 16-key pages, causal with several query rows, the rows past
+    each element's keys NaN. Every case also runs with the default tile at the same split count: the products and
+    their order are the same, so the outputs must be bitwise equal ("bitwise" on the line). Exit status 1 when a case
+    misses.
+(b) GPU time per call in CUDA-graph replay, q_len 1, 32 query heads, head dim 128 (fp16; one bf16 case), the
+    decode grid's large caches of 32 and 8 KV heads (512 MB - 4 GB) and small ones (latency-bound: the variant must
+    not cost there): old = the default plan, swz = the swizzled tile, cudnn = SDPA's CUDNN backend (enable_gqa=True),
+    timed in turn (harness.time_rounds, medians of ROUNDS rounds).
+The table is last: us per call, swz / old (< 1: the swizzle faster), cudnn / swz (>= 1: at or below cuDNN's time),
+and each provider's K/V bytes over its time in TB/s. Stops starting timing cases after --time-limit seconds
+(default 120).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+ROUNDS = 3
+H, D = 32, 128
+CALLS = 4  # graph calls per timing
+PROVIDERS = ("old", "swz", "cudnn")
+# (KV heads, batch, cache length, dtype): the large caches first, then small ones
+CASES = [(32, 8, 16384, "float16"), (32, 1, 131072, "float16"), (32, 8, 32768, "float16"),
+         (32, 64, 4096, "float16"), (8, 8, 32768, "float16"), (8, 8, 131072, "float16"),
+         (8, 64, 16384, "float16"), (8, 1, 131072, "bfloat16"), (1, 8, 65536, "float16"),
+         (32, 1, 32768, "float16"), (32, 1, 4096, "float16"), (8, 1, 16384, "float16"), (1, 1, 16384, "float16")]
+# (batch, cache capacity, KV heads, query heads, head dim, dtype, cache_seqlens, page size, query rows, causal)
+CHECKS = [(3, 4100, 1, 32, 128, "float16", [4100, 0, 130], 0, 1, False),  # MQA: 32 folded rows (two fragments)
+          (2, 3001, 8, 32, 128, "bfloat16", [3001, 17], 0, 1, False),
+          (2, 1500, 32, 32, 128, "float16", [1499, 1], 0, 1, False),
+          (2, 1500, 8, 32, 128, "float16", [1499, 40], 0, 3, True),  # 3 rows x 4 heads per KV head, causal
+          (2, 2050, 2, 8, 64, "float16", [2050, 333], 0, 1, False),
+          (3, 1000, 4, 16, 64, "bfloat16", [1000, 0, 31], 0, 1, False),
+          (2, 1000, 2, 8, 96, "float16", [999, 77], 0, 1, False),
+          (2, 1000, 2, 8, 256, "bfloat16", [999, 77], 0, 1, False),
+          (2, 700, 1, 16, 256, "float16", [700, 45], 0, 1, False),
+          (3, 2048, 8, 32, 128, "float16", [2048, 0, 1000], 16, 1, False),  # paged, pages of 16 keys
+          (2, 1024, 4, 8, 64, "bfloat16", [1024, 500], 16, 2, True)]  # paged, causal
+TOL = {"float16": (4e-3, 2e-4), "bfloat16": (1.6e-2, 1e-3)}
+
+
+def release_memory():
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _check(tag, out, lse, q, kc, vc, lens, causal, tol_o, tol_lse) -> bool:
+    """out / lse against the float64 reference per batch element on its own valid keys."""
+    from cuflash import reference
+
+    f64 = lambda t: t.double().cpu().numpy()  # noqa: E731
+    qn, kn, vn, o, ls = f64(q), f64(kc), f64(vc), f64(out), f64(lse)
+    ok, err, lerr = True, 0.0, 0.0
+    for i, n in enumerate(lens):
+        ro, rl = reference.attention_forward(qn[i:i + 1], kn[i:i + 1, :n], vn[i:i + 1, :n], None, causal)
+        e = float(np.abs(np.nan_to_num(o[i], nan=1e9) - ro[0]).max())
+        err = max(err, e)
+        ok &= e <= tol_o * max(1.0, float(np.abs(ro[0]).max()))
+        ok &= bool(np.array_equal(np.isneginf(ls[i]), np.isneginf(rl[0])))
+        fin = np.isfinite(rl[0])
+        if fin.any():
+            le = float(np.abs(ls[i][fin] - rl[0][fin]).max())
+            lerr = max(lerr, le)
+            ok &= le < tol_lse
+    ok &= not np.isnan(o).any()
+    print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err:.2e} lse {lerr:.2e}", flush=True)
+    return ok
+
+
+def correctness() -> bool:
+    import torch
+
+    from cuflash import _configs, _interop
+    from cuflash.decode import plan_for, run_plan
+
+    torch.manual_seed(0)
+    _interop.POISON = True
+    all_ok = True
+    for b, s, hk, h, d, dt, lens, ps, sq, causal in CHECKS:
+        dtype = getattr(torch, dt)
+        kc = torch.randn(b, s, hk, d, device="cuda").to(dtype)
+        vc = torch.randn_like(kc)
+        for i, n in enumerate(lens):  # the rows past each element's keys: NaN (the kernel must never use them)
+            kc[i, n:] = float("nan")
+            vc[i, n:] = float("nan")
+        q = torch.randn(b, sq, h, d, device="cuda").to(dtype)
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        kx, vx, bt = kc, vc, None
+        if ps:  # the same keys in pages of ps rows, in a random order
+            perm = torch.randperm(b * s // ps, device="cuda")
+            kx, vx = torch.empty_like(kc).view(-1, ps, hk, d), torch.empty_like(vc).view(-1, ps, hk, d)
+            kx[perm], vx[perm] = kc.reshape(-1, ps, hk, d), vc.reshape(-1, ps, hk, d)
+            bt = perm.reshape(b, s // ps).to(torch.int32)
+        swz = replace(_configs.decode_tile(d), swizzle=True)
+        for ns in (0, 1, 7):
+            outs = {}
+            for name, tile in (("swz", swz), ("old", None)):
+                plan = plan_for(q, kx, vx, cache_seqlens=seqlens, block_table=bt, causal=causal, tile=tile,
+                                num_splits=ns if ns or name == "swz" else outs["swz"][2])
+                out, lse = run_plan(plan, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
+                torch.cuda.synchronize()
+                outs[name] = (out, lse, plan.num_splits)
+            out, lse, n = outs["swz"]
+            same = torch.equal(out, outs["old"][0]) and torch.equal(lse, outs["old"][1])
+            tag = (f"swz {dt} d{d} b={b} sq={sq} h={h} hk={hk} s={s} causal={int(causal)} lens={lens}"
+                   f"{f' paged {ps}' if ps else ''} splits={n}{'(auto)' if not ns else ''} "
+                   f"{'bitwise' if same else 'NOT BITWISE'} = padded rows")
+            ok = _check(tag, out, lse, q, torch.nan_to_num(kc), torch.nan_to_num(vc), lens, causal, *TOL[dt])
+            if not same:
+                print(f"FAIL {tag}: the swizzled and the padded rings differ at the same split count", flush=True)
+            all_ok &= ok and same
+        del kc, vc, kx, vx
+        release_memory()
+    return all_ok
+
+
+def timing(limit_s: float) -> list:
+    import torch
+
+    from bench.bench_decode import capture_graph
+    from bench.diag.decode_probe import _sdpa_fn
+    from bench.harness import time_rounds
+    from cuflash import _configs
+    from cuflash.decode import plan_for, run_plan
+
+    recs = []
+    t0 = time.perf_counter()
+    swz = replace(_configs.decode_tile(D), swizzle=True)
+    for hk, b, s, dt in CASES:
+        kv_bytes = 2 * b * s * hk * D * 2
+        if time.perf_counter() - t0 > limit_s:
+            print(f"b={b} hk={hk} s={s} {dt}: skipped (past the {limit_s:.0f} s time limit)", flush=True)
+            continue
+        dtype = getattr(torch, dt)
+        kc = torch.randn(b, s, hk, D, device="cuda", dtype=dtype)
+        vc = torch.randn_like(kc)
+        q = torch.randn(b, 1, H, D, device="cuda", dtype=dtype)
+        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        plans = {"old": plan_for(q, kc, vc, cache_seqlens=seqlens),
+                 "swz": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz)}
+        graphs = {k: capture_graph(lambda plan=plan: run_plan(plan, q, kc, vc, cache_seqlens=seqlens), CALLS)
+                  for k, plan in plans.items()}
+        try:
+            graphs["cudnn"] = capture_graph(_sdpa_fn("cudnn", q, kc, vc, H, hk), CALLS)
+        except RuntimeError as e:
+            print(f"sdpa cudnn b={b} hk={hk} s={s}: {str(e).splitlines()[0][:100]}", flush=True)
+        res = time_rounds({k: g.replay for k, g in graphs.items()}, rounds=ROUNDS, warmup=2, rep=10,
+                          min_warmup_ms=2.0)
+        us = {k: (v[0] * 1e3 / CALLS if v[0] is not None else None) for k, v in res.items()}
+        rec = dict(batch=b, heads=H, heads_k=hk, seqlen_k=s, dtype=dt, kv_bytes=kv_bytes, us=us,
+                   splits={k: p.num_splits for k, p in plans.items()},
+                   tb_per_s={k: kv_bytes / (v * 1e-6) / 1e12 for k, v in us.items() if v})
+        recs.append(rec)
+        print(f"b={b} hk={hk} s={s // 1024}k {dt}: " + " ".join(f"{k}={v:.1f}us" for k, v in us.items() if v),
+              flush=True)
+        del graphs, plans
+        release_memory()
+    return recs
+
+
+def table(recs) -> str:
+    cols = ["case", "KV MB", "splits old / swz"] + [f"{p} us" for p in PROVIDERS] + ["swz / old", "cudnn / swz"] + \
+        [f"{p} TB/s" for p in PROVIDERS]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+    def f(x, fmt):
+        return format(x, fmt) if x else "-"
+
+    for r in recs:
+        us, tb, sp = r["us"], r["tb_per_s"], r["splits"]
+        case = f"hk{r['heads_k']} b{r['batch']} {r['seqlen_k'] // 1024}k{' bf16' if r['dtype'] == 'bfloat16' else ''}"
+        cells = [case, f"{r['kv_bytes'] / 2 ** 20:.0f}", f"{sp['old']} / {sp['swz']}"]
+        cells += [f(us.get(p), ".1f") for p in PROVIDERS]
+        old, new, cud = us.get("old"), us.get("swz"), us.get("cudnn")
+        cells += [f(new / old if new and old else None, ".3f"), f(cud / new if cud and new else None, ".3f")]
+        cells += [f(tb.get(p), ".2f") for p in PROVIDERS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.diag.decode_swizzle_probe")
+    ap.add_argument("--time-limit", type=float, default=120.0,
+                    help="seconds (from the start) after which no new timing case starts")
+    ap.add_argument("--json", default=None, help="also write the records to this file")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    ok = correctness()
+    print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(correct=ok, records=recs), fh, indent=1)
+    print(f"\ndecode swizzle probe ({time.perf_counter() - t0:.0f} s): GPU us per call in CUDA-graph replay, medians "
+          f"of {ROUNDS} rounds timed in turn; old = the padded rows (default), swz = the swizzled ring; swz / old < 1: "
+          f"the swizzle faster; cudnn / swz >= 1: at or below cuDNN; TB/s = K/V bytes / time; correctness "
+          f"{'ok' if ok else 'FAILED'}")
+    print(table(recs))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -128,10 +128,10 @@ struct WarpTileLanes {
 };
 
 // The swizzled ring (the kernel's SWZ): K / V rows of D elements, unpadded, the 16-byte chunk c of tile row r stored
-// at chunk c ^ of(r). With the padded rows (D + 8 elements) every row but one in four starts 16 bytes off a 32-byte
-// sector of shared memory, and Nsight Compute counted 1.5x the L2 sectors of the bytes read on the large decode step
-// (the second half of each split sector a hit), where a read kernel with the same global addresses and unpadded
-// destinations counted 1.0x (bench/NOTES.md, "Decode"). Here a 32-byte global sector lands in one shared sector
+// at chunk c ^ of(r). With the padded rows (D + 8 elements) every odd row starts 16 bytes off a 32-byte sector of
+// shared memory, and Nsight Compute counted 1.5x the L2 sectors of the bytes read on the large decode step (the
+// sectors fetched again as L2 hits), where a read kernel with the same global addresses and unpadded destinations
+// counted 1.0x (bench/NOTES.md, "Decode"). Here a 32-byte global sector lands in one shared sector
 // (the XOR keeps chunk pairs 2k, 2k + 1 together) and a row starts on a 128-byte line (D = 64, 128, 256) or a 64-byte
 // half (D = 32, 96). ldmatrix stays conflict-free: the 8 rows of an 8x8 matrix (tile rows 8j .. 8j + 7) at one chunk
 // fall in 8 distinct 16-byte bank groups: rows of a multiple of 8 chunks XOR the chunk's low 3 bits with r mod 8;

@@ -247,20 +247,28 @@ def err(fn):
 """
 
 
-def run_with_stand_ins(body: str) -> dict:
-    """Run `body` in a subprocess whose torch, driver launches and compiler are bench.diag.host_overhead's
-    stand-ins (the preamble above defines T, launches(), err() and a dict `res`); returns `res`, which the body
-    fills with JSON-able values."""
+def run_result_script(code: str) -> dict:
+    """Run the Python source `code` in a subprocess from the checkout's root; it prints its results as one line
+    "RESULT" + JSON, which is returned (the last such line)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    code = _STAND_IN_PREAMBLE.format(root=str(root)) + body + '\nprint("RESULT" + json.dumps(res))\n'
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
+
+
+def run_with_stand_ins(body: str) -> dict:
+    """Run `body` in a subprocess whose torch, driver launches and compiler are bench.diag.host_overhead's
+    stand-ins (the preamble above defines T, launches(), err() and a dict `res`); returns `res`, which the body
+    fills with JSON-able values."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return run_result_script(_STAND_IN_PREAMBLE.format(root=str(root)) + body + '\nprint("RESULT" + json.dumps(res))\n')
 
 
 def launch_params(launch, zero=("o", "lse")) -> tuple:

@@ -2,10 +2,8 @@
 integer arithmetic: split ranges, round-robin warp tiles, masks, the cross-warp combine) against naive
 attention, its configurations (names, shared memory, occupancy), and the host fast path of
 flash_attn_with_kvcache (plans, packed parameters, validation) with the GPU replaced by stand-ins."""
-import json
 import os
 import re
-import struct
 import subprocess
 import sys
 
@@ -16,6 +14,7 @@ from cuflash import _configs, reference
 from cuflash._params import APPEND_ARGS
 from cuflash.decode import (KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
                             resident_blocks, without_empty_splits)
+from conftest import run_result_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HO = "bench.diag.host_overhead" if os.path.exists(os.path.join(ROOT, "bench", "diag", "host_overhead.py")) \
@@ -271,11 +270,7 @@ print("RESULT" + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def host_path():
-    code = _HOST_SCRIPT.replace("ROOT", repr(ROOT)).replace("HO_MODULE", repr(HO))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return run_result_script(_HOST_SCRIPT.replace("ROOT", repr(ROOT)).replace("HO_MODULE", repr(HO)))
 
 
 def test_host_path_gqa_split(host_path):

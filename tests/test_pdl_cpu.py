@@ -6,7 +6,6 @@ built once per plan and stream, the switch (CUFLASH_PDL, plan_for(pdl=)), and th
 kernels unchanged by the griddepcontrol calls. The spill checks of every configuration are tests/test_compile.py's.
 GPU: PDL on and off bitwise equal, against the float64 reference, in CUDA graphs."""
 import ctypes
-import json
 import os
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ import sys
 import pytest
 
 from cuflash import _configs, _launch, _loader
+from conftest import run_result_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HO = "bench.diag.host_overhead"
@@ -149,16 +149,21 @@ _loader.device_cc = lambda device: 90
 _launch._pdl_capable.cache_clear()
 _launch._launch_ex = False  # a driver without cuLaunchKernelEx
 res["no_ex"] = decode.plan_for(q, kc, vc, cache_seqlens=sl).pdl
+bad = {}
+for v in (1, "yes", 0.0):
+    try:
+        decode.plan_for(q, kc, vc, cache_seqlens=sl, pdl=v)
+        bad[repr(v)] = "no error"
+    except TypeError as e:
+        bad[repr(v)] = str(e)
+res["bad_pdl"] = bad
 print("RESULT" + json.dumps(res))
 """
 
 
 @pytest.fixture(scope="module")
 def host():
-    code = _SCRIPT.replace("ROOT", repr(ROOT)).replace("HO_MODULE", repr(HO))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
+    return run_result_script(_SCRIPT.replace("ROOT", repr(ROOT)).replace("HO_MODULE", repr(HO)))
 
 
 def test_which_kernels_launch_with_pdl(host):
@@ -176,6 +181,8 @@ def test_switch_and_plan_for(host):
     assert not host["split_off"]["pdl"] and host["split_off"]["kinds"] == [None, None]
     assert not host["append_off"]["pdl"] and host["append_off"]["kinds"] == [None, None]
     assert host["plan_for"] == {"none": True, "on": True, "off": False}
+    for v, msg in host["bad_pdl"].items():  # not a bool: a TypeError naming pdl, before any launch
+        assert msg.startswith("pdl must be a bool"), (v, msg)
     # the same kernels, grids and parameter blocks with PDL on and off
     assert host["split"]["launches"] == host["split_off"]["launches"]
     assert host["append"]["launches"] == host["append_off"]["launches"]

@@ -6,12 +6,12 @@ addresses of K (plain) and V (trans), written as (base + offset) ^ lane XOR, are
 each lane must read, and the 8 rows of every 8x8 matrix fall in 8 distinct bank groups. Then the kernel names and
 shared memory, the configurations that are refused, and the offline build of every swizzled kernel (no spills, no
 local memory; sm_80 and sm_90 with the pip NVRTC, sm_90 with CUFLASH_NVRTC_ALT's when set)."""
-import os
 from dataclasses import replace
 
 import pytest
 
 from cuflash import _configs
+from conftest import compile_problems
 
 HEADDIMS = _configs.HEADDIMS
 
@@ -131,12 +131,5 @@ def test_spilling_configurations_raise():
 
 
 def test_swizzled_kernels_compile_spill_free():
-    from cuflash._compile_check import CompilePass, tasks
-
-    specs = _configs.decode_swizzle_specs()
-    alt = os.environ.get("CUFLASH_NVRTC_ALT")
-    ts = tasks(specs, (80, 90)) + (tasks(specs, (90,), alt) if alt else [])
-    bad = [(t.name, t.arch, t.nvrtc, {k: r.get(k) for k in ("regs", "stack", "spill_st", "error")})
-           for t, r in CompilePass().result(ts).items()
-           if r.get("error") or r["stack"] or r["spill_st"] or r["spill_ld"]]
+    bad = compile_problems(_configs.decode_swizzle_specs(), archs=(80, 90), c75=False)
     assert not bad, bad

@@ -11,16 +11,11 @@ import pytest
 import cuflash
 from cuflash import _configs, _fwd, _fwd_sm90
 from conftest import torch_inputs
-from test_flash_fwd_sm90 import _check
+from test_flash_fwd_sm90 import _check, _hopper  # noqa: F401 (_hopper: the autouse sm90 skip)
 from test_varlen import check as check_varlen, cu_of, packed_inputs
 
 pytestmark = pytest.mark.gpu
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if _fwd_sm90.device_cc(0) != 90:
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU")
 
 
 @pytest.fixture

@@ -4,14 +4,13 @@ shared-memory limits said in Python before a compile and in the kernel's static_
 variant (no spills, no local memory, no ptxas performance note, with the pip NVRTC and the one CUFLASH_NVRTC_ALT
 names), and the launch of an explicit variant tile (grid of its 64 nwg-row Q tiles) with the GPU replaced by
 bench/diag/host_overhead.py's stand-ins."""
-import os
 from dataclasses import replace
 
 import pytest
 
 from cuflash import _configs
 from cuflash._configs import Sm90FwdTile, sm90_fwd_minb_tiles, sm90_fwd_spec, sm90_fwd_tile
-from conftest import run_with_stand_ins
+from conftest import compile_problems, run_with_stand_ins
 
 VARIANTS = [(d, n) for d in sorted(_configs.SM90_FWD_MINB_VARIANTS) for n in _configs.SM90_FWD_MINB_VARIANTS[d]]
 
@@ -86,15 +85,7 @@ def _variant_specs():
 def test_variants_compile_spill_free_under_both_nvrtcs():
     """Every variant, both epilogues, fp16 and bf16 (causal and not): no spills, no local memory, no ptxas note
     (C7512: wgmma serialized for want of registers) -- with the pip NVRTC, and with CUFLASH_NVRTC_ALT's when set."""
-    from cuflash._compile_check import CompilePass, tasks
-
-    alt = os.environ.get("CUFLASH_NVRTC_ALT")
-    ts = tasks(_variant_specs(), (90,)) + (tasks(_variant_specs(), (90,), alt) if alt else [])
-    bad = []
-    for t, r in CompilePass().result(ts).items():
-        if r.get("error") or r["stack"] or r["spill_st"] or r["spill_ld"] or \
-                [w for w in r.get("ptxas_warnings", []) if "C75" in w]:
-            bad.append((t.name, t.nvrtc, {k: r.get(k) for k in ("regs", "stack", "spill_st", "error")}))
+    bad = compile_problems(_variant_specs())
     assert not bad, bad
 
 

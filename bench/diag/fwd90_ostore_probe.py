@@ -214,23 +214,51 @@ def table(rows):
         print(f"geomean o_tma / default: {float(np.exp(np.mean(np.log(g)))):.3f} over {len(g)} points")
 
 
-def main(argv):
+def print_geomeans(d, sel, pairs):
+    """One line per (numerator, denominator) of `pairs` and range (512-1k, all) over the rows `sel` of head dim d: the
+    geomean of the ratios of the two providers' TFLOP/s and its minimum."""
+    for num, den in pairs:
+        for label, keep in (("512-1k", lambda r: r["s"] <= 1024), ("all", lambda r: True)):
+            g = [r[num] / r[den] for r in sel if keep(r) and r.get(num) and r.get(den)]
+            if g:
+                print(f"geomean d{d} {num} / {den} over {label}: {float(np.exp(np.mean(np.log(g)))):.3f} "
+                      f"({len(g)} points, min {min(g):.3f})")
+
+
+def probe_main(argv, specs_fn, correctness_fn, timing_fn, table_fn, time_limit_s=None, before=None):
+    """The fwd90 probes' driver: sm90 check, --rounds (default ROUNDS) and, with time_limit_s, --time-limit (timing_fn
+    then takes (rounds, deadline)), the specs compiled ahead, `before()` (its result goes to table_fn after the rows),
+    correctness, timing, --json of the records, the table; exit status 1 when a correctness case missed."""
+    import time
+
     from cuflash._fwd_sm90 import device_cc
     from cuflash.precompile import compile_specs
 
+    t0 = time.perf_counter()
     if device_cc(0) != 90:
         print("needs a compute capability 9.0 GPU")
         return 2
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else ROUNDS
-    compile_specs(specs(), progress=True)
-    ok = correctness()
-    recs, rows = timing(rounds)
+    compile_specs(specs_fn(), progress=True)
+    extra = (before(),) if before else ()
+    ok = correctness_fn()
+    print(f"compiles and correctness: {time.perf_counter() - t0:.0f} s", flush=True)
+    if time_limit_s is None:
+        recs, rows = timing_fn(rounds)
+    else:
+        limit = float(argv[argv.index("--time-limit") + 1]) if "--time-limit" in argv else time_limit_s
+        recs, rows = timing_fn(rounds, t0 + limit)
     if "--json" in argv:
         with open(argv[argv.index("--json") + 1], "w") as fh:
             json.dump(recs, fh, indent=1)
+    print(f"total {time.perf_counter() - t0:.0f} s")
     print(f"correctness: {'all ok' if ok else 'FAILURES (see the correctness lines)'}")
-    table(rows)
+    table_fn(rows, *extra)
     return 0 if ok else 1
+
+
+def main(argv):
+    return probe_main(argv, specs, correctness, timing, table)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,14 @@ sequences.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from .fwd90_ostore_probe import BOUND, _err, add_records  # the reference bound and the error of an output (NaN flagged)
+from .fwd90_ostore_probe import BOUND, _err, add_records, print_geomeans, probe_main  # shared pieces
 
-ROUNDS = 3
 TIME_LIMIT_S = 200.0
 SEQLENS = (512, 1024, 2048, 4096)
 DTYPES = ("float16", "bfloat16")
@@ -192,36 +190,10 @@ def table(rows):
             print(f"{r['dtype']:<9}{r['s']:>7}{int(r['causal']):>7} | {f(r.get('def'))} {f(r.get('cudnn'))} "
                   f"{ratio(r.get('def'), r.get('cudnn'))} | {f(r.get('persist'))} {ratio(r.get('persist'), r.get('def'))} "
                   f"{ratio(r.get('persist'), r.get('cudnn'))} {ratio(r.get('persist'), r.get('1tile'))}")
-        for label, keep in (("512-1k", lambda r: r["s"] <= 1024), ("all", lambda r: True)):
-            for other in ("def", "cudnn"):
-                g = [r["persist"] / r[other] for r in sel if keep(r) and r.get("persist") and r.get(other)]
-                if g:
-                    print(f"geomean d{d} persist / {other} over {label}: {float(np.exp(np.mean(np.log(g)))):.3f} "
-                          f"({len(g)} points, min {min(g):.3f})")
-
+        print_geomeans(d, sel, [("persist", "def"), ("persist", "cudnn")])
 
 def main(argv):
-    from cuflash._fwd_sm90 import device_cc
-    from cuflash.precompile import compile_specs
-
-    t0 = time.perf_counter()
-    if device_cc(0) != 90:
-        print("needs a compute capability 9.0 GPU")
-        return 2
-    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else ROUNDS
-    limit = float(argv[argv.index("--time-limit") + 1]) if "--time-limit" in argv else TIME_LIMIT_S
-    compile_specs(specs(), progress=True)
-    ok = correctness()
-    print(f"compiles and correctness: {time.perf_counter() - t0:.0f} s", flush=True)
-    recs, rows = timing(rounds, t0 + limit)
-    if "--json" in argv:
-        with open(argv[argv.index("--json") + 1], "w") as fh:
-            json.dump(recs, fh, indent=1)
-    print(f"total {time.perf_counter() - t0:.0f} s")
-    print(f"correctness: {'all ok' if ok else 'FAILURES (see the correctness lines)'}")
-    table(rows)
-    return 0 if ok else 1
-
+    return probe_main(argv, specs, correctness, timing, table, TIME_LIMIT_S)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -2,6 +2,7 @@
 
     ncu --clock-control none -k regex:flash_fwd_kernel --section SchedulerStats --section WarpStateStats \\
         python -m bench.diag.ncu_fwd       # 4 kernels: d64/d128 x non-causal/causal, 4k tokens, fp16
+        python -m bench.diag.ncu_fwd 4096 --backend sm80   # the same on the mma.sync kernels (on a Hopper GPU)
 
 The warm-up call runs before the profiled one; give ncu `--launch-skip 1 --launch-count 1` per case, or
 profile every launch (each case is launched twice: warm-up, then the measured call)."""
@@ -34,6 +35,10 @@ def main(argv):
 
     import cuflash
 
+    backend = "auto"
+    if "--backend" in argv:
+        i = argv.index("--backend")
+        backend, argv = argv[i + 1], argv[:i] + argv[i + 2:]
     if argv and argv[0] == "pair":  # python -m bench.diag.ncu_fwd pair [seqlen [headdim [causal]]]
         a = argv[1:]
         return pair(int(a[0]) if a else 4096, int(a[1]) if len(a) > 1 else 128, len(a) > 2 and a[2] == "causal")
@@ -43,7 +48,7 @@ def main(argv):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
         for causal in (False, True):
             for _ in range(2):
-                cuflash.flash_attn_func(q, k, v, causal=causal)
+                cuflash.flash_attn_func(q, k, v, causal=causal, backend=backend)
     torch.cuda.synchronize()
 
 

@@ -117,7 +117,9 @@ def test_o_tma_launches_the_output_map(res, d):
 def test_o_tma_mask_modes_and_memo(res):
     name = res["o_tma causal"][0][0][0]
     assert name.startswith("cuflash::flash_fwd_sm90_kernel<__half, 128, 128, 2, 2, true, ")  # CAUSAL
-    assert name.endswith(", 0, true>")  # MOD_NONE spelled out, then O_TMA
+    t = _configs.sm90_fwd_tile(128, True, 777)  # 777 keys: causal head dim 128 takes the persistent form
+    assert t.o_tma and t.persistent and name == _configs.sm90_fwd_spec("float16", 128, True, t).name
+    assert name.endswith(", 0, true, 1, true>")  # MOD_NONE spelled out, then O_TMA, MINB and PERSIST
     assert res["o_tma window"][0][0][0].endswith(", 1, true>")
     r1, r2 = res["o_tma repeat"]
     assert len(_maps(r1[0][2], 4)[3]) == 128 and _map_fields(_maps(r1[0][2], 4)[3])[1] == [64, 300, 8, 2]

@@ -66,6 +66,21 @@
 // The work per tile is tiny next to its bytes (D = 128, BLOCK_N 16, MF 1: 32 HMMA + 16 LDSM.x4 + 8
 // exponentials per lane for 8 KB), so a warp spends its time waiting on its ring.
 //
+// TMA loads (flash_decode_tma_kernel; sm_90 only, compiled for sm_90a like the Hopper kernels). The same warps, tiles,
+// math and epilogue (one body, flash_decode_body<..., TMA>); only the ring's loads and its layout change. Lane 0 of
+// each warp issues its warp tile's K and its V as one tensor-map load each (DecodeMaps: a 5-d map whose box is a
+// whole [BLOCK_N, D] tile, written as D / 64 chunks of [BLOCK_N rows][128 bytes], 128-byte swizzled), completing on
+// the stage's mbarrier; the ldmatrix offsets XOR each 16-byte piece with the row (swizzle_piece). Rows past the
+// cache's end arrive as zeros; rows past seqlen_k inside the cache are the cache's, so the warp zeroes the V rows
+// of the element's last tile past the keys (their scores are masked to -inf whatever K holds). The slot of tile i is
+// refilled (tile i + STAGES) right after tile i's products, so all STAGES tiles of a warp are in flight while it
+// waits (the cp.async ring: STAGES - 1). The host takes it for contiguous caches whose head dim is D itself, D a
+// multiple of 64 (cuflash/_configs.py: decode_tma_ineligible). Tiles (DECODE_TMA_TILES; rows unpadded, + NWARPS x
+// STAGES mbarriers + 1 KB of alignment slack), each 2 blocks per sm_90 SM, 2 x NWARPS x STAGES x tile in flight:
+//   D =  64: BLOCK_N 32, 4 warps, 3 stages: 99-102 KB -> 2 x 4 x 3 x 8 KB = 192 KB (cp.async: 128 KB).
+//   D = 128: BLOCK_N 16, 4 warps, 3 stages: 101-106 KB -> 2 x 4 x 3 x 8 KB = 192 KB (cp.async: 64 KB).
+//   D = 256: BLOCK_N 16, 2 warps, 3 stages: 105 KB -> 2 x 2 x 3 x 16 KB = 192 KB (cp.async: 128 KB).
+//
 // Template parameters (chosen in cuflash/_configs.py: decode_spec):
 //   T          __half or __nv_bfloat16
 //   D          head dim (multiple of 16)
@@ -81,8 +96,11 @@
 //              page stride)
 //
 // Parameters: cuflash::FwdParams (attn/params.cuh) exactly as flash_fwd_kernel reads them; grid_order
-// is ignored (the grid is 1-D: m-block fastest, then split, head, batch).
+// is ignored (the grid is 1-D: m-block fastest, then split, head, batch). flash_decode_tma_kernel takes the same
+// template parameters but PAGED, and DecodeMaps after the parameter block.
 #include "common/ptx.cuh"
+// mbarriers and tensor-map loads of the TMA kernels (inline functions: nothing of them is emitted for the others)
+#include "common/sm90.cuh"
 #include "common/tile.cuh"
 #include "common/warp_gemm.cuh"
 #include "attn/params.cuh"
@@ -95,11 +113,14 @@
 namespace cuflash {
 
 // Shared-memory layout of flash_decode_kernel, in bytes (the host mirrors it: _configs.decode_smem_bytes).
-template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES>
+// TMA (flash_decode_tma_kernel): the ring first, at a 1024-byte aligned base (the 128-byte swizzle's pattern is a
+// function of address bits 7-9), its rows unpadded (TMA writes whole boxes); the Q tile after the ring (or the
+// combine's region, whichever is larger); the mbarriers [NWARPS][STAGES] last; + 1024 bytes of alignment slack.
+template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES, bool TMA = false>
 struct DecodeSmem {
   static constexpr int BLOCK_M = 16 * MF;
-  static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row
-  static constexpr int TILE_BYTES = BLOCK_N * LDS * 2;                // one K (or V) warp tile
+  static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row (Q; cp.async K/V)
+  static constexpr int TILE_BYTES = BLOCK_N * (TMA ? D : LDS) * 2;    // one K (or V) warp tile
   static constexpr int SLOT_BYTES = 2 * TILE_BYTES;                   // K tile then V tile
   static constexpr int RING_BYTES = NWARPS * STAGES * SLOT_BYTES;     // [NWARPS][STAGES][K, V]
   static constexpr int Q_BYTES = BLOCK_M * LDS * 2;                   // [BLOCK_M][LDS]
@@ -107,7 +128,11 @@ struct DecodeSmem {
   // m_w, l_w, and the final weights c_w / L, each [NWARPS][BLOCK_M] fp32.
   static constexpr int RLD = D + 8;  // fp32 row stride: float2 stores of a quad row hit 8 distinct banks
   static constexpr int RED_BYTES = NWARPS * BLOCK_M * (RLD + 3) * 4;
-  static constexpr int BYTES = Q_BYTES + (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES);
+  static constexpr int SHARED_BYTES = RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES;  // rings, then the combine
+  static constexpr int Q_OFF = TMA ? SHARED_BYTES : 0;
+  static constexpr int RING_OFF = TMA ? 0 : Q_BYTES;
+  static constexpr int BAR_OFF = Q_BYTES + SHARED_BYTES;  // TMA: the mbarriers (8-byte aligned: both are 16-byte units)
+  static constexpr int BYTES = BAR_OFF + (TMA ? NWARPS * STAGES * 8 + 1024 : 0);
 };
 
 // Lanes of a warp copying a [ROWS, D] 16-bit tile with 16-byte cp.async: each row is CPR = D / 8 chunks;
@@ -216,10 +241,28 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   }
 }
 
-template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false>
-__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
-  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES>;
+// TMA: the tensor maps of the K and V caches (cuflash/_tma.py: cache_map_spec): 5-d views (64 columns, cache rows,
+// D / 64 column chunks, KV heads, cache batch rows), innermost first, whose box (64, BLOCK_N, D / 64, 1, 1) is one
+// warp tile: one load writes its D / 64 chunks of [BLOCK_N rows][128 bytes], 128-byte swizzled, one after the other.
+struct DecodeMaps {
+  TmaDesc k, v;
+};
+
+// The 16-byte pieces of a 128-byte swizzled row: piece p of row r is stored at p ^ (r % 8) (common/sm90.cuh). A
+// warp tile's chunk c holds columns [64 c, 64 c + 64) of its BLOCK_N rows, row r at byte (c BLOCK_N + r) 128.
+__device__ __forceinline__ uint32_t swizzle_piece(int piece, int row) { return (uint32_t)((piece ^ (row % 8)) * 16); }
+
+// A 16-byte zero store to a shared address (TMA: the V rows of a tile past the keys, below).
+__device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
+}
+
+// The kernel body of flash_decode_kernel (TMA = false: the cp.async ring) and flash_decode_tma_kernel (TMA = true:
+// the tensor-map loads, `maps`; sm_90a), below.
+template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES, int MOD,
+          bool PAGED, bool TMA>
+__device__ __forceinline__ void flash_decode_body(const FwdParams& p, const DecodeMaps* maps) {
+  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, TMA>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;
   constexpr int NF = BLOCK_N / 8;  // n8 fragments of S
@@ -231,12 +274,16 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(MF >= 1 && STAGES >= 2 && NWARPS >= 1, "configuration");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout (cuflash/_configs.py)");
+  static_assert(!TMA || (D % 64 == 0 && !PAGED && BLOCK_N % 8 == 0 && BLOCK_N <= 256),
+                "TMA: whole 64-column boxes of at most 256 rows, contiguous caches");
   // Q fragments stay in registers when they take at most 32 of them (D <= 128 at MF = 1).
   constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_M][LDS]
-  unsigned char* ring = smem_raw + L::Q_BYTES;  // [NWARPS][STAGES][K | V][BLOCK_N][LDS]
+  // TMA: the layout from the next 1024-byte boundary (the slack is in SMEM_BYTES)
+  unsigned char* sm = TMA ? smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023) : smem_raw;
+  T* q_smem = reinterpret_cast<T*>(sm + L::Q_OFF);  // [BLOCK_M][LDS]
+  unsigned char* ring = sm + L::RING_OFF;  // [NWARPS][STAGES][K | V][BLOCK_N][LDS]; TMA: [..][D / 64][BLOCK_N][64]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -326,6 +373,17 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     }
     next_row += NWARPS * BLOCK_N;
   };
+  // TMA: the warp's stage barriers (count 1: lane 0's arrival, which expects the slot's bytes) and the loads of
+  // its tile at key row0, issued by lane 0: one tensor-map load for K, one for V (rows from cache row si.k_start on;
+  // rows past the cache's end arrive as zeros and count in the bytes, so every slot expects the same count).
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF) + warp * STAGES;  // [STAGES] of this warp
+  auto load_tile_tma = [&](int slot, int row0) {
+    uint64_t* bar = bars + slot;
+    const uint32_t dst = ring_w + (uint32_t)(slot * L::SLOT_BYTES);
+    mbar_arrive_expect_tx(bar, (uint32_t)L::SLOT_BYTES);
+    tma_load_5d(dst, &maps->k, bar, 0, si.k_start + row0, 0, (int)kv_head, (int)kv_batch);
+    tma_load_5d(dst + (uint32_t)L::TILE_BYTES, &maps->v, bar, 0, si.k_start + row0, 0, (int)kv_head, (int)kv_batch);
+  };
 
   // Q (all threads, one cp.async group; with a rotary embedding, plain loads rotated into shared memory,
   // attn/rotary.cuh: query row i at position seqlens_k[b] (+ i when causal or local)), then each warp's first
@@ -338,19 +396,38 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
   }
   cp_async_commit();
+  if constexpr (TMA) {  // lane 0: the warp's barriers, then its first STAGES tiles (all in flight at the first wait)
+    if (lane == 0) {
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < my_tiles) load_next(s);
-    cp_async_commit();
+      for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, 1);
+      fence_barrier_init();  // visible to the async proxy (the other lanes: the __syncthreads below)
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s)
+        if (s < my_tiles) load_tile_tma(s, (first + s * NWARPS) * BLOCK_N);
+    }
+    cp_async_wait<0>();  // this thread's Q chunks have landed ...
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < my_tiles) load_next(s);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
   }
-  cp_async_wait<STAGES - 1>();  // this thread's Q chunks have landed ...
   __syncthreads();              // ... everyone's (the only block barrier before the epilogue)
 
   // ldmatrix lane offsets (bytes): Q as the A operand (rows mf*16 + lane%16, cols kd*16 + (lane/16)*8);
   // K rows as the B operand of Q K^T (plain ldmatrix); V rows as the B operand of P V (ldmatrix.trans).
   const uint32_t q_lane = smem_addr(q_smem) + (uint32_t)(((lane % 16) * LDS + (lane / 16) * 8) * 2);
-  const uint32_t k_lane = (uint32_t)((((lane % 8) + (lane / 16) * 8) * LDS + ((lane / 8) % 2) * 8) * 2);
-  const uint32_t v_lane = (uint32_t)((((lane % 8) + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8) * 2) + L::TILE_BYTES;
+  // TMA: the same rows and 16-byte pieces in the swizzled chunks; the rows of one 8x8 matrix are 8 consecutive
+  // rows (r % 8 = lane % 8), so piece q of the k16 step / n8 pair lands at q ^ (lane % 8): the lane's offset for
+  // the first step, XORed at the address with the step's piece (bits 5-6 of the offset, below).
+  const uint32_t k_lane =
+      TMA ? (uint32_t)(((lane % 8) + (lane / 16) * 8) * 128) + swizzle_piece((lane / 8) % 2, lane % 8)
+          : (uint32_t)((((lane % 8) + (lane / 16) * 8) * LDS + ((lane / 8) % 2) * 8) * 2);
+  const uint32_t v_lane =
+      TMA ? (uint32_t)(((lane % 8) + ((lane / 8) % 2) * 8) * 128) + swizzle_piece(lane / 16, lane % 8) + L::TILE_BYTES
+          : (uint32_t)((((lane % 8) + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8) * 2) + L::TILE_BYTES;
   uint32_t q_frag[Q_IN_REGS ? MF : 1][Q_IN_REGS ? KD : 1][4];
   if constexpr (Q_IN_REGS) {
 #pragma unroll
@@ -367,12 +444,18 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
   const float scale_log2 = (float)p.scale_log2;
 
   int read_slot = 0, write_slot = STAGES - 1;
+  int phase = 0;  // TMA: the parity of the barriers' current phase in this pass over the ring
   for (int i = 0; i < my_tiles; ++i) {
-    cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
-    __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
-    if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
-    cp_async_commit();
-    const uint32_t k_tile = ring_w + (uint32_t)(read_slot * L::SLOT_BYTES);
+    const int slot = read_slot;
+    if constexpr (TMA) {
+      mbar_wait(bars + slot, phase);  // tile i has landed
+    } else {
+      cp_async_wait<STAGES - 2>();  // tile i has landed for this lane ...
+      __syncwarp();                 // ... for every lane; and every lane is done with tile i-1's slot
+      if (i + STAGES - 1 < my_tiles) load_next(write_slot);  // tile i + STAGES - 1 refills the freed slot
+      cp_async_commit();
+    }
+    const uint32_t k_tile = ring_w + (uint32_t)(slot * L::SLOT_BYTES);
     read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
     write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
@@ -388,11 +471,31 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
             ldmatrix_x4(a, q_lane + (uint32_t)((mf * 16 * LDS + kd * 16) * 2));
           }
         },
-        [&](int nf, int kd) { return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2); });
+        [&](int nf, int kd) {
+          if constexpr (TMA)  // chunk kd / 4, piece 2 (kd % 4) of the lane's rows
+            return (k_tile + k_lane + (uint32_t)((nf * 8 + (kd / 4) * BLOCK_N) * 128)) ^ (uint32_t)((kd % 4) * 32);
+          else
+            return k_tile + k_lane + (uint32_t)((nf * 8 * LDS + kd * 16) * 2);
+        });
 
     // Mask only tiles that cross the end of the keys or the band's edges, or all with a value modifier
     // (warp-uniform branch); MOD_SCORE: shift, as flash_fwd_kernel.
     const int col0 = (first + i * NWARPS) * BLOCK_N;
+    if constexpr (TMA) {
+      // The element's last tile (warp-uniform): its V rows past the keys are the cache's rows past cache_seqlens
+      // (anything, NaN included; their scores are masked, but 0 x NaN = NaN) or TMA's zeros: zero them, as the
+      // cp.async ring's zero-fill does. Whole 128-byte rows of each chunk, so the swizzle does not matter. No load
+      // follows into this slot (the tile is the warp's last), so no proxy fence is needed after these stores.
+      const int valid = seqlen_k - col0;
+      if (valid < BLOCK_N) {
+        const uint32_t v_tile = k_tile + (uint32_t)L::TILE_BYTES;
+        for (int e = lane; e < (BLOCK_N - valid) * (D / 8); e += 32) {  // D / 64 chunks x 8 pieces per row
+          const int r = valid + e / (D / 8), c = (e / 8) % (D / 64);
+          st_shared_zero16(v_tile + (uint32_t)((c * BLOCK_N + r) * 128 + (e % 8) * 16));
+        }
+        __syncwarp();
+      }
+    }
     float shift[MF][2];
     if (mask.needs_mask(m0, m0 + BLOCK_M - 1, col0, col0 + BLOCK_N - 1))
       mask.apply(s, m0, col0, lane, shift);
@@ -406,7 +509,19 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
     // O += P V: the S accumulators packed to 16-bit pairs are the A operand; V via ldmatrix.trans.
     gemm_pv_x4<T, MF, KN, DF>(
         acc_o, [&](uint32_t (&a)[4], int mf, int kn) { frag_to_a<T>(s[mf], kn, a); },
-        [&](int kn, int df) { return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2); });
+        [&](int kn, int df) {
+          if constexpr (TMA)  // chunk df / 8, piece df % 8 (+ lane / 16) of the lane's rows
+            return (k_tile + v_lane + (uint32_t)((kn * 16 + (df / 8) * BLOCK_N) * 128)) ^ (uint32_t)((df % 8) * 16);
+          else
+            return k_tile + v_lane + (uint32_t)((kn * 16 * LDS + df * 8) * 2);
+        });
+
+    if constexpr (TMA) {
+      __syncwarp();  // every lane's ldmatrix reads of the slot are done (WAR) before the async proxy refills it
+      if (lane == 0 && i + STAGES < my_tiles)  // tile i + STAGES: all STAGES slots in flight at the next wait
+        load_tile_tma(slot, col0 + STAGES * NWARPS * BLOCK_N);
+      phase ^= slot == STAGES - 1 ? 1 : 0;
+    }
   }
 
   // ---- Cross-warp combine. Every warp's ring is drained and read: reuse the rings for (m_w, l_w, O_w).
@@ -464,6 +579,22 @@ __global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
     }
   }
+}
+
+template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
+          int MOD = MOD_NONE, bool PAGED = false>
+__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
+  flash_decode_body<T, D, MF, BLOCK_N, NWARPS, CAUSAL, STAGES, SMEM_BYTES, MOD, PAGED, false>(p, nullptr);
+}
+
+// The TMA loads (sm_90a; contiguous caches, head dims that are multiples of 64): `maps` as cuflash/decode.py
+// encodes them (DecodeMaps), the rest as flash_decode_kernel. A minimum of 1 block per SM lifts the register target
+// ptxas otherwise settles on (168 with the head-dim-128 32-key tile, which then spilled with registers to spare).
+template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
+          int MOD = MOD_NONE>
+__global__ void __launch_bounds__(NWARPS * 32, 1)
+    flash_decode_tma_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ DecodeMaps maps) {
+  flash_decode_body<T, D, MF, BLOCK_N, NWARPS, CAUSAL, STAGES, SMEM_BYTES, MOD, false, true>(p, &maps);
 }
 
 // ---- Split-KV combine of the decode kernel's partials (flash_decode_combine_kernel).

@@ -394,6 +394,58 @@ DECODE_KERNEL_TILES = {
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
 
 
+# The TMA decode kernels (flash_decode_tma_kernel, sm_90a): each warp tile's K and its V arrive by one tensor-map
+# load each (128-byte swizzled 64-column chunks, rows unpadded) into a per-warp mbarrier ring, every slot refilled
+# right after its tile's products, so all `stages` tiles of a warp are in flight while it waits (cp.async:
+# stages - 1). Head dims whose input rows fill whole 64-column boxes (no padding columns). Each keeps 192 KB of K / V
+# in flight per sm_90 SM while the warps wait, in 2 blocks of 99-106 KB (head dim 128: 16-key tiles; 32 keys x 4
+# warps x 3 stages, 1 block of 197 KB, spilled 8-36 B at 32 rows: bench/diag/decode_tma_probe.py times it at 16).
+# Not yet measured against the cp.async ring (bench/NOTES.md, "Decode").
+DECODE_TMA_TILES = {
+    64: DecodeTile(32, 4, 3),
+    128: DecodeTile(16, 4, 3),
+    256: DecodeTile(16, 2, 3),
+}
+# The decode kernel's K / V loads ("cp_async": the cp.async ring on every device; "tma": DECODE_TMA_TILES on sm_90
+# where they apply, `decode_tma_ineligible`); `plan_for(..., loads=)` and flash_attn_with_kvcache(..., loads=) pick
+# one per call. The default when a call names none (a call it cannot take keeps the cp.async ring):
+DECODE_LOADS = ("cp_async", "tma")
+DECODE_DEFAULT_LOADS = "cp_async"
+
+
+def decode_tma_ineligible(arch: int, input_headdim: int, paged: bool = False, maps_ok: bool = True) -> str | None:
+    """Why the TMA decode kernel cannot run a call, or None when it can: it needs an sm_90 device (its cubins are
+    sm_90a), an input head dim that is a DECODE_TMA_TILES head dim itself (64-column boxes: no padding columns to
+    fill), a contiguous cache (a paged cache's warp tile may span two pages: its rows are found per 16-row chunk by
+    the cp.async ring) and caches a tensor map can describe (`maps_ok`: cuflash._tma.tma_compatible)."""
+    if arch != 90:
+        return f"the TMA loads need an sm_90 device (sm_90a kernels); this one is sm_{arch}"
+    if input_headdim not in DECODE_TMA_TILES:
+        return (f"head dim {input_headdim}: the TMA loads take head dims {tuple(DECODE_TMA_TILES)} (whole 64-column "
+                f"boxes)")
+    if paged:
+        return ("a paged cache (block_table): a warp tile may span two pages, whose rows the cp.async ring finds per "
+                "16-row chunk")
+    if not maps_ok:
+        return "k_cache / v_cache strides a tensor map cannot describe (positive 16-byte multiples below 2^40)"
+    return None
+
+
+def decode_uses_tma(loads, arch: int, input_headdim: int, paged: bool = False, maps_ok: bool = True) -> tuple:
+    """(whether a decode call takes the TMA kernel, why not: "" when it does). loads None -> DECODE_DEFAULT_LOADS,
+    keeping the cp.async ring where TMA does not apply; "cp_async" -> no; "tma" -> yes where it applies, else a
+    ValueError naming `loads` and the reason (a benchmark asking for it must not time the other kernel)."""
+    if loads is not None and (not isinstance(loads, str) or loads not in DECODE_LOADS):
+        raise ValueError(f"loads must be None or one of {DECODE_LOADS}; got {loads!r}")
+    want = DECODE_DEFAULT_LOADS if loads is None else loads
+    if want == "cp_async":
+        return False, ("loads='cp_async'" if loads else f"the default loads ({DECODE_DEFAULT_LOADS!r})")
+    why = decode_tma_ineligible(arch, input_headdim, paged, maps_ok)
+    if why is not None and loads is not None:
+        raise ValueError(f"loads='tma' cannot take this call: {why}")
+    return why is None, why or ""
+
+
 def decode_tile(headdim: int) -> DecodeTile:
     """The decode kernel's tile of a head dim (DECODE_KERNEL_TILES; one table for sm_80 and sm_90: the
     footprints above fit both)."""
@@ -405,38 +457,52 @@ def decode_mf(headdim: int, rows: int) -> int:
     return 1 if rows <= 16 else DECODE_MAX_MF[headdim]
 
 
-def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
-    """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded; the cross-warp combine (fp32 O_w rows of
-    headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
+def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int, tma: bool = False) -> int:
+    """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded (tma: unpadded); the cross-warp combine (fp32 O_w
+    rows of headdim + 8, and m_w, l_w, c_w) reuses the rings; tma: + NWARPS x STAGES 8-byte mbarriers and 1 KB of
+    alignment slack. Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
     lds = headdim + SMEM_ROW_PAD
     block_m = 16 * mf
-    ring = tile.nwarps * tile.stages * 2 * tile.block_n * lds * ELEM_BYTES
+    ring = tile.nwarps * tile.stages * 2 * tile.block_n * (headdim if tma else lds) * ELEM_BYTES
     red = tile.nwarps * block_m * (headdim + 8 + 3) * 4
-    return block_m * lds * ELEM_BYTES + max(ring, red)
+    extra = tile.nwarps * tile.stages * 8 + 1024 if tma else 0
+    return block_m * lds * ELEM_BYTES + max(ring, red) + extra
 
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0, paged: bool = False) -> KernelSpec:
+                mod: int = 0, paged: bool = False, tma: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table)."""
-    tile = tile or decode_tile(headdim)
-    smem = decode_smem_bytes(headdim, tile, mf)
+    paged-cache kernel (its K/V loads look up a block table); tma: flash_decode_tma_kernel, the tensor-map loads
+    (DECODE_TMA_TILES, contiguous caches; sm_90a)."""
+    if tma and (paged or headdim % 64):
+        raise ValueError(f"the TMA decode kernel takes contiguous caches and head dims that are multiples of 64; got "
+                         f"paged={paged!r}, head dim {headdim}")
+    tile = tile or (DECODE_TMA_TILES[headdim] if tma else decode_tile(headdim))
+    smem = decode_smem_bytes(headdim, tile, mf, tma)
     mod = _mod_checked(causal, mod)
     tail = f", {mod}, true" if paged else f", {mod}" if mod else ""
-    name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
+    kernel = "flash_decode_tma_kernel" if tma else "flash_decode_kernel"
+    name = (f"cuflash::{kernel}<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
+    if tma:
+        return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem, 90, "a")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
-def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int, tma: bool = False) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged; tma:
+    the TMA kernels (contiguous only; none for a head dim without a DECODE_TMA_TILES entry)."""
+    if tma:
+        return [decode_spec(dtype, headdim, causal, mf, mod=mod, tma=True)
+                for mf in range(1, DECODE_MAX_MF[headdim] + 1)] if headdim in DECODE_TMA_TILES else []
     return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
-    """Every decode-kernel configuration the package can launch."""
-    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
+    """Every decode-kernel configuration the package can launch: the cp.async kernels, then the TMA ones (sm_90a)."""
+    return [s for tma in (False, True) for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES
+            for s in decode_family(dt, d, causal, m, tma)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block
@@ -848,6 +914,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
                     out += decode_family(dt, d, c, m)
+                    if arch == 90 and DECODE_DEFAULT_LOADS == "tma":
+                        out += decode_family(dt, d, c, m, tma=True)
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:

@@ -61,6 +61,15 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, uint6
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// One box of a 5-d tensor map to the shared address dst (the decode kernel's K / V warp tiles: flash_decode.cu).
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, "
+      "%7}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
 // 9.7.9.25.4.1 cp.async.bulk: `bytes` contiguous bytes global -> shared memory at dst (both 16-byte aligned, bytes
 // a multiple of 16), completing that many transaction bytes on bar.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

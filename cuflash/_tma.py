@@ -147,3 +147,16 @@ def attention_map_spec(dtype: str, shape, strides, rows: int, itemsize: int = 2)
     contiguous), boxes of 64 columns x `rows` rows (tma_compatible must hold)."""
     b, s, h, d = shape
     return TensorMapSpec(dtype, (d, s, h, b), _byte_strides(shape, strides, itemsize), (64, rows, 1, 1), 128)
+
+
+def cache_map_spec(dtype: str, shape, strides, rows: int, itemsize: int = 2) -> TensorMapSpec:
+    """The decode kernel's map of a [batch, seqlen, heads, headdim] KV cache (headdim a multiple of 64, contiguous;
+    tma_compatible must hold): 5-d (64 columns, seqlen, headdim / 64 column chunks, heads, batch), innermost first,
+    the chunks 128 bytes apart, so that one box (64, rows, headdim / 64, 1, 1) is a whole warp tile of `rows` keys,
+    written as its headdim / 64 chunks of [rows][128 bytes], 128-byte swizzled (cuda_src/flash_decode.cu: DecodeMaps).
+    Rows past seqlen read as zeros."""
+    b, s, h, d = shape
+    if d % 64:
+        raise ValueError(f"a cache map needs a head dim that is a multiple of 64; got {d}")
+    row, head, batch = _byte_strides(shape, strides, itemsize)
+    return TensorMapSpec(dtype, (64, s, d // 64, h, b), (row, 128, head, batch), (64, rows, d // 64, 1, 1), 128)

@@ -288,12 +288,14 @@ def compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, 
 def compiled_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                      cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                      window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                     return_softmax_lse=False, *, scratch=None, kernel="decode"):
+                     return_softmax_lse=False, *, scratch=None, kernel="decode", loads=None):
     """flash_attn_with_kvcache while Dynamo traces (its arguments, flash-attn's order): one
-    cuflash::flash_attn_with_kvcache node (the decode kernel; scratch and kernel are eager-only options)."""
+    cuflash::flash_attn_with_kvcache node (the decode kernel with its default loads; scratch, kernel and loads are
+    eager-only options)."""
     check_bool(rotary_interleaved, "rotary_interleaved")
-    if scratch is not None or kernel != "decode":
-        raise NotImplementedError("scratch / kernel under torch.compile: the decode kernel with its own partials")
+    if scratch is not None or kernel != "decode" or loads is not None:
+        raise NotImplementedError("scratch / kernel / loads under torch.compile: the decode kernel with its own "
+                                  "partials and default loads")
     d = q.shape[-1]
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
     left, right = window_size

@@ -11,7 +11,10 @@ Two kernels (keyword `kernel`):
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
   directly (one launch); more write fp32 partials for flash_decode_combine_kernel (one block per output row,
   every split's loads in flight at once; `plan_for(..., combine="warp")` takes the split-KV forward's
-  flash_combine_kernel instead, for comparison).
+  flash_combine_kernel instead, for comparison). On sm_90 the same kernel has a TMA variant (each warp tile's K
+  and V by one tensor-map load into an mbarrier ring, a deeper ring: `loads="tma"`, head dims 64, 128 and 256,
+  contiguous caches); which one a call takes when it names none is _configs.DECODE_DEFAULT_LOADS (a call the TMA
+  kernel cannot take keeps the cp.async ring; the plan's `loads` and `loads_reason` say which and why).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -27,18 +30,22 @@ and launches (the combine kernel reads the same block).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from . import _interop
-from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
-                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
+from . import _interop, _loader
+from ._configs import (DECODE_MAX_SPLITS, DECODE_TMA_TILES, DecodeTile, append_spec, combine_spec,
+                       decode_combine_spec, decode_mf, decode_spec, decode_tile, decode_uses_tma, fwd_smem_bytes,
+                       kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
+from ._fwd_sm90 import MAPS_OFFSET, _scratch as _maps_scratch, memo_args
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import get_launcher
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
 from ._plan import HostPlan, remember
+from ._tma import MAP_BYTES, cache_map_spec, tma_compatible
 from ._validate import (check_backward_headdim, check_block_table, check_bool, check_dtype, check_int_vector,
                         check_layout, check_qkv_views, check_rank, check_same,
                         check_softmax_scale, check_unsupported)
@@ -180,9 +187,13 @@ def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: Deco
 class _Plan(HostPlan):
     """Everything a call needs that depends only on the memo key; `run` does the per-call rest. `outs` holds the
     output allocators, indexed by 2 * return_lse + (scratch is None): out, [lse], [the fp32 partials when split
-    and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None."""
+    and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None. `loads`: the
+    K / V loads the main kernel makes ("cp_async" or "tma"), `loads_reason`: why not "tma" ("" when it is); with
+    "tma", `maps` holds the k_cache / v_cache TensorMapSpecs and `encoded` their bytes at recent cache pointers (a
+    repeated call encodes nothing)."""
 
-    __slots__ = ("outs", "num_splits", "scratch_elems", "lse_accum_offset", "append")
+    __slots__ = ("outs", "num_splits", "scratch_elems", "lse_accum_offset", "append", "loads", "loads_reason", "maps",
+                 "encoded")
 
     def run(self, qp, kcp, vcp, knp, vnp, sp, xp, return_lse, scratch):
         """xp: the pointers of (block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin), 0 for None."""
@@ -198,7 +209,16 @@ class _Plan(HostPlan):
         else:
             oa = ptrs[-1]
             la = oa + self.lse_accum_offset
-        if self.append is None:
+        if self.maps is not None:  # the TMA kernel: the parameter block, then the maps (DecodeMaps) at MAPS_OFFSET
+            mb = memo_args(self.encoded, self.maps, (kcp, vcp))
+            if self.append is not None:
+                bt, bi, _, cos, sin = xp
+                self.append.launch(stream, kcp, vcp, knp, vnp, sp, bt, bi, cos, sin)
+            buf, base, argv, _ = _maps_scratch()
+            self.pack(buf, 0, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp, *self.rest)
+            ctypes.memmove(base + MAPS_OFFSET, mb, 2 * MAP_BYTES)
+            self.launch_packed(stream, argv)  # (the combine kernel reads the block alone)
+        elif self.append is None:
             self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp)
         else:  # k, v -> the caches at cache_seqlens (rotated, paged, at the batch index), before attending
             bt, bi, _, cos, sin = xp
@@ -240,12 +260,13 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "block", trim: bool = True) -> _Plan:
+               local: bool = False, combine: str = "block", trim: bool = True, loads: str | None = None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
-    split count without `without_empty_splits` (benchmarks)."""
+    split count without `without_empty_splits` (benchmarks); loads: the K / V loads (_configs.decode_uses_tma: None,
+    "cp_async" or "tma")."""
     cache = cache or NO_CACHE_OPTIONS
     if unaligned(qa.shape[3], qa, kca, vca, kna, vna):
         raise NotImplementedError("the decode kernel needs 16-byte rows (a head dim that is a multiple of 8, strides "
@@ -259,8 +280,13 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
-    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
     dev = qa.device
+    paged = cache.block_table is not None
+    tma, why = decode_uses_tma(loads, _loader.device_cc(dev), hd, paged,
+                               all(tma_compatible(a.shape, a.strides, a.ptr) for a in (kca, vca)))
+    if tma and tile is None:
+        tile = DECODE_TMA_TILES[d]
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged, tma=tma)
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
@@ -278,6 +304,11 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
+    p.loads, p.loads_reason = ("tma" if tma else "cp_async"), why
+    p.maps = p.encoded = None
+    if tma:  # one box = one warp tile of K (of V)
+        p.maps = tuple(cache_map_spec(a.dtype, a.shape, a.strides, tile.block_n) for a in (kca, vca))
+        p.encoded = {}
     p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0,
            block_table_batch_stride=cache.bt_stride, page_size=cache.page_size, rotary_dim=cache.rotary_dim,
            rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro,
@@ -470,7 +501,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
                             window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Any = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, *, scratch: Optional[Sequence[Any]] = None,
-                            kernel: str = "decode") -> Union[Any, Tuple[Any, Any]]:
+                            kernel: str = "decode", loads: Optional[str] = None) -> Union[Any, Tuple[Any, Any]]:
     """flash-attn's `flash_attn_with_kvcache` on torch tensors or CuPy arrays: attention of a few new queries
     against a KV cache (Flash-Decoding: the keys split across thread blocks, partials combined).
 
@@ -510,6 +541,10 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
             for split launches; otherwise they come from the inputs' allocator.
         kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
             splits, for comparison; without the cache indirections and rotary embedding: NotImplementedError).
+        loads: the decode kernel's K / V loads: None (the default: _configs.DECODE_DEFAULT_LOADS where it applies),
+            "cp_async" (the cp.async ring, every device) or "tma" (one tensor-map load per K / V warp tile into an
+            mbarrier ring: an sm_90 device, a head dim of 64, 128 or 256, a contiguous cache, else ValueError). Not
+            with kernel="fwd_split".
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] like q; with return_softmax_lse=True, (out, softmax_lse
@@ -518,7 +553,8 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     Raises (before anything is launched; messages name the argument):
         TypeError: non-CUDA arrays, mixed kinds, unsupported or mixed dtypes, a cache_seqlens array not int32.
         ValueError: bad shapes / strides / devices, num_splits not an int >= 0, k without v (or either without a
-            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, a problem too large for the grid, a
+            cache_seqlens array), an int cache_seqlens < 1, an unknown kernel, loads other than None, "cp_async" or
+            "tma" (or "tma" where it does not apply, or with kernel="fwd_split"), a problem too large for the grid, a
             page size that is no multiple of 16, rotary tables without k / v or of a bad shape, cache_batch_idx or
             cache_leftpad with block_table.
         NotImplementedError: the indirections or rotary embedding with kernel="fwd_split".
@@ -540,6 +576,8 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     opts = None if plain else (window_size, softcap, alibi_slopes)
     if kernel != "decode":
         check_kernel(kernel)
+        if loads is not None:
+            raise ValueError(f"loads picks the decode kernel's loads; kernel={kernel!r} takes none (got {loads!r})")
         if kernel == "fwd_split":
             if options is not None:
                 _refuse_fwd_split(options)
@@ -564,7 +602,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     mk = () if plain else memo_key(causal, window_size, softcap, alibi_slopes)
     if qd is not None and kcd is not None and vcd is not None and sp is not None and knp is not None \
             and vnp is not None and mk is not None and xp is not None:
-        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk, xd)
+        key = (qd, kcd, vcd, knd, vnd, sd, softmax_scale, causal, num_splits, mk, xd, loads)
         try:
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and fail) below
@@ -573,6 +611,10 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(
             q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale, options)
         if unaligned(qa.shape[3], qa, kca, vca, kna, vna):  # rows that are not 16-byte units: the V2 UA kernel
+            if loads == "tma":
+                raise ValueError("loads='tma' cannot take this call: rows that are not 16-byte units (the V2 forward "
+                                 "runs them)")
+            decode_uses_tma(loads, 0, 0)  # a bad value: ValueError naming loads
             if options is not None:
                 _refuse_fwd_split(options, "rows that are not 16-byte units (a head dim that is not a multiple of 8, "
                                            "strides or data not 16-byte aligned)")
@@ -580,7 +622,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
                               scratch, opts)
         mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
-                          mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW)
+                          mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW, loads=loads)
         remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
@@ -649,11 +691,13 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True) -> _Plan:
-    """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
-    from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
-    split-KV forward's one-warp-per-row combine) and the split count before `without_empty_splits` with
-    trim=False (run it with `run_plan`)."""
+             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True,
+             loads: str | None = None) -> _Plan:
+    """The decode kernel's plan of a call, not memoized: benchmarks read num_splits, the launch geometry and the
+    loads (`loads`, `loads_reason`) from it, sweep tiles with `tile`, compare combines with `combine` ("block": the
+    default; "warp": the split-KV forward's one-warp-per-row combine), the split count before
+    `without_empty_splits` with trim=False and the K / V loads with `loads` (None: the default; "cp_async"; "tma":
+    sm_90, head dims 64, 128, 256, contiguous caches, else ValueError) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)
@@ -662,7 +706,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, loads)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

@@ -211,6 +211,21 @@ def assert_close_to_ref(name, ours, torch_lowp, ref, factor=2.0):
     return e_ours, e_torch
 
 
+DECODE_LOADS = (None, "tma")  # the decode tests' load paths: the default, and the TMA kernel where it runs
+
+
+def decode_loads(loads, headdim: int, paged: bool = False) -> dict:
+    """flash_attn_with_kvcache's `loads` keyword for a decode test parametrized over DECODE_LOADS; skips a "tma"
+    case where that kernel does not run (not an sm_90 device, a head dim without a TMA tile, a paged cache)."""
+    if loads == "tma":
+        from cuflash import _configs, _loader
+
+        why = _configs.decode_tma_ineligible(_loader.device_cc(0), headdim, paged)
+        if why:
+            pytest.skip(f"no TMA decode kernel: {why}")
+    return {} if loads is None else {"loads": loads}
+
+
 # ------------------------------------------------------------------- host path with the GPU stood in (CPU)
 _STAND_IN_PREAMBLE = r"""
 import json, sys

@@ -3,14 +3,16 @@
 with seqlen_q > 1, torch and CuPy, and CUDA-graph capture + replay after cache_seqlens changed.
 
 Every test runs the dedicated decode kernel (kernel="decode", the default; cuda_src/flash_decode.cu);
-the prefill kernel cut into splits (kernel="fwd_split") runs in a smaller parametrization."""
+the prefill kernel cut into splits (kernel="fwd_split") runs in a smaller parametrization. The decode kernel's
+tests run with its default loads and with loads="tma" (the sm_90 tensor-map loads; skipped elsewhere and for head
+dims without them)."""
 import numpy as np
 import pytest
 
 import cuflash
 from cuflash import reference
 from cuflash.decode import num_splits_heuristic
-from conftest import assert_close_to_ref, to_np, torch_attention_lowp
+from conftest import DECODE_LOADS, assert_close_to_ref, decode_loads, to_np, torch_attention_lowp
 
 pytestmark = pytest.mark.gpu
 
@@ -60,51 +62,55 @@ def append_case(d, s_new, b=3, s_cache=700, h=8, hk=2):
     return q, kc, vc, kn, vn, seqlens, expect_k, expect_v
 
 
-SPLITS_BY_KERNEL = [("decode", n) for n in (1, 2, 3, 7, 16, 40, 128)] + [("fwd_split", n) for n in (1, 3, 128)]
+SPLITS_BY_KERNEL = ([("decode", n, loads) for loads in DECODE_LOADS for n in (1, 2, 3, 7, 16, 40, 128)] +
+                    [("fwd_split", n, None) for n in (1, 3, 128)])
 
 
-@pytest.mark.parametrize("kernel,num_splits", SPLITS_BY_KERNEL)
+@pytest.mark.parametrize("kernel,num_splits,loads", SPLITS_BY_KERNEL)
 @pytest.mark.parametrize("h,hk", [(8, 8), (8, 2), (8, 1)])
-def test_every_split_count(kernel, num_splits, h, hk):
+def test_every_split_count(kernel, num_splits, loads, h, hk):
     import torch
 
     # decode kernel: 63 warp tiles of 16 keys, 16 rounds of 4 warps; fwd_split: 16 KV tiles of 64.
     # Split counts up to 8x past the rounds / tiles (empty splits).
     b, s_cache, d = 3, 1000, 128
+    kw = decode_loads(loads, d)
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([1000, 0, 517], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
-                                               return_softmax_lse=True, kernel=kernel)
+                                               return_softmax_lse=True, kernel=kernel, **kw)
     check(out, lse, q, kc, vc, seqlens.tolist(), False)
     assert (to_np(out)[1] == 0).all()  # empty cache -> zeros, LSE -inf (checked above), no NaN
 
 
-@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
+@pytest.mark.parametrize("kernel,loads", [("decode", x) for x in DECODE_LOADS] + [("fwd_split", None)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
-def test_head_dims_and_auto_splits(kernel, dtype, d):
+def test_head_dims_and_auto_splits(kernel, loads, dtype, d):
     import torch
 
     b, s_cache, h, hk = 2, 3001, 8, 2
+    kw = decode_loads(loads, d)
     kc, vc = make_cache(b, s_cache, hk, d, dtype)
     seqlens = torch.tensor([3001, 1234], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda").to(getattr(torch, dtype))
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True,
-                                               kernel=kernel)
+                                               kernel=kernel, **kw)
     check(out, lse, q, kc, vc, seqlens.tolist(), False)
 
 
-@pytest.mark.parametrize("kernel", ["decode", "fwd_split"])
+@pytest.mark.parametrize("kernel,loads", [("decode", x) for x in DECODE_LOADS] + [("fwd_split", None)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
-def test_append_then_attend_speculative(causal, num_splits, kernel):
+def test_append_then_attend_speculative(causal, num_splits, kernel, loads):
     """k, v of 4 new tokens appended at cache_seqlens, then 4 queries attend (causal: bottom-right)."""
     import torch
 
+    kw = decode_loads(loads, 64)
     q, kc, vc, kn, vn, seqlens, expect_k, expect_v = append_case(64, 4)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
-                                               num_splits=num_splits, return_softmax_lse=True, kernel=kernel)
+                                               num_splits=num_splits, return_softmax_lse=True, kernel=kernel, **kw)
     assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
     check(out, lse, q, kc, vc, [n + 4 for n in seqlens.tolist()], causal)
 
@@ -223,35 +229,39 @@ def test_decode_validation():
 
 
 # ------------------------------------------------------------------ the decode kernel's own geometry
+@pytest.mark.parametrize("loads", DECODE_LOADS)
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("h,hk", [(32, 1), (64, 1), (40, 2)])
-def test_many_folded_rows(h, hk, d, num_splits):
+def test_many_folded_rows(h, hk, d, num_splits, loads):
     """GQA groups of 20-64 heads: 32-row blocks (mf 2), several m-blocks, and head dim 256 (mf 1 only)."""
     import torch
 
     b, s_cache = 2, 700
+    kw = decode_loads(loads, d)
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([700, 33], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
-                                               return_softmax_lse=True)
+                                               return_softmax_lse=True, **kw)
     check(out, lse, q, kc, vc, seqlens.tolist(), False)
 
 
+@pytest.mark.parametrize("loads", DECODE_LOADS)
 @pytest.mark.parametrize("num_splits", [0, 1, 4, 64])
 @pytest.mark.parametrize("sq,d", [(20, 128), (17, 256), (32, 64), (16, 32), (5, 96)])
-def test_causal_rows_without_keys(sq, d, num_splits):
+def test_causal_rows_without_keys(sq, d, num_splits, loads):
     """Bottom-right causal with 5-32 query rows (mf 1 and 2, several m-blocks at d 256) and caches shorter
     than seqlen_q: the first rows see no key (zeros, LSE -inf, no NaN)."""
     import torch
 
     b, s_cache, h, hk = 4, 300, 4, 2
+    kw = decode_loads(loads, d)
     kc, vc = make_cache(b, s_cache, hk, d, "bfloat16")
     seqlens = torch.tensor([300, sq - 3, 0, 1], dtype=torch.int32, device="cuda")
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, num_splits=num_splits,
-                                               return_softmax_lse=True)
+                                               return_softmax_lse=True, **kw)
     check(out, lse, q, kc, vc, seqlens.tolist(), True)
     assert np.isneginf(to_np(lse)[1, :, :3]).all()
 

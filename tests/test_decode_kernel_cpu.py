@@ -94,7 +94,7 @@ def test_emulation_causal_speculative(num_splits, sq, seqlens):
 
 
 def test_decode_specs_fit_and_name_their_smem():
-    specs = _configs.decode_specs()
+    specs = [s for s in _configs.decode_specs() if not s.arch_suffix]  # the cp.async kernels (every device)
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
@@ -110,6 +110,104 @@ def test_decode_specs_fit_and_name_their_smem():
         assert resident in (1, 2), d
         in_flight = resident * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
         assert in_flight >= 64 * 1024, (d, in_flight)
+
+
+def test_decode_tma_specs():
+    """The TMA kernels: every dtype, mask mode and row-fragment count of the head dims of DECODE_TMA_TILES, contiguous
+    only, in the compile-check list for sm_90a only; named flash_decode_tma_kernel<..., SMEM_BYTES[, MOD]> with the
+    shared memory of the layout (+ mbarriers, + 1 KB of alignment slack); every tile is whole 64-column boxes, fits a
+    block and keeps >= 128 KB of K / V in flight per sm_90 SM while the warps wait (all STAGES tiles of every warp)."""
+    tma = [s for s in _configs.decode_specs() if s.arch_suffix]
+    every = set(_configs.all_specs())
+    n_mf = sum(_configs.DECODE_MAX_MF[d] for d in _configs.DECODE_TMA_TILES)
+    assert len(tma) == len(set(tma)) == len(_configs.DTYPES) * len(_configs.MASK_MODES) * n_mf
+    for s in tma:
+        assert s in every and (s.min_arch, s.arch_suffix) == (90, "a")
+        m = re.fullmatch(rf"cuflash::flash_decode_tma_kernel<(\w+), (\d+), (\d), (\d+), (\d), (true|false), (\d), "
+                         rf"{s.smem}(, 1)?>", s.name)
+        assert m, s.name
+        d, mf = int(m.group(2)), int(m.group(3))
+        t = _configs.DECODE_TMA_TILES[d]
+        assert (int(m.group(4)), int(m.group(5)), int(m.group(7))) == (t.block_n, t.nwarps, t.stages)
+        assert s.smem == _configs.decode_smem_bytes(d, t, mf, tma=True) <= 227 * 1024 and s.smem % 16 == 0
+        assert s.threads == 32 * t.nwarps
+    for d, t in _configs.DECODE_TMA_TILES.items():
+        assert d % 64 == 0 and t.block_n % 16 == 0 and t.block_n <= 256 and t.stages >= 2
+        spec = _configs.decode_spec("float16", d, False, _configs.DECODE_MAX_MF[d], tma=True)
+        resident = resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM)
+        in_flight = resident * t.nwarps * t.stages * 2 * t.block_n * d * 2
+        assert in_flight >= 128 * 1024, (d, in_flight)
+    # the cp.async kernels keep their names; the TMA kernel takes no paged cache and no padded head dim
+    assert all(s.name.startswith("cuflash::flash_decode_kernel<") for s in _configs.decode_specs() if not s.arch_suffix)
+    assert _configs.decode_family("float16", 96, False, 0, tma=True) == []
+    for kw in (dict(paged=True), dict(headdim=96)):
+        args = dict(dtype="float16", headdim=128, causal=False, tma=True)
+        args.update(kw)
+        with pytest.raises(ValueError, match="contiguous caches and head dims that are multiples of 64"):
+            _configs.decode_spec(**args)
+
+
+def test_decode_tma_smem_formula():
+    t = _configs.DECODE_TMA_TILES[128]
+    lds = 128 + 8
+    ring = t.nwarps * t.stages * 2 * t.block_n * 128 * 2  # rows unpadded
+    assert _configs.decode_smem_bytes(128, t, 1, tma=True) == 16 * lds * 2 + ring + t.nwarps * t.stages * 8 + 1024
+    # the combine's region when it is the larger one (head dim 256, 2 warps x 16 keys x 2 stages)
+    t2 = _configs.DecodeTile(16, 2, 2)
+    red = 2 * 16 * (256 + 8 + 3) * 4
+    assert _configs.decode_smem_bytes(256, t2, 1, tma=True) == 16 * 264 * 2 + max(2 * 2 * 2 * 16 * 256 * 2, red) + \
+        2 * 2 * 8 + 1024
+
+
+def test_decode_uses_tma(monkeypatch):
+    """loads: None follows DECODE_DEFAULT_LOADS where TMA applies (sm_90, head dims 64 / 128 / 256 exactly, contiguous
+    caches a tensor map can describe) and keeps the cp.async ring elsewhere, with the reason; "tma" where it does not
+    apply, or an unknown value, is a ValueError naming loads."""
+    f = _configs.decode_uses_tma
+    assert _configs.DECODE_DEFAULT_LOADS in _configs.DECODE_LOADS == ("cp_async", "tma")
+    for d in (64, 128, 256):
+        assert f("tma", 90, d) == (True, "") and f("cp_async", 90, d) == (False, "loads='cp_async'")
+    why = {(80, 128, False, True): "need an sm_90 device", (100, 128, False, True): "this one is sm_100",
+           (90, 96, False, True): "head dim 96", (90, 120, False, True): "head dim 120",
+           (90, 32, False, True): "whole 64-column boxes", (90, 128, True, True): "a paged cache (block_table)",
+           (90, 64, False, False): "strides a tensor map cannot describe"}
+    for (arch, d, paged, ok), words in why.items():
+        assert words in _configs.decode_tma_ineligible(arch, d, paged, ok)
+        assert f(None, arch, d, paged, ok)[0] is False and f("cp_async", arch, d, paged, ok)[0] is False
+        with pytest.raises(ValueError, match="loads='tma' cannot take this call: .*" + re.escape(words)):
+            f("tma", arch, d, paged, ok)
+    for bad in ("bulk", "", 1, True, ("tma",)):
+        with pytest.raises(ValueError, match="loads must be None or one of"):
+            f(bad, 90, 128)
+    monkeypatch.setattr(_configs, "DECODE_DEFAULT_LOADS", "cp_async")
+    assert f(None, 90, 128) == (False, "the default loads ('cp_async')")
+    monkeypatch.setattr(_configs, "DECODE_DEFAULT_LOADS", "tma")  # the one-line flip
+    assert f(None, 90, 128) == (True, "") and f(None, 90, 64)[0] and f(None, 90, 256)[0]
+    assert f(None, 90, 96) == (False, _configs.decode_tma_ineligible(90, 96))
+    assert f(None, 90, 128, paged=True) == (False, _configs.decode_tma_ineligible(90, 128, True))
+    assert not f(None, 80, 128)[0]
+    # precompile's model list follows the default: the TMA kernels of the model's head dims on sm_90 only
+    specs = _configs.model_specs(dtypes=("float16",), headdims=(128,), causal=(False,), backward=False)
+    assert any(s.arch_suffix and "flash_decode_tma_kernel" in s.name for s in specs)
+    assert not any("flash_decode_tma_kernel" in s.name
+                   for s in _configs.model_specs(dtypes=("float16",), headdims=(128,), arch=80))
+
+
+def test_cache_map_spec():
+    """The decode kernel's 5-d map: (64 columns, rows, head dim / 64 chunks 128 bytes apart, heads, batch), one box a
+    whole warp tile; a dimension of size 1 gets a valid stride; head dims that are not multiples of 64 are refused."""
+    from cuflash._tma import cache_map_spec, tma_compatible
+
+    b, s, h, d = 3, 4096, 8, 128
+    strides = (s * h * d, h * d, d, 1)
+    m = cache_map_spec("float16", (b, s, h, d), strides, 16)
+    assert m.dims == (64, s, 2, h, b) and m.box == (64, 16, 2, 1, 1) and m.swizzle == 128
+    assert m.strides_bytes == (h * d * 2, 128, d * 2, s * h * d * 2)
+    assert tma_compatible((b, s, h, d), strides, 1 << 20)
+    m1 = cache_map_spec("bfloat16", (1, s, 1, 256), (s * 256, 256, 256, 1), 16)
+    assert m1.dims == (64, s, 4, 1, 1) and all(x % 16 == 0 and x > 0 for x in m1.strides_bytes)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        cache_map_spec("float16", (1, s, 1, 96), (s * 96, 96, 96, 1), 16)
 
 
 def test_decode_smem_formula():
@@ -183,6 +281,14 @@ from cuflash._launch import FWD_FORMAT, FWD_PARAMS
 names = [n for n, _ in FWD_PARAMS]
 T = torch.Tensor
 res = {}
+from cuflash import _configs, _tma
+from cuflash._fwd_sm90 import MAPS_OFFSET
+ENC = [0]  # tensor maps encoded so far
+_enc = _tma._encode_fn
+def _count_enc(*a):
+    ENC[0] += 1
+    return _enc(*a)
+_tma._encode_fn = _count_enc
 
 def params(rec):
     return dict(zip(names, struct.unpack_from(FWD_FORMAT, rec[4], 0)))
@@ -190,10 +296,11 @@ def params(rec):
 def call(tag, *args, **kw):
     ho.LAUNCHES.clear()
     out = cuflash.flash_attn_with_kvcache(*args, **kw)
-    res[tag] = dict(launches=[dict(name=r[0], grid=r[1], threads=r[2], smem=r[3], p=params(r), raw=r[4][:256].hex())
+    res[tag] = dict(launches=[dict(name=r[0], grid=r[1], threads=r[2], smem=r[3], p=params(r), raw=r[4][:256].hex(),
+                                   maps=r[4][MAPS_OFFSET:MAPS_OFFSET + 2 * _tma.MAP_BYTES].hex())
                               for r in ho.LAUNCHES],
                     out_shape=list((out[0] if isinstance(out, tuple) else out).shape), plans=len(decode._PLANS),
-                    tuple=isinstance(out, tuple))
+                    tuple=isinstance(out, tuple), enc=ENC[0])
 
 # GQA decode: b 2, h 32, hk 8, cache 4096, d 128, ragged cache_seqlens array -> fold, splits
 q = T((2, 1, 32, 128), torch.float16)
@@ -264,6 +371,32 @@ err("rotary_short", q, kc, vc, k1, v1, T((4000, 32), torch.float16), T((4000, 32
 err("rotary_dtype", q, kc, vc, k1, v1, T((4096, 32), torch.bfloat16), T((4096, 32), torch.bfloat16), sl)
 err("interleaved_int", q, kc, vc, k1, v1, cos, sin, sl, rotary_interleaved=1)
 err("fwd_split_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, kernel="fwd_split")
+# the K / V loads (the stand-in device is an sm_90): the TMA kernel on a GQA step (again: no new map encoded; new
+# caches: two), on a speculative append with splits and on the batch index with left padding; both loads in one memo
+call("gqa_tma", q, kc, vc, cache_seqlens=sl, loads="tma")
+call("gqa_tma_again", q, kc, vc, cache_seqlens=sl, loads="tma")
+kc2 = T((2, 4096, 8, 128), torch.float16); vc2 = T((2, 4096, 8, 128), torch.float16)
+call("gqa_tma_new_caches", q, kc2, vc2, cache_seqlens=sl, loads="tma")
+call("gqa_cp_async", q, kc, vc, cache_seqlens=sl, loads="cp_async")
+call("spec_tma", q4, kc, vc, kn, vn, cache_seqlens=sl, causal=True, num_splits=5, loads="tma")
+call("batch_idx_tma", q, k5, v5, cache_seqlens=sl, cache_batch_idx=bi, cache_leftpad=lp, loads="tma")
+res["ptrs"] = dict(kc=kc.data_ptr(), vc=vc.data_ptr(), kc2=kc2.data_ptr(), vc2=vc2.data_ptr(), k5=k5.data_ptr(),
+                   v5=v5.data_ptr())
+q96 = T((1, 1, 8, 96), torch.float16); k96 = T((1, 256, 8, 96), torch.float16)
+q60 = T((1, 1, 8, 60), torch.float16); k60 = T((1, 256, 8, 60), torch.float16)
+sl1 = T((1,), torch.int32)
+err("loads_fwd_split", q, kc, vc, cache_seqlens=sl, kernel="fwd_split", loads="tma")
+err("loads_bad", q, kc, vc, cache_seqlens=sl, loads="bulk")
+err("loads_tma_d96", q96, k96, k96, cache_seqlens=sl1, loads="tma")
+err("loads_tma_paged", q, kp, vp, k1, v1, cache_seqlens=sl, block_table=bt, loads="tma")
+err("loads_tma_unaligned", q60, k60, k60, cache_seqlens=sl1, loads="tma")
+err("loads_bad_unaligned", q60, k60, k60, cache_seqlens=sl1, loads="bulk")
+# the plan's choice and its reason, with the default as it is and flipped to "tma"
+pl = [decode.plan_for(q, kc, vc, cache_seqlens=sl), decode.plan_for(q, kp, vp, cache_seqlens=sl, block_table=bt)]
+_configs.DECODE_DEFAULT_LOADS = "tma"
+pl += [decode.plan_for(q, kc, vc, cache_seqlens=sl), decode.plan_for(q, kp, vp, cache_seqlens=sl, block_table=bt),
+       decode.plan_for(q96, k96, k96, cache_seqlens=sl1)]
+res["choices"] = [[x.loads, x.loads_reason] for x in pl]
 res["errors"] = errs
 print("RESULT" + json.dumps(res))
 """
@@ -377,7 +510,7 @@ def test_kvcache_signature_is_flash_attns():
         params = inspect.signature(fn).parameters
         positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
         assert positional == flash_attn_order
-        assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel"]
+        assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == ["scratch", "kernel", "loads"]
 
 
 def test_host_path_paged(host_path):
@@ -427,10 +560,74 @@ def test_host_path_rotary(host_path):
     ("rotary_dtype", "TypeError", "rotary_cos must have the dtype of q"),
     ("interleaved_int", "TypeError", "rotary_interleaved must be a bool"),
     ("fwd_split_paged", "NotImplementedError", "block_table runs on kernel='decode'"),
+    ("loads_fwd_split", "ValueError", "kernel='fwd_split' takes none"),
+    ("loads_bad", "ValueError", "loads must be None or one of"),
+    ("loads_tma_d96", "ValueError", "loads='tma' cannot take this call: head dim 96"),
+    ("loads_tma_paged", "ValueError", "loads='tma' cannot take this call: a paged cache (block_table)"),
+    ("loads_tma_unaligned", "ValueError", "rows that are not 16-byte units"),
+    ("loads_bad_unaligned", "ValueError", "loads must be None or one of"),
 ])
 def test_host_path_cache_option_errors(host_path, tag, kind, words):
     e = host_path["errors"][tag]
     assert e.startswith(kind + ":") and words in e, e
+
+
+def _map_fields(blob: bytes) -> dict:
+    """The stand-in encoder's CUtensorMap (bench.diag.host_overhead: the arguments themselves): base, dims, box,
+    strides of a 5-d map."""
+    ptr, dtype = struct.unpack_from("<QI", blob, 0)
+    pairs = [struct.unpack_from("<QI", blob, 12 + 12 * i) for i in range(5)]
+    strides = struct.unpack_from("<4Q", blob, 72)
+    return dict(ptr=ptr, dtype=dtype, dims=tuple(p[0] for p in pairs), box=tuple(p[1] for p in pairs),
+                strides=strides)
+
+
+def test_host_path_tma_loads(host_path):
+    """loads="tma": flash_decode_tma_kernel (its smem, block and split count from DECODE_TMA_TILES) with the same
+    parameter block as the cp.async kernel's but for the pointers, and the k_cache / v_cache maps after it (5-d, one
+    box per warp tile); loads="cp_async" and None (the default) the cp.async kernel; each its own plan. A repeated
+    call encodes no map; other cache pointers encode two."""
+    tma, cpa, dflt = (host_path[t]["launches"][0] for t in ("gqa_tma", "gqa_cp_async", "gqa"))
+    t = _configs.DECODE_TMA_TILES[128]
+    assert tma["name"].startswith("cuflash::flash_decode_tma_kernel<__half, 128, 1, ")
+    assert tma["name"].endswith(f", {t.block_n}, {t.nwarps}, false, {t.stages}, {tma['smem']}>")
+    assert tma["threads"] == 32 * t.nwarps and tma["smem"] == _configs.decode_smem_bytes(128, t, 1, tma=True)
+    assert cpa["name"] == dflt["name"] and cpa["name"].startswith("cuflash::flash_decode_kernel<")
+    same = {k for k in tma["p"] if k not in ("q", "k", "v", "o", "lse", "o_accum", "lse_accum", "seqlens_k",
+                                             "num_splits")}
+    assert {k: tma["p"][k] for k in same} == {k: cpa["p"][k] for k in same}
+    assert host_path["gqa_cp_async"]["plans"] == host_path["gqa_tma_new_caches"]["plans"] + 1
+    ptrs = host_path["ptrs"]
+    km, vm = (_map_fields(bytes.fromhex(tma["maps"])[i * 128:(i + 1) * 128]) for i in range(2))
+    assert (km["ptr"], vm["ptr"]) == (ptrs["kc"], ptrs["vc"])
+    for m in (km, vm):
+        assert m["dims"] == (64, 4096, 2, 8, 2) and m["box"] == (64, t.block_n, 2, 1, 1)
+        assert m["strides"] == (8 * 128 * 2, 128, 128 * 2, 4096 * 8 * 128 * 2)
+    # the memo: no encode on a repeated call, two for new caches (k and v), and the launch carries the new maps
+    enc = [host_path[t]["enc"] for t in ("gqa_tma", "gqa_tma_again", "gqa_tma_new_caches")]
+    assert enc[1] == enc[0] and enc[2] == enc[0] + 2
+    new = host_path["gqa_tma_new_caches"]["launches"][0]["maps"]
+    assert _map_fields(bytes.fromhex(new)[:128])["ptr"] == ptrs["kc2"]
+    # a split speculative step with an append: append, TMA kernel, the decode combine (the same block)
+    app, main, comb = host_path["spec_tma"]["launches"]
+    assert "kvcache_append_kernel" in app["name"] and "flash_decode_tma_kernel" in main["name"]
+    assert "flash_decode_combine_kernel" in comb["name"] and main["p"]["num_splits"] == 5
+    assert main["raw"] == comb["raw"] and main["p"]["seqlen_k_new"] == 3
+    # the batch index and left padding ride in the block (the kernel's map coordinates), the maps over the 5 rows
+    bi = host_path["batch_idx_tma"]["launches"][0]
+    assert bi["p"]["cache_batch_idx"] and bi["p"]["leftpad_k"] and "flash_decode_tma_kernel" in bi["name"]
+    assert _map_fields(bytes.fromhex(bi["maps"])[:128])["dims"] == (64, 4096, 2, 8, 5)
+
+
+def test_host_path_loads_choice(host_path):
+    """The plan says which loads it makes and why not TMA: the default as it is, then flipped to "tma" (a paged cache
+    and head dim 96 keep the cp.async ring, with the reason)."""
+    c = host_path["choices"]
+    if _configs.DECODE_DEFAULT_LOADS == "cp_async":
+        assert c[0] == c[1] == ["cp_async", "the default loads ('cp_async')"]
+    assert c[2] == ["tma", ""]
+    assert c[3][0] == "cp_async" and c[3][1].startswith("a paged cache (block_table)")
+    assert c[4][0] == "cp_async" and c[4][1].startswith("head dim 96")
 
 
 def test_page_multiple_matches_the_kernel():
@@ -495,3 +692,26 @@ def test_decode_probe_table():
     t = table([rec]).splitlines()
     assert len(t) == 3 and t[0].count("|") == t[2].count("|") == 13
     assert "| 28.6 (122) | 9.0 (64) | 10.0 (32) | 0.36 | 1.13 | 1.13 |" in t[2]
+
+
+def test_decode_tma_probe_table():
+    """bench/diag/decode_tma_probe.py's last table from records (the script itself needs an sm_90 GPU): ratios and
+    TB/s per provider, a provider missing in a case shown as '-'; its checks cover the head dims of the TMA tiles."""
+    from bench.diag.decode_tma_probe import CASES, CHECKS, PROVIDERS, table
+
+    recs = [dict(batch=8, heads=32, heads_k=32, seqlen_k=16384, dtype="float16", kv_bytes=2 << 30,
+                 us={"old": 507.0, "new": 470.0, "new32": 480.0, "cudnn": 469.0},
+                 splits={"old": 1, "new": 1, "new32": 1},
+                 tb_per_s={"old": 4.24, "new": 4.57, "new32": 4.47, "cudnn": 4.58}),
+            dict(batch=8, heads=32, heads_k=1, seqlen_k=65536, dtype="bfloat16", kv_bytes=256 << 20,
+                 us={"old": 78.0, "new": 75.0, "cudnn": None}, splits={"old": 16, "new": 8},
+                 tb_per_s={"old": 3.44, "new": 3.58})]
+    t = table(recs, 4.6e12).splitlines()
+    assert len(t) == 5 and t[0].count("|") == t[2].count("|") == t[3].count("|") == 15
+    assert t[2] == ("| hk32 b8 16k | 2048 | 1 / 1 / 1 | 507.0 | 470.0 | 480.0 | 469.0 | 0.927 | 0.947 | 0.998 | "
+                    "4.24 | 4.57 | 4.47 | 4.58 |")
+    assert t[3] == "| hk1 b8 64k bf16 | 256 | 16 / 8 / - | 78.0 | 75.0 | - | - | 0.962 | - | - | 3.44 | 3.58 | - | - |"
+    assert t[4].startswith("read-only probe") and "4.60 TB/s" in t[4]
+    assert PROVIDERS == ("old", "new", "new32", "cudnn") and len(CASES) == 12
+    assert {c[4] for c in CHECKS} == set(_configs.DECODE_TMA_TILES) and {c[5] for c in CHECKS} == set(_configs.DTYPES)
+    assert any(c[2] == 1 for c in CHECKS) and any(c[2] == c[3] for c in CHECKS) and any(1 < c[2] < c[3] for c in CHECKS)

@@ -11,13 +11,16 @@
 * the score options with them; the append with them; CUDA-graph capture of a paged, rotary decode step replayed
   after the lengths and the block table changed.
 
-The reference attends over the cache as the call left it (the append is checked separately, row by row)."""
+The reference attends over the cache as the call left it (the append is checked separately, row by row). The
+indirection and score-option cases run with the decode kernel's default loads and with loads="tma" (the sm_90
+tensor-map loads: contiguous caches, so the batch index, left padding, rotary and score options; skipped elsewhere and
+for paged caches, which keep the cp.async ring)."""
 import numpy as np
 import pytest
 
 import cuflash
 from cuflash import reference
-from conftest import assert_close_to_ref, to_np, torch_attention_lowp
+from conftest import DECODE_LOADS, assert_close_to_ref, decode_loads, to_np, torch_attention_lowp
 from test_score_mods import make_alibi
 
 pytestmark = pytest.mark.gpu
@@ -54,9 +57,11 @@ class Case:
 
     def __init__(self, b=3, sq=1, h=8, hk=2, d=128, cap=512, seqlens=(300, 0, 511), s_new=0, dtype="float16",
                  page_size=None, batch_idx=False, leftpad=None, rotary=None, causal=False, window=(-1, -1),
-                 softcap=0.0, alibi=None, seed=0):
+                 softcap=0.0, alibi=None, seed=0, loads=None):
         import torch
 
+        self.loads = decode_loads(loads, d, page_size is not None)  # {} or {"loads": ...}; skips a TMA case where it
+        # does not run
         g = torch.Generator(device="cuda").manual_seed(seed)
         dt = getattr(torch, dtype)
         self.b, self.sq, self.h, self.hk, self.d, self.cap, self.dtype = b, sq, h, hk, d, cap, dtype
@@ -94,7 +99,8 @@ class Case:
         return dict(rotary_cos=self.cos, rotary_sin=self.sin, cache_seqlens=self.cache_seqlens,
                     cache_batch_idx=self.batch_idx, cache_leftpad=self.leftpad, block_table=self.block_table,
                     causal=self.causal, window_size=self.window, softcap=self.softcap,
-                    rotary_interleaved=self.rotary[1] if self.rotary else True, alibi_slopes=self.alibi)
+                    rotary_interleaved=self.rotary[1] if self.rotary else True, alibi_slopes=self.alibi,
+                    **self.loads)
 
     def run(self, num_splits=0):
         return cuflash.flash_attn_with_kvcache(self.q, self.kc, self.vc, self.k_new, self.v_new, num_splits=num_splits,
@@ -232,22 +238,24 @@ def test_paged_append(page_size, s_new, causal, dtype):
 @pytest.mark.parametrize("opt", [(True, (64, -1), 0.0, None), (False, (-1, -1), 20.0, "bh"),
                                  (True, (33, -1), 15.0, "h")], ids=["causal-window", "softcap-alibi", "all"])
 @pytest.mark.parametrize("paged", [False, True])
-def test_indirections_with_score_options(opt, paged):
+@pytest.mark.parametrize("loads", DECODE_LOADS)
+def test_indirections_with_score_options(opt, paged, loads):
     causal, window, cap, alibi = opt
     c = Case(sq=4, h=4, hk=4, page_size=32 if paged else None, batch_idx=not paged,
              leftpad=None if paged else (100, 0, 7), seqlens=(400, 0, 300), s_new=2, causal=causal, window=window,
-             softcap=cap, alibi=alibi, rotary=(64, False))
+             softcap=cap, alibi=alibi, rotary=(64, False), loads=loads)
     out, lse = c.run()
     c.check_append()
     c.check(out, lse, f"options {opt}")
 
 
 # --------------------------------------------------------------------------------- batch index, left padding
+@pytest.mark.parametrize("loads", DECODE_LOADS)
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("h,hk,sq,causal", [(8, 2, 1, False), (8, 8, 5, True), (8, 1, 1, False)])
-def test_batch_idx_and_leftpad(num_splits, h, hk, sq, causal):
+def test_batch_idx_and_leftpad(num_splits, h, hk, sq, causal, loads):
     c = Case(h=h, hk=hk, sq=sq, causal=causal, batch_idx=True, leftpad=(250, 0, 511), seqlens=(300, 0, 511),
-             s_new=sq if causal else 0)
+             s_new=sq if causal else 0, loads=loads)
     out, lse = c.run(num_splits)
     c.check_append()
     c.check(out, lse, "batch_idx + leftpad")  # element 2: leftpad == seqlens, no key before the append

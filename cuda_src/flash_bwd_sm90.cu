@@ -30,7 +30,7 @@
 //
 // Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout; DP = D rounded up to 64, the columns past D
 // zero-filled by TMA): K, V [128, DP]; STAGES x Q, dO [BLOCK_M, DP]; 2 x dS^T [128 keys, BLOCK_M] (64-query chunks);
-// the dQ staging [BLOCK_M, D] fp32; STAGES x (lse_log2, D) [BLOCK_M]; the mbarriers.
+// the dQ staging [BLOCK_M, D] fp32 (DQ_OWN: one per consumer); STAGES x (lse_log2, D) [BLOCK_M]; the mbarriers.
 //
 // Rows past seqlen_q read as zeros (TMA) with lse_log2 = +inf and D = 0 (the preprocess), so their P and dS are 0;
 // keys past seqlen_k are masked on the last KV tile. Rows that saw no key have lse_log2 = +inf too (P = 0).
@@ -43,6 +43,11 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
+//   DQ_OWN        (BLOCK_M = 64: head dims 96, 128) each consumer computes its own partial dQ over its 64 keys,
+//                 dQ_w = dS_w K_w [BLOCK_M, D] from its own rows of dS^T, stages it in a tile of its own and hands
+//                 it to the writer, which adds both partials of a Q tile (consumer 0's first): no barrier between
+//                 the two consumers, so their softmax / dS phases may drift apart and overlap the other's wgmma
+//                 (bench/NOTES.md, "Hopper backward"). The cost: twice the bulk additions, a second staging tile.
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -81,7 +86,15 @@ __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
   return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
 }
 
-template <int D, int BLOCK_M, int STAGES>
+// The consumer warpgroup's index (0, 1) read again at each use (asm volatile: neither hoisted nor kept), for the
+// DQ_OWN kernels' per-consumer barrier ids and mbarriers: the consumers' registers are all taken by the loop.
+__device__ __forceinline__ int consumer_now() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return (int)(t / 128) - 1;
+}
+
+template <int D, int BLOCK_M, int STAGES, bool DQ_OWN = false>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
   static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
@@ -90,24 +103,25 @@ struct Sm90BwdLayout {
   static constexpr int Q_BYTES = BLOCK_M * DP * 2;    // one stage of Q (or of dO)
   static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * 2;  // one dS^T buffer
   static constexpr int DQ_BYTES = BLOCK_M * D * 4;      // the staged dQ tile (the accumulator's rows of D floats)
+  static constexpr int DQ_TILES = DQ_OWN ? 2 : 1;        // staged tiles: one per consumer with DQ_OWN
   static constexpr int K_OFF = 0;
   static constexpr int V_OFF = K_OFF + KV_BYTES;
   static constexpr int Q_OFF = V_OFF + KV_BYTES;
   static constexpr int DO_OFF = Q_OFF + STAGES * Q_BYTES;
   static constexpr int DS_OFF = DO_OFF + STAGES * Q_BYTES;
   static constexpr int DQ_OFF = DS_OFF + 2 * DS_BYTES;
-  static constexpr int LSE_OFF = DQ_OFF + DQ_BYTES;
+  static constexpr int LSE_OFF = DQ_OFF + DQ_TILES * DQ_BYTES;
   static constexpr int DELTA_OFF = LSE_OFF + STAGES * BLOCK_M * 4;
   static constexpr int BAR_OFF = DELTA_OFF + STAGES * BLOCK_M * 4;
-  static constexpr int BARS = 3 + 2 * STAGES;  // K/V; full, empty per stage; dq_full, dq_empty
+  static constexpr int BARS = 1 + 2 * STAGES + 2 * DQ_TILES;  // K/V; full, empty per stage; dq_full, dq_empty per tile
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, bool DQ_OWN = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
-  using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
+  using L = Sm90BwdLayout<D, BLOCK_M, STAGES, DQ_OWN>;
   constexpr int BLOCK_N = L::BLOCK_N, DP = L::DP, CH = L::CH;
   constexpr bool SPLIT_M = BLOCK_M == 128;  // dQ: each consumer takes 64 Q rows (else 64 columns) of the tile
   constexpr int KD = DP / 16;        // k16 steps over D (S^T, dP^T)
@@ -125,14 +139,17 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
+  static_assert(!DQ_OWN || (!SPLIT_M && MOD == MOD_NONE),
+                "DQ_OWN: BLOCK_M = 64, no modifiers (the MOD_SCORE kernel spills with it: bench/NOTES.md)");
+  constexpr int DQ_TILES = L::DQ_TILES;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
   uint64_t* bar_kv = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
   uint64_t* full = bar_kv + 1;
   uint64_t* empty = full + STAGES;
-  uint64_t* dq_full = empty + STAGES;
-  uint64_t* dq_empty = dq_full + 1;
+  uint64_t* dq_full = empty + STAGES;     // [DQ_TILES]
+  uint64_t* dq_empty = dq_full + DQ_TILES;  // [DQ_TILES]
   float* dq_stage = reinterpret_cast<float*>(sm + L::DQ_OFF);
 
   const int n_block = ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
@@ -159,8 +176,11 @@ __global__ void __launch_bounds__(384, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 256);  // every consumer thread releases a stage it has read
     }
-    mbar_init(dq_full, 256);  // every consumer thread has staged its part of the dQ tile
-    mbar_init(dq_empty, 1);   // the writer has read the staged tile
+#pragma unroll
+    for (int c = 0; c < DQ_TILES; ++c) {
+      mbar_init(&dq_full[c], DQ_OWN ? 128 : 256);  // every thread of the tile's consumer(s) has staged its part
+      mbar_init(&dq_empty[c], 1);                  // the writer has read the staged tile
+    }
     fence_barrier_init();
   }
   __syncthreads();
@@ -210,29 +230,37 @@ __global__ void __launch_bounds__(384, 1)
         }
         const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
         float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
-        mbar_wait(dq_full, it & 1);
-        if (strategy == DQ_ORDERED) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
-          // this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
-          // see keys before kv_block_end's tile, the same band q_block_begin reads)
-          const int turn =
-              ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
-          while (ld_acquire_gpu(sem + row / 64) != turn) {
+        // DQ_OWN: consumer 0's partial, then consumer 1's, each waited for before the next is issued where the
+        // order of the additions matters (seqpar: the second adds onto the first's store; ordered: deterministic)
+#pragma unroll(DQ_OWN ? 1 : DQ_TILES)  // (not unrolled: the writer's 24 registers)
+        for (int c = 0; c < DQ_TILES; ++c) {
+          const bool last = c == DQ_TILES - 1;
+          mbar_wait(&dq_full[c], it & 1);
+          if (strategy == DQ_ORDERED && c == 0) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the
+            // host's rule); this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0
+            // .. m0 + BLOCK_M see keys before kv_block_end's tile, the same band q_block_begin reads)
+            const int turn =
+                ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+            while (ld_acquire_gpu(sem + row / 64) != turn) {
+            }
+            fence_proxy_async_global();
           }
-          fence_proxy_async_global();
+          if (strategy == DQ_SEQPAR && c == 0)
+            bulk_store_f32(dst, src + c * L::DQ_BYTES, L::DQ_BYTES);
+          else
+            bulk_reduce_add_f32(dst, src + c * L::DQ_BYTES, L::DQ_BYTES);
+          bulk_commit_group();
+          if (strategy == DQ_ORDERED || (strategy == DQ_SEQPAR && !last)) {  // added (not only read) before the next
+            bulk_wait_group<0>();                                            // addition
+            if (last) {  // the next KV tile may add
+              fence_proxy_async_global();
+              red_release_gpu_add(sem + row / 64, 1);
+            }
+          } else {
+            bulk_wait_group_read<0>();
+          }
+          mbar_arrive(&dq_empty[c]);
         }
-        if (strategy == DQ_SEQPAR)
-          bulk_store_f32(dst, src, L::DQ_BYTES);
-        else
-          bulk_reduce_add_f32(dst, src, L::DQ_BYTES);
-        bulk_commit_group();
-        if (strategy == DQ_ORDERED) {  // added (not only read) before the next KV tile may add
-          bulk_wait_group<0>();
-          fence_proxy_async_global();
-          red_release_gpu_add(sem + row / 64, 1);
-        } else {
-          bulk_wait_group_read<0>();
-        }
-        mbar_arrive(dq_empty);
       }
     }
     return;
@@ -252,9 +280,12 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t ds_base = smem_addr(sm + L::DS_OFF);
   // This warp's part of the dQ tile: 16 rows from row_q (within the Q tile), n8 blocks [dq_f0, dq_f0 + 8) of the
   // row (those below D / 8: the head dim's), at the band of row_q in the staging (16 D floats per 16-row band).
+  // DQ_OWN: the whole row (a partial sum over this consumer's keys: blocks 0 .. 7 and the DQ_NF2 past them), in this
+  // consumer's staging tile.
+  constexpr int DQ_NF2 = DQ_OWN ? D / 8 - 8 : 1;
   const int row_q = (SPLIT_M ? 64 * cw : 0) + 16 * warp;
-  const int dq_f0 = SPLIT_M ? 0 : 8 * cw;
-  float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;
+  const int dq_f0 = SPLIT_M || DQ_OWN ? 0 : 8 * cw;
+  float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;  // (DQ_OWN: + the consumer's tile, at the staging)
 
   float acc_dk[DF][4], acc_dv[DF][4];
   zero_frags(acc_dk);
@@ -395,7 +426,8 @@ __global__ void __launch_bounds__(384, 1)
     // dS^T -> smem buffer it % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
     // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g. Over the soft-cap
     // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of tile
-    // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1.
+    // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1 (DQ_OWN: this
+    // consumer's dQ, the only reader of its rows, before its own barrier of tile it - 1).
     if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
     {
       unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
@@ -416,11 +448,38 @@ __global__ void __launch_bounds__(384, 1)
       Wgmma<DP>::template rs<T, 1>(acc_dk, dsa[k], smem_desc(qs + k * 16 * 128, BLOCK_M * 128, 1024), 1);
     wgmma_commit();
     fence_proxy_async_shared();  // the dS^T stores, before wgmma (the async proxy) reads them
-    named_bar_sync(1, 256);      // both consumers' dS^T are in smem
+    if constexpr (DQ_OWN)
+      named_bar_sync(2 + consumer_now(), 128);  // this consumer's dS^T rows are in smem (its four warps'; ids 2, 3)
+    else
+      named_bar_sync(1, 256);  // both consumers' dS^T are in smem
 
     // dQ = dS K: A = dS [queries, keys] read MN-major from dS^T, B = K [keys, D] MN-major; 64 x 64 per consumer.
-    float acc_dq[8][4];
-    {
+    // DQ_OWN: dQ_w = dS_w K_w [BLOCK_M, D] over this consumer's 64 keys (its rows of dS^T and of K), in two column
+    // groups: [0, 64) issued once dV is done (P^T's fragments free), [64, D) once dK is (dS^T's): at most dK, dV
+    // and the 64 x D tile live, as the default's peak (dK, dV, its 64 x 64 dQ, P^T and dS^T).
+    float acc_dq[8][4], acc_dq2[DQ_NF2][4];
+    if constexpr (DQ_OWN) {
+      // (this consumer's rows of dS^T and of K from consumer_now(): descriptors computed here, not held by the loop)
+      const int cn = consumer_now();
+      const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + cn * 64 * 128, db = k_base + cn * 64 * 128;
+      wgmma_wait<1>();  // dV done (dK may still run)
+      reg_fence(acc_dv);
+      reg_fence(pa);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        Wgmma<64>::template ss<T, 1, 1>(acc_dq, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+                                        smem_desc(db + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // dK done (dQ's first columns may still run)
+      reg_fence(acc_dk);
+      reg_fence(dsa);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)  // K's second 64-column chunk
+        Wgmma<D - 64>::template ss<T, 1, 1>(acc_dq2, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+                                            smem_desc(db + BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
+    } else {
       const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
       const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);
 #pragma unroll
@@ -431,6 +490,7 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
     wgmma_wait<0>();  // dV, dK, dQ done: Q_i, dO_i, the P and dS fragments are free
     reg_fence(acc_dq);
+    if constexpr (DQ_OWN) reg_fence(acc_dq2);
     reg_fence(acc_dk);
     reg_fence(acc_dv);
     reg_fence(pa);
@@ -438,14 +498,22 @@ __global__ void __launch_bounds__(384, 1)
     mbar_arrive(&empty[s]);
 
     // dQ -> the staging, once the writer has read the previous tile; then hand it over.
-    mbar_wait(dq_empty, (it & 1) ^ 1);
+    const int cs = DQ_OWN ? consumer_now() : 0;  // (DQ_OWN: its staging tile and mbarriers)
+    mbar_wait(dq_empty + cs, (it & 1) ^ 1);
+    float* const dq_tile = DQ_OWN ? dq_stage + (cs * BLOCK_M + 16 * warp) * D + 4 * lane : dq_band;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (dq_f0 + j < D / 8)
-        *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
+        *reinterpret_cast<float4*>(dq_tile + (dq_f0 + j) * 128) =
             make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+    if constexpr (DQ_OWN) {
+#pragma unroll
+      for (int j = 0; j < DQ_NF2; ++j)
+        *reinterpret_cast<float4*>(dq_tile + (8 + j) * 128) =
+            make_float4(acc_dq2[j][0], acc_dq2[j][1], acc_dq2[j][2], acc_dq2[j][3]);
+    }
     fence_proxy_async_shared();  // the stores, before the writer's bulk operation (the async proxy) reads them
-    mbar_arrive(dq_full);
+    mbar_arrive(dq_full + cs);
   }
 
   // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.

@@ -75,13 +75,20 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 # The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
 # may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
+# Kernel head dim -> the Sm90BwdTile its calls take instead of sm90_bwd_tile's (e.g. cuflash._configs.
+# sm90_bwd_dq_own_tile: the DQ_OWN variant, for calls without score modifiers); a diagnostic sets it, and clears
+# cuflash.backward._PLANS, to time a variant tile against the default in one process
+TILE_OVERRIDES: dict = {}
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None):
     """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call; strategy:
-    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER)."""
+    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); the tile of TILE_OVERRIDES
+    where it names the head dim (a dq_own tile only without modifiers: the default's otherwise)."""
     d = kernel_headdim(qa.shape[3])
-    tile = sm90_bwd_tile(d)
+    tile = TILE_OVERRIDES.get(d) or sm90_bwd_tile(d)
+    if tile.dq_own and mod:
+        tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),

@@ -309,6 +309,9 @@ class Sm90BwdTile:
     regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
     block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
     threads: int = 384
+    # the DQ_OWN variant (block_m 64: head dims SM90_BWD_DQ_OWN_HEADDIMS): each consumer computes and stages its own
+    # partial dQ over its 64 keys (no barrier between the consumers; two bulk additions per Q tile)
+    dq_own: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -329,12 +332,13 @@ def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
 
 
 def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
-    """K, V; stages x (Q, dO); 2 dS^T buffers; the dQ staging [block_m, headdim] fp32; stages x (lse_log2, D); the
-    mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES, static_asserted)."""
+    """K, V; stages x (Q, dO); 2 dS^T buffers; the dQ staging [block_m, headdim] fp32 (dq_own: one per consumer);
+    stages x (lse_log2, D); the mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES,
+    static_asserted)."""
     dp = -(-headdim // 64) * 64
-    bm, bn, st = tile.block_m, tile.block_n, tile.stages
-    return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + bm * headdim * 4 + 2 * st * bm * 4
-            + (3 + 2 * st) * 8 + 1024)
+    bm, bn, st, nq = tile.block_m, tile.block_n, tile.stages, 2 if tile.dq_own else 1
+    return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + nq * bm * headdim * 4
+            + 2 * st * bm * 4 + (1 + 2 * st + 2 * nq) * 8 + 1024)
 
 
 # The sm90 backward's visiting orders (cuda_src/attn/bwd.cuh: DqOrder): PLAIN for every strategy; dq_strategy
@@ -342,6 +346,20 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+
+# The sm90 backward's DQ_OWN variant (Sm90BwdTile.dq_own: each consumer's own partial dQ, no barrier between the
+# consumers) is compiled at these head dims (block_m 64; at 64 the second staging tile would not fit 227 KB), plain
+# and causal (the MOD_SCORE kernel spills with it), for bench/diag/bwd90_dqown_probe.py, which selects it through
+# cuflash._bwd_sm90.TILE_OVERRIDES.
+SM90_BWD_DQ_OWN_HEADDIMS = (96, 128)
+
+
+def sm90_bwd_dq_own_tile(headdim: int) -> Sm90BwdTile:
+    """The head dim's sm90 backward tile with dq_own set (head dims of SM90_BWD_DQ_OWN_HEADDIMS)."""
+    if headdim not in SM90_BWD_DQ_OWN_HEADDIMS:
+        raise ValueError(f"dq_own: head dims {SM90_BWD_DQ_OWN_HEADDIMS}; got headdim={headdim!r}")
+    return replace(sm90_bwd_tile(headdim), dq_own=True)
+
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
                   order: int = DQ_ORDER_PLAIN) -> KernelSpec:
@@ -353,16 +371,29 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
+    if tile.dq_own and (headdim not in SM90_BWD_DQ_OWN_HEADDIMS or tile.block_m != 64 or mod):
+        raise ValueError(f"dq_own: head dims {SM90_BWD_DQ_OWN_HEADDIMS} with block_m 64, mod 0; got "
+                         f"headdim={headdim!r}, block_m={tile.block_m!r}, mod={mod!r}")
+    if tile.dq_own:  # (the template's last parameter: every one before it spelled out)
+        tail = f", {_mod_checked(causal, mod)}, {order}, true"
+    else:
+        tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
-    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
-            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
+    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER); and
+    the same with dq_own at SM90_BWD_DQ_OWN_HEADDIMS."""
+    out = []
+    for own in (False, True):
+        dims = SM90_BWD_DQ_OWN_HEADDIMS if own else SM90_BWD_HEADDIMS
+        tile = sm90_bwd_dq_own_tile if own else sm90_bwd_tile
+        modes = [(c, m) for c, m in MASK_MODES if not (own and m)]  # (dq_own: no modifiers)
+        out += ([sm90_bwd_spec(dt, d, c, tile(d), m) for dt in DTYPES for d in dims for c, m in modes] +
+                [sm90_bwd_spec(dt, d, True, tile(d), order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in dims])
+    return out
 
 
 @dataclass(frozen=True)

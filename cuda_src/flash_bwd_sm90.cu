@@ -280,9 +280,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t ds_base = smem_addr(sm + L::DS_OFF);
   // This warp's part of the dQ tile: 16 rows from row_q (within the Q tile), n8 blocks [dq_f0, dq_f0 + 8) of the
   // row (those below D / 8: the head dim's), at the band of row_q in the staging (16 D floats per 16-row band).
-  // DQ_OWN: the whole row (a partial sum over this consumer's keys: blocks 0 .. 7 and the DQ_NF2 past them), in this
-  // consumer's staging tile.
-  constexpr int DQ_NF2 = DQ_OWN ? D / 8 - 8 : 1;
+  // DQ_OWN: the whole row (a partial sum over this consumer's keys: blocks 0 .. 7 and the D / 8 - 8 past them), in
+  // this consumer's staging tile.
   const int row_q = (SPLIT_M ? 64 * cw : 0) + 16 * warp;
   const int dq_f0 = SPLIT_M || DQ_OWN ? 0 : 8 * cw;
   float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;  // (DQ_OWN: + the consumer's tile, at the staging)
@@ -457,7 +456,7 @@ __global__ void __launch_bounds__(384, 1)
     // DQ_OWN: dQ_w = dS_w K_w [BLOCK_M, D] over this consumer's 64 keys (its rows of dS^T and of K), in two column
     // groups: [0, 64) issued once dV is done (P^T's fragments free), [64, D) once dK is (dS^T's): at most dK, dV
     // and the 64 x D tile live, as the default's peak (dK, dV, its 64 x 64 dQ, P^T and dS^T).
-    float acc_dq[8][4], acc_dq2[DQ_NF2][4];
+    float acc_dq[8][4], acc_dq2[DQ_OWN ? 8 : 1][4];
     if constexpr (DQ_OWN) {
       // (this consumer's rows of dS^T and of K from consumer_now(): descriptors computed here, not held by the loop)
       const int cn = consumer_now();
@@ -476,8 +475,8 @@ __global__ void __launch_bounds__(384, 1)
       reg_fence(dsa);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k)  // K's second 64-column chunk
-        Wgmma<D - 64>::template ss<T, 1, 1>(acc_dq2, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+      for (int k = 0; k < 4; ++k)  // K's second 64-column chunk, whole (D = 96: zeros past D, not staged)
+        Wgmma<64>::template ss<T, 1, 1>(acc_dq2, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
                                             smem_desc(db + BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
     } else {
       const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
@@ -508,7 +507,7 @@ __global__ void __launch_bounds__(384, 1)
             make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
     if constexpr (DQ_OWN) {
 #pragma unroll
-      for (int j = 0; j < DQ_NF2; ++j)
+      for (int j = 0; j < D / 8 - 8; ++j)
         *reinterpret_cast<float4*>(dq_tile + (8 + j) * 128) =
             make_float4(acc_dq2[j][0], acc_dq2[j][1], acc_dq2[j][2], acc_dq2[j][3]);
     }

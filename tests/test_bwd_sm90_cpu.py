@@ -73,6 +73,24 @@ r2, _ = launches(lambda: cuflash.flash_attn_backward(*args))
 args2 = tensors(1, 256, 256, 2, 2, 64)
 r3, _ = launches(lambda: cuflash.flash_attn_backward(*args2))
 res["memo"] = [r1, r2, r3, [a.data_ptr() for a in args], [a.data_ptr() for a in args2]]
+# the DQ_OWN tiles (set by bench/diag/bwd90_dqown_probe.py through TILE_OVERRIDES): head dims 96 and 128, no modifiers
+from cuflash import _bwd_sm90, _configs as cfg, backward as _bwd
+_bwd_sm90.TILE_OVERRIDES.update({d: cfg.sm90_bwd_dq_own_tile(d) for d in cfg.SM90_BWD_DQ_OWN_HEADDIMS})
+_bwd._PLANS.clear()
+for d in (64, 96, 128):
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, d), causal=True,
+                                                          deterministic=True))
+    res[f"dq_own ordered causal {d}"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
+res["dq_own atomic"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 96), dq_strategy="seqpar"))
+res["dq_own seqpar"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), softcap=5.0))
+res["dq_own softcap"] = rec
+_bwd_sm90.TILE_OVERRIDES.clear()
+_bwd._PLANS.clear()
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
+res["dq_own off"] = rec
 """
 
 
@@ -243,6 +261,52 @@ def test_the_emulation_sees_a_deadlock():
     on a block that cannot start while one slot holds the waiter."""
     blocks = _ordered_blocks(1000, 1000, 64, 1, _configs.DQ_ORDER_KV_DESC)[::-1]
     assert _run(blocks, 1)[1] and not _run(blocks, 132)[1]
+
+
+def test_dq_own_variant_kernels(res):
+    """cuflash._bwd_sm90.TILE_OVERRIDES with the dq_own tiles selects the DQ_OWN kernels at head dims 96 and 128
+    (ordered causal, atomic and seqpar alike; 64 and the modifier calls keep the default ones, and so does every
+    call once it is cleared); each of them is in all_specs, which the compile check (tests/test_compile.py)
+    compiles under both NVRTCs."""
+    spec, own = _configs.sm90_bwd_spec, _configs.sm90_bwd_dq_own_tile
+    kv_desc = _configs.SM90_BWD_CAUSAL_ORDER
+    assert res["dq_own ordered causal 64"][1][0] == spec("float16", 64, True, order=kv_desc).name
+    for d in (96, 128):
+        name = res[f"dq_own ordered causal {d}"][1][0]
+        assert name == spec("float16", d, True, own(d), order=kv_desc).name and name.endswith(", 0, 2, true>")
+    assert res["dq_own atomic"][1][0] == spec("float16", 128, False, own(128)).name
+    assert res["dq_own seqpar"][1][0] == spec("float16", 96, False, own(96)).name
+    assert _fields(res["dq_own seqpar"])["dq_strategy"] == 1
+    assert res["dq_own softcap"][1][0] == spec("float16", 128, False, mod=_configs.MOD_SCORE).name
+    assert res["dq_own off"][1][0] == spec("float16", 128, False).name
+    every = {s.name for s in _configs.all_specs()}
+    variants = ([spec(dt, d, c, own(d), m) for dt in _configs.DTYPES for d in _configs.SM90_BWD_DQ_OWN_HEADDIMS
+                 for c, m in _configs.MASK_MODES if not m] +
+                [spec(dt, d, True, own(d), order=kv_desc) for dt in _configs.DTYPES
+                 for d in _configs.SM90_BWD_DQ_OWN_HEADDIMS])
+    assert len({s.name for s in variants}) == 12 and all(s.name in every for s in variants)
+    assert all(s.name.endswith(", true>") and s.arch_suffix == "a" for s in variants)
+    assert not any("true>" in s.name for s in _configs.sm90_bwd_specs() if s.name not in {v.name for v in variants})
+    for bad in (lambda: own(64), lambda: spec("float16", 128, False, own(128), _configs.MOD_SCORE),
+                lambda: spec("float16", 64, False, _configs.Sm90BwdTile(128, dq_own=True))):
+        with pytest.raises(ValueError, match="dq_own"):
+            bad()
+
+
+@pytest.mark.parametrize("d", [96, 128])
+def test_dq_own_shared_memory(d):
+    """The DQ_OWN layout (flash_bwd_sm90.cu: Sm90BwdLayout with DQ_OWN): a second staged dQ tile [64, d] fp32 and a
+    second dq_full / dq_empty pair over the default's; within the 227 KB a block may opt into. The default's size
+    is unchanged (its kernels' names carry it)."""
+    tile, own = _configs.sm90_bwd_tile(d), _configs.sm90_bwd_dq_own_tile(d)
+    base = _configs.sm90_bwd_smem_bytes(d, tile)
+    assert base == {96: 190520, 128: 198712}[d]
+    assert _configs.sm90_bwd_smem_bytes(d, own) == base + 64 * d * 4 + 2 * 8 <= 227 * 1024
+    assert f", {base}>" in _configs.sm90_bwd_spec("float16", d, False).name
+    assert f", {base + 64 * d * 4 + 16}, 0, 0, true>" in _configs.sm90_bwd_spec("float16", d, False, own).name
+    # head dim 64 (block_m 128): the second tile would not fit
+    t64 = _configs.sm90_bwd_tile(64)
+    assert _configs.sm90_bwd_smem_bytes(64, t64) + 128 * 64 * 4 + 16 > 227 * 1024
 
 
 def test_ordered_causal_takes_the_kv_desc_kernel(res):

@@ -118,6 +118,64 @@ def causal_order(request, monkeypatch):
     bwd_mod._PLANS.clear()
 
 
+@pytest.fixture
+def dq_own(monkeypatch):
+    """The DQ_OWN kernels (each consumer's own partial dQ, no barrier between the consumers) at head dims 96 and
+    128, through cuflash._bwd_sm90.TILE_OVERRIDES; fresh plans."""
+    tiles = {d: _configs.sm90_bwd_dq_own_tile(d) for d in _configs.SM90_BWD_DQ_OWN_HEADDIMS}
+    monkeypatch.setattr(_bwd_sm90, "TILE_OVERRIDES", tiles)
+    bwd_mod._PLANS.clear()
+    yield
+    bwd_mod._PLANS.clear()
+
+
+def _launched(spec, q):
+    return get_launcher(spec, q.device.index).ptr in [p.launches[1][0] for p in bwd_mod._PLANS.values()]
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "ordered", "seqpar"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [96, 120, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dq_own_variant(dq_own, dtype, dq_strategy, causal, d):
+    """The DQ_OWN variant against the float64 reference: ragged tails, seqlen_q != seqlen_k, GQA, each dQ strategy
+    (the deterministic ones bitwise repeatable: consumer 0's partial is added before consumer 1's), its kernel the
+    one launched."""
+    import torch
+
+    det = dq_strategy != "atomic"
+    (q, k, v, out, lse, dout), first = check(2, 700, 1100, 6, 2, d, dtype, causal, dq_strategy=dq_strategy,
+                                             deterministic=det)
+    order = _configs.SM90_BWD_CAUSAL_ORDER if causal and dq_strategy == "ordered" else _configs.DQ_ORDER_PLAIN
+    kd = _configs.kernel_headdim(d)
+    assert _launched(_configs.sm90_bwd_spec(dtype, kd, causal, _configs.sm90_bwd_dq_own_tile(kd), order=order), q)
+    if det:
+        for _ in range(2):
+            again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
+                                                dq_strategy=dq_strategy, backend="sm90")
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("b,sq,sk,h,hk", [(2, 1, 1, 2, 2), (2, 17, 300, 2, 2), (2, 300, 17, 2, 2),
+                                          (1, 257, 257, 8, 1), (2, 1000, 700, 8, 2), (1, 2100, 2100, 4, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_own_shapes(dq_own, b, sq, sk, h, hk, causal):
+    """One row, rows that see no key (causal, sq > sk), MQA, many Q tiles per KV tile."""
+    check(b, sq, sk, h, hk, 128, "float16", causal)
+
+
+@pytest.mark.parametrize("mods", ["window_softcap", "alibi"])
+def test_dq_own_leaves_the_modifier_kernels(dq_own, mods):
+    """With the override set, the score modifiers keep the default MOD_SCORE kernel (DQ_OWN has none)."""
+    import torch
+
+    if mods == "alibi":
+        (q, *_), _ = check(2, 333, 517, 4, 2, 128, "float16", False, alibi=torch.rand(4, device="cuda") * 0.5)
+    else:
+        (q, *_), _ = check(2, 333, 517, 4, 2, 128, "float16", False, window=(40, 8), cap=5.0)
+    assert _launched(_configs.sm90_bwd_spec("float16", 128, False, mod=_configs.MOD_SCORE), q)
+
+
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
                                             (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
                                             (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128)])

@@ -22,19 +22,28 @@ import numpy as np
 ERR_FLOOR = 1e-5
 
 
-def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
+def case_inputs(b, sq, sk, h, hk, d, dtype, causal, opts):
+    """(dout, q, k, v, out, lse) of a fresh random problem (the forward by cuflash)."""
     import torch
 
     import cuflash
-    from cuflash import reference
 
     dt = getattr(torch, dtype)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
     k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, **opts)
-    dout = torch.randn_like(out)
-    grads = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy=dq_strategy,
-                                        deterministic=dq_strategy != "atomic", backend="sm90", **opts)
+    return torch.randn_like(out), q, k, v, out, lse
+
+
+def reference_check(inputs, grads, causal, opts):
+    """(ok, [max |err| of dq, dk, dv]): `grads` against the float64 reference, each within 3x torch's own error in
+    the inputs' dtype (+ ERR_FLOOR) and finite."""
+    import torch
+
+    from cuflash import reference
+
+    dout, q, k, v, _, _ = inputs
+    sq, sk, h, hk, d = q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     torch.cuda.synchronize()
     f = lambda x: x.detach().float().cpu().numpy().astype(np.float64)  # noqa: E731
     ref = reference.attention_backward(f(dout), f(q), f(k), f(v), None, causal, opts.get("window_size", (-1, -1)),
@@ -54,6 +63,15 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
         errs.append(e)
         ok &= bool(np.isfinite(f(ours)).all()) and e <= 3.0 * el + ERR_FLOOR
     return ok, errs
+
+
+def _case(b, sq, sk, h, hk, d, dtype, causal, dq_strategy, opts):
+    import cuflash
+
+    inputs = case_inputs(b, sq, sk, h, hk, d, dtype, causal, opts)
+    grads = cuflash.flash_attn_backward(*inputs, causal=causal, dq_strategy=dq_strategy,
+                                        deterministic=dq_strategy != "atomic", backend="sm90", **opts)
+    return reference_check(inputs, grads, causal, opts)
 
 
 def main(argv):

@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(384, 1)
   // this consumer's staging tile.
   const int row_q = (SPLIT_M ? 64 * cw : 0) + 16 * warp;
   const int dq_f0 = SPLIT_M || DQ_OWN ? 0 : 8 * cw;
-  float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;  // (DQ_OWN: + the consumer's tile, at the staging)
+  float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;  // (DQ_OWN: dq_tile, computed at the staging)
 
   float acc_dk[DF][4], acc_dv[DF][4];
   zero_frags(acc_dk);
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int k = 0; k < 4; ++k)  // K's second 64-column chunk, whole (D = 96: zeros past D, not staged)
         Wgmma<64>::template ss<T, 1, 1>(acc_dq2, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
-                                            smem_desc(db + BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
+                                        smem_desc(db + BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
     } else {
       const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
       const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .fwd90_ostore_probe import BOUND, _err, add_records, print_geomeans, probe_main  # shared pieces
+from .fwd90_ostore_probe import _err, add_records, np64, print_geomeans, probe_main, ref_bound, run_tile
 
 TIME_LIMIT_S = 200.0
 SEQLENS = (512, 1024, 2048, 4096)
@@ -89,7 +89,7 @@ def residency():
 def correctness() -> bool:
     import torch
 
-    from cuflash import _fwd_sm90, reference
+    from cuflash import reference
     from cuflash._validate import check_qkv
     from cuflash._varlen import check_varlen
 
@@ -99,21 +99,11 @@ def correctness() -> bool:
         nonlocal ok_all
         e, nan = _err(a, ref)
         diff = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-        bound = BOUND[dtype] * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        bound = ref_bound(dtype, ref)
         ok = not nan and e <= bound
         ok_all &= ok
         print(f"{'ok  ' if ok else 'FAIL'} {name:<60} err={e:.2e} (bound {bound:.1e}) vs default {diff:.1e}"
               f"{' NaN' if nan else ''}", flush=True)
-
-    def run(qa, ka, va, causal, tile, packed=None):
-        b, sq, h, d = qa.shape
-        out = torch.full((b, sq, h, d) if packed is None else (packed.total_q, h, d), float("nan"), device="cuda",
-                         dtype=getattr(torch, qa.dtype))
-        o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
-        return o
-
-    def np64(x):
-        return x.float().cpu().numpy().astype(np.float64)
 
     cases = [("float16", 64, (2, 777, 901, 4, 2)), ("bfloat16", 64, (1, 1000, 129, 4, 1)),
              ("float16", 56, (2, 333, 444, 4, 2)), ("bfloat16", 128, (2, 777, 901, 4, 2)),
@@ -129,13 +119,13 @@ def correctness() -> bool:
         tiles = _tiles(kd)
         for causal in (False, True):
             ref, _ = reference.attention_forward(np64(q), np64(k), np64(v), None, causal)
-            base = run(qa, ka, va, causal, tiles["default"])
+            base = run_tile(qa, ka, va, causal, tiles["default"])
             for n, t in tiles.items():
                 if n == "default":
                     continue
                 for tt in ((t, _flip(t)) if dtype == "bfloat16" else (t,)):
                     line(f"{n} o_tma={int(tt.o_tma)} {dtype} d{d} b{b} sq{sq} sk{sk} h{h}/{hk} causal={int(causal)}",
-                         dtype, run(qa, ka, va, causal, tt), base, ref)
+                         dtype, run_tile(qa, ka, va, causal, tt), base, ref)
 
     lens_q, lens_k = (128, 300, 64, 65, 1000, 63, 1), (128, 200, 900, 65, 1000, 70, 5)
     for d in headdims():
@@ -152,12 +142,12 @@ def correctness() -> bool:
                 reference.attention_forward(np64(q[q0:q1])[None], np64(k[k0:k1])[None], np64(v[k0:k1])[None], None,
                                             causal)[0][0]
                 for q0, q1, k0, k1 in zip(cq_h, cq_h[1:], ck_h, ck_h[1:])])
-            base = run(q4, k4, v4, causal, tiles["default"], packed)
+            base = run_tile(q4, k4, v4, causal, tiles["default"], packed=packed)
             for n, t in tiles.items():
                 if n != "default":
                     for tt in (t, _flip(t)):
                         line(f"{n} o_tma={int(tt.o_tma)} {dtype} d{d} packed {len(lens_q)} seqs causal={int(causal)}",
-                             dtype, run(q4, k4, v4, causal, tt, packed), base, ref)
+                             dtype, run_tile(q4, k4, v4, causal, tt, packed=packed), base, ref)
     return ok_all
 
 

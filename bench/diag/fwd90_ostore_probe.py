@@ -57,10 +57,36 @@ def _err(out, ref):
     return float(np.max(np.abs(o - ref))) if ref.size else 0.0, bool(np.isnan(o).any())
 
 
+def np64(x):
+    """A torch tensor as a float64 NumPy array (the reference's input)."""
+    return x.float().cpu().numpy().astype(np.float64)
+
+
+def ref_bound(dtype, ref):
+    """The probes' error bound of an output against the float64 reference `ref`: BOUND scaled by max(1, max |ref|)."""
+    return BOUND[dtype] * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+
+
+def run_tile(qa, ka, va, causal, tile, out=None, packed=None):
+    """The sm90 forward with an explicit tile into `out` (a fresh NaN-filled tensor when None; else poisoned first)."""
+    import torch
+
+    from cuflash import _fwd_sm90
+
+    if out is None:
+        b, sq, h, d = qa.shape
+        out = torch.full((b, sq, h, d) if packed is None else (packed.total_q, h, d), float("nan"), device="cuda",
+                         dtype=getattr(torch, qa.dtype))
+    else:
+        out.fill_(float("nan"))
+    o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
+    return o
+
+
 def correctness() -> bool:
     import torch
 
-    from cuflash import _fwd_sm90, reference
+    from cuflash import reference
     from cuflash._validate import check_qkv
 
     ok_all = True
@@ -69,24 +95,11 @@ def correctness() -> bool:
         nonlocal ok_all
         same = bool((a == b).all()) if a.shape == b.shape else False
         e, nan = _err(a, ref)
-        bound = BOUND[dtype] * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        bound = ref_bound(dtype, ref)
         ok = same and not nan and e <= bound
         ok_all &= ok
         print(f"{'ok  ' if ok else 'FAIL'} {name:<44} bitwise={'yes' if same else 'NO'} err={e:.2e} "
               f"(bound {bound:.1e}){' NaN' if nan else ''}", flush=True)
-
-    def run(qa, ka, va, causal, tile, out=None, packed=None):
-        if out is None:
-            b, sq, h, d = qa.shape
-            out = torch.full((b, sq, h, d) if packed is None else (packed.total_q, h, d), float("nan"),
-                             device="cuda", dtype=getattr(torch, qa.dtype))
-        else:
-            out.fill_(float("nan"))
-        o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
-        return o
-
-    def np64(x):
-        return x.float().cpu().numpy().astype(np.float64)
 
     for dtype, d, (b, sq, sk, h, hk) in (("float16", 64, (2, 777, 901, 4, 2)), ("bfloat16", 128, (2, 777, 901, 4, 2)),
                                          ("float16", 128, (3, 65, 300, 2, 2)), ("bfloat16", 64, (1, 1000, 129, 4, 1)),
@@ -99,12 +112,12 @@ def correctness() -> bool:
         for causal in (False, True):
             ref, _ = reference.attention_forward(np64(q), np64(k), np64(v), None, causal)
             line(f"{dtype} d{d} b{b} sq{sq} sk{sk} h{h}/{hk} causal={int(causal)}", dtype,
-                 run(qa, ka, va, causal, var), run(qa, ka, va, causal, base), ref)
+                 run_tile(qa, ka, va, causal, var), run_tile(qa, ka, va, causal, base), ref)
         if d == 128:  # a strided output: the first d columns of a wider tensor
             wide = torch.full((b, sq, h, d + 64), float("nan"), device="cuda", dtype=dt)
-            o = run(qa, ka, va, False, var, out=wide[..., :d])
+            o = run_tile(qa, ka, va, False, var, out=wide[..., :d])
             ref, _ = reference.attention_forward(np64(q), np64(k), np64(v), None, False)
-            line(f"{dtype} d{d} strided out", dtype, o, run(qa, ka, va, False, base), ref)
+            line(f"{dtype} d{d} strided out", dtype, o, run_tile(qa, ka, va, False, base), ref)
             if not bool(torch.isnan(wide[..., d:]).all()):
                 print("FAIL strided out: columns outside the view written", flush=True)
                 ok_all = False
@@ -130,7 +143,8 @@ def correctness() -> bool:
                 ref[oq:oq + lq] = r[0]
                 oq, ok_ = oq + lq, ok_ + lk
             line(f"{dtype} d{d} packed {len(lens_q)} seqs causal={int(causal)}", dtype,
-                 run(q4, k4, v4, causal, var, packed=packed), run(q4, k4, v4, causal, base, packed=packed), ref)
+                 run_tile(q4, k4, v4, causal, var, packed=packed), run_tile(q4, k4, v4, causal, base, packed=packed),
+                 ref)
     return ok_all
 
 

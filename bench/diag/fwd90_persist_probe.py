@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .fwd90_ostore_probe import BOUND, _err, add_records, print_geomeans, probe_main  # shared pieces
+from .fwd90_ostore_probe import _err, add_records, np64, print_geomeans, probe_main, ref_bound, run_tile
 
 TIME_LIMIT_S = 200.0
 SEQLENS = (512, 1024, 2048, 4096)
@@ -73,7 +73,7 @@ def specs():
 def correctness() -> bool:
     import torch
 
-    from cuflash import _fwd_sm90, reference
+    from cuflash import reference
     from cuflash._validate import check_qkv
     from cuflash._varlen import check_varlen
 
@@ -83,21 +83,11 @@ def correctness() -> bool:
         nonlocal ok_all
         e, nan = _err(a, ref)
         same = bool(torch.equal(a, b))
-        bound = BOUND[dtype] * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        bound = ref_bound(dtype, ref)
         ok = not nan and e <= bound and same
         ok_all &= ok
         print(f"{'ok  ' if ok else 'FAIL'} {name:<62} err={e:.2e} (bound {bound:.1e}) "
               f"{'bitwise = one-tile' if same else 'DIFFERS from one-tile'}{' NaN' if nan else ''}", flush=True)
-
-    def run(qa, ka, va, causal, tile, packed=None):
-        b, sq, h, d = qa.shape
-        out = torch.full((b, sq, h, d) if packed is None else (packed.total_q, h, d), float("nan"), device="cuda",
-                         dtype=getattr(torch, qa.dtype))
-        o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
-        return o
-
-    def np64(x):
-        return x.float().cpu().numpy().astype(np.float64)
 
     cases = [("float16", 64, (2, 777, 901, 4, 2)), ("bfloat16", 64, (1, 1000, 129, 4, 1)),
              ("float16", 56, (2, 333, 444, 4, 2)), ("bfloat16", 128, (2, 777, 901, 4, 2)),
@@ -113,7 +103,8 @@ def correctness() -> bool:
             ref, _ = reference.attention_forward(np64(q), np64(k), np64(v), None, causal)
             for t in _epilogues(kd):
                 line(f"o_tma={int(t.o_tma)} {dtype} d{d} b{b} sq{sq} sk{sk} h{h}/{hk} causal={int(causal)}", dtype,
-                     run(qa, ka, va, causal, t), run(qa, ka, va, causal, replace(t, persistent=False)), ref)
+                     run_tile(qa, ka, va, causal, t), run_tile(qa, ka, va, causal, replace(t, persistent=False)),
+                     ref)
 
     lens_q, lens_k = (128, 300, 64, 65, 1000, 63, 1), (128, 200, 900, 65, 1000, 70, 5)
     for d in HEADDIMS:
@@ -131,8 +122,8 @@ def correctness() -> bool:
                 for q0, q1, k0, k1 in zip(cq_h, cq_h[1:], ck_h, ck_h[1:])])
             for t in _epilogues(d):
                 line(f"o_tma={int(t.o_tma)} {dtype} d{d} packed {len(lens_q)} seqs causal={int(causal)}", dtype,
-                     run(q4, k4, v4, causal, t, packed), run(q4, k4, v4, causal, replace(t, persistent=False), packed),
-                     ref)
+                     run_tile(q4, k4, v4, causal, t, packed=packed),
+                     run_tile(q4, k4, v4, causal, replace(t, persistent=False), packed=packed), ref)
     return ok_all
 
 

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import replace
 
-import numpy as np
+from bench.diag.decode_probe import _check
 
 ROUNDS = 3
 H, D = 32, 128
@@ -59,29 +59,6 @@ def release_memory():
 
     gc.collect()
     torch.cuda.empty_cache()
-
-
-def _check(tag, out, lse, q, kc, vc, lens, causal, tol_o, tol_lse) -> bool:
-    """out / lse against the float64 reference per batch element on its own valid keys."""
-    from cuflash import reference
-
-    f64 = lambda t: t.double().cpu().numpy()  # noqa: E731
-    qn, kn, vn, o, ls = f64(q), f64(kc), f64(vc), f64(out), f64(lse)
-    ok, err, lerr = True, 0.0, 0.0
-    for i, n in enumerate(lens):
-        ro, rl = reference.attention_forward(qn[i:i + 1], kn[i:i + 1, :n], vn[i:i + 1, :n], None, causal)
-        e = float(np.abs(np.nan_to_num(o[i], nan=1e9) - ro[0]).max())
-        err = max(err, e)
-        ok &= e <= tol_o * max(1.0, float(np.abs(ro[0]).max()))
-        ok &= bool(np.array_equal(np.isneginf(ls[i]), np.isneginf(rl[0])))
-        fin = np.isfinite(rl[0])
-        if fin.any():
-            le = float(np.abs(ls[i][fin] - rl[0][fin]).max())
-            lerr = max(lerr, le)
-            ok &= le < tol_lse
-    ok &= not np.isnan(o).any()
-    print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err:.2e} lse {lerr:.2e}", flush=True)
-    return ok
 
 
 def correctness() -> bool:

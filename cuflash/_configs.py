@@ -296,7 +296,7 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     SM90_FWD_SHORT_TILES where the head dim and mask have one."""
     name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
     if name and mod == MOD_NONE and seqlen_k is not None and seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
-        return sm90_fwd_variant_tiles(headdim)[name]
+        return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
     return SM90_FWD_TILES[headdim]
 
 
@@ -380,9 +380,10 @@ def sm90_fwd_persist_tiles(headdim: int) -> dict:
     return {n: replace(base, **f) for n, f in SM90_FWD_PERSIST_VARIANTS.get(headdim, {}).items()}
 
 
-def sm90_fwd_variant_tiles(headdim: int) -> dict:
-    """{name: Sm90FwdTile} of the tiles of several blocks per SM and the persistent form at a kernel head dim."""
-    return {**sm90_fwd_minb_tiles(headdim), **sm90_fwd_persist_tiles(headdim)}
+def _sm90_fwd_variant_fields(headdim: int) -> dict:
+    """{name: the fields replaced in the configured tile} of the tiles of several blocks per SM and the persistent form
+    at a kernel head dim."""
+    return {**SM90_FWD_MINB_VARIANTS.get(headdim, {}), **SM90_FWD_PERSIST_VARIANTS.get(headdim, {})}
 
 
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:

@@ -247,18 +247,15 @@ def err(fn):
 """
 
 
-def compile_problems(specs, archs=(90,), alt_archs=(90,), c75=True) -> list:
+def compile_problems(specs, archs=(90,), alt_archs=(90,)) -> list:
     """Compile `specs` offline for `archs` with the pip NVRTC and for `alt_archs` with CUFLASH_NVRTC_ALT's (when set),
-    each kernel alone, in parallel; the (name, arch, nvrtc, report) of every one with an error, spills or local
-    memory, or (c75) a ptxas performance note (C75xx: wgmma serialized, setmaxnreg ignored)."""
-    from cuflash._compile_check import CompilePass, tasks
+    each kernel alone, in parallel; the (name, arch, nvrtc, report) of every one _compile_check.bad_kernels rejects
+    (an error, spills or local memory, a ptxas performance note)."""
+    from cuflash._compile_check import CompilePass, bad_kernels, tasks
 
     alt = os.environ.get("CUFLASH_NVRTC_ALT")
     ts = tasks(specs, tuple(archs)) + (tasks(specs, tuple(alt_archs), alt) if alt and alt_archs else [])
-    return [(t.name, t.arch, t.nvrtc, {k: r.get(k) for k in ("regs", "stack", "spill_st", "error")})
-            for t, r in CompilePass().result(ts).items()
-            if r.get("error") or r["stack"] or r["spill_st"] or r["spill_ld"]
-            or (c75 and [w for w in r.get("ptxas_warnings", []) if "C75" in w])]
+    return [(t.name, t.arch, t.nvrtc, r) for t, r in CompilePass().result(ts).items() if bad_kernels({t.name: r})]
 
 
 def run_result_script(code: str) -> dict:

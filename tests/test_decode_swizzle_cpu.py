@@ -131,5 +131,5 @@ def test_spilling_configurations_raise():
 
 
 def test_swizzled_kernels_compile_spill_free():
-    bad = compile_problems(_configs.decode_swizzle_specs(), archs=(80, 90), c75=False)
+    bad = compile_problems(_configs.decode_swizzle_specs(), archs=(80, 90))
     assert not bad, bad

@@ -65,25 +65,38 @@ def test_head_dim_below_the_kernels(name):
         _check(_run(q, k, v, causal, tile), q, k, v, causal)
 
 
-@pytest.mark.parametrize("d,name", VARIANTS)
-@pytest.mark.parametrize("o_tma", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-def test_packed_sequences(d, name, o_tma, causal):
+PACKED_LENS = ((37, 1, 130, 64, 128, 300, 1000, 63), (53, 1, 130, 200, 128, 77, 1000, 70))  # (q, k) per element
+
+
+def packed_case(d):
+    """Eight packed bf16 sequences of PACKED_LENS (GQA 4 / 2): (q, k, v, their PackedSeqs)."""
     import torch
 
     from cuflash._varlen import check_varlen
 
-    lens_q, lens_k = (37, 1, 130, 64, 128, 300, 1000, 63), (53, 1, 130, 200, 128, 77, 1000, 70)
+    lens_q, lens_k = PACKED_LENS
     q, k, v = torch_inputs((1, sum(lens_q), 4, d), (1, sum(lens_k), 2, d), "bfloat16")
     q, k, v = q[0], k[0], v[0]
     cq, ck = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32, device="cuda")
               for x in (lens_q, lens_k))
-    packed = check_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k))
-    out = _run(q, k, v, causal, _tile(d, name, o_tma), packed=packed)
+    return q, k, v, check_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k))
+
+
+def check_packed(out, q, k, v, causal):
+    """Each element of a packed_case output against the float64 reference and torch's low-precision error."""
+    d = q.shape[-1]
     oq = ok = 0
-    for lq, lk in zip(lens_q, lens_k):
+    for lq, lk in zip(*PACKED_LENS):
         qe, ke, ve = q[oq:oq + lq][None], k[ok:ok + lk][None], v[ok:ok + lk][None]
         ref, _ = reference.attention_forward(to_np(qe), to_np(ke), to_np(ve), None, causal)
         assert_close_to_ref(f"element at {oq}", out[oq:oq + lq][None], torch_attention_lowp(qe, ke, ve, d ** -0.5,
                                                                                             causal), ref)
         oq, ok = oq + lq, ok + lk
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+@pytest.mark.parametrize("o_tma", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_sequences(d, name, o_tma, causal):
+    q, k, v, packed = packed_case(d)
+    check_packed(_run(q, k, v, causal, _tile(d, name, o_tma), packed=packed), q, k, v, causal)

@@ -1,22 +1,20 @@
 """GPU: the Hopper forward's persistent form (cuflash._configs.SM90_FWD_PERSIST_VARIANTS, launched through an explicit
-tile: not configured) against the float64 reference and bitwise against the one-tile kernel of the same tile shape
+tile; configured for causal head dim 128 with short keys) against the float64 reference and bitwise against the one-tile kernel of the same tile shape
 (the same products per tile): ragged tails, seqlen_q != seqlen_k, GQA, causal with rows that see no key (whole Q tiles
 of them when seqlen_q > seqlen_k), grids of fewer tiles than SMs and of many tiles per block, and packed sequences.
 Outputs poisoned (NaN) before each launch. Skipped off compute capability 9.0."""
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
-from cuflash import _configs, _fwd_sm90, reference
-from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
+from cuflash import _configs, _fwd_sm90
+from conftest import torch_inputs
 from test_flash_fwd_sm90 import _check, _hopper  # noqa: F401 (_hopper: the autouse sm90 skip)
-from test_flash_fwd_sm90_minb import _run
+from test_flash_fwd_sm90_minb import _run, check_packed, packed_case
 
 pytestmark = pytest.mark.gpu
 
 VARIANTS = [(d, n) for d in sorted(_configs.SM90_FWD_PERSIST_VARIANTS) for n in _configs.SM90_FWD_PERSIST_VARIANTS[d]]
-
 
 
 def _tiles(d, name, o_tma=None):
@@ -82,21 +80,5 @@ def test_lse_of_rows_that_see_no_key(d, name):
 @pytest.mark.parametrize("d,name", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_sequences(d, name, causal):
-    import torch
-
-    from cuflash._varlen import check_varlen
-
-    lens_q, lens_k = (37, 1, 130, 64, 128, 300, 1000, 63), (53, 1, 130, 200, 128, 77, 1000, 70)
-    q, k, v = torch_inputs((1, sum(lens_q), 4, d), (1, sum(lens_k), 2, d), "bfloat16")
-    q, k, v = q[0], k[0], v[0]
-    cq, ck = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32, device="cuda")
-              for x in (lens_q, lens_k))
-    packed = check_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k))
-    out = _both(q, k, v, causal, d, name, packed=packed)
-    oq = ok = 0
-    for lq, lk in zip(lens_q, lens_k):
-        qe, ke, ve = q[oq:oq + lq][None], k[ok:ok + lk][None], v[ok:ok + lk][None]
-        ref, _ = reference.attention_forward(to_np(qe), to_np(ke), to_np(ve), None, causal)
-        assert_close_to_ref(f"element at {oq}", out[oq:oq + lq][None], torch_attention_lowp(qe, ke, ve, d ** -0.5,
-                                                                                            causal), ref)
-        oq, ok = oq + lq, ok + lk
+    q, k, v, packed = packed_case(d)
+    check_packed(_both(q, k, v, causal, d, name, packed=packed), q, k, v, causal)

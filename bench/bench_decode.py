@@ -326,8 +326,8 @@ def _sweep_tiles():
     from cuflash._configs import DECODE_KERNEL_TILES, DecodeTile
 
     base = DECODE_KERNEL_TILES[128]
-    cands = [base, DecodeTile(16, 4, 4), DecodeTile(16, 4, 2), DecodeTile(32, 4, 2), DecodeTile(32, 2, 3),
-             DecodeTile(16, 2, 4), DecodeTile(16, 8, 2), DecodeTile(16, 8, 3)]
+    cands = [base] + [DecodeTile(*t, swizzle=base.swizzle) for t in ((16, 4, 4), (16, 4, 2), (32, 4, 2), (32, 2, 3),
+                                                                   (16, 2, 4), (16, 8, 2), (16, 8, 3))]
     out = []
     for t in cands:
         if t not in out:

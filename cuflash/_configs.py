@@ -506,13 +506,15 @@ class DecodeTile:
 # (164 KB): 96-144 KB of K/V in flight per SM on the H200. Head dim 128: 16 KB warp tiles, 2 stages, 140 KB
 # (1 block per SM, so the split heuristic fills 132 slots, not 264): the decode_sweep (bench/NOTES.md)
 # measured it best or within 1% of the best on every case, and 4-6% faster than
-# 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache.
+# 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache. The rings are swizzled, not padded (swizzle:
+# 0.88-0.94x the padded rows' time on the 1-4 GB caches at d128, bench/NOTES.md "Decode"), except the
+# configurations of DECODE_SWIZZLE_SPILLS, which keep the padded rows (decode_spec).
 DECODE_KERNEL_TILES = {
-    32: DecodeTile(32, 4, 4),
-    64: DecodeTile(32, 4, 3),
-    96: DecodeTile(16, 4, 4),
-    128: DecodeTile(32, 4, 2),
-    256: DecodeTile(16, 2, 3),
+    32: DecodeTile(32, 4, 4, swizzle=True),
+    64: DecodeTile(32, 4, 3, swizzle=True),
+    96: DecodeTile(16, 4, 4, swizzle=True),
+    128: DecodeTile(32, 4, 2, swizzle=True),
+    256: DecodeTile(16, 2, 3, swizzle=True),
 }
 # Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps
 # mf = 1 (its O accumulator alone is 128 registers per m16 fragment) and uses several m-blocks instead.
@@ -544,11 +546,16 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
                 mod: int = 0, paged: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table)."""
-    tile = tile or decode_tile(headdim)
-    smem = decode_smem_bytes(headdim, tile, mf)
+    paged-cache kernel (its K/V loads look up a block table). tile None: the configured tile, with the padded rows
+    where the swizzled ring is not built (DECODE_SWIZZLE_SPILLS); an explicit swizzled tile there is a ValueError."""
     mod = _mod_checked(causal, mod)
-    if tile.swizzle and (headdim, mf, bool(causal), mod, bool(paged)) in DECODE_SWIZZLE_SPILLS:
+    spills = (headdim, mf, bool(causal), mod, bool(paged)) in DECODE_SWIZZLE_SPILLS
+    if tile is None:
+        tile = decode_tile(headdim)
+        if spills:
+            tile = replace(tile, swizzle=False)
+    smem = decode_smem_bytes(headdim, tile, mf)
+    if tile.swizzle and spills:
         raise ValueError(f"the swizzled decode ring is not built for head dim {headdim}, {mf} row fragment(s), "
                          f"causal={causal}, mod {mod}, paged={paged}: it spills registers (DECODE_SWIZZLE_SPILLS)")
     tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
@@ -569,8 +576,9 @@ def decode_specs():
     return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
-# The swizzled ring (DecodeTile.swizzle, the kernel's SWZ; cuda_src/flash_decode.cu RingSwizzle): reached through an
-# explicit tile (cuflash.decode.plan_for(..., tile=...); bench.diag.decode_swizzle_probe). These configurations
+# The swizzled ring (DecodeTile.swizzle, the kernel's SWZ; cuda_src/flash_decode.cu RingSwizzle): the configured
+# tiles' (the padded rows through an explicit tile: cuflash.decode.plan_for(..., tile=...);
+# bench.diag.decode_swizzle_probe). These configurations
 # (head dim, row fragments, causal, mod, paged) spill under NVRTC 13.5 and 13.0 on sm_90 -- d128 with two row
 # fragments causal at 255 registers (36 B), d32 non-causal with one at 95-96 (8 B) -- and are not built.
 DECODE_SWIZZLE_SPILLS = {(128, 2, True, MOD_NONE, False), (32, 1, False, MOD_NONE, False),
@@ -578,7 +586,7 @@ DECODE_SWIZZLE_SPILLS = {(128, 2, True, MOD_NONE, False), (32, 1, False, MOD_NON
 
 
 def decode_swizzle_specs():
-    """Every decode kernel of the swizzled ring (the default tiles with swizzle=True), less DECODE_SWIZZLE_SPILLS."""
+    """Every decode kernel of the swizzled ring (the configured tiles), less DECODE_SWIZZLE_SPILLS."""
     out = []
     for dt in DTYPES:
         for d in HEADDIMS:

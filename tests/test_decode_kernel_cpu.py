@@ -97,8 +97,8 @@ def test_decode_specs_fit_and_name_their_smem():
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
-        # ..., SMEM_BYTES[, MOD[, PAGED]]>
-        assert re.search(rf", {s.smem}(, [01](, true)?)?>$", s.name) and s.smem % 16 == 0, s.name
+        # ..., SMEM_BYTES[, MOD[, PAGED[, SWZ]]]> (the swizzled ring spells PAGED out)
+        assert re.search(rf", {s.smem}(, [01](, true|, (true|false), true)?)?>$", s.name) and s.smem % 16 == 0, s.name
         assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
     for d, t in _configs.DECODE_KERNEL_TILES.items():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load

@@ -1,8 +1,8 @@
 """GPU: the decode kernel's swizzled ring (DecodeTile.swizzle, the kernel's SWZ; cuda_src/flash_decode.cu RingSwizzle)
-against the float64 reference and bitwise against the default padded rows at the same split count (the products
-and their order are the same): every head dim, fp16 and bf16, MHA / GQA / MQA (two row fragments), causal with
-several query rows, ragged cache_seqlens with 0, forced and automatic split counts, paged caches. The rows past each
-element's keys hold NaN, which the kernel must never read into a result."""
+against the float64 reference and bitwise against the padded rows (the same tile with swizzle=False) at the same split
+count (the products and their order are the same): every head dim, fp16 and bf16, MHA / GQA / MQA (two row
+fragments), causal with several query rows, ragged cache_seqlens with 0, forced and automatic split counts, paged
+caches. The rows past each element's keys hold NaN, which the kernel must never read into a result."""
 from dataclasses import replace
 
 import numpy as np
@@ -53,7 +53,8 @@ def test_swizzled_ring_matches_reference_and_padded_rows(case, num_splits, dtype
     swz = replace(_configs.decode_tile(d), swizzle=True)
     plan = plan_for(q, kx, vx, cache_seqlens=seqlens, causal=causal, num_splits=num_splits, tile=swz, block_table=bt)
     out, lse = run_plan(plan, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
-    base = plan_for(q, kx, vx, cache_seqlens=seqlens, causal=causal, num_splits=plan.num_splits, block_table=bt)
+    base = plan_for(q, kx, vx, cache_seqlens=seqlens, causal=causal, num_splits=plan.num_splits, block_table=bt,
+                    tile=replace(swz, swizzle=False))
     out0, lse0 = run_plan(base, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
     torch.cuda.synchronize()
     assert torch.equal(out, out0) and torch.equal(lse, lse0)

@@ -105,7 +105,7 @@ def test_ring_bases_are_128_byte_aligned():
 
 def test_names_and_shared_memory():
     for d in HEADDIMS:
-        t = _configs.decode_tile(d)
+        t = replace(_configs.decode_tile(d), swizzle=False)
         s = replace(t, swizzle=True)
         for mf in range(1, _configs.DECODE_MAX_MF[d] + 1):
             for pg in (False, True):
@@ -118,8 +118,15 @@ def test_names_and_shared_memory():
                 assert base.smem - v.smem == ring * _configs.SMEM_ROW_PAD * 2 or \
                     base.smem == v.smem == 16 * mf * (d + 8) * 2 + t.nwarps * 16 * mf * (d + 11) * 4
                 assert "true>" not in base.name or pg
-    assert all(", true>" not in s.name or ", 0, true>" in s.name or ", 1, true>" in s.name
-               for s in _configs.decode_specs())  # the default kernels keep their names
+    # the configured kernels: swizzled, but padded where DECODE_SWIZZLE_SPILLS says the swizzle is not built
+    configured = {s.name for s in _configs.decode_specs()}
+    assert {s.name for s in _configs.decode_swizzle_specs()} <= configured
+    for d, mf, causal, mod, pg in _configs.DECODE_SWIZZLE_SPILLS:
+        for dt in _configs.DTYPES:
+            padded = replace(_configs.decode_tile(d), swizzle=False)
+            assert _configs.decode_spec(dt, d, causal, mf, None, mod, pg) == \
+                _configs.decode_spec(dt, d, causal, mf, padded, mod, pg)
+            assert _configs.decode_spec(dt, d, causal, mf, padded, mod, pg).name in configured
 
 
 def test_spilling_configurations_raise():

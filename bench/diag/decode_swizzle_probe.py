@@ -1,5 +1,6 @@
 """Diagnostic (GPU): the decode kernel's swizzled ring (DecodeTile.swizzle, the kernel's SWZ: K / V rows unpadded,
-16-byte chunks XOR-swizzled; cuda_src/flash_decode.cu RingSwizzle) against the default padded rows.
+16-byte chunks XOR-swizzled; cuda_src/flash_decode.cu RingSwizzle; the configured tiles') against the padded rows
+(the same tile with swizzle=False).
 
     python -m bench.diag.decode_swizzle_probe [--time-limit SECONDS] [--json FILE]
 
@@ -13,7 +14,7 @@
     misses.
 (b) GPU time per call in CUDA-graph replay, q_len 1, 32 query heads, head dim 128 (fp16; one bf16 case), the
     decode grid's large caches of 32 and 8 KV heads (512 MB - 4 GB) and small ones (latency-bound: the variant must
-    not cost there): old = the default plan, swz = the swizzled tile, cudnn = SDPA's CUDNN backend (enable_gqa=True),
+    not cost there): old = the padded rows, swz = the swizzled ring, cudnn = SDPA's CUDNN backend (enable_gqa=True),
     timed in turn (harness.time_rounds, medians of ROUNDS rounds).
 The table is last: us per call, swz / old (< 1: the swizzle faster), cudnn / swz (>= 1: at or below cuDNN's time),
 and each provider's K/V bytes over its time in TB/s. Stops starting timing cases after --time-limit seconds
@@ -86,9 +87,10 @@ def correctness() -> bool:
             kx[perm], vx[perm] = kc.reshape(-1, ps, hk, d), vc.reshape(-1, ps, hk, d)
             bt = perm.reshape(b, s // ps).to(torch.int32)
         swz = replace(_configs.decode_tile(d), swizzle=True)
+        padded = replace(swz, swizzle=False)
         for ns in (0, 1, 7):
             outs = {}
-            for name, tile in (("swz", swz), ("old", None)):
+            for name, tile in (("swz", swz), ("old", padded)):
                 plan = plan_for(q, kx, vx, cache_seqlens=seqlens, block_table=bt, causal=causal, tile=tile,
                                 num_splits=ns if ns or name == "swz" else outs["swz"][2])
                 out, lse = run_plan(plan, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
@@ -120,6 +122,7 @@ def timing(limit_s: float) -> list:
     recs = []
     t0 = time.perf_counter()
     swz = replace(_configs.decode_tile(D), swizzle=True)
+    padded = replace(swz, swizzle=False)
     for hk, b, s, dt in CASES:
         kv_bytes = 2 * b * s * hk * D * 2
         if time.perf_counter() - t0 > limit_s:
@@ -130,7 +133,7 @@ def timing(limit_s: float) -> list:
         vc = torch.randn_like(kc)
         q = torch.randn(b, 1, H, D, device="cuda", dtype=dtype)
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
-        plans = {"old": plan_for(q, kc, vc, cache_seqlens=seqlens),
+        plans = {"old": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=padded),
                  "swz": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz)}
         graphs = {k: capture_graph(lambda plan=plan: run_plan(plan, q, kc, vc, cache_seqlens=seqlens), CALLS)
                   for k, plan in plans.items()}
@@ -186,7 +189,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             json.dump(dict(correct=ok, records=recs), fh, indent=1)
     print(f"\ndecode swizzle probe ({time.perf_counter() - t0:.0f} s): GPU us per call in CUDA-graph replay, medians "
-          f"of {ROUNDS} rounds timed in turn; old = the padded rows (default), swz = the swizzled ring; swz / old < 1: "
+          f"of {ROUNDS} rounds timed in turn; old = the padded rows, swz = the swizzled ring; swz / old < 1: "
           f"the swizzle faster; cudnn / swz >= 1: at or below cuDNN; TB/s = K/V bytes / time; correctness "
           f"{'ok' if ok else 'FAILED'}")
     print(table(recs))

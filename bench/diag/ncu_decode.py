@@ -1,13 +1,13 @@
 """Diagnostic (GPU, under Nsight Compute): the large decode step (b8, 32 heads, 32 KV heads, 16k cache, d128, fp16:
-2 GiB of K/V, one split) read by kernels over the same bytes -- cuflash's decode kernel (the default plan; "swz": its
-swizzled ring, DecodeTile.swizzle), SDPA's cuDNN backend and the read sweep's "decode mimic" (bench/diag/hbm_read_sweep.py: the decode kernel's grid and
+2 GiB of K/V, one split) read by kernels over the same bytes -- cuflash's decode kernel (the default plan; "swz" and
+"padded": its swizzled ring and its padded rows, DecodeTile.swizzle), SDPA's cuDNN backend and the read sweep's "decode mimic" (bench/diag/hbm_read_sweep.py: the decode kernel's grid and
 loads without its arithmetic) -- each warmed up twice, then called once between torch.cuda.profiler.start() and
 stop(), so that ncu profiles exactly those calls:
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         --section SchedulerStats --section WarpStateStats --section Occupancy \\
         --metrics lts__t_sectors.sum,lts__t_requests.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex.sum \\
-        python -m bench.diag.ncu_decode [--what cuflash,swz,cudnn,mimic]
+        python -m bench.diag.ncu_decode [--what cuflash,swz,padded,cudnn,mimic]
     bench/diag/ncu_source.sh /tmp/decode flash_decode_kernel 1 python3 -m bench.diag.ncu_decode --what cuflash
 
 What to read: per kernel the L2 throughput and hit rate against the DRAM throughput, and L2 sectors per DRAM byte
@@ -21,7 +21,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-WHAT = ("cuflash", "swz", "cudnn", "mimic")
+WHAT = ("cuflash", "swz", "padded", "cudnn", "mimic")
 
 
 def main(argv=None) -> int:
@@ -51,9 +51,11 @@ def main(argv=None) -> int:
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     out = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
     fns = {"cuflash": lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)}
-    if "swz" in what:
-        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=replace(_configs.decode_tile(d), swizzle=True))
-        fns["swz"] = lambda: run_plan(plan, q, kc, vc, cache_seqlens=seqlens)
+    for name, swizzle in (("swz", True), ("padded", False)):
+        if name in what:
+            plan = plan_for(q, kc, vc, cache_seqlens=seqlens,
+                            tile=replace(_configs.decode_tile(d), swizzle=swizzle))
+            fns[name] = lambda plan=plan: run_plan(plan, q, kc, vc, cache_seqlens=seqlens)
     if "cudnn" in what:
         fns["cudnn"] = _sdpa_fn("cudnn", q, kc, vc, h, hk)  # (its one trial call runs here, outside the range)
     if "mimic" in what:

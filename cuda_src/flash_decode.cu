@@ -257,7 +257,10 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
           int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false>
-__global__ void __launch_bounds__(NWARPS * 32) flash_decode_kernel(const __grid_constant__ FwdParams p) {
+// (NWARPS * 32, 1): with the thread count alone ptxas held the swizzled d32 kernels at 95-96 registers with 8 B of
+// spills, and d128 with two row fragments causal spilled 36 B at 255; told one block per SM suffices, it spills in
+// none (the footprints keep 1-3 blocks per SM resident: at most 170 registers are needed for 3 blocks of 128).
+__global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __grid_constant__ FwdParams p) {
   using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, SWZ>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;

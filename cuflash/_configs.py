@@ -507,8 +507,7 @@ class DecodeTile:
 # (1 block per SM, so the split heuristic fills 132 slots, not 264): the decode_sweep (bench/NOTES.md)
 # measured it best or within 1% of the best on every case, and 4-6% faster than
 # 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache. The rings are swizzled, not padded (swizzle:
-# 0.88-0.94x the padded rows' time on the 1-4 GB caches at d128, bench/NOTES.md "Decode"), except the
-# configurations of DECODE_SWIZZLE_SPILLS, which keep the padded rows (decode_spec).
+# 0.88-0.94x the padded rows' time on the 1-4 GB caches at d128, bench/NOTES.md "Decode").
 DECODE_KERNEL_TILES = {
     32: DecodeTile(32, 4, 4, swizzle=True),
     64: DecodeTile(32, 4, 3, swizzle=True),
@@ -546,18 +545,10 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
                 mod: int = 0, paged: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table). tile None: the configured tile, with the padded rows
-    where the swizzled ring is not built (DECODE_SWIZZLE_SPILLS); an explicit swizzled tile there is a ValueError."""
-    mod = _mod_checked(causal, mod)
-    spills = (headdim, mf, bool(causal), mod, bool(paged)) in DECODE_SWIZZLE_SPILLS
-    if tile is None:
-        tile = decode_tile(headdim)
-        if spills:
-            tile = replace(tile, swizzle=False)
+    paged-cache kernel (its K/V loads look up a block table)."""
+    tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
-    if tile.swizzle and spills:
-        raise ValueError(f"the swizzled decode ring is not built for head dim {headdim}, {mf} row fragment(s), "
-                         f"causal={causal}, mod {mod}, paged={paged}: it spills registers (DECODE_SWIZZLE_SPILLS)")
+    mod = _mod_checked(causal, mod)
     tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
             else f", {mod}" if mod else "")
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
@@ -576,27 +567,13 @@ def decode_specs():
     return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
-# The swizzled ring (DecodeTile.swizzle, the kernel's SWZ; cuda_src/flash_decode.cu RingSwizzle): the configured
-# tiles' (the padded rows through an explicit tile: cuflash.decode.plan_for(..., tile=...);
-# bench.diag.decode_swizzle_probe). These configurations
-# (head dim, row fragments, causal, mod, paged) spill under NVRTC 13.5 and 13.0 on sm_90 -- d128 with two row
-# fragments causal at 255 registers (36 B), d32 non-causal with one at 95-96 (8 B) -- and are not built.
-DECODE_SWIZZLE_SPILLS = {(128, 2, True, MOD_NONE, False), (32, 1, False, MOD_NONE, False),
-                         (32, 1, False, MOD_SCORE, False)}
-
-
-def decode_swizzle_specs():
-    """Every decode kernel of the swizzled ring (the configured tiles), less DECODE_SWIZZLE_SPILLS."""
-    out = []
-    for dt in DTYPES:
-        for d in HEADDIMS:
-            t = replace(decode_tile(d), swizzle=True)
-            for causal, m in MASK_MODES:
-                for pg in (False, True):
-                    for mf in range(1, DECODE_MAX_MF[d] + 1):
-                        if (d, mf, causal, m, pg) not in DECODE_SWIZZLE_SPILLS:
-                            out.append(decode_spec(dt, d, causal, mf, t, m, pg))
-    return out
+# The padded rows (DecodeTile(..., swizzle=False): the decode ring before the swizzle) stay reachable through an
+# explicit tile (cuflash.decode.plan_for(..., tile=...); bench.diag.decode_swizzle_probe compares the two).
+def decode_padded_specs():
+    """Every configured decode kernel with the padded rows instead of the swizzled ring."""
+    return [decode_spec(s_dt, d, causal, mf, replace(decode_tile(d), swizzle=False), m, pg)
+            for s_dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for pg in (False, True)
+            for mf in range(1, DECODE_MAX_MF[d] + 1)]
 
 
 COMBINE_ROWS_PER_BLOCK = 4  # one warp per output row, 4 warps per block

@@ -13,9 +13,10 @@ from test_decode import check
 
 pytestmark = pytest.mark.gpu
 
-# (batch, cache capacity, KV heads, query heads, query rows, causal, head dim, cache_seqlens, page size); none is in
-# _configs.DECODE_SWIZZLE_SPILLS
-CASES = [(3, 700, 2, 8, 1, False, 64, [700, 0, 33], 0),
+# (batch, cache capacity, KV heads, query heads, query rows, causal, head dim, cache_seqlens, page size)
+CASES = [(2, 800, 1, 4, 20, True, 128, [800, 300], 0),  # 20 causal query rows: two row fragments
+         (2, 600, 2, 8, 1, False, 32, [600, 9], 0),
+(3, 700, 2, 8, 1, False, 64, [700, 0, 33], 0),
          (2, 900, 8, 32, 1, False, 128, [900, 17], 0),
          (3, 1100, 1, 32, 1, False, 128, [1100, 0, 130], 0),  # MQA: 32 folded rows
          (2, 600, 4, 16, 3, True, 128, [600, 40], 0),
@@ -60,16 +61,3 @@ def test_swizzled_ring_matches_reference_and_padded_rows(case, num_splits, dtype
     assert torch.equal(out, out0) and torch.equal(lse, lse0)
     assert not np.isnan(out.float().cpu().numpy()).any()
     check(out, lse, q, kc, vc, lens, causal)
-
-
-def test_spilling_configurations_are_refused():
-    import torch
-
-    from cuflash.decode import plan_for
-
-    kc = torch.randn(1, 256, 1, 128, device="cuda", dtype=torch.float16)
-    q = torch.randn(1, 20, 4, 128, device="cuda", dtype=torch.float16)  # 20 causal query rows: two fragments
-    swz = replace(_configs.decode_tile(128), swizzle=True)
-    with pytest.raises(ValueError, match="swizzled decode ring is not built"):
-        plan_for(q, kc, kc, cache_seqlens=torch.tensor([200], dtype=torch.int32, device="cuda"), causal=True,
-                 tile=swz)

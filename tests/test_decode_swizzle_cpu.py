@@ -4,8 +4,8 @@ own 16 bytes; a 32-byte global sector lands in one 32-byte shared sector and row
 padded rows do not: what the swizzle is for); each lane's cp.async passes cover the tile once; the ldmatrix
 addresses of K (plain) and V (trans), written as (base + offset) ^ lane XOR, are the loader's slots of the elements
 each lane must read, and the 8 rows of every 8x8 matrix fall in 8 distinct bank groups. Then the kernel names and
-shared memory, the configurations that are refused, and the offline build of every swizzled kernel (no spills, no
-local memory; sm_80 and sm_90 with the pip NVRTC, sm_90 with CUFLASH_NVRTC_ALT's when set)."""
+shared memory (the configured tiles take the swizzled ring), and the offline build of every kernel with the padded rows
+(no spills, no local memory; sm_80 and sm_90 with the pip NVRTC, sm_90 with CUFLASH_NVRTC_ALT's when set)."""
 from dataclasses import replace
 
 import pytest
@@ -104,39 +104,24 @@ def test_ring_bases_are_128_byte_aligned():
 
 
 def test_names_and_shared_memory():
+    """The configured kernels are the swizzled ones; the padded rows keep their old names and shared memory."""
     for d in HEADDIMS:
-        t = replace(_configs.decode_tile(d), swizzle=False)
-        s = replace(t, swizzle=True)
+        s = _configs.decode_tile(d)
+        t = replace(s, swizzle=False)
+        assert s.swizzle
         for mf in range(1, _configs.DECODE_MAX_MF[d] + 1):
             for pg in (False, True):
-                if (d, mf, True, 0, pg) in _configs.DECODE_SWIZZLE_SPILLS:
-                    continue
-                v = _configs.decode_spec("bfloat16", d, True, mf, s, 0, pg)
+                v = _configs.decode_spec("bfloat16", d, True, mf, None, 0, pg)
+                assert v == _configs.decode_spec("bfloat16", d, True, mf, s, 0, pg)
                 assert v.name.endswith(f", 0, {'true' if pg else 'false'}, true>")
                 base = _configs.decode_spec("bfloat16", d, True, mf, t, 0, pg)
+                assert base.name.endswith(", 0, true>" if pg else f", {base.smem}>")
                 ring = t.nwarps * t.stages * 2 * t.block_n
                 assert base.smem - v.smem == ring * _configs.SMEM_ROW_PAD * 2 or \
                     base.smem == v.smem == 16 * mf * (d + 8) * 2 + t.nwarps * 16 * mf * (d + 11) * 4
-                assert "true>" not in base.name or pg
-    # the configured kernels: swizzled, but padded where DECODE_SWIZZLE_SPILLS says the swizzle is not built
-    configured = {s.name for s in _configs.decode_specs()}
-    assert {s.name for s in _configs.decode_swizzle_specs()} <= configured
-    for d, mf, causal, mod, pg in _configs.DECODE_SWIZZLE_SPILLS:
-        for dt in _configs.DTYPES:
-            padded = replace(_configs.decode_tile(d), swizzle=False)
-            assert _configs.decode_spec(dt, d, causal, mf, None, mod, pg) == \
-                _configs.decode_spec(dt, d, causal, mf, padded, mod, pg)
-            assert _configs.decode_spec(dt, d, causal, mf, padded, mod, pg).name in configured
 
 
-def test_spilling_configurations_raise():
-    for d, mf, causal, mod, pg in _configs.DECODE_SWIZZLE_SPILLS:
-        with pytest.raises(ValueError, match="swizzled decode ring is not built"):
-            _configs.decode_spec("float16", d, causal, mf, replace(_configs.decode_tile(d), swizzle=True), mod, pg)
-    names = {s.name for s in _configs.decode_swizzle_specs()}
-    assert len(names) == len(_configs.decode_specs()) - 2 * len(_configs.DECODE_SWIZZLE_SPILLS)
-
-
-def test_swizzled_kernels_compile_spill_free():
-    bad = compile_problems(_configs.decode_swizzle_specs(), archs=(80, 90))
+def test_padded_kernels_compile_spill_free():
+    """The padded rows, reachable through an explicit tile (the configured, swizzled kernels are test_compile's)."""
+    bad = compile_problems(_configs.decode_padded_specs(), archs=(80, 90))
     assert not bad, bad

@@ -7,7 +7,7 @@
 (a) Correctness of the swizzled tile (plan_for(..., tile=replace(decode_tile(d), swizzle=True)) / run_plan) against
     the float64 reference per batch element on its own keys (out within 4e-3 (bf16 1.6e-2) x max(1, max |ref|), LSE
     within 2e-4 (bf16 1e-3), -inf exactly where the reference has it, no NaN): ragged cache_seqlens with 0 and
-    lengths inside a warp tile, MQA (two row fragments) / GQA / MHA, head dims 64 / 96 / 128 / 256, fp16 and bf16,
+    lengths inside a warp tile, MQA (two row fragments) / GQA / MHA, head dims 32 / 64 / 96 / 128 / 256, fp16 and bf16,
     auto and forced split counts (1, 7), paged caches of 16-key pages, causal with several query rows, the rows past
     each element's keys NaN. Every case also runs with the default tile at the same split count: the products and
     their order are the same, so the outputs must be bitwise equal ("bitwise" on the line). Exit status 1 when a case
@@ -51,7 +51,9 @@ CHECKS = [(3, 4100, 1, 32, 128, "float16", [4100, 0, 130], 0, 1, False),  # MQA:
           (2, 1000, 2, 8, 256, "bfloat16", [999, 77], 0, 1, False),
           (2, 700, 1, 16, 256, "float16", [700, 45], 0, 1, False),
           (3, 2048, 8, 32, 128, "float16", [2048, 0, 1000], 16, 1, False),  # paged, pages of 16 keys
-          (2, 1024, 4, 8, 64, "bfloat16", [1024, 500], 16, 2, True)]  # paged, causal
+          (2, 1024, 4, 8, 64, "bfloat16", [1024, 500], 16, 2, True),  # paged, causal
+          (2, 1200, 1, 4, 128, "float16", [1200, 333], 0, 20, True),  # 20 causal rows: two row fragments
+          (2, 900, 2, 8, 32, "bfloat16", [900, 64], 0, 1, False)]
 TOL = {"float16": (4e-3, 2e-4), "bfloat16": (1.6e-2, 1e-3)}
 
 

@@ -507,7 +507,8 @@ class DecodeTile:
 # (1 block per SM, so the split heuristic fills 132 slots, not 264): the decode_sweep (bench/NOTES.md)
 # measured it best or within 1% of the best on every case, and 4-6% faster than
 # 16x4w-3st (2 blocks per SM) for MQA at batch 8 with a 128k cache. The rings are swizzled, not padded (swizzle:
-# 0.88-0.94x the padded rows' time on the 1-4 GB caches at d128, bench/NOTES.md "Decode").
+# 0.88-0.94x the padded rows' time on the 1-4 GB caches at d128, bench/NOTES.md "Decode"); without the padding
+# the footprints are 67-135 KB, and d32's 67 KB lets 3 blocks share an sm_90 SM (2 with the padded rows).
 DECODE_KERNEL_TILES = {
     32: DecodeTile(32, 4, 4, swizzle=True),
     64: DecodeTile(32, 4, 3, swizzle=True),

@@ -104,9 +104,10 @@ def test_decode_specs_fit_and_name_their_smem():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
         spec = _configs.decode_spec("float16", d, False, 1)
         assert spec.threads == 32 * t.nwarps
-        # 1-2 blocks per SM on sm_90 and at least 64 KB of K/V in flight per SM (the file header's arithmetic)
+        # 1-3 blocks per SM on sm_90 (3: d32's 66 KB with the swizzled ring) and at least 64 KB of K/V in flight per
+        # SM (the file header's arithmetic)
         resident = resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM)
-        assert resident in (1, 2), d
+        assert resident in ((1, 2, 3) if d == 32 else (1, 2)), d
         in_flight = resident * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2
         assert in_flight >= 64 * 1024, (d, in_flight)
 

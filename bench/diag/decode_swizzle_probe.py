@@ -14,7 +14,7 @@
     misses.
 (b) GPU time per call in CUDA-graph replay, q_len 1, 32 query heads, head dim 128 (fp16; one bf16 case), the
     decode grid's large caches of 32 and 8 KV heads (512 MB - 4 GB) and small ones (latency-bound: the variant must
-    not cost there): old = the padded rows, swz = the swizzled ring, cudnn = SDPA's CUDNN backend (enable_gqa=True),
+    not cost there), then large and small caches at head dims 64, 32 and 256: old = the padded rows, swz = the swizzled ring, cudnn = SDPA's CUDNN backend (enable_gqa=True),
     timed in turn (harness.time_rounds, medians of ROUNDS rounds).
 The table is last: us per call, swz / old (< 1: the swizzle faster), cudnn / swz (>= 1: at or below cuDNN's time),
 and each provider's K/V bytes over its time in TB/s. Stops starting timing cases after --time-limit seconds
@@ -35,11 +35,15 @@ ROUNDS = 3
 H, D = 32, 128
 CALLS = 4  # graph calls per timing
 PROVIDERS = ("old", "swz", "cudnn")
-# (KV heads, batch, cache length, dtype): the large caches first, then small ones
-CASES = [(32, 8, 16384, "float16"), (32, 1, 131072, "float16"), (32, 8, 32768, "float16"),
-         (32, 64, 4096, "float16"), (8, 8, 32768, "float16"), (8, 8, 131072, "float16"),
-         (8, 64, 16384, "float16"), (8, 1, 131072, "bfloat16"), (1, 8, 65536, "float16"),
-         (32, 1, 32768, "float16"), (32, 1, 4096, "float16"), (8, 1, 16384, "float16"), (1, 1, 16384, "float16")]
+# (KV heads, batch, cache length, dtype, head dim): the large caches first, then small ones, then the other head dims
+# (d32's swizzled ring fits three blocks per SM where the padded one fits two, so its split counts differ)
+CASES = [(32, 8, 16384, "float16", D), (32, 1, 131072, "float16", D), (32, 8, 32768, "float16", D),
+         (32, 64, 4096, "float16", D), (8, 8, 32768, "float16", D), (8, 8, 131072, "float16", D),
+         (8, 64, 16384, "float16", D), (8, 1, 131072, "bfloat16", D), (1, 8, 65536, "float16", D),
+         (32, 1, 32768, "float16", D), (32, 1, 4096, "float16", D), (8, 1, 16384, "float16", D),
+         (1, 1, 16384, "float16", D), (8, 8, 32768, "float16", 64), (8, 1, 16384, "float16", 64),
+         (8, 8, 32768, "float16", 32), (8, 1, 16384, "float16", 32), (8, 64, 4096, "float16", 32),
+         (8, 8, 16384, "float16", 256), (8, 1, 16384, "float16", 256)]
 # (batch, cache capacity, KV heads, query heads, head dim, dtype, cache_seqlens, page size, query rows, causal)
 CHECKS = [(3, 4100, 1, 32, 128, "float16", [4100, 0, 130], 0, 1, False),  # MQA: 32 folded rows (two fragments)
           (2, 3001, 8, 32, 128, "bfloat16", [3001, 17], 0, 1, False),
@@ -123,17 +127,17 @@ def timing(limit_s: float) -> list:
 
     recs = []
     t0 = time.perf_counter()
-    swz = replace(_configs.decode_tile(D), swizzle=True)
-    padded = replace(swz, swizzle=False)
-    for hk, b, s, dt in CASES:
-        kv_bytes = 2 * b * s * hk * D * 2
+    for hk, b, s, dt, d in CASES:
+        swz = replace(_configs.decode_tile(d), swizzle=True)
+        padded = replace(swz, swizzle=False)
+        kv_bytes = 2 * b * s * hk * d * 2
         if time.perf_counter() - t0 > limit_s:
             print(f"b={b} hk={hk} s={s} {dt}: skipped (past the {limit_s:.0f} s time limit)", flush=True)
             continue
         dtype = getattr(torch, dt)
-        kc = torch.randn(b, s, hk, D, device="cuda", dtype=dtype)
+        kc = torch.randn(b, s, hk, d, device="cuda", dtype=dtype)
         vc = torch.randn_like(kc)
-        q = torch.randn(b, 1, H, D, device="cuda", dtype=dtype)
+        q = torch.randn(b, 1, H, d, device="cuda", dtype=dtype)
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
         plans = {"old": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=padded),
                  "swz": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz)}
@@ -146,11 +150,11 @@ def timing(limit_s: float) -> list:
         res = time_rounds({k: g.replay for k, g in graphs.items()}, rounds=ROUNDS, warmup=2, rep=10,
                           min_warmup_ms=2.0)
         us = {k: (v[0] * 1e3 / CALLS if v[0] is not None else None) for k, v in res.items()}
-        rec = dict(batch=b, heads=H, heads_k=hk, seqlen_k=s, dtype=dt, kv_bytes=kv_bytes, us=us,
+        rec = dict(batch=b, heads=H, heads_k=hk, seqlen_k=s, headdim=d, dtype=dt, kv_bytes=kv_bytes, us=us,
                    splits={k: p.num_splits for k, p in plans.items()},
                    tb_per_s={k: kv_bytes / (v * 1e-6) / 1e12 for k, v in us.items() if v})
         recs.append(rec)
-        print(f"b={b} hk={hk} s={s // 1024}k {dt}: " + " ".join(f"{k}={v:.1f}us" for k, v in us.items() if v),
+        print(f"b={b} hk={hk} s={s // 1024}k d{d} {dt}: " + " ".join(f"{k}={v:.1f}us" for k, v in us.items() if v),
               flush=True)
         del graphs, plans
         release_memory()
@@ -167,7 +171,8 @@ def table(recs) -> str:
 
     for r in recs:
         us, tb, sp = r["us"], r["tb_per_s"], r["splits"]
-        case = f"hk{r['heads_k']} b{r['batch']} {r['seqlen_k'] // 1024}k{' bf16' if r['dtype'] == 'bfloat16' else ''}"
+        case = (f"hk{r['heads_k']} b{r['batch']} {r['seqlen_k'] // 1024}k d{r.get('headdim', D)}"
+                f"{' bf16' if r['dtype'] == 'bfloat16' else ''}")
         cells = [case, f"{r['kv_bytes'] / 2 ** 20:.0f}", f"{sp['old']} / {sp['swz']}"]
         cells += [f(us.get(p), ".1f") for p in PROVIDERS]
         old, new, cud = us.get("old"), us.get("swz"), us.get("cudnn")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 
-def pair(s=4096, d=128, causal=False):
+def pair(s=4096, d=128, causal=False, backend="auto"):
     """cuflash's forward, then SDPA FLASH's (FlashAttention-2's flash_fwd_kernel) on the same inputs, each launched
     twice: with -k regex:flash_fwd_kernel, launches 1 and 3 are the warm calls of each."""
     import torch
@@ -23,7 +23,7 @@ def pair(s=4096, d=128, causal=False):
     h, b = 2048 // d, 16384 // s
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
     for _ in range(2):
-        cuflash.flash_attn_func(q, k, v, causal=causal)
+        cuflash.flash_attn_func(q, k, v, causal=causal, backend=backend)
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     for _ in range(2):
         sdpa("flash")(qt, kt, vt, causal)
@@ -41,7 +41,8 @@ def main(argv):
         backend, argv = argv[i + 1], argv[:i] + argv[i + 2:]
     if argv and argv[0] == "pair":  # python -m bench.diag.ncu_fwd pair [seqlen [headdim [causal]]]
         a = argv[1:]
-        return pair(int(a[0]) if a else 4096, int(a[1]) if len(a) > 1 else 128, len(a) > 2 and a[2] == "causal")
+        return pair(int(a[0]) if a else 4096, int(a[1]) if len(a) > 1 else 128, len(a) > 2 and a[2] == "causal",
+                    backend)
     s = int(argv[0]) if argv else 4096
     for d in (64, 128):
         h, b = 2048 // d, 16384 // s

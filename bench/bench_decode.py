@@ -326,8 +326,8 @@ def _sweep_tiles():
     from cuflash._configs import DECODE_KERNEL_TILES, DecodeTile
 
     base = DECODE_KERNEL_TILES[128]
-    cands = [base] + [DecodeTile(*t, swizzle=base.swizzle) for t in ((16, 4, 4), (16, 4, 2), (32, 4, 2), (32, 2, 3),
-                                                                   (16, 2, 4), (16, 8, 2), (16, 8, 3))]
+    cands = [base] + [DecodeTile(*t, swizzle=base.swizzle) for t in ((16, 4, 4), (16, 4, 2), (32, 4, 2), (32, 4, 3),
+                                                                   (32, 2, 3), (16, 2, 4), (16, 8, 2), (16, 8, 3))]
     out = []
     for t in cands:
         if t not in out:
@@ -342,7 +342,8 @@ def sweep_specs():
     return [s for s in specs if s.smem <= MAX_SMEM]
 
 
-def decode_sweep(cases=((1, 8, 131072), (1, 8, 32768), (8, 1, 131072), (32, 1, 131072), (32, 8, 32768)),
+def decode_sweep(cases=((1, 8, 131072), (1, 8, 32768), (1, 64, 16384), (8, 1, 131072), (32, 1, 131072),
+                        (32, 1, 16384), (32, 8, 32768)),
                  h=32, d=128):
     """Decode-kernel tile and split-count sweep on representative decoding cases (head dim 128, fp16):
     each tile of `_sweep_tiles` at 1x, 2x and 4x its heuristic split count (graph time per call)."""

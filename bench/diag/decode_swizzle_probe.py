@@ -3,6 +3,7 @@
 (the same tile with swizzle=False).
 
     python -m bench.diag.decode_swizzle_probe [--time-limit SECONDS] [--json FILE]
+        [--case HK,B,S[,D] ...] [--unsplit] [--no-check]
 
 (a) Correctness of the swizzled tile (plan_for(..., tile=replace(decode_tile(d), swizzle=True)) / run_plan) against
     the float64 reference per batch element on its own keys (out within 4e-3 (bf16 1.6e-2) x max(1, max |ref|), LSE
@@ -18,7 +19,8 @@
     timed in turn (harness.time_rounds, medians of ROUNDS rounds).
 The table is last: us per call, swz / old (< 1: the swizzle faster), cudnn / swz (>= 1: at or below cuDNN's time),
 and each provider's K/V bytes over its time in TB/s. Stops starting timing cases after --time-limit seconds
-(default 120).
+(default 120). --case times only the given cases (fp16), --unsplit adds both rings at one split (old1, swz1),
+--no-check skips (a).
 """
 from __future__ import annotations
 
@@ -116,7 +118,7 @@ def correctness() -> bool:
     return all_ok
 
 
-def timing(limit_s: float) -> list:
+def timing(limit_s: float, cases=CASES, unsplit=False) -> list:
     import torch
 
     from bench.bench_decode import capture_graph
@@ -127,7 +129,7 @@ def timing(limit_s: float) -> list:
 
     recs = []
     t0 = time.perf_counter()
-    for hk, b, s, dt, d in CASES:
+    for hk, b, s, dt, d in cases:
         swz = replace(_configs.decode_tile(d), swizzle=True)
         padded = replace(swz, swizzle=False)
         kv_bytes = 2 * b * s * hk * d * 2
@@ -141,6 +143,9 @@ def timing(limit_s: float) -> list:
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
         plans = {"old": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=padded),
                  "swz": plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz)}
+        if unsplit:  # both rings again at one split (the heuristic's split count against none)
+            plans.update(old1=plan_for(q, kc, vc, cache_seqlens=seqlens, tile=padded, num_splits=1),
+                         swz1=plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz, num_splits=1))
         graphs = {k: capture_graph(lambda plan=plan: run_plan(plan, q, kc, vc, cache_seqlens=seqlens), CALLS)
                   for k, plan in plans.items()}
         try:
@@ -162,8 +167,9 @@ def timing(limit_s: float) -> list:
 
 
 def table(recs) -> str:
-    cols = ["case", "KV MB", "splits old / swz"] + [f"{p} us" for p in PROVIDERS] + ["swz / old", "cudnn / swz"] + \
-        [f"{p} TB/s" for p in PROVIDERS]
+    provs = [p for p in ("old", "swz", "old1", "swz1", "cudnn") if any(p in r["us"] for r in recs)] or PROVIDERS
+    cols = ["case", "KV MB", "splits old / swz"] + [f"{p} us" for p in provs] + ["swz / old", "cudnn / swz"] + \
+        [f"{p} TB/s" for p in provs]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
     def f(x, fmt):
@@ -174,10 +180,10 @@ def table(recs) -> str:
         case = (f"hk{r['heads_k']} b{r['batch']} {r['seqlen_k'] // 1024}k d{r.get('headdim', D)}"
                 f"{' bf16' if r['dtype'] == 'bfloat16' else ''}")
         cells = [case, f"{r['kv_bytes'] / 2 ** 20:.0f}", f"{sp['old']} / {sp['swz']}"]
-        cells += [f(us.get(p), ".1f") for p in PROVIDERS]
+        cells += [f(us.get(p), ".1f") for p in provs]
         old, new, cud = us.get("old"), us.get("swz"), us.get("cudnn")
         cells += [f(new / old if new and old else None, ".3f"), f(cud / new if cud and new else None, ".3f")]
-        cells += [f(tb.get(p), ".2f") for p in PROVIDERS]
+        cells += [f(tb.get(p), ".2f") for p in provs]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -187,11 +193,23 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=120.0,
                     help="seconds (from the start) after which no new timing case starts")
     ap.add_argument("--json", default=None, help="also write the records to this file")
+    ap.add_argument("--case", action="append", default=None, metavar="HK,B,S[,D]",
+                    help="time only this case (KV heads, batch, cache length, head dim; fp16), repeatable")
+    ap.add_argument("--unsplit", action="store_true",
+                    help="also time both rings at one split (old1, swz1)")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness cases")
     args = ap.parse_args(argv)
+    cases = CASES
+    if args.case:
+        cases = []
+        for c in args.case:
+            v = [int(x) for x in c.split(",")]
+            cases.append((v[0], v[1], v[2], "float16", v[3] if len(v) > 3 else D))
     t0 = time.perf_counter()
-    ok = correctness()
-    print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)))
+    ok = True if args.no_check else correctness()
+    print(f"correctness: {'skipped' if args.no_check else 'all ok' if ok else 'FAILURES'} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)), cases, args.unsplit)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(correct=ok, records=recs), fh, indent=1)

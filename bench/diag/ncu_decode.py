@@ -27,11 +27,16 @@ WHAT = ("cuflash", "swz", "padded", "cudnn", "mimic")
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--what", default=",".join(WHAT), help=f"comma list of {', '.join(WHAT)}")
+    ap.add_argument("--case", default=None, metavar="B,HK,S",
+                    help="another decode step instead (batch, KV heads, cache length; 32 heads, d128, fp16): fresh "
+                         "random caches, no mimic")
     args = ap.parse_args(argv)
     what = [w for w in args.what.split(",") if w]
     bad = [w for w in what if w not in WHAT]
     if bad:
         raise ValueError(f"--what: unknown {bad}; choose from {WHAT}")
+    if args.case and "mimic" in what:
+        raise ValueError("--what: the mimic reads the default step's bytes only; leave it out with --case")
 
     import torch
 
@@ -44,9 +49,13 @@ def main(argv=None) -> int:
 
     b, h, hk, s, d = (DECODE[k] for k in ("batch", "heads", "kv_heads", "seqlen", "headdim"))
     torch.manual_seed(0)
-    buf = torch.empty(BUFFER_BYTES // 2, dtype=torch.float16, device="cuda").normal_()
-    n = b * s * hk * d
-    kc, vc = buf[:n].view(b, s, hk, d), buf[n: 2 * n].view(b, s, hk, d)
+    if args.case:
+        b, hk, s = (int(x) for x in args.case.split(","))
+        kc, vc = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    else:
+        buf = torch.empty(BUFFER_BYTES // 2, dtype=torch.float16, device="cuda").normal_()
+        n = b * s * hk * d
+        kc, vc = buf[:n].view(b, s, hk, d), buf[n: 2 * n].view(b, s, hk, d)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     out = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")

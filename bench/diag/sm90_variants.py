@@ -4,7 +4,7 @@ points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
     python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S,...] [--json FILE]
 
 Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong) and a grid
-order."""
+order; every variant keeps the configured tile's epilogue (o_tma)."""
 from __future__ import annotations
 
 import json
@@ -23,12 +23,15 @@ def variants(d, causal):
     out = [(base, "auto"), (replace(base, pingpong=False), "auto")]
     if causal:
         out += [(base, "qtile"), (base, "bh"), (replace(base, pingpong=False), "bh")]
+    def tile(*args):  # a variant with the configured tile's epilogue (o_tma), so only the loop differs
+        return Sm90FwdTile(*args, o_tma=base.o_tma)
+
     if d == 64:
-        out += [(Sm90FwdTile(128, 3, 3, 160, 24), "auto"), (Sm90FwdTile(64, 3, 2, 160, 24), "auto"),
-                (Sm90FwdTile(128, 2), "auto"), (Sm90FwdTile(176, 2), "auto")]
+        out += [(tile(128, 3, 3, 160, 24), "auto"), (tile(64, 3, 2, 160, 24), "auto"), (tile(128, 2), "auto"),
+                (tile(176, 2), "auto")]
     if d == 128:
-        out += [(Sm90FwdTile(176, 2), "auto"), (replace(base, stages=3), "auto"), (Sm90FwdTile(64, 2), "auto"),
-                (Sm90FwdTile(64, 2, 3), "auto")]
+        out += [(tile(176, 2), "auto"), (replace(base, stages=3), "auto"), (tile(64, 2), "auto"),
+                (tile(64, 2, 3), "auto")]
     return [(label(t, go), t, go) for t, go in out]
 
 

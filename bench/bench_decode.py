@@ -6,7 +6,9 @@ prefill kernel cut into splits, kernel="fwd_split", heuristic splits) and SDPA F
 
 Two times per case: `us` = median CUDA-event time of one call made from Python (includes the host time
 when it exceeds the GPU time, as a caller sees it), and `graph_us` = GPU time per call of GRAPH_CALLS calls
-captured in one CUDA graph (the GPU time, host overhead removed; every provider whose call can be captured).
+captured in one CUDA graph (the GPU time, host overhead removed; every provider whose call can be captured). The
+providers of a case are timed in turn, ROUNDS rounds of each kind of time, and the records carry the medians and
+every round (`round_us`, `round_graph_us`).
 Bandwidth: `bw_fraction` / `graph_bw_fraction` against the copy bandwidth (bytes read + written per second) and
 `read_fraction` / `graph_read_fraction` against the read-only probe of the same run (harness.measure_ceilings):
 the K/V bytes over the time, as a fraction of what a kernel that only reads streams."""
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import gc
 
-from .harness import SDPA_PROVIDERS, host_us_per_call, measure_ceilings, read_bandwidth, record, sdpa, time_ms
+from .harness import (SDPA_PROVIDERS, host_us_per_call, measure_ceilings, read_bandwidth, record, sdpa, time_ms,
+                      time_rounds)
 
 MAX_KV_BYTES = 24 * 2 ** 30
 GRAPH_CALLS = 20
 MAX_SMEM = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+ROUNDS = 3  # rounds timed in turn per decoding case (medians)
 
 
 def capture_graph(fn, calls=GRAPH_CALLS):
@@ -93,10 +97,61 @@ def _cache_case(b, s, hk, h, d, bw):
     return q, kc, vc, seqlens, kv_bytes, kv_bytes / bw * 1e6
 
 
+def _sdpa_decode_call(prov, qt, kc, vc, kt, vt, h, hk):
+    """(algo, fn) of one SDPA backend on a decoding case, after one trial call; fn None where it is not run.
+    FLASH and cuDNN take GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so they get the caches as
+    they are (cuDNN falls back to the caches expanded to h heads, kt / vt, if it refuses); the other backends get
+    the expanded caches, when they fit (kt is None otherwise). Raises what the backend raises."""
+    import torch
+
+    fn = sdpa(prov)
+    native = prov in ("flash", "cudnn") and h > hk
+    if not native and kt is None:
+        return "sdpa", None
+    args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
+    try:
+        fn(*args, enable_gqa=native)
+        torch.cuda.synchronize()
+    except RuntimeError:
+        if not (native and prov == "cudnn" and kt is not None):
+            raise
+        native, args = False, (qt, kt, vt)
+        fn(*args, enable_gqa=False)
+        torch.cuda.synchronize()
+    return ("sdpa-enable-gqa" if native else "sdpa"), (lambda: fn(*args, enable_gqa=native))
+
+
+def _time_in_turn(fns: dict, rounds: int):
+    """({name: (median us, [us per round])} of one call from Python by CUDA events, the same of the GPU time per
+    call in CUDA-graph replay): each timed in turn with the others in every round (harness.time_rounds). A call
+    over a millisecond is captured 2 to a graph (host overhead irrelevant there), else GRAPH_CALLS; a provider
+    whose call cannot be captured has no graph time."""
+    ev = time_rounds(fns, rounds, rep=10, min_warmup_ms=5.0)
+    graphs, per_graph = {}, {}
+    for name, fn in fns.items():
+        ms = ev[name][0]
+        if ms is None:
+            continue
+        n = 2 if ms > 1.0 else GRAPH_CALLS
+        try:
+            graphs[name] = capture_graph(fn, n)
+            per_graph[name] = n
+        except Exception as e:  # noqa: BLE001 - recorded as missing
+            print(f"{name}: graph capture failed: {e}")
+    gr = time_rounds({k: g.replay for k, g in graphs.items()}, rounds, warmup=2, rep=10, min_warmup_ms=5.0)
+    del graphs
+    ev_us = {k: (v[0] * 1e3 if v[0] is not None else None, [x * 1e3 for x in v[1]]) for k, v in ev.items()}
+    gr_us = {k: (v[0] * 1e3 / per_graph[k] if v[0] is not None else None, [x * 1e3 / per_graph[k] for x in v[1]])
+             for k, v in gr.items()}
+    return ev_us, gr_us
+
+
 def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv_heads=(32, 8, 1), h=32, d=128,
-           time_limit_s=240.0):
+           time_limit_s=360.0, rounds=ROUNDS):
     """Every case of the decoding grid, in order of kv_heads, batch, cache length; cases left when `time_limit_s`
-    seconds have passed are recorded as skipped (the small-step latency case runs first)."""
+    seconds have passed are recorded as skipped (the small-step latency case runs first). Per case, cuflash's
+    three paths and the SDPA backends are timed in turn, `rounds` rounds (medians), by CUDA events and in
+    CUDA-graph replay."""
     import torch
 
     import cuflash
@@ -120,6 +175,7 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                         graph_read_fraction=read_us / gus if read_us and gus else None)
 
         auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
+        calls = {}  # name -> (provider, algo, fn or None, record fields)
         for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
                                        ("decode-unsplit", "decode", 1, 1),
                                        ("fwd_split-split", "fwd_split", 0, _old_splits(b, h, hk, s, d))):
@@ -127,13 +183,7 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
                                                        kernel=kernel)
 
-            ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
-            gus = graph_us(fn, event_ms=ms)
-            recs.append(record("cuflash", name, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
-                               graph_us=gus, kernel=kernel, num_splits=used,
-                               bw_fraction=floor_us / (ms * 1e3),
-                               graph_bw_fraction=floor_us / gus if gus else None,
-                               **fractions(ms * 1e3, gus), **common))
+            calls[name] = ("cuflash", name, fn, dict(kernel=kernel, num_splits=used))
         qt = q.transpose(1, 2)
         expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
         if expand:
@@ -143,45 +193,35 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
         else:
             kt = vt = None
         for prov in SDPA_PROVIDERS:
-            fn = sdpa(prov)
-            ms = gus = None
-            # FLASH and cuDNN take GQA/MQA natively (enable_gqa=True: K/V read once per KV head), so they
-            # get the caches as they are (cuDNN falls back to expanded heads if it refuses); the other
-            # backends get them expanded to h heads (when that fits).
-            native = prov in ("flash", "cudnn") and h > hk
-            args = (qt, kc.transpose(1, 2), vc.transpose(1, 2)) if native else (qt, kt, vt)
             try:
-                try:
-                    if expand or native:
-                        ms = time_ms(lambda: fn(*args, enable_gqa=native), rep=10, min_warmup_ms=5.0)
-                except RuntimeError:
-                    if not (native and prov == "cudnn" and expand):
-                        raise
-                    native, args = False, (qt, kt, vt)
-                    ms = time_ms(lambda: fn(*args, enable_gqa=False), rep=10, min_warmup_ms=5.0)
-                if ms is not None:  # (None where the capture is refused)
-                    gus = graph_us(lambda: fn(*args, enable_gqa=native), event_ms=ms)
+                algo, fn = _sdpa_decode_call(prov, qt, kc, vc, kt, vt, h, hk)
             except RuntimeError as e:
                 print(f"sdpa {prov} decode failed: {e}")
-            recs.append(record(prov, "sdpa-enable-gqa" if native else "sdpa", "decode", "float16", b, h, 1, s,
-                               d, False, ms,
-                               us=ms * 1e3 if ms else None, graph_us=gus, num_splits=None,
-                               bw_fraction=floor_us / (ms * 1e3) if ms else None,
+                algo, fn = "sdpa", None
+            calls[prov] = (prov, algo, fn, dict(num_splits=None))
+        ev_us, gr_us = _time_in_turn({k: c[2] for k, c in calls.items() if c[2] is not None}, rounds)
+        for name, (prov, algo, _, extra) in calls.items():
+            us, round_us = ev_us.get(name, (None, []))
+            gus, round_gus = gr_us.get(name, (None, []))
+            recs.append(record(prov, algo, "decode", "float16", b, h, 1, s, d, False, us / 1e3 if us else None,
+                               us=us, graph_us=gus, rounds=rounds, round_us=round_us, round_graph_us=round_gus,
+                               bw_fraction=floor_us / us if us else None,
                                graph_bw_fraction=floor_us / gus if gus else None,
-                               **fractions(ms * 1e3 if ms else None, gus), **common))
+                               **fractions(us, gus), **extra, **common))
         r = recs[-6:]
         print(f"decode hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
             f"{x['algo'] if x['provider'] == 'cuflash' else x['provider']}="
             f"{x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in r))
-        del kc, vc, q, kt, vt, args
+        del kc, vc, q, kt, vt, calls
         gc.collect()
         torch.cuda.empty_cache()
     return recs
 
 
-def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32, d=128):
+def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32, d=128, rounds=ROUNDS):
     """The grid's GQA/MQA cases whose caches expanded to 32 heads do not fit (`decode` leaves SDPA out of
-    them): SDPA FLASH with enable_gqa=True on the unexpanded caches, next to cuflash in the same loop."""
+    them): SDPA FLASH with enable_gqa=True on the unexpanded caches, next to cuflash, timed in turn (`rounds`
+    rounds, medians)."""
     import torch
 
     import cuflash
@@ -201,15 +241,13 @@ def decode_big_gqa(cases=((64, 8, 32768), (64, 1, 32768), (64, 1, 131072)), h=32
         def theirs():
             return fa(qt, kt, vt, enable_gqa=True)
 
-        for prov, algo, fn in (("cuflash", "decode-split", ours), ("flash", "sdpa-enable-gqa", theirs)):
-            ms = gus = None
-            try:
-                ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
-                gus = graph_us(fn, event_ms=ms)
-            except RuntimeError as e:
-                print(f"{prov} decode b={b} hk={hk} s={s} failed: {e}")
-            recs.append(record(prov, algo, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3 if ms else None,
-                               graph_us=gus, bw_fraction=floor_us / (ms * 1e3) if ms else None,
+        ev_us, gr_us = _time_in_turn({"cuflash": ours, "flash": theirs}, rounds)
+        for prov, algo in (("cuflash", "decode-split"), ("flash", "sdpa-enable-gqa")):
+            us, round_us = ev_us.get(prov, (None, []))
+            gus, round_gus = gr_us.get(prov, (None, []))
+            recs.append(record(prov, algo, "decode", "float16", b, h, 1, s, d, False, us / 1e3 if us else None,
+                               us=us, graph_us=gus, rounds=rounds, round_us=round_us, round_graph_us=round_gus,
+                               bw_fraction=floor_us / us if us else None,
                                graph_bw_fraction=floor_us / gus if gus else None, **common))
         print(f"decode (GQA native) hk={hk} b={b} s={s} floor={floor_us:.0f}us (event / graph us): " + " ".join(
             f"{x['provider']}={x['us'] or 0:.0f}/{x['graph_us'] or 0:.0f}" for x in recs[-2:]))
@@ -223,11 +261,11 @@ PAGED_CASES = ((1, 131072, 8), (8, 32768, 8), (64, 8192, 8), (8, 65536, 1), (16,
 PAGE_SIZES = (16, 256)
 
 
-def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128):
+def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128, rounds=ROUNDS):
     """Paged caches (block_table; pages in a random order, as a serving engine's allocator leaves them) against
-    the same shapes laid out contiguously, in one loop: CUDA-graph GPU time, the K/V bytes over it as a fraction
-    of the read-only probe, and paged / contiguous bandwidth. Then the serving step (a one-token rotary append
-    into the pages, then attention) next to the plain paged step."""
+    the same shapes laid out contiguously, timed in turn (`rounds` rounds, medians): CUDA-graph GPU time, the K/V
+    bytes over it as a fraction of the read-only probe, and paged / contiguous bandwidth. With the first case
+    also the serving step (a one-token rotary append into the pages of the first page size, then attention)."""
     import torch
 
     import cuflash
@@ -241,48 +279,40 @@ def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128):
         read_us = kv_bytes / read_bw * 1e6 if read_bw else None
         kc = torch.randn(b, s, hk, d, device="cuda", dtype=torch.float16)
         vc = torch.randn_like(kc)
-
-        def contiguous():
-            return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
-
-        def one(algo, fn, **extra):
-            ms = time_ms(fn, rep=10, min_warmup_ms=5.0)
-            gus = graph_us(fn, event_ms=ms)
-            recs.append(record("cuflash", algo, "decode", "float16", b, h, 1, s, d, False, ms, us=ms * 1e3,
-                               graph_us=gus, heads_k=hk, kv_bytes=kv_bytes, read_floor_us=read_us,
-                               graph_read_fraction=read_us / gus if read_us and gus else None, **extra))
-            return gus
-
-        base = one("decode-contiguous", contiguous, page_size=0)
-        del kc, vc
+        fns = {("decode-contiguous", 0): lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)}
+        pages = {}
         for ps in page_sizes:
             n_pages = b * s // ps
             kp = torch.randn(n_pages, ps, hk, d, device="cuda", dtype=torch.float16)
-            vp = torch.randn_like(kp)
-            bt = torch.randperm(n_pages, device="cuda").reshape(b, s // ps).to(torch.int32)
-
-            def paged():
-                return cuflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=bt)
-
-            gus = one("decode-paged", paged, page_size=ps)
-            recs[-1]["vs_contiguous_bw"] = base / gus if base and gus else None
-            if ps == page_sizes[0] and (b, s, hk) == cases[0]:  # the serving step: rotary append, then attend
-                kn, vn = (torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16) for _ in range(2))
-                cos, sin = torch.rand(s, d // 2, device="cuda").half(), torch.rand(s, d // 2, device="cuda").half()
-                short = seqlens - 1
-
-                def step():
-                    return cuflash.flash_attn_with_kvcache(q, kp, vp, kn, vn, cos, sin, short, block_table=bt,
-                                                           rotary_interleaved=False)
-
-                one("decode-paged-rotary-append", step, page_size=ps)
-            del kp, vp, bt
-            gc.collect()
-            torch.cuda.empty_cache()
+            pages[ps] = (kp, torch.randn_like(kp), torch.randperm(n_pages, device="cuda").reshape(b, s // ps).to(
+                torch.int32))
+            fns[("decode-paged", ps)] = lambda ps=ps: cuflash.flash_attn_with_kvcache(
+                q, pages[ps][0], pages[ps][1], cache_seqlens=seqlens, block_table=pages[ps][2])
+        if (b, s, hk) == cases[0]:  # the serving step: rotary append into the pages, then attend
+            ps = page_sizes[0]
+            kn, vn = (torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16) for _ in range(2))
+            cos, sin = torch.rand(s, d // 2, device="cuda").half(), torch.rand(s, d // 2, device="cuda").half()
+            short = seqlens - 1
+            fns[("decode-paged-rotary-append", ps)] = lambda ps=ps: cuflash.flash_attn_with_kvcache(
+                q, pages[ps][0], pages[ps][1], kn, vn, cos, sin, short, block_table=pages[ps][2],
+                rotary_interleaved=False)
+        names = {f"{algo}[{ps}]": (algo, ps) for algo, ps in fns}
+        ev_us, gr_us = _time_in_turn({n: fns[k] for n, k in names.items()}, rounds)
+        base = gr_us.get("decode-contiguous[0]", (None, []))[0]
+        for n, (algo, ps) in names.items():
+            us, round_us = ev_us.get(n, (None, []))
+            gus, round_gus = gr_us.get(n, (None, []))
+            rec = record("cuflash", algo, "decode", "float16", b, h, 1, s, d, False, us / 1e3 if us else None,
+                         us=us, graph_us=gus, rounds=rounds, round_us=round_us, round_graph_us=round_gus,
+                         heads_k=hk, kv_bytes=kv_bytes, read_floor_us=read_us, page_size=ps,
+                         graph_read_fraction=read_us / gus if read_us and gus else None)
+            if algo == "decode-paged":
+                rec["vs_contiguous_bw"] = base / gus if base and gus else None
+            recs.append(rec)
         print(f"decode paged b={b} s={s} hk={hk} (GPU us, % of read bw): " + " ".join(
             f"{r['algo']}[{r['page_size']}]={r['graph_us'] or 0:.1f} ({(r['graph_read_fraction'] or 0):.0%})"
             for r in recs if (r["batch"], r["seqlen_k"], r["heads_k"]) == (b, s, hk)))
-        del q
+        del q, kc, vc, pages, fns
         gc.collect()
         torch.cuda.empty_cache()
     return recs

@@ -105,15 +105,16 @@ SUITES = {s.name: s for s in (
           "candidate backward tiles (called directly) next to SDPA FLASH's backward (options: --dtypes "
           "--rounds --headdims --seqlens)"),
     Suite("dq_memory", "bench_bwd", "dq_memory", 0.2, "extra device memory of each dQ strategy: formula and measured"),
-    Suite("decode", "bench_decode", "decode", 4.5,
+    Suite("decode", "bench_decode", "decode", 6.5,
           "decoding steps (q_len 1, 32 heads, hdim 128, fp16, batch 1-64, cache 1k-128k, 32/8/1 KV heads): "
-          "event and CUDA-graph time, bandwidth floor, cuflash kernels and SDPA backends"),
+          "event and CUDA-graph time, bandwidth floor, cuflash kernels and SDPA backends timed in turn, medians of "
+          "3 rounds"),
     Suite("decode_sweep", "bench_decode", "decode_sweep", 1.0, "decode-kernel tile and split-count sweep"),
-    Suite("decode_big_gqa", "bench_decode", "decode_big_gqa", 0.3,
-          "the large GQA/MQA decoding cases with SDPA FLASH's native GQA"),
-    Suite("decode_paged", "bench_decode", "decode_paged", 0.6,
+    Suite("decode_big_gqa", "bench_decode", "decode_big_gqa", 0.4,
+          "the large GQA/MQA decoding cases with SDPA FLASH's native GQA, timed in turn, medians of 3 rounds"),
+    Suite("decode_paged", "bench_decode", "decode_paged", 0.8,
           "paged KV caches (page sizes 16 and 256, pages in a random order) against contiguous ones, and the "
-          "rotary append step"),
+          "rotary append step, timed in turn, medians of 3 rounds"),
     Suite("cp", "bench_cp", "cp", 6.0,
           "context parallelism (cuflash.distributed ring attention, zigzag) under torchrun on 2, 4, 8 GPUs (as many as "
           "are visible; NCCL, NVLink multicast off): time per step forward and forward + backward at 128k-1M, causal "

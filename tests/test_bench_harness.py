@@ -53,6 +53,59 @@ def test_time_rounds_with_another_timer():
     assert out == {"x": (7.0, [7.0, 7.0]), "y": (9.0, [9.0, 9.0])} and len(seen) == 4
 
 
+def test_decode_times_every_provider_in_turn_by_events_and_graphs(monkeypatch):
+    """bench_decode._time_in_turn: event times and graph times each in rounds A, B, A, B; a call over 1 ms captured
+    2 to a graph, else GRAPH_CALLS; graph time divided by the calls in the graph; a provider that refuses (event
+    timing raises) and one whose capture fails have no graph time."""
+    from bench import bench_decode as bd
+
+    event_ms = {"fast": [0.03, 0.05, 0.04], "slow": [5.0, 6.0, 4.0], "nocap": [0.1, 0.1, 0.1]}
+    per_call_ms = {"fast": [0.02, 0.01, 0.03], "slow": [4.0, 3.0, 5.0]}
+    order, captured = [], {}
+
+    def fake_time_ms(fn, **kw):
+        return fn()
+
+    def timed(name):
+        def fn():
+            if name == "refuses":
+                raise RuntimeError("backend refuses the case")
+            order.append(("event", name))
+            return event_ms[name][sum(1 for o in order if o == ("event", name)) - 1]
+        fn.provider = name
+        return fn
+
+    class Graph:
+        def __init__(self, name, calls):
+            self.name, self.calls, self.n = name, calls, 0
+
+        def replay(self):
+            order.append(("graph", self.name))
+            self.n += 1
+            return per_call_ms[self.name][self.n - 1] * self.calls
+
+    def fake_capture(fn, calls):
+        name = fn.provider
+        captured[name] = calls
+        if name == "nocap":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Graph(name, calls)
+
+    monkeypatch.setattr(harness, "time_ms", fake_time_ms)
+    monkeypatch.setattr(bd, "capture_graph", fake_capture)
+    ev, gr = bd._time_in_turn({n: timed(n) for n in ("fast", "slow", "refuses", "nocap")}, rounds=3)
+    events = [n for kind, n in order if kind == "event"]
+    graphs = [n for kind, n in order if kind == "graph"]
+    assert events == ["fast", "slow", "nocap"] * 3  # in turn; the refusing provider dropped after its first try
+    assert graphs == ["fast", "slow"] * 3
+    assert captured == {"fast": bd.GRAPH_CALLS, "slow": 2, "nocap": bd.GRAPH_CALLS}
+    assert ev["fast"] == (pytest.approx(40.0), pytest.approx([30.0, 50.0, 40.0]))
+    assert ev["slow"][0] == pytest.approx(5000.0) and ev["refuses"] == (None, [])
+    assert gr["fast"] == (pytest.approx(20.0), pytest.approx([20.0, 10.0, 30.0]))
+    assert gr["slow"] == (pytest.approx(4000.0), pytest.approx([4000.0, 3000.0, 5000.0]))
+    assert set(gr) == {"fast", "slow"}
+
+
 def test_one_flop_formula():
     """FlashAttention-2's count: 4 B H Sq Sk D, halved for causal, x2.5 for the backward; record() uses it."""
     from cuflash.reference import attention_flops

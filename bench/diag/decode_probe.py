@@ -200,6 +200,23 @@ def table(recs) -> str:
     return "\n".join(lines)
 
 
+def run_probe(name, legend, correctness_fn, timing_fn, table_fn, time_limit_s, json_path=None) -> int:
+    """The decode probes' run: correctness_fn() (None: skipped), then timing_fn(the seconds left of time_limit_s, at
+    least 10), the records (and whether every check passed) to json_path, then `name (seconds): legend` and
+    table_fn(records); the exit status: 1 when a correctness case missed."""
+    t0 = time.perf_counter()
+    ok = True if correctness_fn is None else correctness_fn()
+    print(f"correctness: {'skipped' if correctness_fn is None else 'all ok' if ok else 'FAILURES'} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    recs = timing_fn(max(10.0, time_limit_s - (time.perf_counter() - t0)))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(dict(correct=ok, records=recs), fh, indent=1)
+    print(f"\n{name} ({time.perf_counter() - t0:.0f} s): {legend}; correctness {'ok' if ok else 'FAILED'}")
+    print(table_fn(recs))
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.diag.decode_probe")
     ap.add_argument("--quick", action="store_true", help="fewer split counts in the correctness part")
@@ -207,18 +224,9 @@ def main(argv=None) -> int:
                     help="seconds after which no new timing case starts")
     ap.add_argument("--json", default=None, help="also write the records to this file")
     args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    ok = correctness(args.quick)
-    print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(correct=ok, records=recs), f, indent=1)
-    print(f"\ndecode probe ({time.perf_counter() - t0:.0f} s): GPU us per call in CUDA-graph replay, medians of "
-          f"{ROUNDS} rounds; x cudnn = cuDNN's time / ours (>= 1.00: at or below cuDNN); correctness "
-          f"{'ok' if ok else 'FAILED'}")
-    print(table(recs))
-    return 0 if ok else 1
+    return run_probe("decode probe", f"GPU us per call in CUDA-graph replay, medians of {ROUNDS} rounds; x cudnn = "
+                     f"cuDNN's time / ours (>= 1.00: at or below cuDNN)", lambda: correctness(args.quick), timing,
+                     table, args.time_limit, args.json)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 from dataclasses import replace
 
-from bench.diag.decode_probe import _check
+from bench.diag.decode_probe import _check, run_probe
 
 ROUNDS = 3
 H, D = 32, 128
@@ -205,20 +204,11 @@ def main(argv=None) -> int:
         for c in args.case:
             v = [int(x) for x in c.split(",")]
             cases.append((v[0], v[1], v[2], "float16", v[3] if len(v) > 3 else D))
-    t0 = time.perf_counter()
-    ok = True if args.no_check else correctness()
-    print(f"correctness: {'skipped' if args.no_check else 'all ok' if ok else 'FAILURES'} "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    recs = timing(max(10.0, args.time_limit - (time.perf_counter() - t0)), cases, args.unsplit)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(correct=ok, records=recs), fh, indent=1)
-    print(f"\ndecode swizzle probe ({time.perf_counter() - t0:.0f} s): GPU us per call in CUDA-graph replay, medians "
-          f"of {ROUNDS} rounds timed in turn; old = the padded rows, swz = the swizzled ring; swz / old < 1: "
-          f"the swizzle faster; cudnn / swz >= 1: at or below cuDNN; TB/s = K/V bytes / time; correctness "
-          f"{'ok' if ok else 'FAILED'}")
-    print(table(recs))
-    return 0 if ok else 1
+    return run_probe("decode swizzle probe",
+                     f"GPU us per call in CUDA-graph replay, medians of {ROUNDS} rounds timed in turn; old = the padded "
+                     f"rows, swz = the swizzled ring; swz / old < 1: the swizzle faster; cudnn / swz >= 1: at or below "
+                     f"cuDNN; TB/s = K/V bytes / time", None if args.no_check else correctness,
+                     lambda limit: timing(limit, cases, args.unsplit), table, args.time_limit, args.json)
 
 
 if __name__ == "__main__":

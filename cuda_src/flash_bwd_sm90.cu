@@ -241,7 +241,10 @@ __global__ void __launch_bounds__(384, 1)
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
   const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
-  const int cw = wg - 1;  // consumer index: keys [n0 + 64 cw, +64)
+  // consumer index: keys [n0 + 64 cw, +64). Above head dim 64 it is taken from lane 0 so the compiler knows it
+  // is warp-uniform and keeps the wgmma descriptors in uniform registers; at 64 the score-modifier kernels
+  // would then spill, so it stays a plain register there.
+  const int cw = D > 64 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform (the bulk copies' addresses)
   const int g = lane / 4, t = lane % 4;

@@ -247,7 +247,9 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
-  const int cw = wg - 1;
+  // The consumer index, taken from lane 0 so the compiler knows it is warp-uniform: the wgmma descriptors
+  // built from it then live in uniform registers (no R2UR in the main loop).
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const float scale_log2 = (float)p.scale_log2;
   const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
@@ -340,8 +342,10 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       }
       // KV tiles 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
       for (int it = 1; it < n_iters; ++it) {
-        const int n = n_end - 1 - it, st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
-        const int pst = (kv + it - 1) % STAGES, pph = ((kv + it - 1) / STAGES) & 1;
+        const int n = n_end - 1 - it, ph = ((kv + it) / STAGES) & 1, pph = ((kv + it - 1) / STAGES) & 1;
+        // (stage indices through lane 0, warp-uniform: the descriptors they offset stay in uniform registers)
+        const int st = __shfl_sync(0xffffffffu, (kv + it) % STAGES, 0);
+        const int pst = __shfl_sync(0xffffffffu, (kv + it - 1) % STAGES, 0);
         mbar_wait(&full_k[st], ph);
         mbar_wait(&full_v[pst], pph);
         turn_begin();
@@ -543,7 +547,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
 
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
-  const int cw = wg - 1;  // consumer index: rows [m0 + 64 cw, +64)
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // consumer index: rows [m0 + 64 cw, +64); warp-uniform
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int row_wg = m0 + cw * 64;       // the warpgroup's first row
   const int row_w = row_wg + warp * 16;  // the warp's: its fragments hold rows row_w + g, row_w + g + 8

@@ -654,4 +654,120 @@ __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_com
   if (p.lse && tid == 0) p.lse[row] = sum > 0.f ? base + __logf(sum) : -INFINITY;
 }
 
+// ---- The same combine for a few splits (num_splits <= COMBINE_ROWS_MAX_SPLITS): flash_decode_combine_rows_kernel.
+//
+// One block per row holds 2 x D threads and about 90 registers each (the 16 float4 loads per thread that 128 splits
+// need), so an SM runs 2 of them: with many rows and few splits (MQA at batch 64: 2048 rows of 2 splits) the grid is
+// 8 waves of blocks that each wait on three round trips, 17 us for 2 MB (bench/NOTES.md, "Decode"). Here one warp
+// takes a row and a block COMBINE_ROWS_WARPS rows; no shared memory, no block barrier, no shuffle before the sums:
+//   1. every lane loads the row's COMBINE_ROWS_MAX_SPLITS LSEs (one address per warp load; -inf past num_splits) and
+//      computes the max, the sum and the weights w_s = exp(lse_s - lse) itself
+//   2. the warp's lanes are SGW split groups x LCG lanes of D / 4 / CPL column groups (CPL float4 columns per lane:
+//      D 32: 4 x 8 lanes, 64: 2 x 16, 96: 1 x 24 (lanes 24-31 idle), 128: 1 x 32, 256: 1 x 32 x 2 columns); lane
+//      (sg, c) takes the splits sg, sg + SGW, ... (COMBINE_ROWS_MAX_SPLITS / SGW of them): all its float4 loads are
+//      issued before the first is used (one round trip; the minimum of 2 blocks per SM in the launch bounds is what
+//      lets ptxas keep them in flight: without it, it held two at a time in 32 registers). A split past num_splits
+//      loads split 0's row again; a split of weight 0 (no key, or past num_splits) is never added, not even times 0
+//      (an empty split's o is unwritten)
+//   3. the split groups' sums by shuffles; split group 0 writes O (columns below head_dim), lane 0 the LSE
+// Results: the same weights as flash_decode_combine_kernel, summed in another order (rounding-level differences).
+// PDL as that kernel: grid_dependency_wait before every read of the partials and every write.
+constexpr int COMBINE_ROWS_MAX_SPLITS = 8;
+constexpr int COMBINE_ROWS_WARPS = 8;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2) flash_decode_combine_rows_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int CG = D / 4;                       // float4 column groups of a row
+  constexpr int CPL = CG > 32 ? CG / 32 : 1;      // column groups per lane
+  constexpr int LCG = CG / CPL;                   // lanes of one split group
+  constexpr int SGW = 32 / LCG;                   // split groups of the warp
+  constexpr int PG = COMBINE_ROWS_MAX_SPLITS / SGW;  // splits per lane
+  static_assert(D % 4 == 0 && CG % CPL == 0 && LCG <= 32 && COMBINE_ROWS_MAX_SPLITS % SGW == 0 &&
+                    (SGW == 1 || (LCG & (LCG - 1)) == 0) && COMBINE_ROWS_MAX_SPLITS <= 32,
+                "combine rows shapes");
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = p.batch * p.nheads * p.seqlen_q;
+  const int64_t row = (int64_t)blockIdx.x * COMBINE_ROWS_WARPS + threadIdx.x / 32;
+  const int n = (int)p.num_splits;
+
+  // PDL (launched right after the decode kernel): its partials are read only after it has completed.
+  grid_dependency_wait();
+  if (row >= rows) return;  // (warp-uniform)
+
+  // 1. Every lane: every split's LSE (the warp's loads of one address: one request each), max, sum, weights.
+  float lse_s[COMBINE_ROWS_MAX_SPLITS], mx = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < COMBINE_ROWS_MAX_SPLITS; ++s) {
+    lse_s[s] = s < n ? p.lse_accum[s * rows + row] : -INFINITY;
+    mx = fmaxf(mx, lse_s[s]);
+  }
+  const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = exp(-inf) = 0, no inf - inf
+  float sum = 0.f;
+#pragma unroll
+  for (int s = 0; s < COMBINE_ROWS_MAX_SPLITS; ++s) {
+    lse_s[s] = __expf(lse_s[s] - base);  // e_s
+    sum += lse_s[s];
+  }
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+
+  // 2. This lane's splits and columns, every load issued before the first use.
+  const int sg = lane / LCG, lc = lane % LCG;
+  const float* o_row = p.o_accum + row * D + lc * 4;
+  const int64_t split_stride = rows * D;
+  float wt[PG];
+  const float* src[PG];  // the addresses first, then the loads back to back
+#pragma unroll
+  for (int j = 0; j < PG; ++j) {
+    // split sg + j SGW: a register index only after unrolling over the lane's split group (idle lanes: sg == SGW)
+    float e = 0.f;
+#pragma unroll
+    for (int g = 0; g < SGW; ++g)
+      if (sg == g) e = lse_s[g + j * SGW];
+    wt[j] = e * inv_sum;
+    src[j] = o_row + (sg + j * SGW < n ? sg + j * SGW : 0) * split_stride;  // past n: split 0's row, weight 0
+  }
+  float4 x[PG][CPL];
+#pragma unroll
+  for (int j = 0; j < PG; ++j)
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) x[j][c] = *reinterpret_cast<const float4*>(src[j] + c * LCG * 4);
+  float4 acc[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < PG; ++j) {
+      if (wt[j] != 0.f) {  // (an empty split's o may be unwritten: never multiplied, even by 0)
+        acc[c].x += wt[j] * x[j][c].x;
+        acc[c].y += wt[j] * x[j][c].y;
+        acc[c].z += wt[j] * x[j][c].z;
+        acc[c].w += wt[j] * x[j][c].w;
+      }
+    }
+  }
+
+  // 3. The split groups' sums (lanes LCG apart); split group 0 writes O, lane 0 the LSE.
+#pragma unroll
+  for (int o = LCG; o < LCG * SGW; o *= 2)
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      acc[c].x += __shfl_xor_sync(0xffffffffu, acc[c].x, o);
+      acc[c].y += __shfl_xor_sync(0xffffffffu, acc[c].y, o);
+      acc[c].z += __shfl_xor_sync(0xffffffffu, acc[c].z, o);
+      acc[c].w += __shfl_xor_sync(0xffffffffu, acc[c].w, o);
+    }
+  if (sg == 0) {
+    const int64_t i = row % p.seqlen_q, bh = row / p.seqlen_q;
+    const int64_t h = bh % p.nheads, b = bh / p.nheads;
+    T* o = reinterpret_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      const int col = (lc + c * LCG) * 4;
+      if (col < (int)p.head_dim)
+        *reinterpret_cast<uint2*>(o + col) = make_uint2(pack2<T>(acc[c].x, acc[c].y), pack2<T>(acc[c].z, acc[c].w));
+    }
+  }
+  if (p.lse && lane == 0) p.lse[row] = sum > 0.f ? base + __logf(sum) : -INFINITY;
+}
+
 }  // namespace cuflash

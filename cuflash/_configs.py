@@ -598,6 +598,17 @@ def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
                       COMBINE_SPLIT_GROUPS * headdim // 4, 0)
 
 
+# The decode kernel's combine for at most COMBINE_ROWS_MAX_SPLITS splits (flash_decode_combine_rows_kernel): one warp
+# per output row, COMBINE_ROWS_WARPS rows per block (many rows of few splits: MQA and GQA at large batch).
+COMBINE_ROWS_MAX_SPLITS = 8
+COMBINE_ROWS_WARPS = 8
+
+
+def decode_combine_rows_spec(dtype: str, headdim: int) -> KernelSpec:
+    return KernelSpec("flash_decode.cu", f"cuflash::flash_decode_combine_rows_kernel<{CTYPE[dtype]}, {headdim}>",
+                      32 * COMBINE_ROWS_WARPS, 0)
+
+
 APPEND_THREADS = 256
 
 
@@ -989,7 +1000,7 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:
-                out += [combine_spec(dt, d), decode_combine_spec(dt, d), append_spec(dt)]
+                out += [combine_spec(dt, d), decode_combine_spec(dt, d), decode_combine_rows_spec(dt, d), append_spec(dt)]
             if varlen:
                 out.append(gather_spec(dt))
         for h in headdims:  # a head dim that is not a multiple of 8: its UA kernels (the modes' and dropout's)
@@ -1057,6 +1068,7 @@ def all_specs():
             specs.append(fwd_spec(dt, d, False, split=False, mod=MOD_SCORE_DROPOUT))
             specs.append(combine_spec(dt, d))
             specs.append(decode_combine_spec(dt, d))
+            specs.append(decode_combine_rows_spec(dt, d))
             specs.append(append_spec(dt))
             specs.append(gather_spec(dt))
             specs.append(bwd_preprocess_spec(dt, d))

@@ -9,9 +9,10 @@ Two kernels (keyword `kernel`):
 * "decode" (default): cuda_src/flash_decode.cu, built for 1..32 query rows per (batch, KV head): every
   warp holds all rows and streams its own keys through a private cp.async ring (no block barrier in the
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
-  directly (one launch); more write fp32 partials for flash_decode_combine_kernel (one block per output row,
-  every split's loads in flight at once; `plan_for(..., combine="warp")` takes the split-KV forward's
-  flash_combine_kernel instead, for comparison).
+  directly (one launch); more write fp32 partials for a combine kernel that issues every split's loads at once:
+  flash_decode_combine_rows_kernel (one warp per output row) for at most COMBINE_ROWS_MAX_SPLITS splits,
+  flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one, or
+  the split-KV forward's flash_combine_kernel, "warp", for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -36,7 +37,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (DECODE_MAX_SPLITS, DecodeTile, append_spec, combine_spec, decode_combine_spec, decode_mf,
+from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_SPLITS, DecodeTile, append_spec,
+                       combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
@@ -49,7 +51,9 @@ from ._validate import (check_backward_headdim, check_block_table, check_bool, c
                         check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unrolled loads hold this many
-COMBINES = ("block", "warp")  # the decode kernel's combine: flash_decode_combine_kernel, flash_combine_kernel
+# the decode kernel's combine: "auto" (the default: "rows" up to COMBINE_ROWS_MAX_SPLITS splits, else "block"),
+# "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
+COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
@@ -233,7 +237,7 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "block", trim: bool = True, pdl: bool | None = None) -> _Plan:
+               local: bool = False, combine: str = "auto", trim: bool = True, pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
@@ -297,8 +301,15 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
         out_rows = b * kheads * rows
-        if combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter block;
-            # PDL: its blocks may be resident before the split kernel drains, they wait for it on the device
+        if combine == "auto":
+            combine = "rows" if num_splits <= COMBINE_ROWS_MAX_SPLITS else "block"
+        if combine == "rows":  # one warp per output row (cuda_src/flash_decode.cu); the same parameter block; PDL
+            if num_splits > COMBINE_ROWS_MAX_SPLITS:
+                raise ValueError(f"combine='rows' takes at most {COMBINE_ROWS_MAX_SPLITS} splits; got {num_splits}")
+            p.add_launch(get_launcher(decode_combine_rows_spec(qa.dtype, d), dev),
+                         (-(-out_rows // COMBINE_ROWS_WARPS), 1, 1), pdl=pdl)
+        elif combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter
+            # block; PDL: its blocks may be resident before the split kernel drains, they wait for it on the device
             p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d), dev), (out_rows, 1, 1), pdl=pdl)
         else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
@@ -649,11 +660,12 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None, combine: str = "block", trim: bool = True,
+             alibi_slopes=None, block_table=None, combine: str = "auto", trim: bool = True,
              pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
-    from it, sweep tiles with `tile`, compare combines with `combine` ("block": the default; "warp": the
-    split-KV forward's one-warp-per-row combine), the split count before `without_empty_splits` with
+    from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "rows", "block": the
+    decode combines, "rows" for at most COMBINE_ROWS_MAX_SPLITS splits; "warp": the split-KV forward's
+    one-warp-per-row combine), the split count before `without_empty_splits` with
     trim=False and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;
     `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:

@@ -210,6 +210,11 @@ call("spec", q4, kc, vc, kn, vn, cache_seqlens=sl, causal=True, num_splits=5)
 qb = T((1, 1, 8, 64), torch.bfloat16)
 kb = T((1, 1000, 8, 64), torch.bfloat16); vb = T((1, 1000, 8, 64), torch.bfloat16)
 call("int_seqlens", qb, kb, vb, cache_seqlens=700)
+# MQA at batch 64 (64 blocks of 32 folded rows for 264 slots: a few splits, 2048 output rows)
+qm = T((64, 1, 32, 128), torch.float16)
+km = T((64, 16384, 1, 128), torch.float16); vm = T((64, 16384, 1, 128), torch.float16)
+call("mqa_b64", qm, km, vm, cache_seqlens=T((64,), torch.int32))
+call("mqa_b64_block", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=9)
 # misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
 try:
@@ -320,12 +325,28 @@ def test_host_path_speculative_append(host_path):
     assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"], p["num_splits"], p["seqlen_k_new"]) == (32, 3, 4, 5, 3)
     assert (p["q_row_stride"], p["q_head_stride"]) == (32 * 128, 128)
     assert main["grid"] == [2 * 32 * 5, 1, 1]
+    # 5 <= COMBINE_ROWS_MAX_SPLITS splits: the rows combine, one warp per output row (2 x 32 x 3 rows)
+    assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128>" and comb["p"] == p
+    assert comb["threads"] == 32 * _configs.COMBINE_ROWS_WARPS and comb["grid"] == [-(-(2 * 32 * 3) // 8), 1, 1]
     a = APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
     assert (a["k_cache"], a["v_cache"], a["seqlens"]) == (p["k"], p["v"], p["seqlens_k"]) and a["k_new"] and a["v_new"]
     assert (a["kc_bs"], a["kc_rs"], a["kc_hs"]) == (4096 * 8 * 128, 8 * 128, 128)
     assert [a[n] for n in ("batch", "seqlen_new", "nheads_k", "seqlen_cache", "headdim")] == [2, 3, 8, 4096, 128]
     assert a["block_table"] == a["cache_batch_idx"] == a["rotary_cos"] == a["rotary_dim"] == 0
     assert app["grid"] == [-(-(2 * 2 * 3 * 8 * 16) // app["threads"]), 1, 1]
+
+
+def test_host_path_combine_by_split_count(host_path):
+    """At most COMBINE_ROWS_MAX_SPLITS splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at
+    batch 64 has 2048 rows of 4 splits here), more the block-per-row combine."""
+    main, comb = host_path["mqa_b64"]["launches"]
+    n = main["p"]["num_splits"]
+    assert n == 4 and main["grid"] == [64 * n, 1, 1]  # 64 x 4 = 256 blocks of the 264 slots
+    assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128>"
+    assert comb["grid"] == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1] and comb["threads"] == 256
+    main, comb = host_path["mqa_b64_block"]["launches"]
+    assert main["p"]["num_splits"] == 9 > _configs.COMBINE_ROWS_MAX_SPLITS
+    assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["grid"] == [64 * 32, 1, 1]
 
 
 def test_host_path_int_seqlens_bf16(host_path):
@@ -474,12 +495,19 @@ def test_decode_combine_matches_the_host():
     assert int(re.search(r"constexpr int DECODE_MAX_SPLITS = (\d+);", src).group(1)) == MAX_SPLITS
     assert int(re.search(r"constexpr int COMBINE_SPLIT_GROUPS = (\d+);", src).group(1)) == \
         _configs.COMBINE_SPLIT_GROUPS
+    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS
+
+    for name in ("COMBINE_ROWS_MAX_SPLITS", "COMBINE_ROWS_WARPS"):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == getattr(_configs, name)
+    assert COMBINE_ROWS_MAX_SPLITS == _configs.COMBINE_ROWS_MAX_SPLITS <= 32  # one LSE per lane at most
     specs = _configs.all_specs()
     for dt in _configs.DTYPES:
         for d in _configs.HEADDIMS:
             s = _configs.decode_combine_spec(dt, d)
             assert s in specs and s.threads == _configs.COMBINE_SPLIT_GROUPS * d // 4 and s.threads % 32 == 0
             assert s.threads <= 1024
+            r = _configs.decode_combine_rows_spec(dt, d)
+            assert r in specs and r.threads == 32 * _configs.COMBINE_ROWS_WARPS
 
 
 def test_decode_probe_table():

@@ -142,6 +142,7 @@ _launch.PDL = True
 res["plan_for"] = {m: decode.plan_for(q, kc, vc, cache_seqlens=sl, pdl=p).pdl
                    for m, p in (("none", None), ("on", True), ("off", False))}
 res["warp"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, combine="warp"))
+res["rows"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=3))
 _loader.device_cc = lambda device: 80
 _launch._pdl_capable.cache_clear()
 res["sm80"] = decode.plan_for(q, kc, vc, k1, v1, cache_seqlens=sl).pdl
@@ -174,6 +175,7 @@ def test_which_kernels_launch_with_pdl(host):
     assert not host["one_split"]["pdl"] and host["one_split"]["kinds"] == [None]
     assert host["append_one_split"]["pdl"] and host["append_one_split"]["kinds"] == ["ProgrammaticLaunch"]
     assert host["warp"] == [None, None]  # flash_combine_kernel has no griddepcontrol.wait
+    assert host["rows"] == [None, "ProgrammaticLaunch"]  # flash_decode_combine_rows_kernel waits like the block one
     assert host["sm80"] is False and host["no_ex"] is False
 
 
@@ -211,7 +213,7 @@ def test_config_cache_is_bounded():
 # ----------------------------------------------------------------------------------------- the kernels' code
 def _touched_specs():
     specs = [s for s in _configs.all_specs() if "flash_decode_combine_kernel" in s.name
-             or "kvcache_append_kernel" in s.name]
+             or "flash_decode_combine_rows_kernel" in s.name or "kvcache_append_kernel" in s.name]
     return specs + [s for s in _configs.all_specs() if "flash_decode_kernel" in s.name and ", 128, " in s.name][:4]
 
 
@@ -239,5 +241,5 @@ def test_griddepcontrol_only_on_sm90(spec):
     added = opcodes(sass(90)) - opcodes(sass(90, "-DCUFLASH_NO_GRIDDEP"))
     # griddepcontrol.wait -> ACQBULK, griddepcontrol.launch_dependents -> PREEXIT
     expect = {"flash_decode_kernel": {"ACQBULK", "PREEXIT"}, "flash_decode_combine_kernel": {"ACQBULK"},
-              "kvcache_append_kernel": {"PREEXIT"}}
+              "flash_decode_combine_rows_kernel": {"ACQBULK"}, "kvcache_append_kernel": {"PREEXIT"}}
     assert added == next(v for k, v in expect.items() if f"::{k}<" in spec.name)

@@ -2,8 +2,9 @@
 
     python -m bench.diag.decode_probe [--quick] [--time-limit SECONDS] [--json FILE]
 
-(a) Correctness: flash_attn_with_kvcache's split path (flash_decode_combine_kernel, "block") and the previous one
-    (flash_combine_kernel, "warp") against the float64 reference on a handful of shapes: MQA 32/1 and GQA 32/8 and
+(a) Correctness: flash_attn_with_kvcache's split path ("auto": flash_decode_combine_rows_kernel up to 8 splits,
+    flash_decode_combine_kernel above), the block combine forced ("block") and the previous one (flash_combine_kernel,
+    "warp") against the float64 reference on a handful of shapes: MQA 32/1 and GQA 32/8 and
     32/32, ragged cache_seqlens with a 0, a paged cache, num_splits forced to 1, 2, 7, 64 and 128, the fp32
     partials poisoned with NaN before the launch. A row's error bound: 4e-3 x max(1, max |ref|) (fp16), LSE within
     2e-4, -inf exactly where the reference has it (a cache of 0 keys), no NaN. Exit status 1 when a case misses.
@@ -87,7 +88,7 @@ def correctness(quick=False) -> bool:
         q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
         seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         for ns in splits:
-            for combine in ("block", "warp"):
+            for combine in ("auto", "block", "warp"):  # auto: the rows combine up to COMBINE_ROWS_MAX_SPLITS splits
                 plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=ns, combine=combine)
                 n = plan.num_splits
                 rows = h // hk if hk < h else 1

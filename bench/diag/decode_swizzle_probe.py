@@ -3,7 +3,7 @@
 (the same tile with swizzle=False).
 
     python -m bench.diag.decode_swizzle_probe [--time-limit SECONDS] [--json FILE]
-        [--case HK,B,S[,D] ...] [--unsplit] [--no-check]
+        [--case HK,B,S[,D] ...] [--unsplit] [--splits N,N,...] [--no-check]
 
 (a) Correctness of the swizzled tile (plan_for(..., tile=replace(decode_tile(d), swizzle=True)) / run_plan) against
     the float64 reference per batch element on its own keys (out within 4e-3 (bf16 1.6e-2) x max(1, max |ref|), LSE
@@ -20,7 +20,8 @@
 The table is last: us per call, swz / old (< 1: the swizzle faster), cudnn / swz (>= 1: at or below cuDNN's time),
 and each provider's K/V bytes over its time in TB/s. Stops starting timing cases after --time-limit seconds
 (default 120). --case times only the given cases (fp16), --unsplit adds both rings at one split (old1, swz1),
---no-check skips (a).
+--splits adds the swizzled ring at each forced split count N (swzN) and, for N > 1, its decode kernel alone without the
+combine (swzNk: the partials only), --no-check skips (a).
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def correctness() -> bool:
     return all_ok
 
 
-def timing(limit_s: float, cases=CASES, unsplit=False) -> list:
+def timing(limit_s: float, cases=CASES, unsplit=False, splits=()) -> list:
     import torch
 
     from bench.bench_decode import capture_graph
@@ -145,6 +146,12 @@ def timing(limit_s: float, cases=CASES, unsplit=False) -> list:
         if unsplit:  # both rings again at one split (the heuristic's split count against none)
             plans.update(old1=plan_for(q, kc, vc, cache_seqlens=seqlens, tile=padded, num_splits=1),
                          swz1=plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz, num_splits=1))
+        for n in splits:  # forced split counts; and the split kernel alone (its plan without the combine's launch)
+            plans[f"swz{n}"] = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz, num_splits=n)
+            if n > 1:
+                alone = plan_for(q, kc, vc, cache_seqlens=seqlens, tile=swz, num_splits=n)
+                alone.launches = alone.launches[:1]
+                plans[f"swz{n}k"] = alone
         graphs = {k: capture_graph(lambda plan=plan: run_plan(plan, q, kc, vc, cache_seqlens=seqlens), CALLS)
                   for k, plan in plans.items()}
         try:
@@ -166,7 +173,10 @@ def timing(limit_s: float, cases=CASES, unsplit=False) -> list:
 
 
 def table(recs) -> str:
-    provs = [p for p in ("old", "swz", "old1", "swz1", "cudnn") if any(p in r["us"] for r in recs)] or PROVIDERS
+    forced = sorted({p for r in recs for p in r["us"] if p[:3] == "swz" and p[3:4].isdigit() and p != "swz1"},
+                    key=lambda p: (int(p[3:].rstrip("k")), p))
+    provs = [p for p in ("old", "swz", "old1", "swz1", *forced, "cudnn") if any(p in r["us"] for r in recs)] \
+        or PROVIDERS
     cols = ["case", "KV MB", "splits old / swz"] + [f"{p} us" for p in provs] + ["swz / old", "cudnn / swz"] + \
         [f"{p} TB/s" for p in provs]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -196,9 +206,14 @@ def main(argv=None) -> int:
                     help="time only this case (KV heads, batch, cache length, head dim; fp16), repeatable")
     ap.add_argument("--unsplit", action="store_true",
                     help="also time both rings at one split (old1, swz1)")
+    ap.add_argument("--splits", default="", metavar="N,N,...",
+                    help="also time the swizzled ring at these forced split counts (swzN; swzNk: its kernel alone)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness cases")
     args = ap.parse_args(argv)
     cases = CASES
+    splits = tuple(int(x) for x in args.splits.split(",") if x)
+    if any(n < 1 for n in splits):
+        raise ValueError(f"--splits: split counts are >= 1; got {args.splits!r}")
     if args.case:
         cases = []
         for c in args.case:
@@ -208,7 +223,7 @@ def main(argv=None) -> int:
                      f"GPU us per call in CUDA-graph replay, medians of {ROUNDS} rounds timed in turn; old = the padded "
                      f"rows, swz = the swizzled ring; swz / old < 1: the swizzle faster; cudnn / swz >= 1: at or below "
                      f"cuDNN; TB/s = K/V bytes / time", None if args.no_check else correctness,
-                     lambda limit: timing(limit, cases, args.unsplit), table, args.time_limit, args.json)
+                     lambda limit: timing(limit, cases, args.unsplit, splits), table, args.time_limit, args.json)
 
 
 if __name__ == "__main__":

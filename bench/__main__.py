@@ -9,6 +9,7 @@
                                                           # the same public calls timed on two trees in turn
     python -m bench merge OUT_DIR SRC[:suites] ...        # several runs' results.json into one
     python -m bench report --results FILE [--readme README.md]   # tables, plots, README blocks
+    python -m bench junit DIR/tests.jsonl DIR/gpu-tests.xml        # the JUnit XML of a GPU-test run that was stopped
 
 Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds."""
 from __future__ import annotations
@@ -33,7 +34,7 @@ def parser():
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", help="'list', 'all', a suite name or a comma list of suites; also 'compare', "
-                                    "'merge', 'report' (each has its own --help)")
+                                    "'merge', 'report', 'junit' (each has its own --help)")
     ap.add_argument("--out", default="bench-out", help="output directory (default: ./bench-out)")
     ap.add_argument("--suites", default=None,
                     help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
@@ -45,14 +46,15 @@ def parser():
     ap.add_argument("--headdims", type=_ints, default=None, help="comma list: 64,128")
     ap.add_argument("--rounds", type=int, default=None, help="rounds timed in turn (suites that take it)")
     ap.add_argument("--time-limit", type=float, default=None,
-                    help="minutes for the whole run (with 'all': precompile and tests included): a suite whose rough "
-                         "time (python -m bench list) would end past them is skipped, the next ones may still fit")
+                    help="minutes for the whole run (with 'all': precompile and tests included; the GPU tests are "
+                         "stopped there, their XML written from what ran): a suite whose rough time (python -m bench "
+                         "list) would end past them is skipped, the next ones may still fit")
     return ap
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("compare", "merge", "report"):
+    if argv and argv[0] in ("compare", "merge", "report", "junit"):
         mod = __import__(f"bench.{argv[0]}", fromlist=["main"])
         return mod.main(argv[1:])
     args = parser().parse_args(argv)

@@ -34,15 +34,49 @@ def precompile(out_dir, jobs=None, cwd=ROOT, log_name="precompile.log"):
     return rc
 
 
-def gpu_tests(out_dir, paths="tests"):
-    """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log."""
+def gpu_tests(out_dir, paths="tests", deadline=None):
+    """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log, and
+    each test's outcome the moment it is known in tests.jsonl (the plugin bench/junit.py). deadline (time.time()
+    seconds; None: none) or SIGTERM: pytest is stopped, and gpu-tests.xml is written from tests.jsonl with a note saying
+    so; the same when pytest ends without writing its XML. Returns pytest's exit status, or "stopped"."""
+    from . import junit
+
     t0 = time.time()
     xml = os.path.join(out_dir, "gpu-tests.xml")
     log_path = os.path.join(out_dir, "tests.log")
+    stream = os.path.join(out_dir, "tests.jsonl")
+    for f in (xml, stream):
+        if os.path.exists(f):
+            os.remove(f)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", f"--junitxml={xml}", "-q", "-rfEs", "-p", "no:cacheprovider",
-           *[p for p in paths.split(",") if p]]
-    with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+           "-p", "bench.junit", *[p for p in paths.split(",") if p]]
+    env = _env()
+    env[junit.STREAM_ENV] = stream
+    stopped = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                rc = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+            except (subprocess.TimeoutExpired, _Stopped) as e:
+                why = "the time limit" if isinstance(e, subprocess.TimeoutExpired) else "SIGTERM"
+                stopped = f"stopped by {why} after {time.time() - t0:.0f} s"
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                rc = "stopped"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped or not os.path.isfile(xml):
+        note = stopped or f"pytest exited with status {rc} without writing its XML"
+        counts = junit.stream_to_junit(stream, xml, note) if os.path.isfile(stream) else None
+        line = f"{note}; {xml} written from {stream}: {junit.summary(counts)}" if counts else f"{note}; no test ran"
+        with open(log_path, "a") as log:
+            log.write("\n" + line + "\n")
     with open(log_path) as f:
         print("\n".join(f.read().strip().splitlines()[-25:]))
     print(f"GPU tests rc={rc} in {time.time() - t0:.0f}s", flush=True)
@@ -123,7 +157,7 @@ def write_report(head, records, out_dir):
 
 def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None):
     """Precompile, the GPU tests, then the suites (run_suites; `time_limit_min`: the whole run's minutes, precompile and
-    tests included, past which no suite is started)."""
+    tests included, past which no suite is started and the GPU tests are stopped, their XML written from what ran)."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
     deadline = None if time_limit_min is None else t0 + 60.0 * time_limit_min
@@ -134,7 +168,7 @@ def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jo
             traceback.print_exc()
     if tests and tests != "none":
         try:
-            gpu_tests(out_dir, tests)
+            gpu_tests(out_dir, tests, deadline)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     names = list(suites)

@@ -1,0 +1,139 @@
+"""Test outcomes that survive a stopped run: a pytest plugin that appends each test's outcome to a file as it is
+known, and that file turned into JUnit XML.
+
+pytest writes its --junitxml at the end of the session, so a run stopped by a time limit leaves no XML at all, even
+after thousands of tests. `python -m bench all` loads this module as a plugin (`-p bench.junit`) with
+CUFLASH_TEST_STREAM=<file>: every test's outcome goes to that file as one JSON line, flushed at once. When pytest
+does not finish, `stream_to_junit` writes the XML of the tests that did run, marked as stopped:
+
+    python -m bench junit STREAM.jsonl OUT.xml [--note TEXT]
+
+A record: {"nodeid", "when" ("setup" / "call" / "teardown"), "outcome" ("passed" / "failed" / "skipped"),
+"duration" (s), "message" (a skip's reason, a failure's last 2000 characters)}. A test's result is its call phase,
+or the setup phase when that skipped or failed (the call then never runs); a failed teardown is an error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+STREAM_ENV = "CUFLASH_TEST_STREAM"
+MESSAGE_CHARS = 2000
+
+
+# ------------------------------------------------------------------------------------------- the plugin
+def _message(report) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        return str(report.longrepr[2])  # (path, line, reason)
+    return str(report.longrepr)[-MESSAGE_CHARS:] if report.longrepr else ""
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(STREAM_ENV)
+    if not path:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed) or \
+            (report.when == "teardown" and report.failed):
+        rec = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+                   duration=round(float(report.duration), 4))
+        if not report.passed:
+            rec["message"] = _message(report)
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- the XML
+def read_stream(path) -> list:
+    """The records of a stream file, one per line; a last line cut off mid-write is dropped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def _names(nodeid: str):
+    """pytest's JUnit names: 'tests/test_a.py::TestB::test_c[x]' -> ('tests.test_a.TestB', 'test_c[x]')."""
+    parts = nodeid.split("::")
+    module = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+    return ".".join([module.replace("/", ".").replace("\\", ".")] + parts[1:-1]), parts[-1]
+
+
+def results(records) -> dict:
+    """{nodeid: (status, duration, message)} with status 'passed', 'failed', 'error' or 'skipped', in the order the
+    tests first appear."""
+    out = {}
+    for r in records:
+        nid, when, outcome = r["nodeid"], r["when"], r["outcome"]
+        status, dur, msg = out.get(nid, ("passed", 0.0, ""))
+        dur += float(r.get("duration", 0.0))
+        if when == "teardown":  # only failed teardowns are recorded
+            status, msg = "error", r.get("message", "")
+        elif when == "setup":
+            status, msg = ("skipped" if outcome == "skipped" else "error"), r.get("message", "")
+        elif status != "error":  # the call phase
+            status, msg = outcome, r.get("message", "")
+        out[nid] = (status, dur, msg)
+    return out
+
+
+def stream_to_junit(stream, xml_path, note: str | None = None) -> dict:
+    """Write the JUnit XML of a stream file (one testsuite; `note`, e.g. why the run stopped, as its property
+    'note'). Returns the counts {'tests', 'passed', 'failures', 'errors', 'skipped'}."""
+    res = results(read_stream(stream))
+    counts = dict(tests=len(res), passed=0, failures=0, errors=0, skipped=0)
+    total = 0.0
+    suite = ET.Element("testsuite", name="pytest")
+    if note:
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="note", value=note)
+    for nid, (status, dur, msg) in res.items():
+        cls, name = _names(nid)
+        case = ET.SubElement(suite, "testcase", classname=cls, name=name, time=f"{dur:.3f}")
+        total += dur
+        if status == "passed":
+            counts["passed"] += 1
+        elif status == "skipped":
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", type="pytest.skip", message=msg[:500])
+        elif status == "failed":
+            counts["failures"] += 1
+            ET.SubElement(case, "failure", message=msg.strip().splitlines()[-1][:500] if msg.strip() else "").text = msg
+        else:
+            counts["errors"] += 1
+            ET.SubElement(case, "error", message=msg.strip().splitlines()[-1][:500] if msg.strip() else "").text = msg
+    suite.set("errors", str(counts["errors"]))
+    suite.set("failures", str(counts["failures"]))
+    suite.set("skipped", str(counts["skipped"]))
+    suite.set("tests", str(counts["tests"]))
+    suite.set("time", f"{total:.3f}")
+    root = ET.Element("testsuites", name="pytest tests")
+    root.append(suite)
+    ET.ElementTree(root).write(xml_path, encoding="utf-8", xml_declaration=True)
+    return counts
+
+
+def summary(counts: dict) -> str:
+    return (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
+            f"{counts['skipped']} skipped ({counts['tests']} tests)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench junit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("stream", help=f"the JSON-lines file a run wrote through {STREAM_ENV}")
+    ap.add_argument("xml", help="the JUnit XML to write")
+    ap.add_argument("--note", default=None, help="a testsuite property 'note' (e.g. where the run stopped)")
+    args = ap.parse_args(argv)
+    counts = stream_to_junit(args.stream, args.xml, args.note)
+    print(f"{args.xml}: {summary(counts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""CPU: the GPU-test run's outcome stream and the JUnit XML made from it (bench/junit.py), and `bench.run.gpu_tests`
+stopping pytest at a deadline with the XML of what ran -- on a small test file of its own (marked gpu, so the
+run's `-m gpu` selects it; no GPU needed)."""
+import json
+import os
+import time
+import xml.etree.ElementTree as ET
+
+from bench import junit, run
+
+_TESTS = '''
+import time
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("teardown broke")
+
+def test_passes():
+    assert True
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_param(x):
+    assert x == 1, "only one"
+
+def test_skips():
+    pytest.skip("not here")
+
+@pytest.mark.skipif(True, reason="never")
+def test_skipped_at_setup():
+    pass
+
+def test_teardown(broken_teardown):
+    pass
+
+class TestGroup:
+    def test_in_class(self):
+        pass
+
+def test_zz_slow():
+    time.sleep(SLEEP)
+'''
+
+
+def _cases(xml):
+    root = ET.parse(xml).getroot()
+    suite = root.find("testsuite")
+    cases = {}
+    for c in suite.iter("testcase"):
+        kinds = [k.tag for k in c]
+        cases[(c.get("classname").split(".")[-1], c.get("name"))] = kinds[0] if kinds else "passed"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    return suite, cases, props
+
+
+def _write_tests(tmp_path, sleep):
+    path = tmp_path / "test_sample.py"
+    path.write_text(_TESTS.replace("SLEEP", str(sleep)))
+    return str(path)
+
+
+def test_results_from_records():
+    recs = [dict(nodeid="tests/test_a.py::test_ok", when="call", outcome="passed", duration=0.5),
+            dict(nodeid="tests/test_a.py::test_bad[1]", when="call", outcome="failed", duration=0.1,
+                 message="E   assert 1 == 2"),
+            dict(nodeid="tests/test_a.py::test_skip", when="setup", outcome="skipped", duration=0.0, message="no"),
+            dict(nodeid="tests/test_a.py::test_td", when="call", outcome="passed", duration=0.2),
+            dict(nodeid="tests/test_a.py::test_td", when="teardown", outcome="failed", duration=0.0, message="boom"),
+            dict(nodeid="tests/test_a.py::TestC::test_m", when="call", outcome="passed", duration=0.0)]
+    res = junit.results(recs)
+    assert [v[0] for v in res.values()] == ["passed", "failed", "skipped", "error", "passed"]
+    assert abs(res["tests/test_a.py::test_td"][1] - 0.2) < 1e-9
+    assert junit._names("tests/test_a.py::TestC::test_m") == ("tests.test_a.TestC", "test_m")
+    assert junit._names("tests/test_a.py::test_bad[1]") == ("tests.test_a", "test_bad[1]")
+
+
+def test_stream_to_junit_drops_a_cut_line(tmp_path):
+    stream = tmp_path / "s.jsonl"
+    stream.write_text(json.dumps(dict(nodeid="t.py::a", when="call", outcome="passed", duration=1.0)) + "\n" +
+                      json.dumps(dict(nodeid="t.py::b", when="call", outcome="failed", duration=1.0, message="x")) +
+                      "\n" + '{"nodeid": "t.py::c", "wh')
+    counts = junit.stream_to_junit(str(stream), str(tmp_path / "o.xml"), note="stopped by the time limit")
+    assert counts == dict(tests=2, passed=1, failures=1, errors=0, skipped=0)
+    suite, cases, props = _cases(str(tmp_path / "o.xml"))
+    assert suite.get("tests") == "2" and suite.get("failures") == "1" and props["note"] == "stopped by the time limit"
+    assert cases == {("t", "a"): "passed", ("t", "b"): "failure"}
+
+
+def test_gpu_tests_keeps_pytests_own_xml_and_streams(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = run.gpu_tests(str(out), _write_tests(tmp_path, 0))
+    assert rc == 1  # two failures
+    suite, cases, props = _cases(str(out / "gpu-tests.xml"))
+    assert "note" not in props  # pytest's own XML, written at its end
+    assert cases[("test_sample", "test_passes")] == "passed" and cases[("test_sample", "test_param[2]")] == "failure"
+    assert cases[("test_sample", "test_skips")] == "skipped" and cases[("TestGroup", "test_in_class")] == "passed"
+    assert cases[("test_sample", "test_teardown")] == "error"
+    streamed = junit.results(junit.read_stream(str(out / "tests.jsonl")))
+    assert len(streamed) == len(cases) == 8
+    assert {k.split("::")[-1]: v[0] for k, v in streamed.items()} == {
+        "test_passes": "passed", "test_param[1]": "passed", "test_param[2]": "failed", "test_skips": "skipped",
+        "test_skipped_at_setup": "skipped", "test_teardown": "error", "test_in_class": "passed",
+        "test_zz_slow": "passed"}
+
+
+def test_gpu_tests_stopped_at_the_deadline(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.time()
+    rc = run.gpu_tests(str(out), _write_tests(tmp_path, 120), deadline=t0 + 12)
+    assert rc == "stopped" and time.time() - t0 < 40
+    suite, cases, props = _cases(str(out / "gpu-tests.xml"))
+    assert props["note"].startswith("stopped by the time limit")
+    assert ("test_sample", "test_zz_slow") not in cases and len(cases) == 7  # every test but the one cut off
+    assert suite.get("failures") == "1" and suite.get("errors") == "1" and suite.get("skipped") == "2"
+    log = (out / "tests.log").read_text()
+    assert "stopped by the time limit" in log and "3 passed, 1 failed, 1 errors, 2 skipped (7 tests)" in log
+    assert os.path.getsize(out / "tests.jsonl") > 0

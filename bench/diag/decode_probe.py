@@ -12,8 +12,9 @@
     dim 128, fp16, 32 query heads, q_len 1, for batch 1 and 8 with 1, 8 and 32 KV heads, caches 1k-128k (cases of
     more than MAX_KV_BYTES of K/V, bandwidth-bound, left out):
       old      the split count before `without_empty_splits` with the one-warp-per-row combine (the previous path)
-      new      the default: the trimmed split count, the block-per-row combine
-      nS       the block combine with S splits forced (a few counts around the default)
+      new      the default: the trimmed split count, the default combine (one warp per row up to 8 splits,
+               one block per row above)
+      nS       S splits forced (a few counts around the default), the default combine
       cudnn / flash   SDPA's CUDNN and FLASH backends, enable_gqa=True on the unexpanded caches (cuDNN refusing
                that gets the caches expanded to 32 heads, outside the timing)
     every graph of a case replayed in turn (harness.time_rounds, ROUNDS rounds), medians. The last table: us per

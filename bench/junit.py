@@ -1,7 +1,7 @@
 """Test outcomes that survive a stopped run: a pytest plugin that appends each test's outcome to a file as it is
 known, and that file turned into JUnit XML.
 
-pytest writes its --junitxml at the end of the session, so a run stopped by a time limit leaves no XML at all, even
+pytest writes its --junitxml when its run ends, so a run stopped by a time limit leaves no XML at all, even
 after thousands of tests. `python -m bench all` loads this module as a plugin (`-p bench.junit`) with
 CUFLASH_TEST_STREAM=<file>: every test's outcome goes to that file as one JSON line, flushed at once. When pytest
 does not finish, `stream_to_junit` writes the XML of the tests that did run, marked as stopped:

@@ -683,7 +683,7 @@ __global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2) flash_decode_combi
   constexpr int SGW = 32 / LCG;                   // split groups of the warp
   constexpr int PG = COMBINE_ROWS_MAX_SPLITS / SGW;  // splits per lane
   static_assert(D % 4 == 0 && CG % CPL == 0 && LCG <= 32 && COMBINE_ROWS_MAX_SPLITS % SGW == 0 &&
-                    (SGW == 1 || (LCG & (LCG - 1)) == 0) && COMBINE_ROWS_MAX_SPLITS <= 32,
+                    (SGW == 1 || (LCG & (LCG - 1)) == 0),
                 "combine rows shapes");
   const int lane = threadIdx.x % 32;
   const int64_t rows = p.batch * p.nheads * p.seqlen_q;

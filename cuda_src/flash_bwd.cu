@@ -162,17 +162,25 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
     reinterpret_cast<int*>(p.dq_accum + rows * D)[row / 64] = 0;
 }
 
-// dQ = softmax_scale * sum of the fp32 partials. One thread per 16-byte slot of the fragment-tiled accumulator
-// (coalesced float4 reads): rows g and g + 8 of a band, columns 2t and 2t + 1. For "seqpar" only the KV tiles a
-// row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq). UA: dQ rows that are not
-// 16-byte units (2-byte stores; the column past an odd head dim skipped).
+// dQ = softmax_scale * sum of the fp32 partials. Each thread takes BWD_CONVERT_SLOTS 16-byte slots of the
+// fragment-tiled accumulator: one lane position l of a 16-row band (rows g and g + 8, columns 2t and 2t + 1 of each
+// n8 block) in the n8 blocks jg, jg + JG, ... (JG = D / 8 / BWD_CONVERT_SLOTS), so a warp's loads of one block are
+// 512 contiguous bytes and the thread's index arithmetic (64-bit divisions by run-time sizes, the sequence's
+// offsets) is paid once for all its slots, whose loads are all issued before the first is used. For "seqpar" only
+// the KV tiles a row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq). UA: dQ rows
+// that are not 16-byte units (2-byte stores; the column past an odd head dim skipped).
+constexpr int BWD_CONVERT_SLOTS = 4;
+
 template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE, bool UA = false>
 __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
-  const int64_t slots = bwd_ws_rows(p, p.cu_seqlens_q != nullptr) * (D / 4);
+  constexpr int NS = BWD_CONVERT_SLOTS, JG = D / 8 / NS;
+  static_assert(D % (8 * NS) == 0, "convert: the head dim's n8 blocks in groups of BWD_CONVERT_SLOTS");
+  const int64_t ws_rows = bwd_ws_rows(p, p.cu_seqlens_q != nullptr);
+  const int64_t threads = ws_rows / 16 * (32 * JG);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= slots) return;
-  const int l = (int)(idx % 32), c = (int)(idx / 32 % (D / 8)) * 8 + 2 * (l % 4);
-  const int64_t band = idx / (32 * (D / 8));
+  if (idx >= threads) return;
+  const int l = (int)(idx % 32), jg = (int)(idx / 32 % JG);
+  const int64_t band = idx / (32 * JG);
   const int64_t bh = band / (p.seqlen_q_pad / 16);
   int64_t i0 = (band % (p.seqlen_q_pad / 16)) * 16 + l / 4;  // rows i0 and i0 + 8
   int64_t h = bh % p.nheads, b = bh / p.nheads;
@@ -193,34 +201,48 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
     begin0 = kv_block_begin<BLOCK_N>(mask, (int)i0);
     begin8 = kv_block_begin<BLOCK_N>(mask, (int)i0 + 8);
   }
-  const int64_t split_stride = bwd_ws_rows(p, p.cu_seqlens_q != nullptr) * D;
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum) + idx;
-  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t split_stride = ws_rows * D;
+  // slot n: block jg + n JG of the band, 128 floats (32 float4) per block
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + band * 16 * D) + jg * 32 + l;
+  float4 sum[NS];
+#pragma unroll
+  for (int n = 0; n < NS; ++n) sum[n] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int64_t s = begin0; s < splits8; ++s) {  // splits8 >= splits0, begin8 >= begin0
     if (MOD != MOD_NONE && s < begin8 && s >= splits0) continue;
-    const float4 x = acc[s * (split_stride / 4)];
-    if (s < splits0) {
-      sum.x += x.x;
-      sum.y += x.y;
-    }
-    if (MOD == MOD_NONE || s >= begin8) {
-      sum.z += x.z;
-      sum.w += x.w;
+    const float4* src = acc + s * (split_stride / 4);
+    float4 x[NS];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) x[n] = src[n * JG * 32];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      if (s < splits0) {
+        sum[n].x += x[n].x;
+        sum[n].y += x[n].y;
+      }
+      if (MOD == MOD_NONE || s >= begin8) {
+        sum[n].z += x[n].z;
+        sum[n].w += x[n].w;
+      }
     }
   }
-  if (c >= p.head_dim) return;  // the padding columns of a head dim below D
   const float scale = (float)p.softmax_scale;
-  T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h) +
-          i0 * p.dq_row_stride + c;
-  if constexpr (UA) {
-    store_pair_elems(dq, pack2<T>(sum.x * scale, sum.y * scale), c, (int)p.head_dim);
-    if (i0 + 8 < si.seqlen_q)
-      store_pair_elems(dq + 8 * p.dq_row_stride, pack2<T>(sum.z * scale, sum.w * scale), c, (int)p.head_dim);
-    return;
+  T* dq_row = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h) +
+              i0 * p.dq_row_stride;
+  const bool row8 = i0 + 8 < si.seqlen_q;
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+    const int c = (jg + n * JG) * 8 + 2 * (l % 4);
+    if (c >= p.head_dim) continue;  // the padding columns of a head dim below D
+    T* dq = dq_row + c;
+    if constexpr (UA) {
+      store_pair_elems(dq, pack2<T>(sum[n].x * scale, sum[n].y * scale), c, (int)p.head_dim);
+      if (row8)
+        store_pair_elems(dq + 8 * p.dq_row_stride, pack2<T>(sum[n].z * scale, sum[n].w * scale), c, (int)p.head_dim);
+    } else {
+      *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum[n].x * scale, sum[n].y * scale);
+      if (row8) *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum[n].z * scale, sum[n].w * scale);
+    }
   }
-  *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum.x * scale, sum.y * scale);
-  if (i0 + 8 < si.seqlen_q)
-    *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum.z * scale, sum.w * scale);
 }
 
 // acc[0..3] += v[0..3] at a 16-byte aligned fp32 address, atomically per element.

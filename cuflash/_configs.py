@@ -701,6 +701,9 @@ def bwd_pre_lanes_per_row(headdim: int) -> int:
 
 
 BWD_CONVERT_THREADS = 256
+# 16-byte slots of the fp32 dQ accumulator each convert thread sums and stores (cuda_src/flash_bwd.cu: the same
+# constant): the index arithmetic is paid once for 4 slots and their loads are in flight together.
+BWD_CONVERT_SLOTS = 4
 
 
 # sm_90 (H100 / H200: up to 227 KB of shared memory per block) runs the 2D tiles with the sm_90 options

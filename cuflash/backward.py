@@ -6,9 +6,9 @@ from typing import Any, Optional, Tuple
 
 from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import check_backend
-from ._configs import (BWD_AUTO_PARTITION, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED, bwd_convert_spec,
-                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles, kernel_headdim,
-                       sm90_bwd_tile, ua_bwd_tile, unaligned)
+from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
+                       bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles,
+                       kernel_headdim, sm90_bwd_tile, ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for, score_mods
@@ -208,13 +208,13 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None,
                                      ua=ua), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
-    slots = rows * (d // 4)  # convert: one thread per 16-byte slot of the fragment-tiled accumulator
+    conv_threads = rows * (d // 4) // BWD_CONVERT_SLOTS  # convert: 16-byte slots of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:
         p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
     else:  # x over every sequence's KV tiles ("loop": one block per (KV head, sequence))
         p.add_launch(main, (1, hk, b) if strategy == "loop" else (packed.kv_tiles(tile.block_n), hk, 1))
-    p.add_launch(conv, (-(-slots // conv.threads), 1, 1))
+    p.add_launch(conv, (-(-conv_threads // conv.threads), 1, 1))
     return p
 
 

@@ -99,6 +99,10 @@ def test_auto_takes_the_sm90_backward_where_it_can(res, d, causal, dt):
     rec = res[f"auto {d} {causal} {dt}"]
     assert len(rec) == 3  # preprocess, main, convert
     kd = _configs.kernel_headdim(d)
+    # the convert: BWD_CONVERT_SLOTS 16-byte slots of the [b h sq_pad, kd] fp32 accumulator per thread
+    rows = 2 * 8 * -(-300 // _configs.BWD_ROW_PAD) * _configs.BWD_ROW_PAD
+    threads = rows * kd // 4 // _configs.BWD_CONVERT_SLOTS
+    assert rec[2][1] == [-(-threads // _configs.BWD_CONVERT_THREADS), 1, 1]
     if d > _configs.SM80_ONLY_MAX_HEADDIM and kd in _configs.SM90_BWD_HEADDIMS:
         spec = _configs.sm90_bwd_spec(dt, kd, causal)
         assert rec[1][0] == spec.name
@@ -255,3 +259,14 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
     with pytest.raises(ValueError, match="order"):
         _configs.sm90_bwd_spec("float16", 128, False, order=_configs.DQ_ORDER_KV_DESC)
+
+
+def test_convert_slots_match_the_kernel():
+    """The host's BWD_CONVERT_SLOTS (the convert grid) is the kernel's, and divides every head dim's n8 blocks."""
+    import re
+
+    from cuflash._loader import source_dir
+
+    src = (source_dir() / "flash_bwd.cu").read_text()
+    assert int(re.search(r"constexpr int BWD_CONVERT_SLOTS = (\d+);", src).group(1)) == _configs.BWD_CONVERT_SLOTS
+    assert all(d // 8 % _configs.BWD_CONVERT_SLOTS == 0 for d in _configs.HEADDIMS)

@@ -11,7 +11,8 @@
     python -m bench report --results FILE [--readme README.md]   # tables, plots, README blocks
     python -m bench junit DIR/tests.jsonl DIR/gpu-tests.xml        # the JUnit XML of a GPU-test run that was stopped
 
-Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds."""
+Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds, and for
+the decode grid (suite decode) --kv-heads, --batches, --cache-lens, so that its 42 cases can be run in parts."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,9 @@ def parser():
     ap.add_argument("--dtypes", type=_strs, default=None, help="comma list: float16,bfloat16")
     ap.add_argument("--headdims", type=_ints, default=None, help="comma list: 64,128")
     ap.add_argument("--rounds", type=int, default=None, help="rounds timed in turn (suites that take it)")
+    ap.add_argument("--kv-heads", type=_ints, default=None, help="decode grid: comma list of KV head counts, e.g. 8,1")
+    ap.add_argument("--batches", type=_ints, default=None, help="decode grid: comma list of batch sizes")
+    ap.add_argument("--cache-lens", type=_ints, default=None, help="decode grid: comma list of cache lengths")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="minutes for the whole run (with 'all': precompile and tests included; the GPU tests are "
                          "stopped there, their XML written from what ran): a suite whose rough time (python -m bench "
@@ -63,7 +67,8 @@ def main(argv=None):
     if args.command == "list":
         print(suites.listing())
         return 0
-    options = dict(seqlens=args.seqlens, dtypes=args.dtypes, headdims=args.headdims, rounds=args.rounds)
+    options = dict(seqlens=args.seqlens, dtypes=args.dtypes, headdims=args.headdims, rounds=args.rounds,
+                   kv_heads=args.kv_heads, batches=args.batches, cache_lens=args.cache_lens)
     if args.command == "all":
         run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs,
                     args.time_limit)

@@ -173,6 +173,29 @@ def test_suite_options_reach_only_the_functions_that_take_them(monkeypatch):
     assert got == {"seqlens": (2048,), "rounds": 3}
 
 
+def test_decode_grid_options_reach_the_decode_suite(monkeypatch, tmp_path):
+    """python -m bench decode --kv-heads 8,1 --batches 64 --cache-lens 1024,4096: the grid's parts reach decode()."""
+    import inspect
+
+    import bench.__main__ as bm
+    from bench import bench_decode, run
+
+    params = inspect.signature(bench_decode.decode).parameters
+    assert {"kv_heads", "batches", "cache_lens"} <= set(params)
+    got = {}
+
+    def fake(batches=(1,), cache_lens=(1,), kv_heads=(1,), rounds=3):
+        got.update(batches=batches, cache_lens=cache_lens, kv_heads=kv_heads, rounds=rounds)
+        return []
+
+    monkeypatch.setattr(suites.Suite, "resolve", lambda self: fake)
+    monkeypatch.setattr(run, "write_report", lambda *a, **k: None)
+    monkeypatch.setattr("bench.harness.header", lambda: {})
+    assert bm.main(["decode", "--out", str(tmp_path), "--kv-heads", "8,1", "--batches", "64",
+                    "--cache-lens", "1024,4096"]) == 0
+    assert got == {"batches": (64,), "cache_lens": (1024, 4096), "kv_heads": (8, 1), "rounds": 3}
+
+
 def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     from bench import run
 

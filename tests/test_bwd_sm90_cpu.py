@@ -270,3 +270,23 @@ def test_convert_slots_match_the_kernel():
     src = (source_dir() / "flash_bwd.cu").read_text()
     assert int(re.search(r"constexpr int BWD_CONVERT_SLOTS = (\d+);", src).group(1)) == _configs.BWD_CONVERT_SLOTS
     assert all(d // 8 % _configs.BWD_CONVERT_SLOTS == 0 for d in _configs.HEADDIMS)
+
+
+def test_grid_model_tail():
+    """bench/diag/bwd_grid_model.py: blocks of equal length end at ceil(blocks / 132) waves (the non-causal grid's
+    tail), and under the causal mask dispatching every head's longest KV tile first never ends later than the
+    launch's head-major order."""
+    import math
+
+    from bench.diag import bwd_grid_model as gm
+
+    for d in (64, 128):
+        bm = _configs.SM90_BWD_TILES[d].block_m
+        for s in (2048, 16384):
+            b, h = 16384 // s, 2048 // d
+            blocks = b * h * s // gm.BLOCK_N
+            want = math.ceil(blocks / gm.SMS) / (blocks / gm.SMS)
+            assert abs(gm.overhead(s, h, b, bm, False, "head-major") - want) < 1e-12
+            tile, head = (gm.overhead(s, h, b, bm, True, o) for o in ("tile-major", "head-major"))
+            assert 1.0 <= tile <= head
+    assert gm.block_lengths(512, 64, True) == [8, 6, 4, 2] and gm.block_lengths(512, 64, False) == [8] * 4

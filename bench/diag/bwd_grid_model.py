@@ -1,0 +1,69 @@
+"""Diagnostic (CPU): how much of the backward's time the grid's last wave costs, from a list-scheduling model.
+
+    python -m bench.diag.bwd_grid_model
+
+One block per (KV tile of 128 keys, KV head, batch), as the Hopper backward launches them; each block's length is
+its number of Q tiles (every Q tile under no mask; under the bottom-right causal mask with seqlen_q = seqlen_k,
+those from its diagonal on); 132 SMs take the blocks one at a time in dispatch order as they free up. Printed per
+FA2-grid point (batch x seqlen = 16k tokens, hidden 2048): the model's makespan over the ideal (the total work / 132)
+for two dispatch orders -- "head-major", the launch (KV tile, head, batch) with the KV tile fastest, as the kernels
+run today, and "tile-major", every head's KV tile 0 first, then every head's tile 1, ... (under the causal mask:
+longest first). Per-block set-up and the blocks' memory traffic are left out."""
+from __future__ import annotations
+
+import heapq
+import sys
+
+from cuflash._configs import SM90_BWD_TILES
+
+SMS, TOKENS, HIDDEN = 132, 16384, 2048
+BLOCK_N = SM90_BWD_TILES[128].block_n  # keys per block (fixed by the kernel)
+
+
+def makespan(lengths, sms=SMS):
+    """Greedy list scheduling in the given order: each block starts on the first SM to free up."""
+    free = [0.0] * sms
+    for length in lengths:
+        heapq.heappush(free, heapq.heappop(free) + length)
+    return max(free)
+
+
+def block_lengths(seqlen, block_m, causal):
+    """Q tiles per KV tile j (seqlen_q = seqlen_k)."""
+    n, m = -(-seqlen // BLOCK_N), -(-seqlen // block_m)
+    return [m - (j * BLOCK_N) // block_m if causal else m for j in range(n)]
+
+
+def overhead(seqlen, heads, batch, block_m, causal, order):
+    """Makespan / ideal for one dispatch order ("head-major" or "tile-major")."""
+    lengths = block_lengths(seqlen, block_m, causal)
+    if order == "head-major":
+        seq = [x for _ in range(batch * heads) for x in lengths]
+    elif order == "tile-major":
+        seq = [x for x in lengths for _ in range(batch * heads)]
+    else:
+        raise ValueError(f"order: 'head-major' or 'tile-major'; got {order!r}")
+    return makespan(seq) / (sum(seq) / SMS)
+
+
+def table(seqlens=(2048, 4096, 8192, 16384)):
+    rows = []
+    for d in (64, 128):
+        for s in seqlens:
+            for causal in (False, True):
+                b, h = TOKENS // s, HIDDEN // d
+                rows.append((d, s, causal, {o: overhead(s, h, b, SM90_BWD_TILES[d].block_m, causal, o)
+                                            for o in ("head-major", "tile-major")}))
+    return rows
+
+
+def main(argv=None):
+    print("makespan / ideal (1.000: no tail), FA2 grid, 132 SMs")
+    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'head-major':>10} {'tile-major':>10}")
+    for d, s, causal, r in table():
+        print(f"{d:>4} {s:>6} {str(causal):>6} | {r['head-major']:>10.3f} {r['tile-major']:>10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -289,4 +289,7 @@ def test_grid_model_tail():
             assert abs(gm.overhead(s, h, b, bm, False, "head-major") - want) < 1e-12
             tile, head = (gm.overhead(s, h, b, bm, True, o) for o in ("tile-major", "head-major"))
             assert 1.0 <= tile <= head
+            # groups of one pair are the launch's order; a group of every pair is tile-major
+            assert gm.overhead(s, h, b, bm, True, "tile-major/1") == head
+            assert gm.overhead(s, h, b, bm, True, f"tile-major/{b * h}") == tile
     assert gm.block_lengths(512, 64, True) == [8, 6, 4, 2] and gm.block_lengths(512, 64, False) == [8] * 4

@@ -6,9 +6,11 @@ One block per (KV tile of 128 keys, KV head, batch), as the Hopper backward laun
 its number of Q tiles (every Q tile under no mask; under the bottom-right causal mask with seqlen_q = seqlen_k,
 those from its diagonal on); 132 SMs take the blocks one at a time in dispatch order as they free up. Printed per
 FA2-grid point (batch x seqlen = 16k tokens, hidden 2048): the model's makespan over the ideal (the total work / 132)
-for two dispatch orders -- "head-major", the launch (KV tile, head, batch) with the KV tile fastest, as the kernels
-run today, and "tile-major", every head's KV tile 0 first, then every head's tile 1, ... (under the causal mask:
-longest first). Per-block set-up and the blocks' memory traffic are left out."""
+for three dispatch orders -- "head-major", the launch (KV tile, head, batch) with the KV tile fastest, as the kernels
+run today; "tile-major", every head's KV tile 0 first, then every head's tile 1, ... (under the causal mask:
+longest first); and "tile-major/G", the same within groups of G (batch, head) pairs taken one group after the
+other, so that the blocks running at once share the Q / dO of about G heads in L2, as in the launch's order, rather
+than of every head. Per-block set-up and the blocks' memory traffic are left out."""
 from __future__ import annotations
 
 import heapq
@@ -35,15 +37,22 @@ def block_lengths(seqlen, block_m, causal):
 
 
 def overhead(seqlen, heads, batch, block_m, causal, order):
-    """Makespan / ideal for one dispatch order ("head-major" or "tile-major")."""
+    """Makespan / ideal for one dispatch order ("head-major", "tile-major" or "tile-major/G")."""
     lengths = block_lengths(seqlen, block_m, causal)
+    pairs = batch * heads
     if order == "head-major":
-        seq = [x for _ in range(batch * heads) for x in lengths]
-    elif order == "tile-major":
-        seq = [x for x in lengths for _ in range(batch * heads)]
+        seq = [x for _ in range(pairs) for x in lengths]
+    elif order == "tile-major" or order.startswith("tile-major/"):
+        g = int(order.split("/")[1]) if "/" in order else pairs
+        if g < 1:
+            raise ValueError(f"order: tile-major/G needs G >= 1; got {order!r}")
+        seq = [x for g0 in range(0, pairs, g) for x in lengths for _ in range(min(g, pairs - g0))]
     else:
-        raise ValueError(f"order: 'head-major' or 'tile-major'; got {order!r}")
+        raise ValueError(f"order: 'head-major', 'tile-major' or 'tile-major/G'; got {order!r}")
     return makespan(seq) / (sum(seq) / SMS)
+
+
+ORDERS = ("head-major", "tile-major", "tile-major/8", "tile-major/16")
 
 
 def table(seqlens=(2048, 4096, 8192, 16384)):
@@ -53,15 +62,15 @@ def table(seqlens=(2048, 4096, 8192, 16384)):
             for causal in (False, True):
                 b, h = TOKENS // s, HIDDEN // d
                 rows.append((d, s, causal, {o: overhead(s, h, b, SM90_BWD_TILES[d].block_m, causal, o)
-                                            for o in ("head-major", "tile-major")}))
+                                            for o in ORDERS}))
     return rows
 
 
 def main(argv=None):
     print("makespan / ideal (1.000: no tail), FA2 grid, 132 SMs")
-    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'head-major':>10} {'tile-major':>10}")
+    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | " + " ".join(f"{o:>13}" for o in ORDERS))
     for d, s, causal, r in table():
-        print(f"{d:>4} {s:>6} {str(causal):>6} | {r['head-major']:>10.3f} {r['tile-major']:>10.3f}")
+        print(f"{d:>4} {s:>6} {str(causal):>6} | " + " ".join(f"{r[o]:>13.3f}" for o in ORDERS))
     return 0
 
 

@@ -43,6 +43,8 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
+//   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
+//                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -81,6 +83,26 @@ __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
   return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
 }
 
+// The block's (KV tile, KV head, batch) of the launch (KV tiles, KV heads, batch). GROUP = 0: blockIdx as launched
+// (DQ_ORDER_KV_DESC: KV tiles last first). GROUP > 0 (the causal kernels of "atomic" and "seqpar"): the linear block
+// index -- the order blocks are dispatched in -- taken as groups of GROUP (KV head, batch) pairs, one group after the
+// other, and inside a group KV tile by KV tile (tile 0 of each pair, then tile 1, ...): under the causal mask the
+// longest blocks start first, so the grid's last blocks are short ones, while the blocks running at once share the Q
+// and dO of about GROUP heads in L2 as the launch's order does (bench/diag/bwd_grid_model.py: tile-major/G).
+template <int ORDER, int GROUP>
+__device__ __forceinline__ int3 sm90_bwd_block() {
+  if constexpr (GROUP == 0) {
+    return make_int3(ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x, (int)blockIdx.y,
+                     (int)blockIdx.z);
+  } else {
+    const int n = (int)gridDim.x, pairs = (int)(gridDim.y * gridDim.z);
+    const int lin = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const int g = lin / (GROUP * n), size = min(GROUP, pairs - g * GROUP), r = lin - g * GROUP * n;
+    const int pair = g * GROUP + r % size;
+    return make_int3(r / size, pair % (int)gridDim.y, pair / (int)gridDim.y);
+  }
+}
+
 template <int D, int BLOCK_M, int STAGES>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
@@ -104,7 +126,7 @@ struct Sm90BwdLayout {
 };
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
@@ -125,6 +147,8 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
+  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
+                "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -135,8 +159,8 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* dq_empty = dq_full + 1;
   float* dq_stage = reinterpret_cast<float*>(sm + L::DQ_OFF);
 
-  const int n_block = ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int3 blk = sm90_bwd_block<ORDER, GROUP>();
+  const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
   const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;

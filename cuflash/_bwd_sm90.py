@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ctypes
 
-from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
-                       kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
+from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_GROUP, SM90_BWD_CAUSAL_ORDER,
+                       SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -75,6 +75,9 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 # The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
 # may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
+# The dispatch order of the causal "atomic" and "seqpar" kernels (cuflash._configs: SM90_BWD_CAUSAL_GROUP; a
+# diagnostic may set another group size here, and clear cuflash.backward._PLANS, to time it)
+CAUSAL_GROUP = SM90_BWD_CAUSAL_GROUP
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None):
@@ -83,7 +86,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None):
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
-    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order)
+    group = CAUSAL_GROUP if causal and not mod and order == DQ_ORDER_PLAIN else 0
+    spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),

@@ -466,18 +466,29 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+# The causal "atomic" / "seqpar" kernels' dispatch order (the kernel's GROUP): 0, the launch's (each head's KV tiles in
+# turn). bench/diag/bwd_grid_model.py predicts a tail of 6-7% at head dim 128 from 2k to 8k in that order and 0-1.6%
+# with the longest KV tiles first within groups of 8 (KV head, batch) pairs; bench/diag/bwd_order_probe.py times the
+# grouped kernels (compiled on request) against these.
+SM90_BWD_CAUSAL_GROUP = 0
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
-                  order: int = DQ_ORDER_PLAIN) -> KernelSpec:
+                  order: int = DQ_ORDER_PLAIN, group: int = 0) -> KernelSpec:
     """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
-    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers)."""
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers); group: the blocks' dispatch
+    order (the kernel's GROUP: 0, the launch's; > 0, causal with order PLAIN and no modifiers, the longest KV tiles
+    first within groups of that many (KV head, batch) pairs)."""
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
-    tail = f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else "")
+    if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
+        raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
+                         f"causal={causal!r}, mod={mod!r}, order={order!r}")
+    tail = (f", {mod}, {order}, {group}" if group else f", {mod}, {order}" if order else
+            (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")

@@ -73,6 +73,18 @@ r2, _ = launches(lambda: cuflash.flash_attn_backward(*args))
 args2 = tensors(1, 256, 256, 2, 2, 64)
 r3, _ = launches(lambda: cuflash.flash_attn_backward(*args2))
 res["memo"] = [r1, r2, r3, [a.data_ptr() for a in args], [a.data_ptr() for a in args2]]
+# a dispatch order of groups of (KV head, batch) pairs (cuflash._bwd_sm90.CAUSAL_GROUP): which kernels take it
+from cuflash import _bwd_sm90, _configs, backward as bwd_mod
+_bwd_sm90.CAUSAL_GROUP = 8
+bwd_mod._PLANS.clear()
+for name, kw in (("atomic", {}), ("seqpar", dict(dq_strategy="seqpar")), ("ordered", dict(deterministic=True)),
+                 ("window", dict(window_size=(100, 0)))):
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True, **kw))
+    res["group " + name] = rec[1][0]
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
+res["group non-causal"] = rec[1][0]
+_bwd_sm90.CAUSAL_GROUP = _configs.SM90_BWD_CAUSAL_GROUP
+bwd_mod._PLANS.clear()
 """
 
 
@@ -293,3 +305,67 @@ def test_grid_model_tail():
             assert gm.overhead(s, h, b, bm, True, "tile-major/1") == head
             assert gm.overhead(s, h, b, bm, True, f"tile-major/{b * h}") == tile
     assert gm.block_lengths(512, 64, True) == [8, 6, 4, 2] and gm.block_lengths(512, 64, False) == [8] * 4
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (5, 3, 2), (16, 16, 8), (7, 5, 3), (128, 2, 1)])
+@pytest.mark.parametrize("group", [1, 2, 3, 8, 1000])
+def test_grouped_dispatch_order(grid, group):
+    """The kernel's GROUP mapping (bench/diag/bwd_grid_model.grouped_block, the Python form of sm90_bwd_block): every
+    block of the launch exactly once, the groups' (KV head, batch) pairs one group after the other, and inside a group
+    the KV tiles ascending (tile 0 of each pair first: under the causal mask the longest)."""
+    from bench.diag.bwd_grid_model import grouped_block
+
+    n, hk, b = grid
+    coords = [grouped_block(lin, n, hk, b, group) for lin in range(n * hk * b)]
+    assert sorted(coords) == sorted((j, h, z) for j in range(n) for h in range(hk) for z in range(b))
+    pair_of = [z * hk + h for _, h, z in coords]
+    groups = [p // group for p in pair_of]
+    assert groups == sorted(groups)
+    for g in set(groups):
+        tiles = [j for (j, _, _), gg in zip(coords, groups) if gg == g]
+        assert tiles == sorted(tiles)
+    if group == 1:  # groups of one pair: the launch's order (KV tile fastest)
+        assert coords == [(j, h, z) for z in range(b) for h in range(hk) for j in range(n)]
+
+
+def test_group_kernels(res):
+    """The grouped dispatch order is compiled on request for the causal kernels of "atomic" and "seqpar" only; the
+    host takes it there when CAUSAL_GROUP is set, and keeps "ordered" (its own order), the modifiers and the
+    non-causal kernels; the default (SM90_BWD_CAUSAL_GROUP = 0) names the kernels as before."""
+    spec = _configs.sm90_bwd_spec("float16", 128, True, group=8)
+    assert spec.name.endswith(", 0, 0, 8>") and spec.name != _configs.sm90_bwd_spec("float16", 128, True).name
+    for causal, kw in ((False, {}), (True, dict(order=_configs.DQ_ORDER_KV_DESC)), (True, dict(group=-1))):
+        with pytest.raises(ValueError, match="group"):
+            _configs.sm90_bwd_spec("float16", 128, causal, **dict(dict(group=8), **kw))
+    assert res["group atomic"] == res["group seqpar"] == spec.name
+    ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER)
+    assert res["group ordered"] == ordered.name
+    assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False).name
+    assert "bwd_sm90" in res["group window"] and not res["group window"].endswith(", 8>")
+    assert _configs.SM90_BWD_CAUSAL_GROUP == 0
+    assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
+
+
+def test_group_kernels_compile():
+    """The grouped kernels (both dtypes, every sm90 backward head dim) compile for sm_90a with no spill, no local
+    memory and no ptxas performance note, under both NVRTCs."""
+    from conftest import compile_problems
+
+    specs = [_configs.sm90_bwd_spec(dt, d, True, group=8) for dt in _configs.DTYPES
+             for d in _configs.SM90_BWD_HEADDIMS]
+    assert compile_problems(specs) == []
+
+
+def test_order_probe_model(capsys):
+    """bench/diag/bwd_order_probe.py --model (CPU): the grouped orders' predicted speed-up per causal point; a group
+    of every pair is never predicted slower than the launch order, and bad --groups values are refused."""
+    from bench.diag import bwd_order_probe as bp
+
+    assert bp.main(["--model", "--groups", "1,8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + sum(p[0] == "float16" for p in bp.points())
+    assert all(abs(float(x.split("|")[1].split()[0]) - 1.0) < 1e-12 for x in lines[2:])  # group 1: the launch order
+    for dt, d, s, b, h, hk in bp.points():
+        assert bp.predicted(d, s, b, h, hk, b * hk) >= 1.0
+    with pytest.raises(ValueError, match="groups"):
+        bp.main(["--model", "--groups", "0"])

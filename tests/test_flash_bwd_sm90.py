@@ -138,6 +138,28 @@ def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.fixture(params=[3, 8])
+def causal_group(request, monkeypatch):
+    """The causal "atomic" / "seqpar" kernels in a grouped dispatch order (cuflash._bwd_sm90.CAUSAL_GROUP: the
+    longest KV tiles first within groups of that many (KV head, batch) pairs), fresh plans for each."""
+    monkeypatch.setattr(_bwd_sm90, "CAUSAL_GROUP", request.param)
+    bwd_mod._PLANS.clear()
+    yield request.param
+    bwd_mod._PLANS.clear()
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64), (1, 700, 130, 4, 2, 96),
+                                            (4, 1100, 1300, 8, 4, 64), (3, 2100, 2100, 8, 1, 128)])
+def test_grouped_dispatch_causal(causal_group, dq_strategy, b, sq, sk, h, hk, d):
+    """The grouped dispatch order (the kernel's GROUP): ragged tails, seqlen_q != seqlen_k both ways, GQA / MQA,
+    a last group with fewer pairs, more blocks than SMs (4 x 4 pairs x 11 KV tiles); the plan's kernel is the
+    group's."""
+    (q, *_), _ = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy=dq_strategy)
+    spec = _configs.sm90_bwd_spec("float16", _configs.kernel_headdim(d), True, group=causal_group)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+
+
 def test_ordered_causal_more_kv_tiles_than_sms(causal_order):
     """133 KV tiles of one head (more blocks than the H200's 132 SMs hold at once): every block's wait is on one
     that started before it, so the grid finishes; the gradients match the atomic strategy's to fp32 rounding."""

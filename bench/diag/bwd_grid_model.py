@@ -36,6 +36,17 @@ def block_lengths(seqlen, block_m, causal):
     return [m - (j * BLOCK_N) // block_m if causal else m for j in range(n)]
 
 
+def grouped_block(lin, n_tiles, kv_heads, batch, group):
+    """The Hopper backward's block coordinates (KV tile, KV head, batch) of linear block index `lin` (the dispatch
+    order) for GROUP = `group` > 0: cuda_src/flash_bwd_sm90.cu, sm90_bwd_block, in Python."""
+    pairs = kv_heads * batch
+    g = lin // (group * n_tiles)
+    size = min(group, pairs - g * group)
+    r = lin - g * group * n_tiles
+    pair = g * group + r % size
+    return r // size, pair % kv_heads, pair // kv_heads
+
+
 def overhead(seqlen, heads, batch, block_m, causal, order):
     """Makespan / ideal for one dispatch order ("head-major", "tile-major" or "tile-major/G")."""
     lengths = block_lengths(seqlen, block_m, causal)
@@ -46,7 +57,8 @@ def overhead(seqlen, heads, batch, block_m, causal, order):
         g = int(order.split("/")[1]) if "/" in order else pairs
         if g < 1:
             raise ValueError(f"order: tile-major/G needs G >= 1; got {order!r}")
-        seq = [x for g0 in range(0, pairs, g) for x in lengths for _ in range(min(g, pairs - g0))]
+        n = len(lengths)  # the kernel's mapping, block by block in dispatch order
+        seq = [lengths[grouped_block(lin, n, heads, batch, g)[0]] for lin in range(n * pairs)]
     else:
         raise ValueError(f"order: 'head-major', 'tile-major' or 'tile-major/G'; got {order!r}")
     return makespan(seq) / (sum(seq) / SMS)

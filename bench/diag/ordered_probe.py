@@ -49,20 +49,25 @@ def _plan(views, causal, strategy, order):
     return lambda: plan.run(*ptrs)
 
 
-def run_point(dt, d, s, b, h, hk, rounds):
+def causal_problem(dt, d, s, b, h, hk):
+    """A fresh random causal problem on the GPU: (q, k, v, dout, the backward's validated views)."""
     import torch
 
     import cuflash
     from cuflash.backward import check_backward_inputs
-
-    from ..harness import sdpa, time_ms, time_rounds
 
     tdt = getattr(torch, dt)
     q = torch.randn(b, s, h, d, device="cuda", dtype=tdt)
     k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=tdt) for _ in range(2))
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     dout = torch.randn_like(out)
-    views = check_backward_inputs(dout, q, k, v, out, lse)
+    return q, k, v, dout, check_backward_inputs(dout, q, k, v, out, lse)
+
+
+def run_point(dt, d, s, b, h, hk, rounds):
+    import torch
+
+    q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk)
     fns = {name: _plan(views, True, "atomic" if order is None else "ordered", order) for name, order in VARIANTS}
     ok = True
     ref = [x.float() for x in fns["atomic"]()]
@@ -76,18 +81,53 @@ def run_point(dt, d, s, b, h, hk, rounds):
             print(f"FAIL {dt} d{d} s{s} h{h}/{hk} {name}: bitwise repeat {bitwise}, matches atomic {close}", flush=True)
         del a, again
     del ref
+    return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}"), ok
+
+
+def run_points(argv, pts, run, default_rounds):
+    """On a compute capability 9.0 GPU: run(*point, rounds) -> ({name: ms}, ok) for every point (--rounds N), each
+    printed as it ends, all written to --json FILE. Returns (rows of (point, ms, ok), all ok), or (None, False)
+    without such a GPU."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        print("needs a compute capability 9.0 GPU (the sm90 backward)")
+        return None, False
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else default_rounds
+    rows, all_ok = [], True
+    for pt in pts:
+        ms, ok = run(*pt, rounds)
+        all_ok &= ok
+        rows.append((pt, ms, ok))
+        print(pt, {k: round(v, 3) if v else v for k, v in ms.items()}, flush=True)
+    if "--json" in argv:
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump([dict(dtype=p[0], d=p[1], seqlen=p[2], batch=p[3], heads=p[4], kv_heads=p[5], ms=m, ok=ok)
+                       for p, m, ok in rows], f, indent=1)
+    return rows, all_ok
+
+
+def time_with_cudnn(fns, q, k, v, dout, rounds, label):
+    """{name: median ms per call} of the callables `fns` and SDPA cuDNN's causal backward on the same inputs (through
+    autograd, native GQA), timed in turn for `rounds` rounds, `CALLS` back-to-back calls per timing; `fns` is
+    consumed (its plans freed with it)."""
+    import torch
+
+    from ..harness import sdpa, time_ms, time_rounds
+
+    h, hk = q.shape[2], k.shape[2]
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     dot = dout.transpose(1, 2).contiguous()
     try:
         ot = sdpa("cudnn")(qt, kt, vt, True, None, hk != h)
         fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
     except RuntimeError as e:  # (a case cuDNN's SDPA backend refuses: no reference for this point)
-        print(f"sdpa cudnn refused {dt} d{d} s{s} h{h}/{hk}: {str(e)[:200]}", flush=True)
+        print(f"sdpa cudnn refused {label}: {str(e)[:200]}", flush=True)
     timer = lambda fn: time_ms(lambda: [fn() for _ in range(CALLS)], rep=5) / CALLS  # noqa: E731
     timed = time_rounds(fns, rounds, timer=timer)
-    del fns
+    fns.clear()
     torch.cuda.empty_cache()
-    return {name: ms for name, (ms, _) in timed.items()}, ok
+    return {name: ms for name, (ms, _) in timed.items()}
 
 
 def model(quick=False):
@@ -141,22 +181,9 @@ def main(argv):
         for (d, s, b, h, hk), fr in model("--quick" in argv):
             print(f"{d:>4} {s:>6} {b:>2} {f'{h}/{hk}':>6} | " + " ".join(f"{fr[n]:>8.2f}" for n, _ in VARIANTS[1:]))
         return 0
-    import torch
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        print("needs a compute capability 9.0 GPU (the sm90 backward)")
+    rows, all_ok = run_points(argv, points("--quick" in argv), run_point, default_rounds=2)
+    if rows is None:
         return 2
-    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
-    rows, all_ok = [], True
-    for pt in points("--quick" in argv):
-        ms, ok = run_point(*pt, rounds)
-        all_ok &= ok
-        rows.append((pt, ms, ok))
-        print(pt, {k: round(v, 3) if v else v for k, v in ms.items()}, flush=True)
-    if "--json" in argv:
-        with open(argv[argv.index("--json") + 1], "w") as f:
-            json.dump([dict(dtype=p[0], d=p[1], seqlen=p[2], batch=p[3], heads=p[4], kv_heads=p[5], ms=m, ok=ok)
-                       for p, m, ok in rows], f, indent=1)
     print("\ncausal backward, ms per call (atomic, cuDNN) and ordered's speed as a fraction of atomic's")
     print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'atomic':>7} {'cudnn':>7} | "
           + " ".join(f"{n:>8}" for n, _ in VARIANTS[1:]) + " | check")

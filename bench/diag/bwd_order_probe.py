@@ -1,0 +1,108 @@
+"""Diagnostic (GPU, compute capability 9.0): the Hopper backward's causal kernels in the launch's dispatch order
+(each head's KV tiles in turn) against the grouped orders (cuda_src/flash_bwd_sm90.cu, GROUP: the longest KV tiles
+first within groups of G (KV head, batch) pairs; cuflash._bwd_sm90.CAUSAL_GROUP), with SDPA's cuDNN backward, timed
+in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen, 2048 / d heads) and three GQA points
+(bench/diag/ordered_probe.py's):
+
+    python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--json FILE]
+    python -m bench.diag.bwd_order_probe --model      (CPU: bench/diag/bwd_grid_model.py's prediction, no GPU)
+
+Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly, 5
+back-to-back calls per timing (cuDNN through autograd the same way; bench/diag/ordered_probe.py: time_with_cudnn).
+Before timing, each grouped variant's gradients must match the launch order's to fp32 rounding (the additions into
+dQ come in another order); a failure prints FAIL and sets exit status 1. The table (last) gives ms and each variant's speed as a fraction of the launch order's
+(launch ms / variant ms); the model's prediction for the same points is printed beside it."""
+from __future__ import annotations
+
+import sys
+
+from .ordered_probe import points  # the FA2 grid's causal points and three GQA points
+
+GROUPS = (4, 8, 16)
+
+
+def predicted(d, s, b, h, hk, group):
+    """The model's launch-order makespan over the grouped one's (> 1: the grouped order predicted faster). GQA: the
+    model's blocks are (KV head, batch) pairs, each as long as its group of query heads (all alike)."""
+    from cuflash._configs import SM90_BWD_TILES
+
+    from .bwd_grid_model import overhead
+
+    bm = SM90_BWD_TILES[d].block_m
+    return overhead(s, hk, b, bm, True, "head-major") / overhead(s, hk, b, bm, True, f"tile-major/{group}")
+
+
+def _plan(views, group):
+    from cuflash import _bwd_sm90, backward as bwd_mod
+
+    old = _bwd_sm90.CAUSAL_GROUP
+    try:
+        _bwd_sm90.CAUSAL_GROUP = group
+        plan = bwd_mod._make_plan(*views, None, True, "atomic", False, None, "auto", None, backend="sm90")
+    finally:
+        _bwd_sm90.CAUSAL_GROUP = old
+    ptrs = tuple(a.ptr for a in views)
+    return lambda: plan.run(*ptrs)
+
+
+def run_point(dt, d, s, b, h, hk, rounds, groups):
+    import torch
+
+    from .ordered_probe import causal_problem, time_with_cudnn
+
+    q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk)
+    fns = {"launch": _plan(views, 0)}
+    fns.update({f"g{g}": _plan(views, g) for g in groups})
+    ok = True
+    ref = [x.float() for x in fns["launch"]()]
+    for g in groups:
+        a = fns[f"g{g}"]()
+        torch.cuda.synchronize()
+        close = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(a, ref))
+        if not close:
+            ok = False
+            print(f"FAIL {dt} d{d} s{s} h{h}/{hk} group {g}: gradients differ from the launch order's", flush=True)
+        del a
+    del ref
+    return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}"), ok
+
+
+def _groups(argv):
+    if "--groups" not in argv:
+        return GROUPS
+    gs = tuple(int(x) for x in argv[argv.index("--groups") + 1].split(",") if x)
+    if not gs or min(gs) < 1:
+        raise ValueError(f"--groups: a comma list of group sizes >= 1; got {gs!r}")
+    return gs
+
+
+def main(argv):
+    groups = _groups(argv)
+    if "--model" in argv:
+        print("model: the launch order's makespan / the grouped order's (> 1: grouped predicted faster)")
+        print(f"{'d':>4} {'seqlen':>6} {'b':>2} {'h/hk':>6} | " + " ".join(f"{f'g{g}':>6}" for g in groups))
+        for dt, d, s, b, h, hk in points("--quick" in argv):
+            if dt == "float16":
+                print(f"{d:>4} {s:>6} {b:>2} {f'{h}/{hk}':>6} | "
+                      + " ".join(f"{predicted(d, s, b, h, hk, g):>6.3f}" for g in groups))
+        return 0
+    from .ordered_probe import run_points
+
+    rows, all_ok = run_points(argv, points("--quick" in argv), lambda *a: run_point(*a, groups), default_rounds=3)
+    if rows is None:
+        return 2
+    print("\ncausal backward (atomic), ms per call (launch order, cuDNN) and each grouped order's speed as a fraction "
+          "of the launch order's, measured (model)")
+    print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'launch':>7} {'cudnn':>7} | "
+          + " ".join(f"{f'g{g}':>14}" for g in groups) + " | check")
+    for (dt, d, s, b, h, hk), ms, ok in rows:
+        a = ms.get("launch")
+        fr = " ".join(f"{a / ms[f'g{g}']:>6.3f} ({predicted(d, s, b, h, hk, g):>5.3f})"
+                      if a and ms.get(f"g{g}") else f"{'-':>14}" for g in groups)
+        cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
+        print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ctypes
 
-from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_GROUP, SM90_BWD_CAUSAL_ORDER,
-                       SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_spec, sm90_bwd_tile)
+from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER,
+                       SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_spec, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -75,18 +75,21 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 # The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
 # may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
-# The dispatch order of the causal "atomic" and "seqpar" kernels (cuflash._configs: SM90_BWD_CAUSAL_GROUP; a
-# diagnostic may set another group size here, and clear cuflash.backward._PLANS, to time it)
-CAUSAL_GROUP = SM90_BWD_CAUSAL_GROUP
+# The dispatch order of the causal "atomic" and "seqpar" kernels: None, cuflash._configs.sm90_bwd_causal_group's; a
+# diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
+CAUSAL_GROUP = None
 
 
-def main_launch(da, qa, ka, va, causal, mod, strategy=None):
+def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call; strategy:
-    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER)."""
+    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); seqlen_k: the keys per
+    sequence (None: packed sequences), which the dispatch order's choice reads (CAUSAL_GROUP)."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
-    group = CAUSAL_GROUP if causal and not mod and order == DQ_ORDER_PLAIN else 0
+    group = 0
+    if causal and not mod and order == DQ_ORDER_PLAIN:
+        group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),

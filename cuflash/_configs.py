@@ -467,10 +467,23 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 # The causal "atomic" / "seqpar" kernels' dispatch order (the kernel's GROUP): 0, the launch's (each head's KV tiles in
-# turn). bench/diag/bwd_grid_model.py predicts a tail of 6-7% at head dim 128 from 2k to 8k in that order and 0-1.6%
-# with the longest KV tiles first within groups of 8 (KV head, batch) pairs; bench/diag/bwd_order_probe.py times the
-# grouped kernels (compiled on request) against these.
-SM90_BWD_CAUSAL_GROUP = 0
+# turn), or the longest KV tiles first within groups of SM90_BWD_CAUSAL_GROUP (KV head, batch) pairs, which the host
+# takes at the head dims SM90_BWD_CAUSAL_GROUP_HEADDIMS up to SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K keys per sequence
+# (sm90_bwd_causal_group). bench/diag/bwd_order_probe.py timed groups of 4, 8 and 16 against the launch's order on
+# the FA2 grid's causal points (bench/NOTES.md, "Hopper backward"): groups of 4 +1-4% at head dim 128 from 2k to 8k
+# and +17% with GQA 16/2 at 4k; at 16k -0-3% (the group's Q and dO no longer share L2), at head dim 64 -5% to +3%.
+SM90_BWD_CAUSAL_GROUP = 4
+SM90_BWD_CAUSAL_GROUP_HEADDIMS = (128,)
+SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K = 8192
+
+
+def sm90_bwd_causal_group(headdim: int, seqlen_k: int | None) -> int:
+    """The GROUP of a causal "atomic" / "seqpar" call without modifiers: SM90_BWD_CAUSAL_GROUP at the kernel head dims
+    SM90_BWD_CAUSAL_GROUP_HEADDIMS and seqlen_k <= SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K, else 0 (seqlen_k None:
+    packed sequences, 0)."""
+    if seqlen_k is None or headdim not in SM90_BWD_CAUSAL_GROUP_HEADDIMS:
+        return 0
+    return SM90_BWD_CAUSAL_GROUP if seqlen_k <= SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K else 0
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
                   order: int = DQ_ORDER_PLAIN, group: int = 0) -> KernelSpec:
@@ -495,9 +508,12 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
 
 
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, and "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER)."""
+    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and the
+    grouped causal kernels (sm90_bwd_causal_group)."""
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
-            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS])
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
+            [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
+             for d in SM90_BWD_HEADDIMS if d in SM90_BWD_CAUSAL_GROUP_HEADDIMS and SM90_BWD_CAUSAL_GROUP])
 
 
 @dataclass(frozen=True)
@@ -1004,6 +1020,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
                         t90 = sm90_bwd_tile(d)
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
+                        if c and not m and sm90_bwd_causal_group(d, 0):  # the grouped order of shorter sequences
+                            out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),

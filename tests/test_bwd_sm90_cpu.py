@@ -83,8 +83,12 @@ for name, kw in (("atomic", {}), ("seqpar", dict(dq_strategy="seqpar")), ("order
     res["group " + name] = rec[1][0]
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
 res["group non-causal"] = rec[1][0]
-_bwd_sm90.CAUSAL_GROUP = _configs.SM90_BWD_CAUSAL_GROUP
+_bwd_sm90.CAUSAL_GROUP = None  # the default choice: by head dim and keys per sequence
 bwd_mod._PLANS.clear()
+for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 2, 128)),
+                    ("longest grouped", (1, 64, 8192, 2, 2, 128))):
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
+    res["default " + name] = rec[1][0]
 """
 
 
@@ -116,7 +120,7 @@ def test_auto_takes_the_sm90_backward_where_it_can(res, d, causal, dt):
     threads = rows * kd // 4 // _configs.BWD_CONVERT_SLOTS
     assert rec[2][1] == [-(-threads // _configs.BWD_CONVERT_THREADS), 1, 1]
     if d > _configs.SM80_ONLY_MAX_HEADDIM and kd in _configs.SM90_BWD_HEADDIMS:
-        spec = _configs.sm90_bwd_spec(dt, kd, causal)
+        spec = _configs.sm90_bwd_spec(dt, kd, causal, group=_configs.sm90_bwd_causal_group(kd, 777) if causal else 0)
         assert rec[1][0] == spec.name
         assert rec[1][1] == [-(-777 // 128), 2, 2]  # (KV tiles of 128 keys, KV heads, batch)
         assert rec[2][0] == _configs.bwd_convert_spec(dt, kd, causal, 128).name
@@ -266,9 +270,10 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
     assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][1] == [-(-777 // 128), 2, 2]
-    # the other strategies and the non-causal "ordered" keep the plain kernel
+    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic": the default group's)
     assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
-    assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
+    assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True,
+                                                                group=_configs.sm90_bwd_causal_group(128, 777)).name
     with pytest.raises(ValueError, match="order"):
         _configs.sm90_bwd_spec("float16", 128, False, order=_configs.DQ_ORDER_KV_DESC)
 
@@ -329,9 +334,10 @@ def test_grouped_dispatch_order(grid, group):
 
 
 def test_group_kernels(res):
-    """The grouped dispatch order is compiled on request for the causal kernels of "atomic" and "seqpar" only; the
-    host takes it there when CAUSAL_GROUP is set, and keeps "ordered" (its own order), the modifiers and the
-    non-causal kernels; the default (SM90_BWD_CAUSAL_GROUP = 0) names the kernels as before."""
+    """The grouped dispatch order is taken by the causal kernels of "atomic" and "seqpar" only; the host takes it there
+    when CAUSAL_GROUP is set, and keeps "ordered" (its own order), the modifiers and the non-causal kernels; by
+    default (CAUSAL_GROUP None) at the head dims SM90_BWD_CAUSAL_GROUP_HEADDIMS up to
+    SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K keys, the launch's order elsewhere."""
     spec = _configs.sm90_bwd_spec("float16", 128, True, group=8)
     assert spec.name.endswith(", 0, 0, 8>") and spec.name != _configs.sm90_bwd_spec("float16", 128, True).name
     for causal, kw in ((False, {}), (True, dict(order=_configs.DQ_ORDER_KV_DESC)), (True, dict(group=-1))):
@@ -342,8 +348,28 @@ def test_group_kernels(res):
     assert res["group ordered"] == ordered.name
     assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False).name
     assert "bwd_sm90" in res["group window"] and not res["group window"].endswith(", 8>")
-    assert _configs.SM90_BWD_CAUSAL_GROUP == 0
-    assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True).name
+    g = _configs.SM90_BWD_CAUSAL_GROUP
+    assert g > 1 and 128 in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS and 64 not in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS
+    grouped = _configs.sm90_bwd_spec("float16", 128, True, group=g).name
+    assert res["atomic causal"][1][0] == res["default longest grouped"] == grouped
+    assert res["default long"] == _configs.sm90_bwd_spec("float16", 128, True).name
+    assert res["default d64"] == _configs.sm90_bwd_spec("float16", 64, True).name
+
+
+def test_default_group_rule():
+    """sm90_bwd_causal_group: the group at the listed head dims up to the key limit, 0 past it, at other head dims
+    and for packed sequences (seqlen_k None); the grouped kernels are among the precompiled ones."""
+    lim = _configs.SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K
+    for d in _configs.SM90_BWD_HEADDIMS:
+        on = d in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS
+        assert _configs.sm90_bwd_causal_group(d, 1) == _configs.sm90_bwd_causal_group(d, lim) == (
+            _configs.SM90_BWD_CAUSAL_GROUP if on else 0)
+        assert _configs.sm90_bwd_causal_group(d, lim + 1) == _configs.sm90_bwd_causal_group(d, None) == 0
+        for dt in _configs.DTYPES:
+            names = {s.name for s in _configs.sm90_bwd_specs()}
+            models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}
+            grouped = _configs.sm90_bwd_spec(dt, d, True, group=_configs.SM90_BWD_CAUSAL_GROUP).name
+            assert (grouped in names) == (grouped in models) == on
 
 
 def test_group_kernels_compile():

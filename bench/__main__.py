@@ -12,7 +12,9 @@
     python -m bench junit DIR/tests.jsonl DIR/gpu-tests.xml        # the JUnit XML of a GPU-test run that was stopped
 
 Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds, and for
-the decode grid (suite decode) --kv-heads, --batches, --cache-lens, so that its 42 cases can be run in parts."""
+the decode grid (suite decode) --kv-heads, --batches, --cache-lens, so that its 42 cases can be run in parts, and
+--calls (backward suites: calls per event pair, back to back; bwd90 --calls 5 times the backward as a training
+loop calls it, without autograd's hand-off before each single call)."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +51,8 @@ def parser():
     ap.add_argument("--kv-heads", type=_ints, default=None, help="decode grid: comma list of KV head counts, e.g. 8,1")
     ap.add_argument("--batches", type=_ints, default=None, help="decode grid: comma list of batch sizes")
     ap.add_argument("--cache-lens", type=_ints, default=None, help="decode grid: comma list of cache lengths")
+    ap.add_argument("--calls", type=int, default=None,
+                    help="backward suites: calls per event pair (back to back; bwd, bwd90: default 1, bwd_loop: 10)")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="minutes for the whole run (with 'all': precompile and tests included; the GPU tests are "
                          "stopped there, their XML written from what ran): a suite whose rough time (python -m bench "
@@ -68,7 +72,7 @@ def main(argv=None):
         print(suites.listing())
         return 0
     options = dict(seqlens=args.seqlens, dtypes=args.dtypes, headdims=args.headdims, rounds=args.rounds,
-                   kv_heads=args.kv_heads, batches=args.batches, cache_lens=args.cache_lens)
+                   kv_heads=args.kv_heads, batches=args.batches, cache_lens=args.cache_lens, calls=args.calls)
     if args.command == "all":
         run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs,
                     args.time_limit)

@@ -45,12 +45,25 @@ def _grad_fn(out, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
+def _timing(calls):
+    """time_rounds' keywords for `calls` backward calls per event pair (bwd): rep=10 single calls, or max(3, 10 //
+    calls) timings of `calls` back-to-back calls each, divided by `calls`."""
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be an int >= 1; got {calls!r}")
+    if calls == 1:
+        return dict(rep=10)
+    return dict(timer=lambda fn: time_ms(lambda: [fn() for _ in range(calls)], rep=max(3, 10 // calls)) / calls)
+
+
 def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop"),
-        rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",)):
+        rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",), calls=1):
     """rounds > 1: the strategies and the SDPA `providers` timed in turn `rounds` times per point, the median per
     provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid). backends: the cuflash kernel paths timed
     ("sm80": the mma.sync backward; "sm90": the Hopper backward, where it runs the head dim and strategy: each
-    record's `backend`); the strategies other than "atomic" only in `strategies_dtypes` and on the first backend."""
+    record's `backend`); the strategies other than "atomic" only in `strategies_dtypes` and on the first backend.
+    calls: backward calls per event pair (1: single calls, each carrying autograd's hand-off before its first kernel;
+    > 1: back to back, the hand-off under the previous call's kernels as in training, ms per call; records then
+    carry `calls`), max(3, 10 // calls) timings per provider and round."""
     import torch
 
     import cuflash
@@ -90,10 +103,12 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                     except RuntimeError as e:
                         fns[prov] = None
                         print(f"sdpa {prov} bwd failed: {e}")
-                timed = time_rounds({n: f for n, f in fns.items() if f is not None}, rounds, rep=10)
+                timed = time_rounds({n: f for n, f in fns.items() if f is not None}, rounds, **_timing(calls))
                 for name in fns:
                     ms, per = timed.get(name, (None, []))
                     extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
+                    if calls > 1:
+                        extra["calls"] = calls
                     if name in providers:
                         recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **extra))
                     else:

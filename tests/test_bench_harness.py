@@ -196,6 +196,37 @@ def test_decode_grid_options_reach_the_decode_suite(monkeypatch, tmp_path):
     assert got == {"batches": (64,), "cache_lens": (1024, 4096), "kv_heads": (8, 1), "rounds": 3}
 
 
+def test_calls_option_reaches_the_backward_suites(monkeypatch, tmp_path):
+    """python -m bench bwd90 --calls 5: the backward suite times 5 back-to-back calls per event pair (ms per call,
+    max(3, 10 // calls) timings); without it single calls, 10 timings; a bad count is refused."""
+    import inspect
+
+    import bench.__main__ as bm
+    from bench import bench_bwd, run
+
+    assert "calls" in inspect.signature(bench_bwd.bwd).parameters
+    got = {}
+
+    def fake(seqlens=(1,), rounds=3, calls=1, **defaults):  # (the suite's other defaults)
+        got.update(calls=calls, rounds=rounds)
+        return []
+
+    monkeypatch.setattr(suites.Suite, "resolve", lambda self: fake)
+    monkeypatch.setattr(run, "write_report", lambda *a, **k: None)
+    monkeypatch.setattr("bench.harness.header", lambda: {})
+    assert bm.main(["bwd90", "--out", str(tmp_path), "--calls", "5"]) == 0
+    assert got == {"calls": 5, "rounds": 3}
+    assert bench_bwd._timing(1) == {"rep": 10}
+    seen = []
+    monkeypatch.setattr(bench_bwd, "time_ms", lambda fn, rep: (seen.append(rep), fn(), 10.0)[2])
+    n = []
+    timer = bench_bwd._timing(5)["timer"]
+    assert timer(lambda: n.append(1)) == 2.0 and len(n) == 5 and seen == [3]
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="calls"):
+            bench_bwd._timing(bad)
+
+
 def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     from bench import run
 

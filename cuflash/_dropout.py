@@ -165,6 +165,59 @@ def keep_mask(like, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, p: fl
     return mask
 
 
+def _signed_probs(xp, q, k, lse, keep, scale, causal, window_size, softcap, slopes):
+    """float32 [n, h, sq, sk] of the array module xp (CuPy; NumPy in the CPU tests): exp(scores - lse) of q [n, h,
+    sq, d], k [n, h, sk, d] (float32, K/V heads repeated), lse [n, h, sq, 1] (-inf: a row that sees no key, all 0),
+    negated where keep [n, h, sq, sk] is 0; slopes float32 (1 or n, h) or None; the mask bottom-right aligned
+    (offset sk - sq)."""
+    sq, sk = q.shape[2], k.shape[2]
+    s = xp.matmul(q, k.transpose(0, 1, 3, 2)) * scale
+    if softcap:
+        s = softcap * xp.tanh(s / softcap)
+    dist = xp.arange(sq)[:, None] + (sk - sq) - xp.arange(sk)[None, :]  # >= 0 left of the diagonal
+    if slopes is not None:
+        s = s - slopes[:, :, None, None] * xp.abs(dist).astype(xp.float32)
+    left, right = window_size
+    if causal:
+        right = 0
+    hidden = xp.zeros((sq, sk), dtype=bool)
+    if right >= 0:
+        hidden |= dist < -right
+    if left >= 0:
+        hidden |= dist > left
+    s = xp.where(hidden, -xp.inf, s)
+    dead = xp.isinf(lse)
+    probs = xp.where(dead, 0.0, xp.exp(s - xp.where(dead, 0.0, lse)))
+    return xp.where(keep.astype(bool), probs, -probs).astype(xp.float32)
+
+
+def _float32_cupy(a):
+    """A validated view's array as float32 CuPy (torch converts first: CuPy has no bfloat16)."""
+    import cupy
+
+    if a.kind == TORCH:
+        return cupy.from_dlpack(a.obj.detach().float())
+    return a.obj.astype("float32")
+
+
+def _lse_cupy(lse, kind):
+    import cupy
+
+    return cupy.from_dlpack(lse.detach() if kind == TORCH else lse)
+
+
+def _slopes_cupy(alibi_slopes, h):
+    import cupy
+
+    if alibi_slopes is None:
+        return None
+    return cupy.from_dlpack(alibi_slopes).astype(cupy.float32).reshape(-1, h)  # (1 or batch, h)
+
+
+def _as_kind(probs, kind):
+    return sys.modules["torch"].from_dlpack(probs) if kind == TORCH else probs
+
+
 def attention_probs(qa, ka, lse, softmax_scale, causal, window_size, softcap, alibi_slopes, p, rng_state):
     """flash-attn's S_dmask of a dropout call (return_attn_probs=True): the softmax probabilities P = exp(scores -
     LSE) of every (batch, head, query, key), float32 [batch, nheads, seqlen_q, seqlen_k] of q's kind, negated where
@@ -179,38 +232,78 @@ def attention_probs(qa, ka, lse, softmax_scale, causal, window_size, softcap, al
     sk, hk = ka.shape[1], ka.shape[2]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     keep = keep_mask(qa, b, h, sq, sk, p, rng_state)
-    if qa.kind == TORCH:  # to float32 in torch first (CuPy has no bfloat16)
-        q32, k32 = qa.obj.detach().float(), ka.obj.detach().float()
-    else:
-        q32, k32 = qa.obj.astype("float32"), ka.obj.astype("float32")
     with _interop.device_guard(qa.device), cupy.cuda.ExternalStream(_interop.current_stream(qa)):
-        q = cupy.from_dlpack(q32).transpose(0, 2, 1, 3)
-        k = cupy.from_dlpack(k32).transpose(0, 2, 1, 3)
-        k = cupy.repeat(k, h // hk, axis=1)
-        s = cupy.matmul(q, k.transpose(0, 1, 3, 2)) * scale
-        if softcap:
-            s = softcap * cupy.tanh(s / softcap)
-        i = cupy.arange(sq)[:, None]
-        j = cupy.arange(sk)[None, :]
-        dist = i + (sk - sq) - j  # >= 0 left of the diagonal
-        if alibi_slopes is not None:
-            slopes = cupy.from_dlpack(alibi_slopes).astype(cupy.float32).reshape(-1, h)  # (1 or b, h)
-            s = s - slopes[:, :, None, None] * cupy.abs(dist).astype(cupy.float32)
-        left, right = window_size
-        if causal:
-            right = 0
-        hidden = cupy.zeros((sq, sk), dtype=bool)
-        if right >= 0:
-            hidden |= dist < -right
-        if left >= 0:
-            hidden |= dist > left
-        s = cupy.where(hidden, -cupy.inf, s)
-        lse_c = cupy.from_dlpack(lse.detach() if qa.kind == TORCH else lse)[:, :, :, None]
-        probs = cupy.where(cupy.isinf(lse_c), 0.0, cupy.exp(s - cupy.where(cupy.isinf(lse_c), 0.0, lse_c)))
-        probs = cupy.where(cupy.from_dlpack(keep).astype(bool), probs, -probs).astype(cupy.float32)
-    if qa.kind == TORCH:
-        return sys.modules["torch"].from_dlpack(probs)
-    return probs
+        q = _float32_cupy(qa).transpose(0, 2, 1, 3)
+        k = cupy.repeat(_float32_cupy(ka).transpose(0, 2, 1, 3), h // hk, axis=1)
+        probs = _signed_probs(cupy, q, k, _lse_cupy(lse, qa.kind)[:, :, :, None], cupy.from_dlpack(keep), scale,
+                              causal, window_size, softcap, _slopes_cupy(alibi_slopes, h))
+    return _as_kind(probs, qa.kind)
+
+
+def varlen_probs_layout(packed, max_seqlen_q, max_seqlen_k):
+    """(cu_seqlens_q, cu_seqlens_k as int64 NumPy arrays, max_seqlen_q, max_seqlen_k as ints) of a packed call that
+    returns S_dmask, read on the host (a synchronisation; 0-dim max_seqlen arrays too) before anything is launched;
+    a max_seqlen shorter than a sequence is a ValueError (S_dmask is laid out by it)."""
+    import cupy
+
+    from . import _interop
+
+    a = packed.cu_q
+    with _interop.device_guard(a.device), cupy.cuda.ExternalStream(_interop.current_stream(a)):
+        cq = cupy.asnumpy(cupy.from_dlpack(a.obj)).astype(np.int64)
+        ck = cupy.asnumpy(cupy.from_dlpack(packed.cu_k.obj)).astype(np.int64)
+    mq = int(max_seqlen_q) if packed.max_q is None else packed.max_q
+    mk = int(max_seqlen_k) if packed.max_k is None else packed.max_k
+    for name, m, lens in (("max_seqlen_q", mq, np.diff(cq)), ("max_seqlen_k", mk, np.diff(ck))):
+        if lens.size and int(lens.max()) > m:
+            raise ValueError(f"{name} ({m}) is shorter than the longest sequence ({int(lens.max())}); the "
+                             "probabilities of return_attn_probs are laid out by it")
+    return cq, ck, mq, mk
+
+
+def _varlen_probs(xp, q, k, lse, keep, layout, scale, causal, window_size, softcap, slopes):
+    """attention_probs_varlen's array (module xp: CuPy; NumPy in the CPU tests): q [h, total_q, d], k [h, total_k,
+    d] float32 (K/V heads repeated), lse [h, total_q], keep [batch, h, max_seqlen_q, max_seqlen_k], layout:
+    varlen_probs_layout's; slopes float32 (1 or batch, h) or None."""
+    cq, ck, mq, mk = layout
+    batch, h = len(cq) - 1, q.shape[0]
+    out = xp.zeros((batch, h, mq, mk), dtype=xp.float32)
+    for b in range(batch):
+        sq, sk = int(cq[b + 1] - cq[b]), int(ck[b + 1] - ck[b])
+        if sq == 0 or sk == 0:
+            continue
+        sl = None if slopes is None else slopes[b if slopes.shape[0] > 1 else 0][None]
+        out[b, :, :sq, :sk] = _signed_probs(xp, q[None, :, cq[b]:cq[b + 1]], k[None, :, ck[b]:ck[b + 1]],
+                                            lse[None, :, cq[b]:cq[b + 1], None], keep[b:b + 1, :, :sq, :sk], scale,
+                                            causal, window_size, softcap, sl)[0]
+    return out
+
+
+def attention_probs_varlen(qa, ka, lse, packed, layout, softmax_scale, causal, window_size, softcap, alibi_slopes, p,
+                           rng_state):
+    """S_dmask of a packed dropout call (flash_attn_varlen_func with return_attn_probs=True): float32 [batch,
+    nheads, max_seqlen_q, max_seqlen_k] of q's kind, sequence b's probabilities in [b, :, :len_q(b), :len_k(b)]
+    (attention_probs' rule per sequence: the mask bottom-right aligned to each sequence, dropped ones negated),
+    zeros past them. qa [total_q, nheads, headdim], ka [total_k, nheads_k, headdim] views; lse [nheads, total_q];
+    packed: the call's cuflash._varlen.Packed; layout: varlen_probs_layout's. The kernels drop element (sequence b,
+    head, local row i, local key j) by the counter of (b nheads + head, i, j), so the keep mask of a [batch, nheads,
+    max_seqlen_q, max_seqlen_k] call holds every sequence's. Materialises max_seqlen_q x max_seqlen_k per
+    (sequence, head): for tests and inspection."""
+    import cupy
+
+    from . import _interop
+
+    total_q, h, d = qa.shape
+    hk = ka.shape[1]
+    mq, mk = layout[2:]
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    with _interop.device_guard(qa.device), cupy.cuda.ExternalStream(_interop.current_stream(qa)):
+        keep = cupy.from_dlpack(keep_mask(qa, packed.batch, h, mq, mk, p, rng_state))
+        q = _float32_cupy(qa).transpose(1, 0, 2)  # [h, total_q, d]
+        k = cupy.repeat(_float32_cupy(ka).transpose(1, 0, 2), h // hk, axis=0)
+        out = _varlen_probs(cupy, q, k, _lse_cupy(lse, qa.kind), keep, layout, scale, causal, window_size, softcap,
+                            _slopes_cupy(alibi_slopes, h))
+    return _as_kind(out, qa.kind)
 
 
 def dropout_mask(q, k, dropout_p: float, rng_state) -> object:

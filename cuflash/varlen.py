@@ -47,9 +47,12 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
         dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic: as flash_attn_func's,
             applied per sequence (causal and the window aligned to each sequence's bottom-right corner;
             alibi_slopes (nheads,) or (batch, nheads)).
-        return_attn_probs: also return the LSE (float32 [nheads, total_q], flash-attn's varlen layout); the third
-            element is None (with dropout_p > 0 the probabilities are not implemented for packed sequences:
-            NotImplementedError).
+        return_attn_probs: also return the LSE (float32 [nheads, total_q], flash-attn's varlen layout) and, with
+            dropout, the probabilities: float32 [batch, nheads, max_seqlen_q, max_seqlen_k], sequence b's in
+            [b, :, :len_q(b), :len_k(b)] and negated where dropout dropped them, zeros past them (flash-attn's
+            S_dmask, without its rounding of the last two dims to multiples of 128), recomputed with CuPy from q, k
+            and the LSE after reading cu_seqlens on the host (a synchronisation): for tests and inspection.
+            Without dropout None.
         block_table: paged K/V (inference): k, v are then [num_pages, page_size, nheads_k, headdim] (page_size a
             multiple of 16) and block_table int32 [batch, max_pages]: sequence b's key r is row r % page_size of
             page block_table[b, r // page_size]. The pages are gathered into packed rows (one pass, room for
@@ -59,13 +62,13 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
         backend: the forward's kernels, as flash_attn_func's ("auto": the Hopper kernels on sm_90 where they apply).
 
     Returns:
-        out [total_q, nheads, headdim] like q; with return_attn_probs, (out, softmax_lse, None). Torch tensors that
-        require grad get a differentiable out (the backward: the packed V2 backward kernels).
+        out [total_q, nheads, headdim] like q; with return_attn_probs, (out, softmax_lse, S_dmask or None). Torch
+        tensors that require grad get a differentiable out (the backward: the packed V2 backward kernels).
 
     Raises (before anything is launched, naming the argument): TypeError, ValueError as flash_attn_func's, and for
         cu_seqlens of the wrong dtype, rank, length or layout, and max_seqlen that is neither an int nor a 0-dim
-        integer tensor, a bad block_table or page size; NotImplementedError for block_table with autograd, and
-        return_attn_probs with dropout.
+        integer tensor, a bad block_table or page size, and with return_attn_probs and dropout a max_seqlen shorter
+        than a sequence; NotImplementedError for block_table with autograd.
     """
     if _interop.compiling():
         from ._torch_ops import compiled_flash_attn_varlen
@@ -80,10 +83,12 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
         if _is_torch_grad(q, k, v):
             raise NotImplementedError(NO_PAGES_GRAD)
         k, v = gather_pages(q, k, v, block_table, cu_seqlens_k)
-    if return_attn_probs and dropout_p:
-        raise NotImplementedError("return_attn_probs with dropout_p > 0: the dropped probabilities (S_dmask) are not "
-                                  "implemented for packed sequences (flash_attn_func returns them)")
     q4, k4, v4, packed = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    layout = None
+    if return_attn_probs and dropout_p:  # S_dmask's layout: cu_seqlens read on the host, checked before any launch
+        from ._dropout import varlen_probs_layout
+
+        layout = varlen_probs_layout(packed, max_seqlen_q, max_seqlen_k)
     rng_state = None
     if dropout_p:
         from ._dropout import next_state
@@ -99,7 +104,16 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     else:
         out, lse, _ = varlen_forward(q4, k4, v4, packed, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                      dropout_p, rng_state, backend)
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p:
+        from ._dropout import attention_probs_varlen
+
+        probs = attention_probs_varlen(_interop.wrap(q, "q"), _interop.wrap(k, "k"), lse, packed, layout,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, float(dropout_p),
+                                       rng_state)
+    return out, lse, probs
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: Any, cu_seqlens: Any, max_seqlen: Any, dropout_p: float = 0.0,

@@ -120,3 +120,53 @@ def test_every_dropout_kernel_is_listed():
                         assert conv.name in names, conv.name
     with pytest.raises(ValueError, match="split"):
         _configs.fwd_spec("float16", 64, False, True, mod=_configs.MOD_SCORE_DROPOUT)
+
+
+@pytest.mark.parametrize("opts", [dict(causal=False, window_size=(-1, -1), softcap=0.0, alibi=False),
+                                  dict(causal=True, window_size=(-1, -1), softcap=0.0, alibi=False),
+                                  dict(causal=False, window_size=(9, 2), softcap=2.0, alibi=True)])
+def test_varlen_probs_assembly(opts):
+    """The packed S_dmask's assembly (_dropout._varlen_probs, run on NumPy here; CuPy on the GPU): sequence b's
+    probabilities at [b, :, :len_q(b), :len_k(b)] against the float64 softmax of that sequence alone (its mask
+    bottom-right aligned, ALiBi of its row of slopes), negated exactly where the NumPy Philox mask of (b nheads +
+    head, local i, local j) drops, zeros past each sequence and for empty ones."""
+    from cuflash import reference
+
+    rng = np.random.default_rng(5)
+    lens_q, lens_k, h, hk, d, p = (5, 0, 1, 19, 3), (7, 4, 1, 19, 0), 4, 2, 8, 0.3
+    cq, ck = np.concatenate([[0], np.cumsum(lens_q)]), np.concatenate([[0], np.cumsum(lens_k)])
+    mq, mk = 21, 19
+    q = rng.standard_normal((h, cq[-1], d)).astype(np.float32)
+    k = rng.standard_normal((hk, ck[-1], d)).astype(np.float32)
+    k_rep = np.repeat(k, h // hk, axis=0)
+    slopes = (rng.random((len(lens_q), h)) * 0.5).astype(np.float32) if opts["alibi"] else None
+    scale = d ** -0.5
+    keep = _dropout.keep_mask_reference(len(lens_q), h, mq, mk, p, 77, 12)
+    lse = np.full((h, cq[-1]), -np.inf, dtype=np.float32)
+    scores = {}
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        if sq == 0 or sk == 0:
+            continue
+        s, _ = reference._scores(q[None, :, cq[b]:cq[b + 1]].astype(np.float64),
+                                 k_rep[None, :, ck[b]:ck[b + 1]].astype(np.float64), scale, opts["causal"],
+                                 opts["window_size"], opts["softcap"], None if slopes is None else slopes[b])
+        m = s.max(-1, keepdims=True)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        l_b = np.where(np.isfinite(m), safe + np.log(np.exp(s - safe).sum(-1, keepdims=True)), -np.inf)[0, :, :, 0]
+        lse[:, cq[b]:cq[b + 1]] = l_b
+        scores[b] = np.nan_to_num(np.exp(s[0] - l_b[..., None]))
+    got = _dropout._varlen_probs(np, q, k_rep, lse, keep, (cq, ck, mq, mk), scale, opts["causal"],
+                                 opts["window_size"], opts["softcap"], slopes)
+    assert got.shape == (len(lens_q), h, mq, mk) and got.dtype == np.float32
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        assert not got[b, :, sq:].any() and not got[b, :, :, sk:].any()
+        if b not in scores:
+            assert not got[b].any()
+            continue
+        mine = got[b, :, :sq, :sk]
+        assert np.abs(np.abs(mine) - scores[b]).max() < 1e-5
+        nz = mine != 0
+        assert nz.any() and np.array_equal(~np.signbit(mine) & nz, keep[b, :, :sq, :sk] & nz)
+        for hh in range(h):  # the mask of (b nheads + head) at local positions: the kernels' counter
+            ref = _dropout.random16_reference(b * h + hh, sq, sk, 77, 12) < _dropout.keep_threshold(p)
+            assert np.array_equal(keep[b, hh, :sq, :sk], ref)

@@ -171,6 +171,73 @@ def test_dropout(d, opt):
     check(q, k, v, LENS_Q, LENS_K, dropout_p=0.17, **kw)
 
 
+@pytest.mark.parametrize("opt", ["plain", "causal", "window-softcap-alibi", "max-as-tensor"])
+def test_dropout_probs(opt):
+    """return_attn_probs with dropout on packed sequences: S_dmask float32 [batch, nheads, max_seqlen_q,
+    max_seqlen_k], each sequence's probabilities at its local positions (the mask bottom-right aligned per
+    sequence; magnitudes against the float64 softmax), negative exactly where the kernels' keep mask of (sequence
+    b nheads + head, local i, local j) drops (keep_of, which test_dropout's gradients tie to the kernels), zeros
+    past each sequence; empty sequences all zeros; the LSE and the output as without it."""
+    import torch
+
+    h, hk, d, p = 4, 2, 64, 0.17
+    q, k, v = packed_inputs(LENS_Q, LENS_K, h, hk, d, "float16", requires_grad=opt == "causal")
+    scale = d ** -0.5
+    kw = dict(plain={}, causal=dict(causal=True), **{"max-as-tensor": {}},
+              **{"window-softcap-alibi": dict(window_size=(40, 3), softcap=3.0,
+                                              alibi_slopes=torch.rand(len(LENS_Q), h, device="cuda") * 0.3)})[opt]
+    mq, mk = max(LENS_Q) + 3, max(LENS_K)
+    if opt == "max-as-tensor":
+        mq, mk = torch.tensor(mq, dtype=torch.int32, device="cuda"), torch.tensor(mk, dtype=torch.int32, device="cuda")
+    w = torch.cuda.default_generators[torch.cuda.current_device()].get_state().view(torch.int64)
+    state = (int(w[0]) & ((1 << 64) - 1), int(w[1]))
+    out, lse, probs = cuflash.flash_attn_varlen_func(q, k, v, cu_of(LENS_Q), cu_of(LENS_K), mq, mk, p,
+                                                     return_attn_probs=True, **kw)
+    assert probs.dtype == torch.float32 and probs.shape == (len(LENS_Q), h, max(LENS_Q) + 3, max(LENS_K))
+    assert lse.shape == (h, sum(LENS_Q)) and not torch.isnan(probs).any()
+    got = probs.cpu().numpy()
+    cq, ck = np.concatenate([[0], np.cumsum(LENS_Q)]), np.concatenate([[0], np.cumsum(LENS_K)])
+    alibi = kw.get("alibi_slopes")
+    for b, (sq, sk) in enumerate(zip(LENS_Q, LENS_K)):
+        seq = got[b]
+        assert not seq[:, sq:].any() and not seq[:, :, sk:].any(), "zeros past the sequence"
+        if sq == 0 or sk == 0:
+            continue
+        an = None if alibi is None else alibi[b].double().cpu().numpy()
+        s, _ = reference._scores(reference._bhsd(to_np(q[cq[b]:cq[b + 1]])[None]),
+                                 np.repeat(reference._bhsd(to_np(k[ck[b]:ck[b + 1]])[None]), h // hk, 1), scale,
+                                 kw.get("causal", False), kw.get("window_size", (-1, -1)), kw.get("softcap", 0.0), an)
+        m = s.max(-1, keepdims=True)
+        lse_ref = np.where(np.isfinite(m), m + np.log(np.exp(s - np.where(np.isfinite(m), m, 0)).sum(-1,
+                                                                                                      keepdims=True)),
+                           -np.inf)[0]
+        ref_p = np.nan_to_num(np.exp(s[0] - lse_ref))
+        mine = seq[:, :sq, :sk]
+        assert np.abs(np.abs(mine) - ref_p).max() < 2e-3, (b, np.abs(np.abs(mine) - ref_p).max())
+        keep = np.stack([keep_of(b, h, hh, sq, sk, p, state) for hh in range(h)])
+        nz = mine != 0
+        assert np.array_equal((~np.signbit(mine)) & nz, keep & nz), f"sequence {b}: negative exactly where dropped"
+        assert nz.any()
+    if opt == "causal":  # the backward of the same call drops what S_dmask marks (the gradient rule of check())
+        dout = torch.randn_like(out)
+        ref, low = per_sequence(q, k, v, dout, LENS_Q, LENS_K, scale, True, (-1, -1), 0.0, None, (p, state))
+        for n, x in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout)):
+            assert_close_to_ref(n, x, low[n], ref[n], 3.0)
+
+
+def test_dropout_probs_refuse_a_short_max_seqlen():
+    """S_dmask is laid out by max_seqlen: one shorter than a sequence is a ValueError before any launch (the
+    generator not advanced)."""
+    import torch
+
+    q, k, v = packed_inputs(LENS_Q, LENS_K, 2, 2, 64, "float16", requires_grad=False)
+    before = torch.cuda.get_rng_state()
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        cuflash.flash_attn_varlen_func(q, k, v, cu_of(LENS_Q), cu_of(LENS_K), 100, max(LENS_K), 0.1,
+                                       return_attn_probs=True)
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("strategy", [("atomic", False, False), ("seqpar", True, False), ("loop", True, False),
                                       (None, True, True), (None, False, True)])

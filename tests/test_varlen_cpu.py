@@ -53,8 +53,6 @@ res["errors"] = {
     "bt_batch": err(lambda: cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 1, 1, block_table=T((3, 2), torch.int32))),
     "bt_dtype": err(lambda: cuflash.flash_attn_varlen_func(q, kp, vp, cq, ck, 1, 1,
                                                            block_table=T((4, 2), torch.float32))),
-    "probs": err(lambda: cuflash.flash_attn_varlen_func(q, k, v, cq, ck, 1, 1, dropout_p=0.1,
-                                                        return_attn_probs=True)),
     "heads": err(lambda: cuflash.flash_attn_varlen_func(q, T((tk, 3, 64), torch.float16), T((tk, 3, 64),
                                                         torch.float16), cq, ck, 1, 1)),
     "seqpar_tensor": err(lambda: cuflash.flash_attn_varlen_backward(do, q, k, v, o3, lse, cq, ck, mq, mq,
@@ -135,7 +133,7 @@ def test_backward_launches(host, strategy):
     ("max", "TypeError", ["max_seqlen_q"]), ("max_neg", "ValueError", ["max_seqlen_q"]),
     ("pages", "ValueError", ["k must have 4 dimensions", "block_table"]),
     ("page_size", "ValueError", ["page size", "multiple of 16"]), ("bt_batch", "ValueError", ["block_table", "(4,"]),
-    ("bt_dtype", "TypeError", ["block_table must be int32"]), ("probs", "NotImplementedError", ["return_attn_probs"]),
+    ("bt_dtype", "TypeError", ["block_table must be int32"]),
     ("heads", "ValueError", ["heads"]), ("seqpar_tensor", "ValueError", ["seqpar", "max_seqlen_k"]),
     ("lse_shape", "ValueError", ["softmax_lse"])])
 def test_errors_name_the_argument(host, tag, exc, words):

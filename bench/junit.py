@@ -119,6 +119,16 @@ def stream_to_junit(stream, xml_path, note: str | None = None) -> dict:
     return counts
 
 
+def complete_xml(xml_path, stream) -> bool:
+    """Whether pytest's own --junitxml at `xml_path` was written whole for every test of the stream (a run stopped
+    after pytest wrote it, while the interpreter was still exiting): it parses and holds as many test cases."""
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError):
+        return False
+    return sum(1 for _ in root.iter("testcase")) == len(results(read_stream(stream)))
+
+
 def summary(counts: dict) -> str:
     return (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
             f"{counts['skipped']} skipped ({counts['tests']} tests)")

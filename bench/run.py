@@ -38,7 +38,8 @@ def gpu_tests(out_dir, paths="tests", deadline=None):
     """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log, and
     each test's outcome the moment it is known in tests.jsonl (the plugin bench/junit.py). deadline (time.time()
     seconds; None: none) or SIGTERM: pytest is stopped, and gpu-tests.xml is written from tests.jsonl with a note saying
-    so; the same when pytest ends without writing its XML. Returns pytest's exit status, or "stopped"."""
+    so (unless pytest had already written its own XML for every test: kept, the stop noted in tests.log); the same
+    when pytest ends without writing its XML. Returns pytest's exit status, or "stopped"."""
     from . import junit
 
     t0 = time.time()
@@ -71,7 +72,10 @@ def gpu_tests(out_dir, paths="tests", deadline=None):
                 rc = "stopped"
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if stopped or not os.path.isfile(xml):
+    if stopped and os.path.isfile(xml) and os.path.isfile(stream) and junit.complete_xml(xml, stream):
+        with open(log_path, "a") as log:  # pytest had ended its run and written the XML: kept
+            log.write(f"\n{stopped}, after pytest had written {xml} for every test: kept\n")
+    elif stopped or not os.path.isfile(xml):
         note = stopped or f"pytest exited with status {rc} without writing its XML"
         counts = junit.stream_to_junit(stream, xml, note) if os.path.isfile(stream) else None
         line = f"{note}; {xml} written from {stream}: {junit.summary(counts)}" if counts else f"{note}; no test ran"

@@ -120,3 +120,18 @@ def test_gpu_tests_stopped_at_the_deadline(tmp_path):
     log = (out / "tests.log").read_text()
     assert "stopped by the time limit" in log and "3 passed, 1 failed, 1 errors, 2 skipped (7 tests)" in log
     assert os.path.getsize(out / "tests.jsonl") > 0
+
+
+def test_gpu_tests_stopped_after_pytest_wrote_its_xml(tmp_path):
+    """A deadline that falls after pytest wrote its XML (the interpreter still exiting: here a conftest that sleeps in
+    pytest_unconfigure) keeps pytest's own XML, every test in it, and notes the stop in tests.log."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "conftest.py").write_text("import time\n\ndef pytest_unconfigure(config):\n    time.sleep(60)\n")
+    t0 = time.time()
+    rc = run.gpu_tests(str(out), _write_tests(tmp_path, 0), deadline=t0 + 12)
+    assert rc == "stopped" and time.time() - t0 < 40
+    suite, cases, props = _cases(str(out / "gpu-tests.xml"))
+    assert "note" not in props and len(cases) == 8 and cases[("test_sample", "test_zz_slow")] == "passed"
+    log = (out / "tests.log").read_text()
+    assert "after pytest had written" in log and "kept" in log

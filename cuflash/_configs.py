@@ -477,13 +477,20 @@ SM90_BWD_CAUSAL_GROUP_HEADDIMS = (128,)
 SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K = 8192
 
 
+def sm90_bwd_grouped_headdim(headdim: int) -> bool:
+    """Whether the causal kernels of this kernel head dim take the grouped order (so have a grouped kernel to
+    compile)."""
+    return SM90_BWD_CAUSAL_GROUP > 0 and headdim in SM90_BWD_CAUSAL_GROUP_HEADDIMS
+
+
 def sm90_bwd_causal_group(headdim: int, seqlen_k: int | None) -> int:
     """The GROUP of a causal "atomic" / "seqpar" call without modifiers: SM90_BWD_CAUSAL_GROUP at the kernel head dims
     SM90_BWD_CAUSAL_GROUP_HEADDIMS and seqlen_k <= SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K, else 0 (seqlen_k None:
     packed sequences, 0)."""
-    if seqlen_k is None or headdim not in SM90_BWD_CAUSAL_GROUP_HEADDIMS:
+    if seqlen_k is None or not sm90_bwd_grouped_headdim(headdim):
         return 0
     return SM90_BWD_CAUSAL_GROUP if seqlen_k <= SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K else 0
+
 
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
                   order: int = DQ_ORDER_PLAIN, group: int = 0) -> KernelSpec:
@@ -513,7 +520,7 @@ def sm90_bwd_specs():
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
-             for d in SM90_BWD_HEADDIMS if d in SM90_BWD_CAUSAL_GROUP_HEADDIMS and SM90_BWD_CAUSAL_GROUP])
+             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)])
 
 
 @dataclass(frozen=True)
@@ -1020,7 +1027,7 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
                         t90 = sm90_bwd_tile(d)
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
-                        if c and not m and sm90_bwd_causal_group(d, 0):  # the grouped order of shorter sequences
+                        if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences)
                             out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)

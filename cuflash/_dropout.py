@@ -293,7 +293,7 @@ def attention_probs_varlen(qa, ka, lse, packed, layout, softmax_scale, causal, w
 
     from . import _interop
 
-    total_q, h, d = qa.shape
+    _, h, d = qa.shape
     hk = ka.shape[1]
     mq, mk = layout[2:]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)

@@ -178,7 +178,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                           packed, "sm80")
     if path == "sm90":
         main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                                 sk if packed is None else None)
+                                                         sk if packed is None else None)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 
 from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
-from .harness import SDPA_PROVIDERS, record, sdpa, time_ms, time_rounds
+from .harness import SDPA_PROVIDERS, record, sdpa, time_ms, time_queued_ms, time_rounds
 
 
 def _inputs(b, s, h, d, dt):
@@ -45,25 +45,32 @@ def _grad_fn(out, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
-def _timing(calls):
+def _timing(calls, queued=False):
     """time_rounds' keywords for `calls` backward calls per event pair (bwd): rep=10 single calls, or max(3, 10 //
-    calls) timings of `calls` back-to-back calls each, divided by `calls`."""
+    calls) timings of `calls` back-to-back calls each, divided by `calls`; queued: 10 single calls each queued behind
+    a spin kernel (harness.time_queued_ms: the GPU time, no host hand-off)."""
     if not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be an int >= 1; got {calls!r}")
+    if queued:
+        if calls != 1:
+            raise ValueError(f"queued timing is of single calls; got calls={calls}")
+        return dict(timer=lambda fn: time_queued_ms(fn, rep=10))
     if calls == 1:
         return dict(rep=10)
     return dict(timer=lambda fn: time_ms(lambda: [fn() for _ in range(calls)], rep=max(3, 10 // calls)) / calls)
 
 
 def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop"),
-        rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",), calls=1):
+        rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",), calls=1,
+        queued=False):
     """rounds > 1: the strategies and the SDPA `providers` timed in turn `rounds` times per point, the median per
     provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid). backends: the cuflash kernel paths timed
     ("sm80": the mma.sync backward; "sm90": the Hopper backward, where it runs the head dim and strategy: each
     record's `backend`); the strategies other than "atomic" only in `strategies_dtypes` and on the first backend.
     calls: backward calls per event pair (1: single calls, each carrying autograd's hand-off before its first kernel;
     > 1: back to back, the hand-off under the previous call's kernels as in training, ms per call; records then
-    carry `calls`), max(3, 10 // calls) timings per provider and round."""
+    carry `calls`), max(3, 10 // calls) timings per provider and round. queued: each single call queued behind a spin
+    kernel, so that the host's hand-off is hidden and the GPU time is timed (records carry timing="queued")."""
     import torch
 
     import cuflash
@@ -103,12 +110,15 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                     except RuntimeError as e:
                         fns[prov] = None
                         print(f"sdpa {prov} bwd failed: {e}")
-                timed = time_rounds({n: f for n, f in fns.items() if f is not None}, rounds, **_timing(calls))
+                timed = time_rounds({n: f for n, f in fns.items() if f is not None}, rounds,
+                                    **_timing(calls, queued))
                 for name in fns:
                     ms, per = timed.get(name, (None, []))
                     extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
                     if calls > 1:
                         extra["calls"] = calls
+                    if queued:
+                        extra["timing"] = "queued"
                     if name in providers:
                         recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **extra))
                     else:

@@ -75,6 +75,46 @@ def event_median_ms(fn, rep, before=None) -> float:
     return times[len(times) // 2]
 
 
+_SPIN_CYCLES: dict = {}
+
+
+def spin_cycles(ms: float = 3.0) -> int:
+    """Cycles of torch.cuda._sleep (a spin kernel) that keep the current GPU busy about `ms` (measured once per
+    device and ms)."""
+    import torch
+
+    key = (torch.cuda.current_device(), ms)
+    if key not in _SPIN_CYCLES:
+        n = 1_000_000
+        torch.cuda._sleep(n)  # warm-up (the first launch loads the kernel)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(n)
+        e.record()
+        e.synchronize()
+        _SPIN_CYCLES[key] = int(n * ms / max(s.elapsed_time(e), 1e-3))
+    return _SPIN_CYCLES[key]
+
+
+def time_queued_ms(fn, warmup=3, rep=10, spin_ms=3.0) -> float:
+    """Median CUDA-event time of fn() queued behind a ~spin_ms spin kernel, its start event recorded after the spin
+    (after warm-up as time_ms): what the host does before fn's first kernel (torch's autograd hand-off, Python) lies
+    under the spin, so the time is fn's GPU time, as when the GPU is still busy with earlier work (a training step).
+    The idle-GPU single call is time_ms; the difference is the host time a lone call exposes
+    (bench.diag.bwd_handoff)."""
+    import torch
+
+    time_ms(fn, warmup=warmup, rep=1)
+    cycles = spin_cycles(spin_ms)
+
+    def spin():
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+
+    return event_median_ms(fn, rep, before=spin)
+
+
 def host_us_per_call(fn, n=200) -> float:
     """Wall-clock microseconds per call of a loop of calls from Python (latency-bound small shapes)."""
     import torch

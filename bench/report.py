@@ -626,6 +626,7 @@ README_BLOCKS = {
     "fwd90": hopper_table,
     "fwd90_ceiling": hopper_ceiling_table,
     "bwd90": hopper_bwd_table,
+    "bwd90_queued": lambda rs: hopper_bwd_table(rs, "bwd90_queued"),
     "micro90": micro90_table,
     "scores": scores_table,
     "dropout": dropout_table,

@@ -50,9 +50,15 @@ SUITES = {s.name: s for s in (
           "forward on the FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048, hdim 64/128, causal or not, "
           "fp16/bf16), cuflash, SDPA FLASH and cuDNN timed in turn, medians of 3 rounds",
           dict(seqlens=GRID, naive=(), rounds=3, providers=("flash", "cudnn"))),
-    Suite("fwd90", "bench_fwd", "hopper_grid", 7.0,
+    Suite("fwd90", "bench_fwd", "hopper_grid", 20.0,
           "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
-          "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k"),
+          "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k (about "
+          "10 minutes per dtype: --dtypes float16)"),
+    Suite("fwd90_extra", "bench_fwd", "hopper_grid", 5.0,
+          "suite fwd90's points outside the FA2 grid alone: batch 1 x 64k at hdim 64/128 and GQA 64/8 heads at 8k "
+          "(hdim 128), fp16/bf16, the same four providers timed in turn, medians of 3 rounds (README's table takes "
+          "them with `python -m bench merge OUT old.json new.json:fwd90_extra=fwd90`)",
+          dict(seqlens=())),
     Suite("scores", "bench_scores", "scores", 2.0,
           "the score modifiers (sliding window 4096, soft-cap 50, ALiBi, all three) next to the plain causal "
           "kernels, forward and backward (sm90, sm80), fp16 hdim 64/128 at 4k-16k, SDPA FLASH / cuDNN on the plain "
@@ -94,6 +100,12 @@ SUITES = {s.name: s for s in (
           "turn, medians of 3 rounds",
           dict(seqlens=(2048, 4096, 8192, 16384), strategies=("atomic", "ordered"), rounds=3,
                providers=("flash", "cudnn"), backends=("sm90", "sm80"), strategies_dtypes=("float16", "bfloat16"))),
+    Suite("bwd90_queued", "bench_bwd", "bwd", 6.0,
+          "suite bwd90 with every call queued behind a ~3 ms spin kernel (the start event after it): the backwards' "
+          "GPU time through autograd, without the host hand-off a lone call exposes, as in a training step",
+          dict(seqlens=(2048, 4096, 8192, 16384), strategies=("atomic", "ordered"), rounds=3,
+               providers=("flash", "cudnn"), backends=("sm90", "sm80"), strategies_dtypes=("float16", "bfloat16"),
+               queued=True)),
     Suite("bwd_strategies", "bench_bwd", "bwd", 2.0,
           "backward through autograd, every dQ strategy (atomic, seqpar, loop up to 2k) next to SDPA "
           "FLASH / cuDNN / EFFICIENT, one call per timing", dict(seqlens=(1024, 4096, 16384))),

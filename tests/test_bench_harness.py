@@ -225,6 +225,48 @@ def test_calls_option_reaches_the_backward_suites(monkeypatch, tmp_path):
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="calls"):
             bench_bwd._timing(bad)
+    # queued: single calls through harness.time_queued_ms; not with back-to-back calls
+    monkeypatch.setattr(bench_bwd, "time_queued_ms", lambda fn, rep: (seen.append(("q", rep)), fn(), 7.0)[2])
+    n.clear()
+    assert bench_bwd._timing(1, queued=True)["timer"](lambda: n.append(1)) == 7.0 and n == [1]
+    assert seen[-1] == ("q", 10)
+    with pytest.raises(ValueError, match="queued"):
+        bench_bwd._timing(5, queued=True)
+    assert suites.SUITES["bwd90_queued"].defaults["queued"] is True
+    assert {k: v for k, v in suites.SUITES["bwd90_queued"].defaults.items() if k != "queued"} == \
+        suites.SUITES["bwd90"].defaults
+
+
+def test_time_queued_ms_records_start_after_the_spin(monkeypatch):
+    """harness.time_queued_ms: after warm-up, each timing enqueues the spin kernel before its start event, so the
+    host work of fn lies under the spin (a fake torch.cuda records the order of the calls)."""
+    import sys
+    import types
+
+    from bench import harness
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: log.append("sync"),
+                                 _sleep=lambda n: log.append(("sleep", n)), current_device=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(harness, "_SPIN_CYCLES", {})
+    assert harness.time_queued_ms(lambda: log.append("fn"), warmup=1, rep=2, spin_ms=3.0) == 1.0
+    first = log.index(("sleep", 3_000_000))  # 1e6 cycles measured as 1 ms -> 3e6 for 3 ms
+    assert log[first - 1:] == ["sync", ("sleep", 3_000_000), "record", "fn", "record"] * 2
 
 
 def test_a_failing_suite_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
@@ -621,3 +663,19 @@ def test_source_trees_name_the_code_as_it_ran(tmp_path):
     outside = tmp_path.parent / (tmp_path.name + "-plain")  # no checkout
     outside.mkdir()
     assert harness.source_trees(outside) is None
+
+
+def test_bwd_handoff_parsing():
+    """bench.diag.bwd_handoff: its shape syntax, and the first launch / first kernel of each profiled call measured
+    from the call's own mark (events of the next call excluded; memsets and copies are not kernels)."""
+    from bench.diag.bwd_handoff import _parse_shape, first_times
+
+    assert _parse_shape("d128:2048") == (128, 2048, True)
+    assert _parse_shape("d64:4096n") == (64, 4096, False)
+    ev = [("call0", 100.0, False), ("cudaLaunchKernel", 150.0, False), ("Memset (Device)", 120.0, True),
+          ("kernel_a", 170.0, True), ("cuLaunchKernel", 160.0, False),
+          ("call1", 1000.0, False), ("cuLaunchKernelEx", 1300.0, False), ("kernel_b", 1340.0, True),
+          ("call2", 2000.0, False)]
+    launch, first = first_times(ev, 3)
+    assert launch == (50.0 + 300.0) / 2 and first == (70.0 + 340.0) / 2  # call2 has neither: left out
+    assert first_times([("call0", 0.0, False)], 1) == (None, None)

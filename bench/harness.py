@@ -134,22 +134,29 @@ def median(xs):
     return xs[len(xs) // 2] if xs else None
 
 
-def time_rounds(fns: dict, rounds: int = 1, timer=None, **kw) -> dict:
+def time_rounds(fns: dict, rounds: int = 1, timer=None, log=None, **kw) -> dict:
     """{name: (median over the rounds, [one value per round])} of timer(fn, **kw) (default: time_ms) for each fn of
     `fns`, timed in turn in each round (A, B, C, A, B, C, ...), so that clock drift between loops lands on every
-    provider alike. A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, [])."""
+    provider alike. A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, []).
+    log: a label; each timing is then printed as it ends (round, provider, ms, wall seconds it took), so that a point
+    that takes far longer than its kernels shows which provider does."""
     timer = timer or time_ms
     per = {name: [] for name in fns}
     failed = set()
-    for _ in range(rounds):
+    for rnd in range(rounds):
         for name, fn in fns.items():
             if name in failed:
                 continue
+            t0 = time.perf_counter()
             try:
                 per[name].append(timer(fn, **kw))
             except RuntimeError as e:
                 failed.add(name)
                 print(f"{name} failed: {e}")
+                continue
+            if log:
+                print(f"  {log} round {rnd}: {name} {per[name][-1]:.3f} ms ({time.perf_counter() - t0:.1f} s)",
+                      flush=True)
     return {name: (median(ms) if ms and name not in failed else None, ms) for name, ms in per.items()}
 
 

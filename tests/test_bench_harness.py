@@ -47,6 +47,21 @@ def test_time_rounds_drops_a_refusing_provider(monkeypatch):
     assert out["ok"] == (1.5, [1.5, 1.5]) and out["refuses"] == (None, [])
 
 
+def test_time_rounds_log_prints_each_timing(capsys):
+    """log=label: one line per timing as it ends (round, provider, ms); without it nothing is printed; a refusing
+    provider is reported once and not logged."""
+    def refuses():
+        raise RuntimeError("no kernel")
+
+    out = harness.time_rounds({"a": lambda: 2.0, "r": refuses}, rounds=2, timer=lambda fn: fn(), log="pt")
+    lines = capsys.readouterr().out.splitlines()
+    assert out["a"] == (2.0, [2.0, 2.0]) and out["r"] == (None, [])
+    assert lines[0] == "  pt round 0: a 2.000 ms (0.0 s)" and lines[1] == "r failed: no kernel"
+    assert lines[2] == "  pt round 1: a 2.000 ms (0.0 s)" and len(lines) == 3
+    harness.time_rounds({"a": lambda: 2.0}, rounds=2, timer=lambda fn: fn())
+    assert capsys.readouterr().out == ""
+
+
 def test_time_rounds_with_another_timer():
     seen = []
     out = harness.time_rounds({"x": lambda: 7.0, "y": lambda: 9.0}, rounds=2, timer=lambda fn: seen.append(1) or fn())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -165,6 +166,17 @@ def keep_mask(like, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, p: fl
     return mask
 
 
+@contextmanager
+def _in_caller_order(a):
+    """CuPy work on a's device in the caller's current stream (after what the caller queued before)."""
+    import cupy
+
+    from . import _interop
+
+    with _interop.device_guard(a.device), cupy.cuda.ExternalStream(_interop.current_stream(a)):
+        yield
+
+
 def _signed_probs(xp, q, k, lse, keep, scale, causal, window_size, softcap, slopes):
     """float32 [n, h, sq, sk] of the array module xp (CuPy; NumPy in the CPU tests): exp(scores - lse) of q [n, h,
     sq, d], k [n, h, sk, d] (float32, K/V heads repeated), lse [n, h, sq, 1] (-inf: a row that sees no key, all 0),
@@ -226,13 +238,11 @@ def attention_probs(qa, ka, lse, softmax_scale, causal, window_size, softcap, al
     seqlen_k per head."""
     import cupy
 
-    from . import _interop
-
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     keep = keep_mask(qa, b, h, sq, sk, p, rng_state)
-    with _interop.device_guard(qa.device), cupy.cuda.ExternalStream(_interop.current_stream(qa)):
+    with _in_caller_order(qa):
         q = _float32_cupy(qa).transpose(0, 2, 1, 3)
         k = cupy.repeat(_float32_cupy(ka).transpose(0, 2, 1, 3), h // hk, axis=1)
         probs = _signed_probs(cupy, q, k, _lse_cupy(lse, qa.kind)[:, :, :, None], cupy.from_dlpack(keep), scale,
@@ -246,10 +256,8 @@ def varlen_probs_layout(packed, max_seqlen_q, max_seqlen_k):
     a max_seqlen shorter than a sequence is a ValueError (S_dmask is laid out by it)."""
     import cupy
 
-    from . import _interop
-
     a = packed.cu_q
-    with _interop.device_guard(a.device), cupy.cuda.ExternalStream(_interop.current_stream(a)):
+    with _in_caller_order(a):
         cq = cupy.asnumpy(cupy.from_dlpack(a.obj)).astype(np.int64)
         ck = cupy.asnumpy(cupy.from_dlpack(packed.cu_k.obj)).astype(np.int64)
     mq = int(max_seqlen_q) if packed.max_q is None else packed.max_q
@@ -291,13 +299,11 @@ def attention_probs_varlen(qa, ka, lse, packed, layout, softmax_scale, causal, w
     (sequence, head): for tests and inspection."""
     import cupy
 
-    from . import _interop
-
     _, h, d = qa.shape
     hk = ka.shape[1]
     mq, mk = layout[2:]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    with _interop.device_guard(qa.device), cupy.cuda.ExternalStream(_interop.current_stream(qa)):
+    with _in_caller_order(qa):
         keep = cupy.from_dlpack(keep_mask(qa, packed.batch, h, mq, mk, p, rng_state))
         q = _float32_cupy(qa).transpose(1, 0, 2)  # [h, total_q, d]
         k = cupy.repeat(_float32_cupy(ka).transpose(1, 0, 2), h // hk, axis=0)

@@ -681,16 +681,16 @@ def test_source_trees_name_the_code_as_it_ran(tmp_path):
 
 
 def test_bwd_handoff_parsing():
-    """bench.diag.bwd_handoff: its shape syntax, and the first launch / first kernel of each profiled call measured
-    from the call's own mark (events of the next call excluded; memsets and copies are not kernels)."""
+    """bench.diag.bwd_handoff: its shape syntax, and the first launch / first kernel of each profiled backward
+    measured from its own mark (events after the next mark excluded; memsets and copies are not kernels)."""
     from bench.diag.bwd_handoff import _parse_shape, first_times
 
     assert _parse_shape("d128:2048") == (128, 2048, True)
     assert _parse_shape("d64:4096n") == (64, 4096, False)
-    ev = [("call0", 100.0, False), ("cudaLaunchKernel", 150.0, False), ("Memset (Device)", 120.0, True),
+    ev = [("bwd0", 100.0, False), ("cudaLaunchKernel", 150.0, False), ("Memset (Device)", 120.0, True),
           ("kernel_a", 170.0, True), ("cuLaunchKernel", 160.0, False),
-          ("call1", 1000.0, False), ("cuLaunchKernelEx", 1300.0, False), ("kernel_b", 1340.0, True),
-          ("call2", 2000.0, False)]
+          ("bwd1", 1000.0, False), ("cuLaunchKernelEx", 1300.0, False), ("kernel_b", 1340.0, True),
+          ("bwd2", 2000.0, False)]
     launch, first = first_times(ev, 3)
-    assert launch == (50.0 + 300.0) / 2 and first == (70.0 + 340.0) / 2  # call2 has neither: left out
-    assert first_times([("call0", 0.0, False)], 1) == (None, None)
+    assert launch == (50.0 + 300.0) / 2 and first == (70.0 + 340.0) / 2  # bwd2 has neither: left out
+    assert first_times([("bwd0", 0.0, False)], 1) == (None, None)

@@ -55,17 +55,17 @@ def _providers(torch, d, s, causal, dt):
     return fns
 
 
-def first_times(events, calls):
-    """(median host us from the mark `call{i}` to the call's first kernel launch, median us from the mark to its first
-    GPU kernel) over calls 0..calls-1; events: (name, start us, on the GPU) in any order, a call's window ending at the
-    next call's mark. None where no call had one."""
-    marks = {name: t for name, t, gpu in events if not gpu and name.startswith("call")}
+def first_times(events, n):
+    """(median host us from the mark `bwd{i}` to the backward's first kernel launch, median us from the mark to its
+    first GPU kernel) over marks 0..n-1; events: (name, start us, on the GPU) in any order, a mark's window ending at
+    the next mark. None where no window had one."""
+    marks = {name: t for name, t, gpu in events if not gpu and name.startswith("bwd")}
     launch, first = [], []
-    for i in range(calls):
-        t0 = marks.get(f"call{i}")
+    for i in range(n):
+        t0 = marks.get(f"bwd{i}")
         if t0 is None:
             continue
-        t1 = marks.get(f"call{i + 1}", float("inf"))
+        t1 = marks.get(f"bwd{i + 1}", float("inf"))
         inside = [(name, t, gpu) for name, t, gpu in events if t0 <= t < t1]
         host = [t for name, t, gpu in inside if not gpu and "LaunchKernel" in name]
         dev = [t for name, t, gpu in inside if gpu and "Memset" not in name and "Memcpy" not in name]
@@ -76,20 +76,19 @@ def first_times(events, calls):
     return (statistics.median(launch) if launch else None, statistics.median(first) if first else None)
 
 
-def _profile(torch, fns, calls=5):
-    """{provider: first_times of `calls` single calls under torch.profiler (CPU and CUDA activities)}."""
+def _profile(torch, fns, n=5):
+    """{provider: first_times of n backwards under torch.profiler (CPU and CUDA activities), each alone}."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     res = {}
     for name, fn in fns.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(calls):
+            for i in range(n):
                 torch.cuda.synchronize()
-                with record_function(f"call{i}"):
+                with record_function(f"bwd{i}"):
                     fn()
                 torch.cuda.synchronize()
-        res[name] = first_times([(x.name, x.time_range.start, x.device_type.name == "CUDA") for x in prof.events()],
-                                calls)
+        res[name] = first_times([(x.name, x.time_range.start, x.device_type.name == "CUDA") for x in prof.events()], n)
     return res
 
 
@@ -102,14 +101,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     import torch
 
-    from ..harness import event_median_ms, spin_cycles
+    from ..harness import event_median_ms, spin_cycles, time_queued_ms
 
     dt = getattr(torch, a.dtype)
     cycles = spin_cycles(3.0)
-
-    def spin():
-        torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, {a.rounds} rounds of {a.rep}; "
           f"spin {cycles} cycles (~3 ms)")
@@ -125,7 +120,7 @@ def main(argv=None):
         for _ in range(a.rounds):
             for n, fn in fns.items():
                 single[n].append(event_median_ms(fn, a.rep, before=torch.cuda.synchronize))
-                queued[n].append(event_median_ms(fn, a.rep, before=spin))
+                queued[n].append(time_queued_ms(fn, warmup=1, rep=a.rep))
         prof = _profile(torch, fns)
         print(f"\n## d{d} seqlen {s} {'causal' if causal else 'non-causal'} (batch {16384 // s}, heads {2048 // d})")
         print("| provider | single ms | queued ms | exposed ms | host us to first launch | us to first kernel |")

@@ -41,7 +41,9 @@ def tflops(ms, batch, heads, seqlen_q, seqlen_k, headdim, causal=False, mode="fw
 
 
 def time_ms(fn, warmup=3, rep=20, min_warmup_ms=20.0) -> float:
-    """Median of `rep` CUDA-event timings of fn() after warm-up (at least `min_warmup_ms` of work)."""
+    """Median of `rep` CUDA-event timings of fn() after warm-up (at least `warmup` calls and `min_warmup_ms` of work,
+    at most 200 calls). The work is counted on the GPU: each warm-up call is waited for, since a host loop of
+    asynchronous calls would count its launches instead and queue 200 calls of a long kernel (seconds each)."""
     import torch
 
     fn()
@@ -50,10 +52,10 @@ def time_ms(fn, warmup=3, rep=20, min_warmup_ms=20.0) -> float:
     n = 0
     while n < warmup or (time.perf_counter() - t0) * 1e3 < min_warmup_ms:
         fn()
+        torch.cuda.synchronize()
         n += 1
         if n >= 200:
             break
-    torch.cuda.synchronize()
     return event_median_ms(fn, rep)
 
 

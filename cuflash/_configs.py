@@ -291,12 +291,14 @@ SM90_FWD_TILES = {
 
 
 def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: int = MOD_NONE) -> Sm90FwdTile:
-    """The sm_90a forward tile of a head dim; with seqlen_k (the keys a query row may see: seqlen_k, or max_seqlen_k
-    of packed sequences) at most SM90_FWD_SHORT_MAX_SEQLEN_K and no modifier (mod), the short-keys tile of
-    SM90_FWD_SHORT_TILES where the head dim and mask have one."""
-    name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
-    if name and mod == MOD_NONE and seqlen_k is not None and seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
-        return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
+    """The sm_90a forward tile of a head dim; with seqlen_k known (the keys a query row may see: seqlen_k, or
+    max_seqlen_k of packed sequences) and no modifier (mod), the variant SM90_FWD_SHORT_TILES (at most
+    SM90_FWD_SHORT_MAX_SEQLEN_K keys) or SM90_FWD_LONG_TILES (more) names for the head dim and mask, if any."""
+    if mod == MOD_NONE and seqlen_k is not None:
+        table = SM90_FWD_SHORT_TILES if seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K else SM90_FWD_LONG_TILES
+        name = table.get((headdim, bool(causal)))
+        if name:
+            return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
     return SM90_FWD_TILES[headdim]
 
 
@@ -348,7 +350,10 @@ SM90_FWD_MINB_VARIANTS = {
 # at 1k, 0.87-0.97x from 2k); non-causal it measured 0.94-1.06x at 512-1k and head dim 128's tiles of several blocks
 # per SM 0.88-0.99x at 1k, so it keeps the configured tile. The modifiers keep the configured tiles.
 SM90_FWD_SHORT_MAX_SEQLEN_K = 1024
-SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128, True): "persist"}
+SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128, False): "persist",
+                        (128, True): "persist"}
+# Longer keys without modifiers: head dims 64 and 128 take the persistent form (bench.diag.fwd90_persist_probe).
+SM90_FWD_LONG_TILES = {(64, False): "persist", (64, True): "persist", (128, False): "persist", (128, True): "persist"}
 
 
 def sm90_fwd_minb_tiles(headdim: int) -> dict:
@@ -415,10 +420,11 @@ def sm90_fwd_specs():
     for dt in DTYPES:
         for d in SM90_HEADDIMS:
             for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
-                tiles = [sm90_fwd_tile(d, c, None, m), sm90_fwd_tile(d, c, SM90_FWD_SHORT_MAX_SEQLEN_K, m)]
+                tiles = [sm90_fwd_tile(d, c, n, m) for n in (None, SM90_FWD_SHORT_MAX_SEQLEN_K,
+                                                               SM90_FWD_SHORT_MAX_SEQLEN_K + 1)]
                 for t in dict.fromkeys(tiles):
                     out += [sm90_fwd_spec(dt, d, c, t, m), sm90_fwd_spec(dt, d, c, replace(t, o_tma=False), m)]
-    return out
+    return list(dict.fromkeys(out))
 
 
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)

@@ -35,6 +35,31 @@ def test_time_rounds_interleaves_and_takes_the_median(monkeypatch):
     assert out == {"a": (2.0, [3.0, 1.0, 2.0]), "b": (20.0, [10.0, 30.0, 20.0])}
 
 
+def test_time_ms_counts_the_warm_up_on_the_gpu(monkeypatch):
+    """A long kernel gets a few waited-for warm-up calls, not 200 launches queued while the host loop counts its own
+    time (torch stood in: each call queues 10 ms of work that synchronize() waits for)."""
+    import time
+    import types
+
+    pending, calls = [0], []
+
+    def sync():
+        time.sleep(0.01 * pending[0])
+        pending[0] = 0
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=sync))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(harness, "event_median_ms", lambda fn, rep: (calls.append("timed"), 7.0)[1])
+
+    def fn():
+        calls.append("call")
+        pending[0] += 1
+
+    assert harness.time_ms(fn, warmup=3, rep=5, min_warmup_ms=20.0) == 7.0
+    # the first call, then warm-up calls until 3 calls and 20 ms: 3 (30 ms), then the timed part
+    assert calls == ["call"] * 4 + ["timed"]
+
+
 def test_time_rounds_drops_a_refusing_provider(monkeypatch):
     def fake_time_ms(fn, **kw):
         return fn()

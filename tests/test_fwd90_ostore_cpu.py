@@ -97,7 +97,9 @@ def test_spec_name_shows_the_epilogue():
 @pytest.mark.parametrize("d", [64, 80, 128])
 def test_16_byte_store_tiles_launch_three_maps(res, d):
     rec, _ = res[f"stores16 {d}"]
-    assert len(rec) == 1 and "flash_fwd_sm90_kernel" in rec[0][0] and not rec[0][0].endswith(", true>")
+    kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
+    t = replace(_configs.sm90_fwd_tile(kd, False, 777), o_tma=False)  # (the configured tiles without o_tma)
+    assert len(rec) == 1 and rec[0][0] == _configs.sm90_fwd_spec("float16", kd, False, t).name
 
 
 @pytest.mark.parametrize("d", [64, 80, 128, 256])
@@ -136,7 +138,8 @@ def test_o_tma_strided_output(res):
 
 def test_o_tma_falls_back_for_an_output_no_map_describes(res):
     (launch,), = res["o_tma unmappable out"]
-    assert "flash_fwd_sm90_kernel" in launch[0] and not launch[0].endswith(", true>")
+    t = replace(_configs.sm90_fwd_tile(128, False, 777), o_tma=False)
+    assert launch[0] == _configs.sm90_fwd_spec("float16", 128, False, t).name
 
 
 def test_o_tma_packed_output_map(res):

@@ -22,12 +22,17 @@ def test_configured_tiles_are_not_persistent_and_keep_their_names():
         for causal, mod in _configs.MASK_MODES:
             assert sm90_fwd_spec("float16", d, causal, mod=mod) == sm90_fwd_spec("float16", d, causal,
                                                                                  replace(t, persistent=False), mod)
-    # the persistent kernels compiled ahead of time are those of the short-keys selection: causal head dim 128,
-    # fp16 and bf16, with and without o_tma
+    # the persistent kernels compiled ahead of time are those the key-count selection takes: head dims 64 and 128,
+    # causal and not, fp16 and bf16, with and without o_tma (d64: the 16-byte stores only)
     pers = [s.name for s in _configs.sm90_fwd_specs() if s.name.count(",") == 13 and s.name.endswith(", true>")]
-    t = sm90_fwd_tile(128, True, _configs.SM90_FWD_SHORT_MAX_SEQLEN_K)
-    assert t.persistent and sorted(pers) == sorted(
-        sm90_fwd_spec(dt, 128, True, replace(t, o_tma=o)).name for dt in _configs.DTYPES for o in (True, False))
+    want = set()
+    for d in (64, 128):
+        for causal in (False, True):
+            t = sm90_fwd_tile(d, causal, _configs.SM90_FWD_SHORT_MAX_SEQLEN_K + 1)
+            assert t.persistent
+            want |= {sm90_fwd_spec(dt, d, causal, replace(t, o_tma=o)).name for dt in _configs.DTYPES
+                     for o in ((True, False) if t.o_tma else (False,))}
+    assert len(pers) == len(set(pers)) and set(pers) == want and len(want) == 12
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)

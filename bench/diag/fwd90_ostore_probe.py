@@ -149,13 +149,14 @@ def correctness() -> bool:
 
 
 def add_records(res, row, recs, dtype, b, h, s, d, causal, rounds):
-    """The records of one timed point (harness.time_rounds' {name: (ms, per-round ms)}: "cudnn" is SDPA's, every
-    other name a cuflash sm90 tile) appended to recs, and each one's TFLOP/s into row[name]."""
+    """The records of one timed point (harness.time_rounds' {name: (ms, per-round ms)}: "cudnn" and "flash" are SDPA's
+    backends, every other name a cuflash sm90 tile) appended to recs, and each one's TFLOP/s into row[name]."""
     from ..harness import record
 
     for name, (ms, per) in res.items():
-        r = record("cudnn" if name == "cudnn" else "cuflash", name, "fwd", dtype, b, h, s, s, d, causal, ms,
-                   backend=None if name == "cudnn" else "sm90", rounds=rounds, round_ms=per)
+        sdpa = name in ("cudnn", "flash")
+        r = record(name if sdpa else "cuflash", "sdpa" if sdpa else name, "fwd", dtype, b, h, s, s, d, causal, ms,
+                   backend=None if sdpa else "sm90", rounds=rounds, round_ms=per)
         recs.append(r)
         row[name] = r["tflops"]
 

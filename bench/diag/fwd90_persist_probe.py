@@ -1,6 +1,6 @@
 """Diagnostic (GPU, compute capability 9.0): the Hopper forward's persistent form (Sm90FwdTile.persistent, the kernel's
-PERSIST; cuflash._configs.SM90_FWD_PERSIST_VARIANTS) against the configured tile and SDPA's cuDNN backend at short
-sequences.
+PERSIST; cuflash._configs.SM90_FWD_PERSIST_VARIANTS) against the one-tile kernels and SDPA's cuDNN and FLASH backends
+on the FA2 grid.
 
     python -m bench.diag.fwd90_persist_probe [--rounds N] [--time-limit S] [--json FILE]
 
@@ -10,15 +10,16 @@ sequences.
     and not, rows that see no key (seqlen_q > seqlen_k causal), a head dim below the kernel's, more tiles than SMs,
     packed sequences; each variant with both epilogues where it compiles both (d96, d128). Outputs poisoned (NaN)
     before each launch. Exit status 1 when a case misses.
-(b) Timing, the FA2 grid's short sequences (batch x seqlen = 16k, hidden 2048: seqlen 512, 1k, 2k, 4k), fp16/bf16,
-    head dims 64 and 128, causal and not: the configured tile at that key count ("def": at d64 up to 1k the short-keys
-    tile), the persistent variant ("persist"), its tile shape as one tile per block where that is not "def" ("1tile":
-    the schedule's effect apart from the tile's) through memoized plans (cuflash._fwd_sm90.make_plan: no map encode
-    once the pointers repeat) and SDPA cuDNN, timed in turn (harness.time_rounds: medians of `rounds` rounds of
-    CUDA-event medians). The shortest points first; a point is not started past --time-limit seconds from the start
-    (default 200, compiles included), so the probe ends in time and the table holds the points done. The table comes
-    last: TFLOP/s of def and cuDNN, then persist over def and over cuDNN (and over 1tile), with geomeans over 512-1k
-    and over all points per head dim.
+(b) Timing, the FA2 grid (batch x seqlen = 16k, hidden 2048: seqlen 512-16k), fp16/bf16, head dims 64 and 128,
+    causal and not: the tile the configuration takes at that key count with the persistent form left out ("def": the
+    configured tile, at d64 up to 1k the short-keys tile of several blocks per SM), the persistent variant
+    ("persist"), its tile shape as one tile per block where that is not "def" ("1tile": the schedule's effect apart
+    from the tile's) through memoized plans (cuflash._fwd_sm90.make_plan: no map encode once the pointers repeat), SDPA
+    cuDNN and SDPA FLASH, timed in turn (harness.time_rounds: medians of `rounds` rounds of CUDA-event medians). The
+    shortest points first; a point is not started past --time-limit seconds from the start (default 200, compiles
+    included), so the probe ends in time and the table holds the points done. The table comes last: TFLOP/s of def and
+    cuDNN, then persist over def, over cuDNN and over FLASH (and over 1tile), with geomeans over 512-1k and over all
+    points per head dim.
 """
 from __future__ import annotations
 
@@ -31,18 +32,20 @@ import numpy as np
 from .fwd90_ostore_probe import _err, add_records, np64, print_geomeans, probe_main, ref_bound, run_tile
 
 TIME_LIMIT_S = 200.0
-SEQLENS = (512, 1024, 2048, 4096)
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("float16", "bfloat16")
 HEADDIMS = (64, 128)
 
 
 def _tiles(d, causal, s):
-    """{"def": the configured tile at s keys, "persist": the variant, "1tile": its shape one tile per block (only
+    """{"def": the tile the configuration takes at s keys with the persistent form left out (the configured tile, or
+    the short-keys tile of several blocks per SM), "persist": the variant, "1tile": its shape one tile per block (only
     where that is not def)}."""
-    from cuflash._configs import sm90_fwd_persist_tiles, sm90_fwd_tile
+    from cuflash._configs import SM90_FWD_TILES, sm90_fwd_persist_tiles, sm90_fwd_tile
 
     pt = sm90_fwd_persist_tiles(d)["persist"]
-    out = {"def": sm90_fwd_tile(d, causal, s), "persist": pt}
+    cfg = sm90_fwd_tile(d, causal, s)
+    out = {"def": SM90_FWD_TILES[d] if cfg.persistent else cfg, "persist": pt}
     one = replace(pt, persistent=False)
     if one != out["def"]:
         out["1tile"] = one
@@ -136,7 +139,7 @@ def timing(rounds, deadline):
     from ..harness import sdpa, time_rounds
 
     recs, rows = [], []
-    cud = sdpa("cudnn")
+    cud, fla = sdpa("cudnn"), sdpa("flash")
     for s in SEQLENS:  # the shortest first: the points the variant is for
         for d in HEADDIMS:
             for dtype in DTYPES:
@@ -155,6 +158,7 @@ def timing(rounds, deadline):
                         p = _fwd_sm90.make_plan(qa, ka, va, None, causal, "auto", tile=t)
                         fns[n] = lambda p=p: p.run(qa.ptr, ka.ptr, va.ptr)
                     fns["cudnn"] = lambda: cud(qt, kt, vt, causal)
+                    fns["flash"] = lambda: fla(qt, kt, vt, causal)
                     res = time_rounds(fns, rounds)
                     row = dict(dtype=dtype, d=d, s=s, causal=causal)
                     add_records(res, row, recs, dtype, b, h, s, d, causal, rounds)
@@ -173,14 +177,15 @@ def table(rows):
 
     for d in sorted({r["d"] for r in rows}):
         sel = [r for r in rows if r["d"] == d]
-        print(f"\nd{d}: TFLOP/s (medians) of the configured tile (def) and cuDNN; persist over def, over cuDNN and "
-              f"over its own tile one per block (1tile, where that is not def)")
+        print(f"\nd{d}: TFLOP/s (medians) of the one-tile kernel the configuration would take (def) and cuDNN; persist "
+              f"over def, over cuDNN, over FLASH and over its own tile one per block (1tile, where that is not def)")
         print(f"{'dtype':<9}{'seqlen':>7}{'causal':>7} | {'def':>6} {'cudnn':>6} {'def/c':>6} | {'pers':>6} "
-              f"{'p/def':>6} {'p/c':>6} {'p/1t':>6}")
+              f"{'p/def':>6} {'p/c':>6} {'p/f':>6} {'p/1t':>6}")
         for r in sel:
             print(f"{r['dtype']:<9}{r['s']:>7}{int(r['causal']):>7} | {f(r.get('def'))} {f(r.get('cudnn'))} "
                   f"{ratio(r.get('def'), r.get('cudnn'))} | {f(r.get('persist'))} {ratio(r.get('persist'), r.get('def'))} "
-                  f"{ratio(r.get('persist'), r.get('cudnn'))} {ratio(r.get('persist'), r.get('1tile'))}")
+                  f"{ratio(r.get('persist'), r.get('cudnn'))} {ratio(r.get('persist'), r.get('flash'))} "
+                  f"{ratio(r.get('persist'), r.get('1tile'))}")
         print_geomeans(d, sel, [("persist", "def"), ("persist", "cudnn")])
 
 def main(argv):

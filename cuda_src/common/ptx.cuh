@@ -51,6 +51,10 @@ __device__ __forceinline__ int opaque(int x) {
   asm volatile("mov.b32 %0, %0;" : "+r"(x));
   return x;
 }
+__device__ __forceinline__ float opaque(float x) {
+  asm volatile("mov.b32 %0, %0;" : "+f"(x));
+  return x;
+}
 
 // 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

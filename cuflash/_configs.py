@@ -295,8 +295,11 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     max_seqlen_k of packed sequences) and no modifier (mod), the variant SM90_FWD_SHORT_TILES (at most
     SM90_FWD_SHORT_MAX_SEQLEN_K keys) or SM90_FWD_LONG_TILES (more) names for the head dim and mask, if any."""
     if mod == MOD_NONE and seqlen_k is not None:
-        table = SM90_FWD_SHORT_TILES if seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K else SM90_FWD_LONG_TILES
-        name = table.get((headdim, bool(causal)))
+        if seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
+            name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
+        else:
+            name, upto = SM90_FWD_LONG_TILES.get((headdim, bool(causal)), (None, None))
+            name = name if upto is None or seqlen_k <= upto else None
         if name:
             return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
     return SM90_FWD_TILES[headdim]
@@ -345,15 +348,19 @@ SM90_FWD_MINB_VARIANTS = {
 
 # Short keys without modifiers take a variant of the configured tile (bench/NOTES.md; FA2 grid fp16/bf16 over the
 # configured tile). Head dim 64 takes a tile of 2-3 blocks per SM (bench.diag.fwd90_minb_probe: non-causal "2x2wg
-# n48" 1.00-1.10x at 512-1k, 0.90-0.94x from 2k; causal "3x1wg n64" 1.20-1.34x at 512-1k, 0.94-0.98x from 2k).
-# Causal head dim 128 takes the persistent form below (bench.diag.fwd90_persist_probe: 1.11-1.17x at 512, 1.01-1.03x
-# at 1k, 0.87-0.97x from 2k); non-causal it measured 0.94-1.06x at 512-1k and head dim 128's tiles of several blocks
-# per SM 0.88-0.99x at 1k, so it keeps the configured tile. The modifiers keep the configured tiles.
+# n48" 1.00-1.10x at 512-1k, 0.90-0.94x from 2k; causal "3x1wg n64" 1.20-1.34x at 512-1k, 0.94-0.98x from 2k; the
+# persistent form 0.77-1.01x of them at 512-1k). Head dim 128 takes the persistent form below
+# (bench.diag.fwd90_persist_probe: 1.08-1.22x at 512-1k). The modifiers keep the configured tiles.
 SM90_FWD_SHORT_MAX_SEQLEN_K = 1024
 SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128, False): "persist",
                         (128, True): "persist"}
-# Longer keys without modifiers: head dims 64 and 128 take the persistent form (bench.diag.fwd90_persist_probe).
-SM90_FWD_LONG_TILES = {(64, False): "persist", (64, True): "persist", (128, False): "persist", (128, True): "persist"}
+# Longer keys without modifiers: (variant, the most keys it is taken for, None: no limit). The persistent form over
+# the one-tile kernel (bench.diag.fwd90_persist_probe, fp16 / bf16): head dim 64 non-causal 1.02-1.06x at 2k-16k;
+# causal 1.01-1.05x at 2k-4k but 0.85-0.89x at 8k-16k (its static order pairs heavy with light causal tiles only
+# approximately); head dim 128 non-causal 1.01-1.03x at 2k, 0.98-1.03x at 4k-16k (kept on the one-tile kernel);
+# causal 1.02-1.11x at 2k-4k, 0.96-0.99x at 8k, 0.74-0.75x at 16k.
+SM90_FWD_LONG_TILES = {(64, False): ("persist", None), (64, True): ("persist", 4096), (128, False): ("persist", 2048),
+                       (128, True): ("persist", 4096)}
 
 
 def sm90_fwd_minb_tiles(headdim: int) -> dict:

@@ -118,25 +118,31 @@ def test_explicit_variant_tile_launches(res, d, name):
 
 def test_key_count_tile_selection():
     """Without modifiers, head dim 64 takes its short-keys tiles (several blocks per SM) up to
-    SM90_FWD_SHORT_MAX_SEQLEN_K keys and the persistent form above; head dim 128 the persistent form at any known key
-    count. An unknown key count (packed sequences given max_seqlen_k as a device array), the modifiers and the other
-    head dims take the configured tile."""
+    SM90_FWD_SHORT_MAX_SEQLEN_K keys and the persistent form above (causal: up to 4096 keys); head dim 128 the
+    persistent form up to 2048 keys (non-causal) or 4096 (causal). Longer keys, an unknown key count (packed sequences
+    given max_seqlen_k as a device array), the modifiers and the other head dims take the configured tile."""
     from cuflash import _configs
     from cuflash._configs import sm90_fwd_persist_tiles
 
     limit = _configs.SM90_FWD_SHORT_MAX_SEQLEN_K
     p64, p128 = sm90_fwd_persist_tiles(64)["persist"], sm90_fwd_persist_tiles(128)["persist"]
-    cases = ((64, False, sm90_fwd_minb_tiles(64)["2x2wg n48"], p64), (64, True, sm90_fwd_minb_tiles(64)["3x1wg n64"], p64),
-             (128, False, p128, p128), (128, True, p128, p128))
-    for d, causal, short, long in cases:
+    cases = ((64, False, sm90_fwd_minb_tiles(64)["2x2wg n48"], p64, None),
+             (64, True, sm90_fwd_minb_tiles(64)["3x1wg n64"], p64, 4096),
+             (128, False, p128, p128, 2048), (128, True, p128, p128, 4096))
+    for d, causal, short, long, upto in cases:
+        base = _configs.SM90_FWD_TILES[d]
         assert sm90_fwd_tile(d, causal, 1) == sm90_fwd_tile(d, causal, limit) == short
-        assert sm90_fwd_tile(d, causal, limit + 1) == sm90_fwd_tile(d, causal, 1 << 20) == long
+        assert sm90_fwd_tile(d, causal, limit + 1) == long
+        if upto is None:
+            assert sm90_fwd_tile(d, causal, 1 << 20) == long
+        else:
+            assert sm90_fwd_tile(d, causal, upto) == long and sm90_fwd_tile(d, causal, upto + 1) == base
         assert short.min_blocks > 1 or short.persistent
         assert long.persistent and (long.o_tma or d == 64)  # (d64's persistent form: the 16-byte stores)
-        assert sm90_fwd_tile(d, causal, None) == _configs.SM90_FWD_TILES[d]
+        assert sm90_fwd_tile(d, causal, None) == base and not base.persistent
         for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
             for n in (512, limit + 1):
-                assert sm90_fwd_tile(d, causal, n, mod) == _configs.SM90_FWD_TILES[d]
+                assert sm90_fwd_tile(d, causal, n, mod) == base
     for d in (96, 256):
         for causal in (False, True):
             for n in (512, limit + 1, None):

@@ -57,7 +57,7 @@ SUITES = {s.name: s for s in (
           "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
           "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k (about "
           "10 minutes per dtype: --dtypes float16)"),
-    Suite("fwd90_extra", "bench_fwd", "hopper_grid", 5.0,
+    Suite("fwd90_extra", "bench_fwd", "hopper_grid", 3.0,
           "suite fwd90's points outside the FA2 grid alone: batch 1 x 64k at hdim 64/128 and GQA 64/8 heads at 8k "
           "(hdim 128), fp16/bf16, the same four providers timed in turn, medians of 3 rounds (README's table takes "
           "them with `python -m bench merge OUT old.json new.json:fwd90_extra=fwd90`)",

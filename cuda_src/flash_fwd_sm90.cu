@@ -26,9 +26,10 @@
 // Scheduling: one block per Q tile, the heaviest causal tiles first (grid order as the sm80 forward's); or, with
 // PERSIST, a grid of at most MINB blocks per SM, each walking Q tiles (the persistent form, below).
 //
-// The persistent form (PERSIST; not a configured tile, bench/NOTES.md "Hopper forward"). For short sequences,
-// where a block runs 4-8 KV tiles and its prologue (barrier set-up, the Q load and first K load before the first
-// product) and epilogue (O / l, the O store, the wait for the store's reads) are not hidden by anything: block
+// The persistent form (PERSIST; taken at head dims 64 and 128 by key count: cuflash/_configs.py, bench/NOTES.md
+// "Hopper forward"). It hides what one block per Q tile leaves exposed, most where a block runs few KV tiles: the
+// prologue (barrier set-up, the Q load and first K load before the first product) and the epilogue (O / l, the O
+// store, the wait for the store's reads). Block
 // `bid` of G takes tiles bid, 2G - 1 - bid, 2G + bid, 4G - 1 - bid, ... (Sm90FwdTiles: waves of G tiles, every
 // other wave in reverse, so that a block's causal tiles alternate heavy and light), the tiles of one (batch, head)
 // consecutive (their K/V shared through L2) and within them the heaviest causal tile first. The barriers are set

@@ -372,8 +372,8 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
 
 # The persistent form (Sm90FwdTile.persistent, the kernel's PERSIST; cuda_src/flash_fwd_sm90.cu and bench/NOTES.md
 # "Hopper forward"): min_blocks blocks per SM walking the Q tiles, the next tile's Q and first K/V loaded under the
-# current tile's epilogue, the barriers set up once. Configured for causal head dim 128 with short keys
-# (SM90_FWD_SHORT_TILES); every one is reachable through an explicit tile (cuflash._fwd_sm90.make_plan /
+# current tile's epilogue, the barriers set up once. Configured for head dims 64 and 128 by key count
+# (SM90_FWD_SHORT_TILES, SM90_FWD_LONG_TILES); every one is reachable through an explicit tile (cuflash._fwd_sm90.make_plan /
 # forward(tile=...); bench.diag.fwd90_persist_probe). Each is the configured tile of
 # its head dim with these fields: the configured epilogue (o_tma) and register split, but at d64 the 16-byte stores
 # (with the TMA store NVRTC 13.0 spills 8-16 B of the three consumers' 160 registers in the causal kernel); shared

@@ -290,7 +290,11 @@ def test_sm90_launches(host):
         seqlen = 77 if name == "q" else 1000
         assert ptr == p[name] and dt == 6 and dims == (128, seqlen, heads, 2) and box == (64, rows, 1, 1)
         assert strides == (heads * 128 * 2, 128 * 2, seqlen * heads * 128 * 2)
-    assert r["threads"] == 384 and r["grid"] == [1, 4, 2]  # (Q tiles, heads, batch), as the sm80 forward's
+    from cuflash._configs import sm90_fwd_tile
+
+    # 1000 keys at head dim 128: the persistent form, one block per Q tile here (1 x 4 heads x 2 < the SMs)
+    assert sm90_fwd_tile(128, False, 1000).persistent and "flash_fwd_sm90" in r["name"] and r["name"].endswith(", true>")
+    assert r["threads"] == 384 and r["grid"] == [8, 1, 1]
     c = host["sm90_long_causal"]
     assert c["first"]["grid"] == [2, 64, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
     pk = host["packed"]["first"]

@@ -125,6 +125,61 @@ struct Sm90BwdLayout {
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
 };
 
+// The (query head, Q tile) pairs of a block in its order: heads of the KV head's group outer, each head's Q tiles
+// [m_begin, m_begin + num_m) inner (q_tile_at's order), with ROT started `rot` tiles in (wrapping).
+template <bool ROT>
+struct QTileWalk {
+  int h = 0, m = 0;
+  // the current pair's (query head within the group, Q tile index within the range), then a step on
+  __device__ __forceinline__ int2 next(int num_m, int rot) {
+    int mi = m;
+    if constexpr (ROT) {
+      mi += rot;
+      if (mi >= num_m) mi -= num_m;
+    }
+    const int2 r = make_int2(h, mi);
+    if (++m == num_m) {
+      m = 0;
+      ++h;
+    }
+    return r;
+  }
+};
+
+// The producer thread (layout L: Sm90BwdLayout or Sm90BwdSplitLayout): K_j and V_j once, then for every (query head,
+// Q tile) of the block, once stage s is free, Q_i and dO_i by TMA and the rows' lse_log2 and D by bulk copy, all
+// completing on full[s].
+template <class L, int BLOCK_M, int STAGES, int ORDER, bool ROT = false>
+__device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdMaps& maps, unsigned char* sm,
+                                              uint64_t* bar_kv, uint64_t* full, uint64_t* empty, int n0, int kv_head,
+                                              int batch, int group, int m_begin, int num_m, int rot) {
+  constexpr int BLOCK_N = L::BLOCK_N, CH = L::CH;
+  mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
+    tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
+  }
+  const int total = group * num_m;
+  QTileWalk<ROT> walk;
+#pragma unroll 1
+  for (int it = 0; it < total; ++it) {
+    const int s = it % STAGES, ph = (it / STAGES) & 1;
+    const int2 hm = walk.next(num_m, rot);
+    const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y) * BLOCK_M;
+    mbar_wait(&empty[s], ph ^ 1);
+    mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      tma_load_4d(sm + L::Q_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &full[s], c * 64, m0, hq, batch);
+      tma_load_4d(sm + L::DO_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.dout, &full[s], c * 64, m0, hq, batch);
+    }
+    const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
+    bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
+    bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
+  }
+}
+
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
           int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0>
 __global__ void __launch_bounds__(384, 1)
@@ -192,33 +247,8 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && total > 0) {
-      mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
-        tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
-      }
-      int h = 0, m = 0;
-#pragma unroll 1
-      for (int it = 0; it < total; ++it) {
-        const int s = it % STAGES, ph = (it / STAGES) & 1;
-        const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
-        if (++m == num_m) {
-          m = 0;
-          ++h;
-        }
-        mbar_wait(&empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
-#pragma unroll
-        for (int c = 0; c < CH; ++c) {
-          tma_load_4d(sm + L::Q_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &full[s], c * 64, m0, hq, batch);
-          tma_load_4d(sm + L::DO_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.dout, &full[s], c * 64, m0, hq,
-                      batch);
-        }
-        const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
-        bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
-        bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
-      }
+      sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch, group, m_begin,
+                                               num_m, 0);
     } else if (threadIdx.x == 32 && total > 0) {  // the dQ writer
       const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
       const int64_t ws_rows = bwd_ws_rows(p, false);
@@ -478,6 +508,236 @@ __global__ void __launch_bounds__(384, 1)
   // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
   store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
                        reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Head dim 256: the column-split form. dK and dV of 128 keys x 256 columns would take 2 x 128 fp32 per consumer
+// thread, so the KV tile has BLOCK_N = 64 keys and the two consumer warpgroups split the columns instead: consumer c
+// holds dK, dV of all 64 keys and columns [128 c, 128 c + 128) (2 x 64 registers per thread), and for each Q tile of
+// BLOCK_M = 64 rows:
+//   consumer 0:  S^T  = K Q^T   [64 keys, 64 queries]  wgmma, both operands in smem (N = 64: operand reads match the
+//   consumer 1:  dP^T = V dO^T  [64 keys, 64 queries]  tensor pipe's rate; two N = 32 halves per consumer would not)
+//   consumer 0:  P^T = exp2(S^T scale_log2 - lse_log2) -> smem, 16-bit (the P^T buffer); named barrier 1 (both)
+//   both:        dV_c += P^T dO_c        wgmma, P^T from smem (K-major), dO's columns of c (MN-major)
+//   consumer 1:  dS^T = P^T (dP^T - D)   P from the P^T buffer (the 16-bit values dV uses) -> the dS^T buffer;
+//                named barrier 2 (both)
+//   both:        dK_c += dS^T Q_c        wgmma, dS^T from smem
+//                dQ_c  = dS K_c          wgmma, dS read MN-major from dS^T, K's columns of c
+//                dQ_c -> the fp32 accumulator from registers: one 16-byte reduction (RED.E.ADD.F32x4) per thread and
+//                accumulator fragment, or with "seqpar" a 16-byte store into this KV tile's buffer.
+// There is no shared memory left for a dQ staging tile (K, V, 2 stages of Q and dO: 192 KB, P^T and dS^T double
+// buffered: 32 KB), so there is no dQ writer warp and no "ordered" strategy (the host runs deterministic calls as
+// "seqpar", or on the mma.sync kernels). Non-causal blocks start their Q tiles at n_block % num_m (wrapping), so that
+// the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal.
+// P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
+// they are wgmma operands in both orientations. The buffer of iteration it is it % 2: its last readers, iteration
+// it - 2's products, completed before both consumers passed iteration it - 1's barriers.
+template <int D, int STAGES>
+struct Sm90BwdSplitLayout {
+  static constexpr int BLOCK_N = 64, BLOCK_M = 64;
+  static constexpr int DP = (D + 63) / 64 * 64;
+  static constexpr int CH = DP / 64;
+  static constexpr int KV_BYTES = BLOCK_N * DP * 2;
+  static constexpr int Q_BYTES = BLOCK_M * DP * 2;
+  static constexpr int PS_BYTES = BLOCK_N * BLOCK_M * 2;  // one P^T or dS^T buffer
+  static constexpr int K_OFF = 0;
+  static constexpr int V_OFF = K_OFF + KV_BYTES;
+  static constexpr int Q_OFF = V_OFF + KV_BYTES;
+  static constexpr int DO_OFF = Q_OFF + STAGES * Q_BYTES;
+  static constexpr int PT_OFF = DO_OFF + STAGES * Q_BYTES;
+  static constexpr int DS_OFF = PT_OFF + 2 * PS_BYTES;
+  static constexpr int LSE_OFF = DS_OFF + 2 * PS_BYTES;
+  static constexpr int DELTA_OFF = LSE_OFF + STAGES * BLOCK_M * 4;
+  static constexpr int BAR_OFF = DELTA_OFF + STAGES * BLOCK_M * 4;
+  static constexpr int BARS = 1 + 2 * STAGES;  // K/V; full, empty per stage
+  static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;
+};
+
+template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int GROUP = 0>
+__global__ void __launch_bounds__(384, 1)
+    flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
+  using L = Sm90BwdSplitLayout<D, STAGES>;
+  constexpr int BLOCK_N = L::BLOCK_N, BLOCK_M = L::BLOCK_M, DP = L::DP;
+  constexpr int KD = DP / 16;        // k16 steps over D (S^T, dP^T)
+  constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
+  constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
+  constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T, dP^T along the Q rows
+  constexpr int HD = DP / 2;         // a consumer's columns
+  constexpr int HF = HD / 8;         // n8 blocks of them (dK, dV, dQ)
+  static_assert(DP == 256 && D % 16 == 0, "the column-split form: head dim 256");
+  static_assert(128 * (REGS_LOAD + 2 * REGS_MMA) <= 65536 / (384 * 8) * 8 * 384 && REGS_MMA % 8 == 0 &&
+                    REGS_LOAD % 8 == 0,
+                "setmaxnreg register counts");
+  static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
+  static_assert(GROUP >= 0 && (GROUP == 0 || CAUSAL), "GROUP: causal kernels only");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* bar_kv = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
+  uint64_t* full = bar_kv + 1;
+  uint64_t* empty = full + STAGES;
+
+  const int3 blk = sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>();
+  const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
+  const int n0 = n_block * BLOCK_N;
+  const SeqInfo si = seqinfo_fixed(p);
+  const int group = (int)p.heads_per_kv;
+  const Mask<CAUSAL, MOD_NONE> band(si.seqlen_k, si.diag());
+  const int m_begin = q_block_begin<BLOCK_M>(band, n0);
+  const int num_m = max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin);
+  const int total = group * num_m;
+  const int rot = CAUSAL || num_m == 0 ? 0 : n_block % num_m;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 256);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------------------ producer
+    setmaxnreg_dec<REGS_LOAD>();
+    if (threadIdx.x == 0 && total > 0)
+      sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch,
+                                                                  group, m_begin, num_m, rot);
+    return;
+  }
+
+  // ------------------------------------------------------------------------------------------------ consumers
+  setmaxnreg_inc<REGS_MMA>();
+  const Mask<CAUSAL, MOD_NONE> mask = si.mask<CAUSAL, MOD_NONE>(p, batch, kv_head * group);
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform: the role and the columns [HD cw, +HD)
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
+  const int g = lane / 4, t = lane % 4;
+  const int key_w = n0 + 16 * warp;  // the warp's rows of S^T / dP^T: keys key_w + g (+ 8)
+  const float scale_log2 = (float)p.scale_log2;
+  const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
+  const uint32_t q_base = smem_addr(sm + L::Q_OFF), do_base = smem_addr(sm + L::DO_OFF);
+  const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
+  const bool seqpar = p.dq_strategy == DQ_SEQPAR;
+
+  float acc_dk[HF][4], acc_dv[HF][4];
+  zero_frags(acc_dk);
+  zero_frags(acc_dv);
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  QTileWalk<!CAUSAL> walk;
+  for (int it = 0; it < total; ++it) {
+    const int s = it % STAGES, ph = (it / STAGES) & 1;
+    const int2 hm = walk.next(num_m, rot);
+    const int hq = kv_head * group + hm.x, m0 = (m_begin + hm.y) * BLOCK_M;
+    const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
+    const uint32_t pt = pt_base + (it % 2) * L::PS_BYTES, ds = ds_base + (it % 2) * L::PS_BYTES;
+    unsigned char* const pt_buf = sm + L::PT_OFF + (it % 2) * L::PS_BYTES;
+    unsigned char* const ds_buf = sm + L::DS_OFF + (it % 2) * L::PS_BYTES;
+    mbar_wait(&full[s], ph);
+
+    // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1): [64 keys, 64 queries].
+    float acc[MF][4];
+    {
+      const uint32_t a = cw ? v_base : k_base, b = cw ? dos : qs;
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < KD; ++k) {
+        const uint32_t off = (k % 4) * 32;
+        Wgmma<BLOCK_M>::template ss<T>(acc, smem_desc(a + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
+                                       smem_desc(b + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(acc);
+    }
+    // The word of fragment element pair (nf, h) (h = e / 2: rows g, g + 8) in a P^T / dS^T buffer: row r = 16 warp
+    // + g + 8 h (a key), queries 8 nf + 2t, + 1 (16-byte piece nf, swizzled by r % 8 = g).
+    auto word = [&](unsigned char* buf, int nf, int h) {
+      return reinterpret_cast<uint32_t*>(buf + (16 * warp + g + 8 * h) * 128 + ((nf ^ g) * 16) + 4 * t);
+    };
+    const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
+    const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
+    if (cw == 0) {  // P^T, masked where some element of the [64 keys, 64 rows] tile is hidden (uniform)
+      const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
+#pragma unroll
+      for (int nf = 0; nf < MF; ++nf) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+        float pv[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = acc[nf][e];
+          if (need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+          pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+        }
+        *word(pt_buf, nf, 0) = pack2<T>(pv[0], pv[1]);
+        *word(pt_buf, nf, 1) = pack2<T>(pv[2], pv[3]);
+      }
+      fence_proxy_async_shared();  // the P^T stores, before wgmma (the async proxy) reads them
+    }
+    named_bar_sync(1, 256);  // P^T in smem (and dP^T in consumer 1's registers)
+
+    // dV_c += P^T dO_c.
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KM; ++k)
+      Wgmma<HD>::template ss<T, 0, 1>(acc_dv, smem_desc(pt + k * 32, 16, 1024),
+                                      smem_desc(dos + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+    wgmma_commit();
+
+    if (cw == 1) {  // dS^T = P^T (dP^T - D), under dV's products
+#pragma unroll
+      for (int nf = 0; nf < MF; ++nf) {
+        const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
+        const float2 p01 = unpack2<T>(*word(pt_buf, nf, 0)), p23 = unpack2<T>(*word(pt_buf, nf, 1));
+        *word(ds_buf, nf, 0) = pack2<T>(p01.x * (acc[nf][0] - dl.x), p01.y * (acc[nf][1] - dl.y));
+        *word(ds_buf, nf, 1) = pack2<T>(p23.x * (acc[nf][2] - dl.x), p23.y * (acc[nf][3] - dl.y));
+      }
+      fence_proxy_async_shared();
+    }
+    named_bar_sync(2, 256);  // dS^T in smem
+
+    // dQ_c = dS K_c (A = dS^T read MN-major, B = K's columns of c, MN-major), then dK_c += dS^T Q_c: dQ's
+    // reductions are issued while dK's products run.
+    float acc_dq[HF][4];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KN; ++k)
+      Wgmma<HD>::template ss<T, 1, 1>(acc_dq, smem_desc(ds + k * 16 * 128, BLOCK_N * 128, 1024),
+                                      smem_desc(k_base + 2 * cw * BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024),
+                                      k > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < KM; ++k)
+      Wgmma<HD>::template ss<T, 0, 1>(acc_dk, smem_desc(ds + k * 32, 16, 1024),
+                                      smem_desc(qs + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV, dQ done (dK may still run)
+    reg_fence(acc_dq);
+
+    // dQ_c: this warp's 16 rows, n8 blocks [HF cw, HF cw + HF) of the accumulator (attn/bwd.cuh's layout); one
+    // 16-byte reduction (RED.E.ADD.F32x4) per thread and fragment, or with "seqpar" a 16-byte store into this KV
+    // tile's buffer.
+    float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
+#pragma unroll
+    for (int j = 0; j < HF; ++j) {
+      float4* dst = reinterpret_cast<float4*>(band_dq + 128 * j);
+      const float4 v = make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+      if (seqpar)
+        *dst = v;
+      else
+        atomicAdd(dst, v);
+    }
+    wgmma_wait<0>();  // dK done: stage s, the P^T and dS^T buffers are free
+    reg_fence(acc_dk);
+    reg_fence(acc_dv);
+    mbar_arrive(&empty[s]);
+  }
+
+  // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim.
+  store_dkdv<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
 }
 
 }  // namespace cuflash

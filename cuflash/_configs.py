@@ -438,27 +438,35 @@ def sm90_fwd_specs():
 @dataclass(frozen=True)
 class Sm90BwdTile:
     """Tile of the warp-specialized sm_90a backward (cuda_src/flash_bwd_sm90.cu): 1 producer warpgroup + 2 consumer
-    warpgroups of 64 keys each (block_n = 128 keys per block), block_m query rows per Q / dO stage."""
+    warpgroups of 64 keys each (block_n = 128 keys per block), block_m query rows per Q / dO stage; split: the
+    column-split form (flash_bwd_sm90_split_kernel, head dim 256): block_n = 64 keys, the consumers each holding dK
+    and dV of half the columns, block_m = 64."""
 
     block_m: int
     stages: int = 2
     regs_mma: int = 240  # setmaxnreg: 128 (regs_load + 2 regs_mma) <= 168 x 384, the launch allocation
     regs_load: int = 24  # the producer warpgroup: the loads' thread and the dQ writer's
-    block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys)
+    block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys; 64 in the column-split form)
     threads: int = 384
+    split: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
-# dims, kernel_headdim); 32 and 256 stay on the sm80 kernels (256: dK and dV of 64 keys x 256 columns per consumer
-# do not fit its registers).
-SM90_BWD_HEADDIMS = (64, 96, 128)
+# dims, kernel_headdim); 32 stays on the sm80 kernels.
+SM90_BWD_HEADDIMS = (64, 96, 128, 256)
 # The accumulators decide the tiles: a consumer holds dK, dV [64 keys, DP] and S^T, dP^T [64 keys, block_m] in fp32,
-# 2 x 32 + 2 x 64 registers per thread either way (DP = 64 with block_m = 128; DP = 128 with block_m = 64).
+# 2 x 32 + 2 x 64 registers per thread either way (DP = 64 with block_m = 128; DP = 128 with block_m = 64). At 256,
+# dK and dV of 64 keys x 256 columns alone would be 2 x 128: the column-split form (64 keys per block, each consumer
+# 128 of the columns; the S^T / dP^T products split between the consumers by operand, P^T and dS^T through smem).
 SM90_BWD_TILES = {
     64: Sm90BwdTile(128),
     96: Sm90BwdTile(64),
     128: Sm90BwdTile(64),
+    256: Sm90BwdTile(64, block_n=64, split=True),
 }
+# The column-split form runs "atomic" (16-byte reductions from registers) and "seqpar": its shared memory holds no
+# dQ staging tile, so there is no dQ writer and no "ordered"; and no score modifiers (those calls take the sm80
+# kernels).
 
 
 def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
@@ -470,6 +478,8 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
     mbarriers; 1 KB of alignment slack (the kernel's Sm90BwdLayout::BYTES, static_asserted)."""
     dp = -(-headdim // 64) * 64
     bm, bn, st = tile.block_m, tile.block_n, tile.stages
+    if tile.split:  # K, V; stages x (Q, dO); 2 P^T and 2 dS^T buffers; stages x (lse_log2, D); the mbarriers
+        return (2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 4 * bn * bm * ELEM_BYTES + 2 * st * bm * 4 + (1 + 2 * st) * 8 + 1024
     return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + bm * headdim * 4 + 2 * st * bm * 4
             + (3 + 2 * st) * 8 + 1024)
 
@@ -484,9 +494,10 @@ SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 # takes at the head dims SM90_BWD_CAUSAL_GROUP_HEADDIMS up to SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K keys per sequence
 # (sm90_bwd_causal_group). bench/diag/bwd_order_probe.py timed groups of 4, 8 and 16 against the launch's order on
 # the FA2 grid's causal points (bench/NOTES.md, "Hopper backward"): groups of 4 +1-4% at head dim 128 from 2k to 8k
-# and +17% with GQA 16/2 at 4k; at 16k -0-3% (the group's Q and dO no longer share L2), at head dim 64 -5% to +3%.
+# and +17% with GQA 16/2 at 4k; at 16k -0-3% (the group's Q and dO no longer share L2), at head dim 64 -5% to +3%;
+# at head dim 256 (the column-split kernel, 64-key tiles) +4-8% at 2k-4k, -1 to +4% at 8k, -1 to +2% at 16k.
 SM90_BWD_CAUSAL_GROUP = 4
-SM90_BWD_CAUSAL_GROUP_HEADDIMS = (128,)
+SM90_BWD_CAUSAL_GROUP_HEADDIMS = (128, 256)
 SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K = 8192
 
 
@@ -520,6 +531,13 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
+    if tile.split:
+        if mod or order:
+            raise ValueError(f"the column-split tile (head dim {headdim}) has no score modifiers or orders; got "
+                             f"mod={mod!r}, order={order!r}")
+        name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
+                f"{tile.regs_mma}, {tile.regs_load}, {smem}{f', {group}' if group else ''}>")
+        return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
     tail = (f", {mod}, {order}, {group}" if group else f", {mod}, {order}" if order else
             (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
@@ -530,8 +548,10 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and the
     grouped causal kernels (sm90_bwd_causal_group)."""
-    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
-            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
+    full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
+    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES
+             if not (m and sm90_bwd_tile(d).split)] +
+            [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
              for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)])
 
@@ -1037,8 +1057,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
                     out += [bwd_spec(dt, d, c, tile, part, mod=m), bwd_convert_spec(dt, d, c, tile.block_n, mod=m)]
-                    if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
-                        t90 = sm90_bwd_tile(d)
+                    if arch == 90 and d90 and d in SM90_BWD_HEADDIMS and not (m and sm90_bwd_tile(d).split):
+                        t90 = sm90_bwd_tile(d)  # the Hopper backward and its convert
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
                         if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences)
                             out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))

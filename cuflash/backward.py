@@ -167,7 +167,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         raise ValueError("dq_strategy='ordered' runs on the Hopper backward without window_size / softcap / "
                          "alibi_slopes" + ("" if path == "sm90" else " (this call takes the sm80 kernels)") +
                          "; use 'seqpar' or 'loop' for a deterministic backward")
-    if dq_strategy is None and deterministic and path == "sm90" and not mod:
+    if dq_strategy is None and deterministic and path == "sm90" and not mod and not sm90_bwd_tile(d).split:
         dq_strategy = "ordered"  # deterministic at the atomic strategy's memory (and nearly its speed)
     strategy = choose_dq_strategy(dq_strategy, deterministic, (n_blocks or 0) * rows * d * 4, qa.device)
     if path == "sm90" and strategy == "loop":  # seqpar's buffers did not fit: "loop" runs on the sm80 kernels

@@ -39,7 +39,14 @@ for name, kw in opts.items():
     res["opt " + name] = rec
     res["forced " + name] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 64), backend="sm90",
                                                                   **kw))
-res["forced d256"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90"))
+res["forced d256 window"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
+                                                                   window_size=(50, 0)))
+res["forced d256 ordered"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
+                                                                    dq_strategy="ordered", deterministic=True))
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), softcap=5.0))
+res["auto d256 softcap"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
+res["deterministic d256"] = rec
 res["forced d32"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 32), backend="sm90"))
 res["bad backend"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 64), backend="hopper"))
 # a head stride that TMA cannot step (an expanded KV head): auto falls back, forced refuses
@@ -122,14 +129,16 @@ def test_auto_takes_the_sm90_backward_where_it_can(res, d, causal, dt):
     if d > _configs.SM80_ONLY_MAX_HEADDIM and kd in _configs.SM90_BWD_HEADDIMS:
         spec = _configs.sm90_bwd_spec(dt, kd, causal, group=_configs.sm90_bwd_causal_group(kd, 777) if causal else 0)
         assert rec[1][0] == spec.name
-        assert rec[1][1] == [-(-777 // 128), 2, 2]  # (KV tiles of 128 keys, KV heads, batch)
-        assert rec[2][0] == _configs.bwd_convert_spec(dt, kd, causal, 128).name
+        bn = 64 if kd == 256 else 128  # the column-split kernel's KV tile at head dim 256
+        assert _configs.sm90_bwd_tile(kd).block_n == bn and ("split" in spec.name) == (kd == 256)
+        assert rec[1][1] == [-(-777 // bn), 2, 2]  # (KV tiles, KV heads, batch)
+        assert rec[2][0] == _configs.bwd_convert_spec(dt, kd, causal, bn).name
         # one parameter block for the three kernels; the main kernel's maps after it: q, k, v, dout, whose boxes are
         # 64 columns by the tile's rows, their dims the inputs' (head dim, seqlen, heads, batch)
         assert rec[0][2][:2 * BWD_PARAMS.size] == rec[1][2][:2 * BWD_PARAMS.size] == rec[2][2][:2 * BWD_PARAMS.size]
         bm = _configs.sm90_bwd_tile(kd).block_m
         shapes = [(d, 300, 8, 2), (d, 777, 2, 2), (d, 777, 2, 2), (d, 300, 8, 2)]
-        for m, rows, dims in zip(_maps(rec[1][2]), (bm, 128, 128, bm), shapes):
+        for m, rows, dims in zip(_maps(rec[1][2]), (bm, bn, bn, bm), shapes):
             ptr, _, got_dims, box = _map_fields(m)
             assert ptr and tuple(got_dims) == dims and box == [64, rows, 1, 1]
     else:
@@ -145,7 +154,11 @@ def test_options_of_the_sm80_kernels(res, name, why):
 
 
 def test_refusals_name_the_reason(res):
-    assert res["forced d256"][0] == "ValueError" and "head dim 256" in res["forced d256"][1]
+    for name, why in (("window", "window_size / softcap / alibi_slopes at head dim 256"),
+                      ("ordered", "dq_strategy='ordered' at head dim 256")):
+        kind, msg = res["forced d256 " + name]
+        assert kind == "ValueError" and "backend='sm90'" in msg and why in msg, msg
+    assert "flash_bwd_kernel" in res["auto d256 softcap"][1][0]  # modifiers at 256: the mma.sync kernels
     assert res["forced d32"][0] == "ValueError" and "head dim 32" in res["forced d32"][1]
     assert res["bad backend"][0] == "ValueError" and "backend" in res["bad backend"][1]
     assert "flash_bwd_kernel" in res["expanded"][1][0]
@@ -158,9 +171,10 @@ def _fields(rec):
 
 def test_deterministic_strategies(res):
     """deterministic=True: "ordered" (3, one accumulator) without modifiers, seqpar (1) with 128-key buffers with a
-    window or when asked for; "ordered" refused with a window or on the sm80 kernels."""
+    window or when asked for, and with 64-key buffers at head dim 256 (the column-split kernel has no "ordered");
+    "ordered" refused with a window or on the sm80 kernels."""
     for name, strategy, splits in (("deterministic", 3, 1), ("deterministic window", 1, -(-777 // 128)),
-                                   ("seqpar", 1, -(-777 // 128))):
+                                   ("seqpar", 1, -(-777 // 128)), ("deterministic d256", 1, -(-777 // 64))):
         rec = res[name]
         assert "bwd_sm90" in rec[1][0], name
         f = _fields(rec)
@@ -365,6 +379,10 @@ def test_default_group_rule():
         assert _configs.sm90_bwd_causal_group(d, 1) == _configs.sm90_bwd_causal_group(d, lim) == (
             _configs.SM90_BWD_CAUSAL_GROUP if on else 0)
         assert _configs.sm90_bwd_causal_group(d, lim + 1) == _configs.sm90_bwd_causal_group(d, None) == 0
+        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: no orders, no modifiers
+            for kw in (dict(order=_configs.SM90_BWD_CAUSAL_ORDER), dict(mod=_configs.MOD_SCORE)):
+                with pytest.raises(ValueError, match="column-split"):
+                    _configs.sm90_bwd_spec("float16", d, True, **kw)
         for dt in _configs.DTYPES:
             names = {s.name for s in _configs.sm90_bwd_specs()}
             models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}

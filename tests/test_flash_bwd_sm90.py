@@ -1,6 +1,6 @@
 """GPU: the Hopper backward (cuda_src/flash_bwd_sm90.cu, backend="sm90") against the float64 reference with the
 error rule of conftest.py (gradients within 3x torch's own low-precision error): head dims 40-128 (padded ones
-included), fp16 / bf16, causal and not, ragged tails and seqlen_q != seqlen_k both ways (rows that see no key:
+included) and 136-256 (the column-split kernel), fp16 / bf16, causal and not, ragged tails and seqlen_q != seqlen_k both ways (rows that see no key:
 zero gradients, no NaN), GQA / MQA, the three dQ strategies (atomic bulk reductions; "ordered": the same in KV-tile
 order, and seqpar bulk stores, both bitwise reproducible), the score modifiers, strided views, the automatic choice (autograd takes it on sm90), the memoized
 maps under changing pointers, the caller's stream and CUDA-graph capture. The same cases on the mma.sync kernels
@@ -199,10 +199,99 @@ def test_ordered_is_refused_where_it_cannot_run():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+# ---- head dim 256: the column-split kernel (64-key tiles; each consumer holds dK, dV of half the columns) ----------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", SHAPES)
+def test_headdim_256(dtype, causal, sq, sk):
+    check(2, sq, sk, 2, 2, 256, dtype, causal)
+
+
+@pytest.mark.parametrize("d", [136, 160, 200, 248])
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdim_256_padded(d, causal):
+    """Head dims 136-248 on the 256 kernel: TMA zero-fills the columns past d; consumer 1's columns begin at 128, so
+    its dK / dV stores keep d - 128 of them."""
+    check(2, 333, 517, 4, 2, d, "bfloat16" if d % 16 else "float16", causal)
+
+
+@pytest.mark.parametrize("h,hk", [(8, 2), (6, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdim_256_gqa(h, hk, causal):
+    check(2, 300, 451, h, hk, 256, "float16", causal)
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdim_256_dq_strategies(dq_strategy, causal):
+    """Non-causal blocks start at Q tile n_block % num_m (wrapping): many KV tiles over few Q tiles and the other way."""
+    check(2, 700, 1100, 4, 2, 256, "bfloat16", causal, dq_strategy=dq_strategy, deterministic=dq_strategy != "atomic")
+    check(1, 1500, 200, 2, 2, 256, "float16", causal, dq_strategy=dq_strategy, deterministic=dq_strategy != "atomic")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdim_256_deterministic_is_bitwise(causal):
+    """deterministic=True at head dim 256 takes seqpar (the column-split kernel has no "ordered"): bitwise repeats."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(2, 513, 1100, 8, 2, 256, "float16", causal, deterministic=True)
+    plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, causal, None, True, None, "auto")
+    assert (plan.backend, plan.strategy) == ("sm90", "seqpar")  # (seqpar plans are not memoized: made here)
+    for _ in range(2):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_headdim_256_refusals_and_fallbacks():
+    """Score modifiers and "ordered" at head dim 256: backend="sm90" names why; auto takes the mma.sync kernels."""
+    import torch
+
+    q, k, v = torch_inputs((1, 200, 2, 256), (1, 200, 2, 256), "float16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, softcap=5.0, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    with pytest.raises(ValueError, match="softcap / alibi_slopes at head dim 256"):
+        cuflash.flash_attn_backward(dout, q, k, v, out, lse, softcap=5.0, backend="sm90")
+    with pytest.raises(ValueError, match="ordered"):
+        cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy="ordered", backend="sm90")
+    bwd_mod._PLANS.clear()
+    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, softcap=5.0)
+    assert [p.backend for p in bwd_mod._PLANS.values()] == ["sm80"]
+    ref = reference.attention_backward(to_np(dout), to_np(q), to_np(k), to_np(v), 256 ** -0.5, False, (-1, -1), 5.0)
+    lowp = lowp_grads(q, k, v, dout, 256 ** -0.5, False, cap=5.0)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), got, lowp, ref):
+        assert_close_to_ref(name + " d256 softcap (sm80)", ours, lp, r, factor=3.0)
+
+
+def test_headdim_256_graph_capture_and_no_key_rows():
+    """A captured head-dim-256 backward replayed on new inputs; causal rows that see no key: dQ exactly 0."""
+    import torch
+
+    (q, k, v, out, lse, dout), (dq, dk, dv) = check(1, 700, 130, 2, 2, 256, "bfloat16", True)
+    assert torch.count_nonzero(dq[:, : 700 - 130]) == 0
+    assert np.isfinite(to_np(dk)).all() and np.isfinite(to_np(dv)).all()
+    static = [dout, q, k, v, out, lse]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = cuflash.flash_attn_backward(*static, causal=True, backend="sm90")
+    q2, k2, v2 = torch_inputs((1, 700, 2, 256), (1, 130, 2, 256), "bfloat16")
+    out2, lse2, _ = cuflash.flash_attn_func(q2, k2, v2, causal=True, return_attn_probs=True)
+    fresh = [torch.randn_like(out2), q2, k2, v2, out2, lse2]
+    for dst, src in zip(static, fresh):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = reference.attention_backward(*(to_np(x) for x in fresh[:4]), 256 ** -0.5, True)
+    lowp = lowp_grads(q2, k2, v2, fresh[0], 256 ** -0.5, True)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), got, lowp, ref):
+        assert_close_to_ref(name + " d256 graph", ours, lp, r, factor=3.0)
+
+
 def test_long_sequences_wrap_the_stage_ring():
     """Many Q tiles per block (the Q / dO stages and the two dS^T buffers reused many times) and many KV tiles."""
     check(1, 4096, 4096, 2, 1, 128, "bfloat16", True)
     check(1, 3000, 5000, 2, 2, 64, "float16", False)
+    check(1, 3000, 2500, 2, 1, 256, "bfloat16", False)
 
 
 OPTIONS = [((-1, -1), 0.0, None, False), ((100, 0), 0.0, None, False), ((64, 64), 0.0, None, False),

@@ -4,7 +4,7 @@ first within groups of G (KV head, batch) pairs; cuflash._bwd_sm90.CAUSAL_GROUP)
 in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen, 2048 / d heads) and three GQA points
 (bench/diag/ordered_probe.py's):
 
-    python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--json FILE]
+    python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--headdims 64,128] [--json FILE]
     python -m bench.diag.bwd_order_probe --model      (CPU: bench/diag/bwd_grid_model.py's prediction, no GPU)
 
 Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly, 5
@@ -28,6 +28,8 @@ def predicted(d, s, b, h, hk, group):
 
     from .bwd_grid_model import overhead
 
+    if SM90_BWD_TILES[d].split:  # (the model's blocks are 128-key tiles)
+        return float("nan")
     bm = SM90_BWD_TILES[d].block_m
     return overhead(s, hk, b, bm, True, "head-major") / overhead(s, hk, b, bm, True, f"tile-major/{group}")
 
@@ -76,19 +78,27 @@ def _groups(argv):
     return gs
 
 
+def _headdims(argv):
+    if "--headdims" not in argv:
+        return (64, 128)
+    return tuple(int(x) for x in argv[argv.index("--headdims") + 1].split(",") if x)
+
+
 def main(argv):
     groups = _groups(argv)
+    dims = _headdims(argv)
     if "--model" in argv:
         print("model: the launch order's makespan / the grouped order's (> 1: grouped predicted faster)")
         print(f"{'d':>4} {'seqlen':>6} {'b':>2} {'h/hk':>6} | " + " ".join(f"{f'g{g}':>6}" for g in groups))
-        for dt, d, s, b, h, hk in points("--quick" in argv):
+        for dt, d, s, b, h, hk in points("--quick" in argv, dims):
             if dt == "float16":
                 print(f"{d:>4} {s:>6} {b:>2} {f'{h}/{hk}':>6} | "
                       + " ".join(f"{predicted(d, s, b, h, hk, g):>6.3f}" for g in groups))
         return 0
     from .ordered_probe import run_points
 
-    rows, all_ok = run_points(argv, points("--quick" in argv), lambda *a: run_point(*a, groups), default_rounds=3)
+    rows, all_ok = run_points(argv, points("--quick" in argv, dims), lambda *a: run_point(*a, groups),
+                              default_rounds=3)
     if rows is None:
         return 2
     print("\ncausal backward (atomic), ms per call (launch order, cuDNN) and each grouped order's speed as a fraction "

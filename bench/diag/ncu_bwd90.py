@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     bad = [w for w in what if w not in WHAT]
     if bad:
         raise ValueError(f"--what: unknown {bad}; choose from {WHAT}")
-    if args.seqlen <= 0 or 16384 % args.seqlen or args.headdim not in (64, 96, 128):
-        raise ValueError(f"--seqlen must divide 16384 and --headdim be 64, 96 or 128; got {args.seqlen}, "
+    if args.seqlen <= 0 or 16384 % args.seqlen or args.headdim not in (64, 96, 128, 256):
+        raise ValueError(f"--seqlen must divide 16384 and --headdim be 64, 96, 128 or 256; got {args.seqlen}, "
                          f"{args.headdim}")
 
     import torch

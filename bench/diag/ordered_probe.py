@@ -23,14 +23,16 @@ CALLS = 5
 VARIANTS = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("kv_desc", DQ_ORDER_KV_DESC), ("q_desc", DQ_ORDER_Q_DESC))
 
 
-def points(quick=False):
-    """(dtype, d, seqlen, batch, heads, kv heads)."""
+def points(quick=False, headdims=(64, 128)):
+    """(dtype, d, seqlen, batch, heads, kv heads): the FA2 grid's points at `headdims`, and three GQA points at
+    those of them among 64 and 128."""
     out = []
     for dt in ("float16", "bfloat16"):
-        for d in (64, 128):
+        for d in headdims:
             for s in ((2048, 16384) if quick else (2048, 4096, 8192, 16384)):
                 out.append((dt, d, s, 16384 // s, 2048 // d, 2048 // d))
-    out += [("float16", 128, 4096, 4, 16, 2), ("float16", 128, 16384, 1, 16, 2), ("float16", 64, 16384, 1, 32, 8)]
+    out += [p for p in (("float16", 128, 4096, 4, 16, 2), ("float16", 128, 16384, 1, 16, 2),
+                        ("float16", 64, 16384, 1, 32, 8)) if p[1] in headdims]
     return out
 
 

@@ -5,7 +5,8 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_bwd_check
     compute-sanitizer --tool racecheck python -m bench.diag.sm90_bwd_check --quick
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_bwd_check --quick
-    ... [--dq atomic,ordered,seqpar] [--causal-only]    (a subset: those dQ strategies, the causal cases only)
+    ... [--dq atomic,ordered,seqpar] [--causal-only] [--headdims 256]   (a subset: those dQ strategies, the causal
+                                                                          cases only, those head dims)
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
@@ -63,13 +64,18 @@ def main(argv):
                                                                      (2, 1, 1, 2, 2), (1, 300, 301, 4, 2)]
     strategies = argv[argv.index("--dq") + 1].split(",") if "--dq" in argv else ("atomic", "ordered", "seqpar")
     causals = (True,) if "--causal-only" in argv else (False, True)
+    dims = [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if "--headdims" in argv else (64, 96, 128,
+                                                                                                          256)
     failed = 0
     for dtype in dtypes:
-        for d in (64, 96, 128):
+        for d in dims:
+            split = d == 256  # the column-split kernel: no score modifiers, no "ordered"
             for causal in causals:
                 for dq in strategies:
                     for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):
                         if (quick and opts and dq != "atomic") or (opts and (causal or dq == "ordered")):
+                            continue
+                        if split and (opts or dq == "ordered"):
                             continue
                         for b, sq, sk, h, hk in cases:
                             ok, errs = _case(b, sq, sk, h, hk, d, dtype, causal, dq, opts)

@@ -125,6 +125,18 @@ struct Sm90BwdLayout {
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
 };
 
+// acc [64 rows of A, N] = A B^T over the DP columns of two K-major tiles in shared memory, A and B in 64-column
+// chunks of A_ROWS and B_ROWS rows (the 128-byte-swizzled layout of sm90.cuh): S^T = K Q^T and dP^T = V dO^T.
+template <typename T, int N, int A_ROWS, int B_ROWS, int DP>
+__device__ __forceinline__ void wgmma_ss_over_d(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int k = 0; k < DP / 16; ++k) {
+    const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
+    Wgmma<N>::template ss<T>(acc, smem_desc(a + (k / 4) * A_ROWS * 128 + off, 16, 1024),
+                             smem_desc(b + (k / 4) * B_ROWS * 128 + off, 16, 1024), k > 0);
+  }
+}
+
 // The (query head, Q tile) pairs of a block in its order: heads of the KV head's group outer, each head's Q tiles
 // [m_begin, m_begin + num_m) inner (q_tile_at's order), with ROT started `rot` tiles in (wrapping).
 template <bool ROT>
@@ -187,7 +199,6 @@ __global__ void __launch_bounds__(384, 1)
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
   constexpr int BLOCK_N = L::BLOCK_N, DP = L::DP, CH = L::CH;
   constexpr bool SPLIT_M = BLOCK_M == 128;  // dQ: each consumer takes 64 Q rows (else 64 columns) of the tile
-  constexpr int KD = DP / 16;        // k16 steps over D (S^T, dP^T)
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
@@ -335,19 +346,9 @@ __global__ void __launch_bounds__(384, 1)
     // S^T = K_w Q^T and dP^T = V_w dO^T, two groups.
     float acc_s[MF][4], acc_dp[MF][4];
     wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < KD; ++k) {
-      const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
-      Wgmma<BLOCK_M>::template ss<T>(acc_s, smem_desc(ka + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
-                                     smem_desc(qs + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
-    }
+    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_s, ka, qs);
     wgmma_commit();
-#pragma unroll
-    for (int k = 0; k < KD; ++k) {
-      const uint32_t off = (k % 4) * 32;
-      Wgmma<BLOCK_M>::template ss<T>(acc_dp, smem_desc(va + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
-                                     smem_desc(dos + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
-    }
+    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_dp, va, dos);
     wgmma_commit();
     wgmma_wait<1>();  // S^T done (dP^T may still run)
     reg_fence(acc_s);
@@ -558,7 +559,6 @@ __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdSplitLayout<D, STAGES>;
   constexpr int BLOCK_N = L::BLOCK_N, BLOCK_M = L::BLOCK_M, DP = L::DP;
-  constexpr int KD = DP / 16;        // k16 steps over D (S^T, dP^T)
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T, dP^T along the Q rows
@@ -640,19 +640,11 @@ __global__ void __launch_bounds__(384, 1)
 
     // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1): [64 keys, 64 queries].
     float acc[MF][4];
-    {
-      const uint32_t a = cw ? v_base : k_base, b = cw ? dos : qs;
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < KD; ++k) {
-        const uint32_t off = (k % 4) * 32;
-        Wgmma<BLOCK_M>::template ss<T>(acc, smem_desc(a + (k / 4) * BLOCK_N * 128 + off, 16, 1024),
-                                       smem_desc(b + (k / 4) * BLOCK_M * 128 + off, 16, 1024), k > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(acc);
-    }
+    wgmma_fence();
+    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc, cw ? v_base : k_base, cw ? dos : qs);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(acc);
     // The word of fragment element pair (nf, h) (h = e / 2: rows g, g + 8) in a P^T / dS^T buffer: row r = 16 warp
     // + g + 8 h (a key), queries 8 nf + 2t, + 1 (16-byte piece nf, swizzled by r % 8 = g).
     auto word = [&](unsigned char* buf, int nf, int h) {

@@ -522,14 +522,17 @@ __global__ void __launch_bounds__(384, 1)
 //   both:        dV_c += P^T dO_c        wgmma, P^T from smem (K-major), dO's columns of c (MN-major)
 //   consumer 1:  dS^T = P^T (dP^T - D)   P from the P^T buffer (the 16-bit values dV uses) -> the dS^T buffer;
 //                named barrier 2 (both)
-//   both:        dK_c += dS^T Q_c        wgmma, dS^T from smem
-//                dQ_c  = dS K_c          wgmma, dS read MN-major from dS^T, K's columns of c
-//                dQ_c -> the fp32 accumulator from registers: one 16-byte reduction (RED.E.ADD.F32x4) per thread and
-//                accumulator fragment, or with "seqpar" a 16-byte store into this KV tile's buffer.
+//   both:        dQ_c  = dS K_c          wgmma, dS read MN-major from dS^T, K's columns of c
+//                dK_c += dS^T Q_c        wgmma, dS^T from smem
+//                dQ_c -> the fp32 accumulator from registers, while dK's products run: one 16-byte reduction
+//                (RED.E.ADD.F32x4) per thread and accumulator fragment, or with "seqpar" a 16-byte store into this KV
+//                tile's buffer.
 // There is no shared memory left for a dQ staging tile (K, V, 2 stages of Q and dO: 192 KB, P^T and dS^T double
 // buffered: 32 KB), so there is no dQ writer warp and no "ordered" strategy (the host runs deterministic calls as
-// "seqpar", or on the mma.sync kernels). Non-causal blocks start their Q tiles at n_block % num_m (wrapping), so that
-// the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal.
+// "seqpar", or on the mma.sync kernels). Plain non-causal blocks start their Q tiles at n_block % num_m (wrapping), so
+// that the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal.
+// MOD_SCORE (window, soft-cap, ALiBi: attn/mask.cuh): consumer 0 applies them to S^T on the tiles that need it and
+// hands the soft-cap's derivative to consumer 1 through the dS^T buffer.
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
 // they are wgmma operands in both orientations. The buffer of iteration it is it % 2: its last readers, iteration
 // it - 2's products, completed before both consumers passed iteration it - 1's barriers.
@@ -554,7 +557,8 @@ struct Sm90BwdSplitLayout {
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;
 };
 
-template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int GROUP = 0>
+template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int MOD = MOD_NONE,
+          int GROUP = 0>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdSplitLayout<D, STAGES>;
@@ -569,7 +573,8 @@ __global__ void __launch_bounds__(384, 1)
                     REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
-  static_assert(GROUP >= 0 && (GROUP == 0 || CAUSAL), "GROUP: causal kernels only");
+  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE)), "GROUP: the causal kernels only");
+  static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -582,11 +587,15 @@ __global__ void __launch_bounds__(384, 1)
   const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  const Mask<CAUSAL, MOD_NONE> band(si.seqlen_k, si.diag());
+  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());  // (the visited Q tiles: attn/block.cuh, from the band alone)
+  if constexpr (MOD != MOD_NONE) {
+    band.left = (int)p.window_left;
+    band.right = (int)p.window_right;
+  }
   const int m_begin = q_block_begin<BLOCK_M>(band, n0);
   const int num_m = max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin);
   const int total = group * num_m;
-  const int rot = CAUSAL || num_m == 0 ? 0 : n_block % num_m;
+  const int rot = CAUSAL || MOD != MOD_NONE || num_m == 0 ? 0 : n_block % num_m;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -603,14 +612,14 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && total > 0)
-      sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch,
+      sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch,
                                                                   group, m_begin, num_m, rot);
     return;
   }
 
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
-  const Mask<CAUSAL, MOD_NONE> mask = si.mask<CAUSAL, MOD_NONE>(p, batch, kv_head * group);
+  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform: the role and the columns [HD cw, +HD)
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
@@ -627,7 +636,7 @@ __global__ void __launch_bounds__(384, 1)
   zero_frags(acc_dv);
 
   if (total > 0) mbar_wait(bar_kv, 0);
-  QTileWalk<!CAUSAL> walk;
+  QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
   for (int it = 0; it < total; ++it) {
     const int s = it % STAGES, ph = (it / STAGES) & 1;
     const int2 hm = walk.next(num_m, rot);
@@ -652,20 +661,37 @@ __global__ void __launch_bounds__(384, 1)
     };
     const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
     const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
+    // With the soft-cap (MOD_SCORE, uniform), consumer 0 also keeps each element's derivative 1 - tanh^2
+    // (softcap_grad_of: from its value, no MUFU) as 16-bit pairs in the dS^T buffer, at the words consumer 1's thread
+    // of the same warp and lane reads and then overwrites with dS^T (values in [0, 1]: 2^-12 absolute, below the
+    // 16-bit dS they multiply).
+    const Mask<CAUSAL, MOD> mask =
+        MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
+    bool cap = false;
+    if constexpr (MOD != MOD_NONE) cap = mask.softcap();
     if (cw == 0) {  // P^T, masked where some element of the [64 keys, 64 rows] tile is hidden (uniform)
       const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
+      if constexpr (MOD != MOD_NONE) {
+        if (need_mask) mask.apply_t(acc, key_w, m0, lane);
+      }
+      const float dist0 = MOD != MOD_NONE ? mask.dist_of(m0 + 2 * t, key_w + g) : 0.f;
 #pragma unroll
       for (int nf = 0; nf < MF; ++nf) {
         const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-        float pv[4];
+        float pv[4], dv[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = acc[nf][e];
-          if (need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+          if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
           pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+          if constexpr (MOD != MOD_NONE) dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
         }
         *word(pt_buf, nf, 0) = pack2<T>(pv[0], pv[1]);
         *word(pt_buf, nf, 1) = pack2<T>(pv[2], pv[3]);
+        if (cap) {
+          *word(ds_buf, nf, 0) = pack2<__half>(dv[0], dv[1]);
+          *word(ds_buf, nf, 1) = pack2<__half>(dv[2], dv[3]);
+        }
       }
       fence_proxy_async_shared();  // the P^T stores, before wgmma (the async proxy) reads them
     }
@@ -679,13 +705,18 @@ __global__ void __launch_bounds__(384, 1)
                                       smem_desc(dos + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
     wgmma_commit();
 
-    if (cw == 1) {  // dS^T = P^T (dP^T - D), under dV's products
+    if (cw == 1) {  // dS^T = P^T (dP^T - D) (times the soft-cap's derivative), under dV's products
 #pragma unroll
       for (int nf = 0; nf < MF; ++nf) {
         const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
         const float2 p01 = unpack2<T>(*word(pt_buf, nf, 0)), p23 = unpack2<T>(*word(pt_buf, nf, 1));
-        *word(ds_buf, nf, 0) = pack2<T>(p01.x * (acc[nf][0] - dl.x), p01.y * (acc[nf][1] - dl.y));
-        *word(ds_buf, nf, 1) = pack2<T>(p23.x * (acc[nf][2] - dl.x), p23.y * (acc[nf][3] - dl.y));
+        float2 c01 = make_float2(1.f, 1.f), c23 = c01;
+        if (cap) {
+          c01 = unpack2<__half>(*word(ds_buf, nf, 0));
+          c23 = unpack2<__half>(*word(ds_buf, nf, 1));
+        }
+        *word(ds_buf, nf, 0) = pack2<T>(p01.x * (acc[nf][0] - dl.x) * c01.x, p01.y * (acc[nf][1] - dl.y) * c01.y);
+        *word(ds_buf, nf, 1) = pack2<T>(p23.x * (acc[nf][2] - dl.x) * c23.x, p23.y * (acc[nf][3] - dl.y) * c23.y);
       }
       fence_proxy_async_shared();
     }

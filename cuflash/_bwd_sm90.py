@@ -5,7 +5,7 @@ device whenever the call allows (`ineligible`), else the mma.sync (sm80) kernels
 ("sm90" on a call it cannot take is a ValueError naming why). Calls the sm90 backward cannot take: head dims
 outside SM90_BWD_HEADDIMS' range, dropout, packed sequences, dq_strategy="loop", an explicit warp_partition or
 tile (both select sm80 kernels), empty sequences, views whose base or strides are not 16-byte aligned (TMA), and at
-the head dims of the column-split kernel (256) score modifiers and dq_strategy="ordered".
+the head dims of the column-split kernel (256) dq_strategy="ordered".
 
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
@@ -42,13 +42,9 @@ def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_pa
                 f"{SM90_BWD_HEADDIMS[-1]})")
     if has_dropout(mods):
         return "dropout (the mma.sync kernels run it)"
-    if sm90_bwd_tile(kd).split:  # the column-split kernel (head dim 256): plain and causal, "atomic" and "seqpar"
-        if mods is not None and mods.mod:
-            return (f"window_size / softcap / alibi_slopes at head dim {d} (the sm90 backward's head-dim-{kd} kernel "
-                    "has no score modifiers; the mma.sync kernels run them)")
-        if dq_strategy == "ordered":
-            return (f"dq_strategy='ordered' at head dim {d} (the sm90 backward's head-dim-{kd} kernel has 'atomic' and "
-                    "'seqpar')")
+    if sm90_bwd_tile(kd).split and dq_strategy == "ordered":  # the column-split kernel (head dim 256)
+        return (f"dq_strategy='ordered' at head dim {d} (the sm90 backward's head-dim-{kd} kernel has 'atomic' and "
+                "'seqpar')")
     if packed is not None:
         return "packed sequences (the mma.sync kernels run them)"
     if dq_strategy == "loop":

@@ -465,8 +465,7 @@ SM90_BWD_TILES = {
     256: Sm90BwdTile(64, block_n=64, split=True),
 }
 # The column-split form runs "atomic" (16-byte reductions from registers) and "seqpar": its shared memory holds no
-# dQ staging tile, so there is no dQ writer and no "ordered"; and no score modifiers (those calls take the sm80
-# kernels).
+# dQ staging tile, so there is no dQ writer and no "ordered".
 
 
 def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:
@@ -532,11 +531,11 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
     if tile.split:
-        if mod or order:
-            raise ValueError(f"the column-split tile (head dim {headdim}) has no score modifiers or orders; got "
-                             f"mod={mod!r}, order={order!r}")
+        if order:
+            raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
+        tail = f", {mod}, {group}" if group else (f", {mod}" if _mod_checked(causal, mod) else "")
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
-                f"{tile.regs_mma}, {tile.regs_load}, {smem}{f', {group}' if group else ''}>")
+                f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
     tail = (f", {mod}, {order}, {group}" if group else f", {mod}, {order}" if order else
             (f", {mod}" if _mod_checked(causal, mod) else ""))
@@ -549,8 +548,7 @@ def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and the
     grouped causal kernels (sm90_bwd_causal_group)."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
-    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES
-             if not (m and sm90_bwd_tile(d).split)] +
+    return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
              for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)])
@@ -1057,8 +1055,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     part = BWD_AUTO_PARTITION.get(d, "kv")
                     tile = bwd_tile(d, part, arch, dt, m)
                     out += [bwd_spec(dt, d, c, tile, part, mod=m), bwd_convert_spec(dt, d, c, tile.block_n, mod=m)]
-                    if arch == 90 and d90 and d in SM90_BWD_HEADDIMS and not (m and sm90_bwd_tile(d).split):
-                        t90 = sm90_bwd_tile(d)  # the Hopper backward and its convert
+                    if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
+                        t90 = sm90_bwd_tile(d)
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
                         if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences)
                             out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))

@@ -39,8 +39,9 @@ for name, kw in opts.items():
     res["opt " + name] = rec
     res["forced " + name] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 64), backend="sm90",
                                                                   **kw))
-res["forced d256 window"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
-                                                                   window_size=(50, 0)))
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
+                                                      window_size=(50, 0)))
+res["forced d256 window"] = rec
 res["forced d256 ordered"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
                                                                     dq_strategy="ordered", deterministic=True))
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), softcap=5.0))
@@ -154,11 +155,12 @@ def test_options_of_the_sm80_kernels(res, name, why):
 
 
 def test_refusals_name_the_reason(res):
-    for name, why in (("window", "window_size / softcap / alibi_slopes at head dim 256"),
-                      ("ordered", "dq_strategy='ordered' at head dim 256")):
-        kind, msg = res["forced d256 " + name]
-        assert kind == "ValueError" and "backend='sm90'" in msg and why in msg, msg
-    assert "flash_bwd_kernel" in res["auto d256 softcap"][1][0]  # modifiers at 256: the mma.sync kernels
+    kind, msg = res["forced d256 ordered"]
+    assert kind == "ValueError" and "backend='sm90'" in msg and "dq_strategy='ordered' at head dim 256" in msg, msg
+    # the score modifiers at 256: the column-split kernel's MOD_SCORE form (mod 1)
+    for name in ("forced d256 window", "auto d256 softcap"):
+        main = res[name][1][0]
+        assert main == _configs.sm90_bwd_spec("float16", 256, False, mod=_configs.MOD_SCORE).name, (name, main)
     assert res["forced d32"][0] == "ValueError" and "head dim 32" in res["forced d32"][1]
     assert res["bad backend"][0] == "ValueError" and "backend" in res["bad backend"][1]
     assert "flash_bwd_kernel" in res["expanded"][1][0]
@@ -379,10 +381,9 @@ def test_default_group_rule():
         assert _configs.sm90_bwd_causal_group(d, 1) == _configs.sm90_bwd_causal_group(d, lim) == (
             _configs.SM90_BWD_CAUSAL_GROUP if on else 0)
         assert _configs.sm90_bwd_causal_group(d, lim + 1) == _configs.sm90_bwd_causal_group(d, None) == 0
-        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: no orders, no modifiers
-            for kw in (dict(order=_configs.SM90_BWD_CAUSAL_ORDER), dict(mod=_configs.MOD_SCORE)):
-                with pytest.raises(ValueError, match="column-split"):
-                    _configs.sm90_bwd_spec("float16", d, True, **kw)
+        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: no visiting orders ("ordered")
+            with pytest.raises(ValueError, match="column-split"):
+                _configs.sm90_bwd_spec("float16", d, True, order=_configs.SM90_BWD_CAUSAL_ORDER)
         for dt in _configs.DTYPES:
             names = {s.name for s in _configs.sm90_bwd_specs()}
             models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}

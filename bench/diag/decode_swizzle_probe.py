@@ -70,6 +70,34 @@ def release_memory():
     torch.cuda.empty_cache()
 
 
+def paged_copy(kc, vc, page):
+    """The cache's keys in pages of `page` rows, in a random order: (k pages, v pages, block table int32)."""
+    import torch
+
+    b, s, hk, d = kc.shape
+    perm = torch.randperm(b * s // page, device=kc.device)
+    kx, vx = torch.empty_like(kc).view(-1, page, hk, d), torch.empty_like(vc).view(-1, page, hk, d)
+    kx[perm], vx[perm] = kc.reshape(-1, page, hk, d), vc.reshape(-1, page, hk, d)
+    return kx, vx, perm.reshape(b, s // page).to(torch.int32)
+
+
+def check_inputs(b, s, hk, h, d, dt, lens, ps, sq):
+    """A CHECKS case's arrays: (q, kc, vc, k as the kernel reads it, v likewise, block table or None, cache_seqlens);
+    the cache rows past each element's keys NaN (the kernel must never use them), paged (ps > 0) in a random order."""
+    import torch
+
+    dtype = getattr(torch, dt)
+    kc = torch.randn(b, s, hk, d, device="cuda").to(dtype)
+    vc = torch.randn_like(kc)
+    for i, n in enumerate(lens):
+        kc[i, n:] = float("nan")
+        vc[i, n:] = float("nan")
+    q = torch.randn(b, sq, h, d, device="cuda").to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kx, vx, bt = (kc, vc, None) if not ps else paged_copy(kc, vc, ps)
+    return q, kc, vc, kx, vx, bt, seqlens
+
+
 def correctness() -> bool:
     import torch
 
@@ -80,20 +108,7 @@ def correctness() -> bool:
     _interop.POISON = True
     all_ok = True
     for b, s, hk, h, d, dt, lens, ps, sq, causal in CHECKS:
-        dtype = getattr(torch, dt)
-        kc = torch.randn(b, s, hk, d, device="cuda").to(dtype)
-        vc = torch.randn_like(kc)
-        for i, n in enumerate(lens):  # the rows past each element's keys: NaN (the kernel must never use them)
-            kc[i, n:] = float("nan")
-            vc[i, n:] = float("nan")
-        q = torch.randn(b, sq, h, d, device="cuda").to(dtype)
-        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        kx, vx, bt = kc, vc, None
-        if ps:  # the same keys in pages of ps rows, in a random order
-            perm = torch.randperm(b * s // ps, device="cuda")
-            kx, vx = torch.empty_like(kc).view(-1, ps, hk, d), torch.empty_like(vc).view(-1, ps, hk, d)
-            kx[perm], vx[perm] = kc.reshape(-1, ps, hk, d), vc.reshape(-1, ps, hk, d)
-            bt = perm.reshape(b, s // ps).to(torch.int32)
+        q, kc, vc, kx, vx, bt, seqlens = check_inputs(b, s, hk, h, d, dt, lens, ps, sq)
         swz = replace(_configs.decode_tile(d), swizzle=True)
         padded = replace(swz, swizzle=False)
         for ns in (0, 1, 7):

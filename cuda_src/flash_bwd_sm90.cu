@@ -103,6 +103,25 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
   }
 }
 
+// The band of visible keys a KV tile's Q tiles are found from (attn/block.cuh): the causal diagonal and the window's
+// edges only, so that the value modifiers are read by the consumers alone.
+template <bool CAUSAL, int MOD>
+__device__ __forceinline__ Mask<CAUSAL, MOD> sm90_bwd_band(const BwdParams& p, const SeqInfo& si) {
+  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());
+  if constexpr (MOD != MOD_NONE) {
+    band.left = (int)p.window_left;
+    band.right = (int)p.window_right;
+  }
+  return band;
+}
+// The Q tiles [x, x + y) of BLOCK_M rows that the KV tile of keys [n0, n0 + BLOCK_N) sees under `band`.
+template <int BLOCK_M, int BLOCK_N, class M>
+__device__ __forceinline__ int2 sm90_bwd_q_tiles(const M& band, const SeqInfo& si, int n0) {
+  const int m_begin = q_block_begin<BLOCK_M>(band, n0);
+  return make_int2(m_begin,
+                   max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin));
+}
+
 template <int D, int BLOCK_M, int STAGES>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
@@ -230,15 +249,10 @@ __global__ void __launch_bounds__(384, 1)
   const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  // Q tiles [m_begin, m_begin + num_m) see this KV tile (attn/block.cuh: from the band alone, so the value
-  // modifiers are read by the consumers only); iterations: (query head, Q tile)
-  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());
-  if constexpr (MOD != MOD_NONE) {
-    band.left = (int)p.window_left;
-    band.right = (int)p.window_right;
-  }
-  const int m_begin = q_block_begin<BLOCK_M>(band, n0);
-  const int num_m = max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin);
+  // Q tiles [m_begin, m_begin + num_m) see this KV tile; iterations: (query head, Q tile)
+  const Mask<CAUSAL, MOD> band = sm90_bwd_band<CAUSAL, MOD>(p, si);
+  const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0);
+  const int m_begin = qr.x, num_m = qr.y;
   const int total = group * num_m;
   const int wg = threadIdx.x / 128;
 
@@ -587,13 +601,8 @@ __global__ void __launch_bounds__(384, 1)
   const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());  // (the visited Q tiles: attn/block.cuh, from the band alone)
-  if constexpr (MOD != MOD_NONE) {
-    band.left = (int)p.window_left;
-    band.right = (int)p.window_right;
-  }
-  const int m_begin = q_block_begin<BLOCK_M>(band, n0);
-  const int num_m = max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin);
+  const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(sm90_bwd_band<CAUSAL, MOD>(p, si), si, n0);  // its Q tiles
+  const int m_begin = qr.x, num_m = qr.y;
   const int total = group * num_m;
   const int rot = CAUSAL || MOD != MOD_NONE || num_m == 0 ? 0 : n_block % num_m;
   const int wg = threadIdx.x / 128;

@@ -174,10 +174,7 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
             return dict(read_fraction=read_us / us if read_us and us else None,
                         graph_read_fraction=read_us / gus if read_us and gus else None)
 
-        auto = plan_for(q, kc, vc, cache_seqlens=seqlens)
-        auto_new = auto.num_splits
-        # how the default plan combines its splits: the decode kernel's CLUSTER form (one launch), a combine kernel
-        cluster = auto_new > 1 and len(auto.launches) == 1
+        auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
         calls = {}  # name -> (provider, algo, fn or None, record fields)
         for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
                                        ("decode-unsplit", "decode", 1, 1),
@@ -186,8 +183,7 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
                 return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
                                                        kernel=kernel)
 
-            extra = dict(cluster=cluster) if name == "decode-split" else {}
-            calls[name] = ("cuflash", name, fn, dict(kernel=kernel, num_splits=used, **extra))
+            calls[name] = ("cuflash", name, fn, dict(kernel=kernel, num_splits=used))
         qt = q.transpose(1, 2)
         expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
         if expand:

@@ -213,8 +213,7 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
             vs = f"{fl['us'] / cu['us']:.2f}x, {ratio(fl.get('graph_us'), cu.get('graph_us'))}"
         lines.append(
             f"| {key[0]} | {key[1]} | {k(key[2])}{star} | {cu.get('kv_bytes', 0) / 1e6:.0f} | {_fmt(cu.get('floor_us'))} | "
-            f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}"
-            f"{' c' if cu.get('cluster') else ''}) | "
+            f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}) | "
             f"{f'{gbw:.0%}' if gbw else '-'} | {f'{grd:.0%}' if grd else '-'} | "
             f"{_fmt((unsplit or {}).get('graph_us'))} | "
             f"{_fmt((prev or {}).get('graph_us'))} | {_fmt((fl or {}).get('us'))} / {_fmt((fl or {}).get('graph_us'))} | "

@@ -99,11 +99,8 @@
 
 namespace cuflash {
 
-// The most splits the CLUSTER form combines (a cluster of one block per split: the portable cluster size).
-constexpr int COMBINE_CLUSTER_MAX = 8;
-
 // Shared-memory layout of flash_decode_kernel, in bytes (the host mirrors it: _configs.decode_smem_bytes).
-template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES, bool SWZ = false, bool CLUSTER = false>
+template <int D, int MF, int BLOCK_N, int NWARPS, int STAGES, bool SWZ = false>
 struct DecodeSmem {
   static constexpr int BLOCK_M = 16 * MF;
   static constexpr int LDS = PaddedRow<D>::LDS;                      // 16-bit elements per smem row (Q)
@@ -116,10 +113,7 @@ struct DecodeSmem {
   // m_w, l_w, and the final weights c_w / L, each [NWARPS][BLOCK_M] fp32.
   static constexpr int RLD = D + 8;  // fp32 row stride: float2 stores of a quad row hit 8 distinct banks
   static constexpr int RED_BYTES = NWARPS * BLOCK_M * (RLD + 3) * 4;
-  // CLUSTER: after them, the split's combined rows its cluster reads: O [BLOCK_M][RLD] fp32, then the LSE [BLOCK_M]
-  static constexpr int XCH_BYTES = CLUSTER ? BLOCK_M * (RLD + 1) * 4 : 0;
-  static constexpr int END_BYTES = RED_BYTES + XCH_BYTES;
-  static constexpr int BYTES = Q_BYTES + (RING_BYTES > END_BYTES ? RING_BYTES : END_BYTES);
+  static constexpr int BYTES = Q_BYTES + (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES);
 };
 
 // Lanes of a warp copying a [ROWS, D] 16-bit tile with 16-byte cp.async: each row is CPR = D / 8 chunks;
@@ -261,72 +255,13 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   }
 }
 
-// The CLUSTER form's combine (sm_90; p.o_accum null: O and the LSE go straight to p.o / p.lse). The cluster's
-// blocks are the splits of one (m-block, head, batch), whose coordinates are derived again here from the block
-// index (nothing held live through the KV loop for it). Each has left its split's LSE and normalised O
-// rows in its own shared memory (DecodeSmem's exchange rows at `xch`: O rows RLD floats apart, then the LSE per
-// row). After a cluster barrier block `rank` combines rows rank, rank + n, ... of all n
-// splits through distributed shared memory, as flash_decode_combine_rows_kernel does from o_accum / lse_accum (the
-// same weights exp(lse_s - max), a split of weight 0 never read: an empty split's O rows are unwritten), and writes
-// O (columns below head_dim) and the LSE; a second barrier keeps every block's shared memory alive until the others
-// have read it. No partials in device memory, no combine launch.
-template <typename T, int D, int NT, int BLOCK_M, int RLD>
-__device__ __forceinline__ void decode_cluster_combine(const FwdParams& p, const unsigned char* xch) {
-  cluster_sync();
-  const int tid = threadIdx.x;
-  const int n = (int)cluster_nctarank(), rank = (int)cluster_ctarank();  // num_splits, split
-  const int seqlen_q = (int)p.seqlen_q, num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  const int64_t bid = (int64_t)block_idx_reread().x / p.num_splits;  // (batch * nheads + head) * m-blocks + m-block
-  const int m0 = (int)(bid % num_m_blocks) * BLOCK_M;
-  const int64_t bh = bid / num_m_blocks;
-  const int valid_rows = min(BLOCK_M, seqlen_q - m0);
-  T* o_row0 = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, bh / p.nheads,
-                                                           bh % p.nheads) + (int64_t)m0 * p.o_row_stride;
-  float* lse_row0 = p.lse ? p.lse + bh * seqlen_q + m0 : nullptr;
-  const uint32_t xo = smem_addr(xch), xl = xo + (uint32_t)(BLOCK_M * RLD * 4);
-  const int my_rows = rank < valid_rows ? (valid_rows - rank + n - 1) / n : 0;
-  for (int i = tid; i < my_rows * (D / 4); i += NT) {
-    const int r = rank + (i / (D / 4)) * n, c = (i % (D / 4)) * 4;
-    float e[COMBINE_CLUSTER_MAX], mx = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < COMBINE_CLUSTER_MAX; ++s) {
-      e[s] = s < n ? ld_cluster_f32(cluster_map(xl + (uint32_t)(r * 4), (uint32_t)s)) : -INFINITY;
-      mx = fmaxf(mx, e[s]);
-    }
-    const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = 0, no inf - inf
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < COMBINE_CLUSTER_MAX; ++s) {
-      e[s] = __expf(e[s] - base);
-      sum += e[s];
-    }
-    const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < COMBINE_CLUSTER_MAX; ++s)
-      if (e[s] != 0.f) {
-        const float w = e[s] * inv_sum;
-        const float4 x = ld_cluster_f32x4(cluster_map(xo + (uint32_t)((r * RLD + c) * 4), (uint32_t)s));
-        o.x += w * x.x;
-        o.y += w * x.y;
-        o.z += w * x.z;
-        o.w += w * x.w;
-      }
-    if (c < (int)p.head_dim)
-      *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
-          make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
-    if (c == 0 && lse_row0) lse_row0[r] = sum > 0.f ? base + __logf(sum) : -INFINITY;
-  }
-  cluster_sync();
-}
-
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false, bool CLUSTER = false>
+          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false>
 // (NWARPS * 32, 1): with the thread count alone ptxas held the swizzled d32 kernels at 95-96 registers with 8 B of
 // spills, and d128 with two row fragments causal spilled 36 B at 255; told one block per SM suffices, it spills in
 // none (the footprints keep 1-3 blocks per SM resident: at most 170 registers are needed for 3 blocks of 128).
 __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __grid_constant__ FwdParams p) {
-  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, SWZ, CLUSTER>;
+  using L = DecodeSmem<D, MF, BLOCK_N, NWARPS, STAGES, SWZ>;
   constexpr int NT = NWARPS * 32;
   constexpr int BLOCK_M = L::BLOCK_M;
   constexpr int NF = BLOCK_N / 8;  // n8 fragments of S
@@ -352,21 +287,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   const int seqlen_q = (int)p.seqlen_q;
   const int num_splits = (int)p.num_splits;
   const int num_m_blocks = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  // CLUSTER: x = ((batch * nheads + head) * num_m_blocks + m_block) * num_splits + split, so that the splits of
-  // one (m-block, head, batch) are consecutive blocks: one cluster (its rank is the split).
-  int64_t bid = blockIdx.x, bh;  // bh = batch * nheads + head
-  int m_block, split;
-  if constexpr (CLUSTER) {
-    split = (int)(bid % num_splits);
-    bid /= num_splits;
-    m_block = (int)(bid % num_m_blocks);
-    bh = bid / num_m_blocks;
-  } else {
-    m_block = (int)(bid % num_m_blocks);
-    bid /= num_m_blocks;
-    split = (int)(bid % num_splits);
-    bh = bid / num_splits;
-  }
+  int64_t bid = blockIdx.x;
+  const int m_block = (int)(bid % num_m_blocks);
+  bid /= num_m_blocks;
+  const int split = (int)(bid % num_splits);
+  const int64_t bh = bid / num_splits;  // batch * nheads + head
   const int head = (int)(bh % p.nheads);
   const int batch = (int)(bh / p.nheads);
   const int m0 = m_block * BLOCK_M;
@@ -393,10 +318,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
                            (int64_t)m0 * p.o_row_stride
                      : nullptr;
 
-  // No key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's o is not written: both combines
-  // skip the o of a split whose lse is -inf, so an empty split costs no o traffic). CLUSTER: the block takes the
-  // path below with no tile (every warp's rows end with m = -inf, l = 0: LSE -inf), since it must meet its cluster.
-  if (!CLUSTER && tile_begin >= tile_end) {
+  if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's
+    // o is not written: both combines skip the o of a split whose lse is -inf, so an empty split costs no o traffic)
     grid_dependency_wait();  // PDL: no block of this grid ends before the append kernel has (see below)
     if (direct)
       for (int i = tid; i < valid_rows * (D / 4); i += NT) {
@@ -557,8 +480,6 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   float* red_m = red_o + NWARPS * BLOCK_M * RLD;        // [NWARPS][BLOCK_M]       m_w, log2 units (or -inf)
   float* red_l = red_m + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       l_w
   float* red_c = red_l + NWARPS * BLOCK_M;              // [NWARPS][BLOCK_M]       c_w / L
-  float* x_o = red_c + NWARPS * BLOCK_M;                // CLUSTER: [BLOCK_M][RLD] the split's O (normalised)
-  float* x_l = x_o + BLOCK_M * RLD;                     // CLUSTER: [BLOCK_M]      the split's LSE
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
@@ -584,10 +505,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
     const float inv_l = l_tot > 0.f ? 1.f / l_tot : 0.f;
 #pragma unroll
     for (int w = 0; w < NWARPS; ++w) red_c[w * BLOCK_M + tid] = c[w] * inv_l;
-    if constexpr (CLUSTER)
-      x_l[tid] = merged_lse(m_max, l_tot);
-    else if (lse_row0)
-      lse_row0[tid] = merged_lse(m_max, l_tot);
+    if (lse_row0) lse_row0[tid] = merged_lse(m_max, l_tot);
   }
   __syncthreads();
   for (int i = tid; i < valid_rows * (D / 4); i += NT) {  // O = sum_w (c_w / L) O_w, 4 columns per thread
@@ -602,9 +520,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
       o.z += cw * x.z;
       o.w += cw * x.w;
     }
-    if constexpr (CLUSTER) {
-      *reinterpret_cast<float4*>(x_o + r * RLD + c) = o;
-    } else if (direct) {
+    if (direct) {
       if (c < (int)p.head_dim)
         *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
             make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
@@ -612,8 +528,6 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
     }
   }
-  if constexpr (CLUSTER)
-    decode_cluster_combine<T, D, NWARPS * 32, BLOCK_M, RLD>(p, ring + L::RED_BYTES);
 }
 
 // ---- Split-KV combine of the decode kernel's partials (flash_decode_combine_kernel).

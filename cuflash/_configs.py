@@ -597,63 +597,40 @@ def decode_mf(headdim: int, rows: int) -> int:
     return 1 if rows <= 16 else DECODE_MAX_MF[headdim]
 
 
-def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int, cluster: bool = False) -> int:
+def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
     """Q tile + NWARPS x STAGES x (K, V) warp tiles, rows padded (the rings' unpadded with tile.swizzle); the
-    cross-warp combine (fp32 O_w rows of headdim + 8, and m_w, l_w, c_w) reuses the rings, and with `cluster` (the
-    CLUSTER form) the exchange rows after it (fp32 O rows of headdim + 8 and the LSE; within the rings of every
-    configured tile). Mirrors DecodeSmem in cuda_src/flash_decode.cu."""
+    cross-warp combine (fp32 O_w rows of headdim + 8, and m_w, l_w, c_w) reuses the rings. Mirrors DecodeSmem in
+    cuda_src/flash_decode.cu."""
     lds = headdim + SMEM_ROW_PAD
     block_m = 16 * mf
     ring = tile.nwarps * tile.stages * 2 * tile.block_n * (headdim if tile.swizzle else lds) * ELEM_BYTES
     red = tile.nwarps * block_m * (headdim + 8 + 3) * 4
-    if cluster:
-        red += block_m * (headdim + 8 + 1) * 4
     return block_m * lds * ELEM_BYTES + max(ring, red)
 
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0, paged: bool = False, cluster: bool = False) -> KernelSpec:
+                mod: int = 0, paged: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table); cluster: its CLUSTER form (sm_90: launched in clusters
-    of one block per split, which combine their partials through distributed shared memory, no combine kernel)."""
+    paged-cache kernel (its K/V loads look up a block table)."""
     tile = tile or decode_tile(headdim)
-    smem = decode_smem_bytes(headdim, tile, mf, cluster)
+    smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    if cluster:
-        tail = f", {mod}, {'true' if paged else 'false'}, {'true' if tile.swizzle else 'false'}, true"
-    else:
-        tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
-                else f", {mod}" if mod else "")
+    tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
+            else f", {mod}" if mod else "")
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
-    return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem, min_arch=90 if cluster else 80)
+    return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
 
 
-# Decode kernels without a CLUSTER form, as (head dim, row fragments, mod, paged): the contiguous-cache MOD_SCORE
-# kernel of head dim 128 with two row fragments (more than 16 query rows with a score modifier) runs at the
-# 255-register limit, and its CLUSTER form spilled 24-36 B under both NVRTCs in every arrangement of the exchange
-# rows tried (warp 0's reduction slots, separate rows, an explicit st.shared); its split launches take the combine
-# kernels (cuflash/decode.py).
-DECODE_NO_CLUSTER = frozenset({(128, 2, MOD_SCORE, False)})
-
-
-def decode_cluster_form(headdim: int, mf: int, mod: int, paged: bool) -> bool:
-    """Whether the decode kernel of this configuration has a CLUSTER form (DECODE_NO_CLUSTER)."""
-    return (headdim, mf, mod, bool(paged)) not in DECODE_NO_CLUSTER
-
-
-def decode_family(dtype: str, headdim: int, causal: bool, mod: int, cluster: bool = False) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged (with
-    `cluster`, their CLUSTER forms where they have one: decode_cluster_form)."""
-    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg, cluster=cluster) for pg in (False, True)
-            for mf in range(1, DECODE_MAX_MF[headdim] + 1) if not cluster or decode_cluster_form(headdim, mf, mod, pg)]
+def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
+    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
+            for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
-    """Every decode-kernel configuration the package can launch: the kernels of every device, then their CLUSTER
-    forms (sm_90)."""
-    return [s for cl in (False, True) for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES
-            for s in decode_family(dt, d, causal, m, cl)]
+    """Every decode-kernel configuration the package can launch."""
+    return [s for dt in DTYPES for d in HEADDIMS for causal, m in MASK_MODES for s in decode_family(dt, d, causal, m)]
 
 
 # The padded rows (DecodeTile(..., swizzle=False): the decode ring before the swizzle) stay reachable through an
@@ -1090,8 +1067,6 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                 if decode:
                     out += [fwd_spec(dt, d, c, split=True, mod=m)]
                     out += decode_family(dt, d, c, m)
-                    if arch == 90:  # the CLUSTER forms (2-8 splits on sm_90)
-                        out += decode_family(dt, d, c, m, cluster=True)
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:

@@ -140,20 +140,11 @@ PDL_MIN_DRIVER = 12030
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
-CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
-
-
-class CUlaunchClusterDim(ctypes.Structure):
-    """CUlaunchAttributeValue's clusterDim member: the cluster's extent in blocks."""
-
-    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
-
-
 class CUlaunchAttributeValue(ctypes.Union):
-    """cuda.h's CUlaunchAttributeValue: a 64-byte union (8-byte aligned: it holds pointers); the members used."""
+    """cuda.h's CUlaunchAttributeValue: a 64-byte union (8-byte aligned: it holds pointers); the one member used."""
 
     _fields_ = [("pad", ctypes.c_char * 64), ("programmaticStreamSerializationAllowed", ctypes.c_int),
-                ("clusterDim", CUlaunchClusterDim), ("_align", ctypes.c_void_p)]
+                ("_align", ctypes.c_void_p)]
 
 
 class CUlaunchAttribute(ctypes.Structure):
@@ -222,86 +213,19 @@ def pdl_supported(device: int) -> bool:
     return PDL and _pdl_capable(device)
 
 
-# ------------------------------------------------------------------------------------ thread block clusters
-# A kernel launched with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION runs its blocks in clusters (sm_90): the blocks of
-# one cluster are resident at once, on one GPC, and read each other's shared memory (common/ptx.cuh: cluster_sync,
-# cluster_map). The decode kernel's CLUSTER form combines its splits that way (cuflash/decode.py). A cluster size
-# is used only where the driver says clusters of it fit the kernel's resources (cuOccupancyMaxActiveClusters > 0);
-# at most the portable size (8), so no kernel attribute is needed.
-CLUSTER_MIN_CC = 90
-MAX_PORTABLE_CLUSTER = 8
+class ProgrammaticLaunch:
+    """One kernel of a plan launched with PDL: `(stream, argv)` launches it. Its CUlaunchConfig (grid, block, shared
+    memory, the stream, the PDL attribute) is built once per stream and kept, so that a call reads one dict entry and
+    calls the driver; nothing is written per call (the configs may be read by several threads at once). The cache is
+    bounded: past MAX_STREAMS streams it starts afresh, the previous generation kept alive until the next reset (a
+    launch in flight in another thread still reads it)."""
 
-
-@functools.lru_cache(maxsize=None)
-def _cluster_capable(device: int) -> bool:
-    from ._loader import device_cc
-
-    return device_cc(device) >= CLUSTER_MIN_CC and launch_ex_fn() is not None
-
-
-def _max_active_clusters(fn: int, threads: int, smem: int, cluster: int) -> int:
-    """cuOccupancyMaxActiveClusters for clusters of `cluster` blocks of the kernel (0 where the driver has no such
-    call or refuses)."""
-    try:
-        occ = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
-    except (OSError, AttributeError):
-        return 0
-    attr = CUlaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-    attr.value.clusterDim = CUlaunchClusterDim(cluster, 1, 1)
-    cfg = CUlaunchConfig(cluster, 1, 1, threads, 1, 1, smem, None, ctypes.pointer(attr), 1)
-    n = ctypes.c_int(0)
-    ensure_context()
-    rc = occ(ctypes.byref(n), ctypes.c_void_p(fn), ctypes.byref(cfg))
-    return n.value if rc == 0 else 0
-
-
-def cluster_possible(device: int, cluster: int) -> bool:
-    """Whether clusters of `cluster` blocks can be launched on `device` at all: compute capability 9.0,
-    cuLaunchKernelEx, 2 <= cluster <= MAX_PORTABLE_CLUSTER."""
-    return 2 <= cluster <= MAX_PORTABLE_CLUSTER and _cluster_capable(device)
-
-
-_cluster_active: dict = {}
-
-
-def max_active_clusters(device: int, launcher, cluster: int) -> int:
-    """How many clusters of `cluster` blocks of `launcher` (a Launcher on `device`) the device runs at once, as the
-    driver's occupancy query says (asked once per kernel and size); 0 where clusters of that size cannot be
-    launched (cluster_possible) or do not fit. On the H200 clusters of 4 and 8 blocks of one block per SM hold fewer
-    SMs than a plain grid (the clusters of a GPC: bench/NOTES.md, "Decode"), which is why a caller compares waves."""
-    if not cluster_possible(device, cluster):
-        return 0
-    key = (launcher.ptr, cluster)
-    n = _cluster_active.get(key)
-    if n is None:
-        n = _cluster_active[key] = _max_active_clusters(launcher.ptr, launcher.threads, launcher.smem, cluster)
-    return n
-
-
-class LaunchEx:
-    """One kernel of a plan launched through cuLaunchKernelEx, with PDL (`pdl`) and / or in clusters of `cluster`
-    blocks along x: `(stream, argv)` launches it. Its CUlaunchConfig (grid, block, shared memory, the stream, the
-    attributes) is built once per stream and kept, so that a call reads one dict entry and calls the driver; nothing
-    is written per call (the configs may be read by several threads at once). The cache is bounded: past
-    MAX_STREAMS streams it starts afresh, the previous generation kept alive until the next reset (a launch in
-    flight in another thread still reads it)."""
-
-    __slots__ = ("fn", "dims", "attrs", "configs", "_old")
+    __slots__ = ("fn", "dims", "configs", "_old")
     MAX_STREAMS = 64
 
-    def __init__(self, fn: int, grid, threads: int, smem: int, pdl: bool = True, cluster: int = 1):
+    def __init__(self, fn: int, grid, threads: int, smem: int):
         self.fn = fn
         self.dims = (int(grid[0]), int(grid[1]), int(grid[2]), int(threads), 1, 1, int(smem))
-        attrs = [_PDL_ATTR] if pdl else []
-        if cluster > 1:
-            if self.dims[0] % cluster:
-                raise ValueError(f"grid x {self.dims[0]} is not a multiple of the cluster size {cluster}")
-            a = CUlaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            a.value.clusterDim = CUlaunchClusterDim(int(cluster), 1, 1)
-            attrs.append(a)
-        if not attrs:
-            raise ValueError("LaunchEx needs pdl or a cluster size above 1")
-        self.attrs = (CUlaunchAttribute * len(attrs))(*attrs)  # read by every config (read-only)
         self.configs = {}  # stream -> (address of its CUlaunchConfig, the CUlaunchConfig)
         self._old = {}
 
@@ -311,8 +235,7 @@ class LaunchEx:
 
     def _build(self, stream: int) -> tuple:
         gx, gy, gz, bx, by, bz, smem = self.dims
-        cfg = CUlaunchConfig(gx, gy, gz, bx, by, bz, smem, stream,
-                             ctypes.cast(self.attrs, ctypes.POINTER(CUlaunchAttribute)), len(self.attrs))
+        cfg = CUlaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.pointer(_PDL_ATTR), 1)
         if len(self.configs) >= self.MAX_STREAMS:
             self._old, self.configs = self.configs, {}
         c = self.configs[stream] = (ctypes.addressof(cfg), cfg)

@@ -9,8 +9,7 @@ made once, after validation; a call whose arrays match the key then only
 2. packs the block with the call's pointers and launches every kernel (`launch`: one Struct.pack_into and
    one cuLaunchKernel per kernel, on the plan's device; a kernel added with pdl=True, one that waits for the
    kernel before it with griddepcontrol.wait, goes through cuLaunchKernelEx with Programmatic Dependent Launch
-   where cuflash._launch.pdl_supported says so, and one added with cluster=n in clusters of n blocks: their
-   launch configs built once, cuflash._launch.LaunchEx).
+   where cuflash._launch.pdl_supported says so: its launch config built once, cuflash._launch.ProgrammaticLaunch).
 
 Memoization: each family keeps a dict of plans keyed by `_interop.desc` parts and scalar options (built
 inline on the hot path); `remember` is the shared bounded put.
@@ -21,7 +20,7 @@ import sys
 
 from . import _interop
 from ._interop import TORCH, ctx_current_fn, ensure_context, get_device_fn, launch_fn
-from ._launch import LaunchEx, _scratch, _tls, pdl_supported
+from ._launch import ProgrammaticLaunch, _scratch, _tls, pdl_supported
 from ._params import ParamBlock
 
 FLOAT32 = "float32"
@@ -34,10 +33,9 @@ class HostPlan:
 
     * `spec(shape, float32=False)` -> an output spec for `allocator` (the inputs' dtype, or float32);
     * `bind(block, dynamic, **constants)` fixes the parameter block: `dynamic` names its leading per-call fields;
-    * `add_launch(launcher, grid, pdl=False, cluster=1)` appends a kernel launched with the block (in order);
-      pdl=True: a kernel that may start before the one ahead of it drains (it waits for it on the device),
-      launched with PDL where supported -- `pdl` then says the plan does; cluster > 1: launched in clusters of that
-      many blocks along x (the caller has checked cuflash._launch.max_active_clusters);
+    * `add_launch(launcher, grid, pdl=False)` appends a kernel launched with the block (in order); pdl=True: a
+      kernel that may start before the one ahead of it drains (it waits for it on the device), launched with PDL
+      where supported -- `pdl` then says the plan does;
     * `allocator(*specs)` -> a function of no arguments that allocates those outputs;
     * per call: that allocator() -> (arrays, pointers, stream); `launch(stream, *dynamic_values)` (or
       `launch_after(first, first_values, stream, *dynamic_values)`: another plan's kernels first).
@@ -68,17 +66,15 @@ class HostPlan:
         self.params = block.bind(dynamic, **constants)
         self.pack, self.rest = self.params.struct.pack_into, self.params.rest
 
-    def add_launch(self, launcher, grid, pdl: bool = False, cluster: int = 1) -> None:
+    def add_launch(self, launcher, grid, pdl: bool = False) -> None:
         """Launch `launcher` (cuflash._launch.Launcher) over `grid` (x, y, z) with the plan's block, after the others;
         pdl=True: with Programmatic Dependent Launch where supported (the kernel must wait for its predecessor's
-        writes with griddepcontrol.wait, and that predecessor must be the plan's own kernel); cluster > 1: in
-        clusters of `cluster` blocks along x (where cuflash._launch.max_active_clusters finds room for them)."""
+        writes with griddepcontrol.wait, and that predecessor must be the plan's own kernel)."""
         gx, gy, gz = grid
         ex = None
-        pdl = pdl and pdl_supported(self.device)
-        if pdl or cluster > 1:
-            ex = LaunchEx(launcher.ptr, grid, launcher.threads, launcher.smem, pdl=pdl, cluster=cluster)
-            self.pdl = self.pdl or pdl
+        if pdl and pdl_supported(self.device):
+            ex = ProgrammaticLaunch(launcher.ptr, grid, launcher.threads, launcher.smem)
+            self.pdl = True
         self.launches += ((launcher.ptr, gx, gy, gz, launcher.threads, launcher.smem, ex),)
 
     def allocator(self, *specs):

@@ -9,13 +9,10 @@ Two kernels (keyword `kernel`):
 * "decode" (default): cuda_src/flash_decode.cu, built for 1..32 query rows per (batch, KV head): every
   warp holds all rows and streams its own keys through a private cp.async ring (no block barrier in the
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
-  directly (one launch). On sm_90, 2-8 splits run the kernel's CLUSTER form: one cluster of blocks per
-  (batch, KV head, m-block), one block per split, which combine their partials through distributed shared
-  memory (one launch, no partials in device memory: combine "cluster"). Otherwise more splits write fp32 partials
-  for a combine kernel that issues every split's loads at once: flash_decode_combine_rows_kernel (one warp per
-  output row) for at most COMBINE_ROWS_MAX_SPLITS splits, flash_decode_combine_kernel (one block per output row)
-  for more (`plan_for(..., combine=...)` forces one, or the split-KV forward's flash_combine_kernel, "warp", for
-  comparison).
+  directly (one launch); more write fp32 partials for a combine kernel that issues every split's loads at once:
+  flash_decode_combine_rows_kernel (one warp per output row) for at most COMBINE_ROWS_MAX_SPLITS splits,
+  flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one, or
+  the split-KV forward's flash_combine_kernel, "warp", for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -41,7 +38,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
 from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_SPLITS, DecodeTile, append_spec,
-                       combine_spec, decode_cluster_form, decode_combine_rows_spec, decode_combine_spec, decode_mf,
+                       combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
@@ -54,12 +51,9 @@ from ._validate import (check_backward_headdim, check_block_table, check_bool, c
                         check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unrolled loads hold this many
-# the decode kernel's combine: "auto" (the default: "cluster" where it runs, else "rows" up to
-# COMBINE_ROWS_MAX_SPLITS splits, else "block"), "cluster" the decode kernel's CLUSTER form (sm_90, 2 to
-# COMBINE_CLUSTER_MAX splits: the splits combined in distributed shared memory, no combine kernel), "rows"
-# flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
-COMBINES = ("auto", "cluster", "rows", "block", "warp")
-COMBINE_CLUSTER_MAX = _launch.MAX_PORTABLE_CLUSTER  # cuda_src/flash_decode.cu: COMBINE_CLUSTER_MAX
+# the decode kernel's combine: "auto" (the default: "rows" up to COMBINE_ROWS_MAX_SPLITS splits, else "block"),
+# "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
+COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
@@ -248,10 +242,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
     positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
-    split count without `without_empty_splits` (benchmarks); a split launch on sm_90 with 2 to COMBINE_CLUSTER_MAX
-    splits runs the CLUSTER form under "auto" where its clusters take no more waves than the plain grid; pdl:
-    launch the dependent kernels (the combine after the split kernel, the decode kernel after the append) with
-    Programmatic Dependent Launch where the device supports it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does)."""
+    split count without `without_empty_splits` (benchmarks); pdl: launch the dependent kernels (the combine after the
+    split kernel, the decode kernel after the append) with Programmatic Dependent Launch where the device supports
+    it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does)."""
     cache = cache or NO_CACHE_OPTIONS
     if pdl is None:
         pdl = _launch.PDL
@@ -277,22 +270,6 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     blocks = b * kheads * num_splits * m_blocks
     if blocks > _MAX_GRID_X:
         raise ValueError(f"problem too large for the decode grid: {blocks} blocks")
-    # The CLUSTER form: forced (combine="cluster") wherever it can run; by default where its clusters take no more
-    # waves of the device than the plain grid does (clusters of 4 and 8 leave SMs of a GPC idle: a grid that fills
-    # the device would run a second wave, measured 1.3x slower; bench/NOTES.md, "Decode").
-    cluster = 1  # > 1: the CLUSTER form, in clusters of num_splits blocks
-    paged = cache.block_table is not None
-    if (num_splits > 1 and combine in ("auto", "cluster") and decode_cluster_form(d, mf, mod, paged)
-            and _launch.cluster_possible(dev, num_splits)):
-        clau = get_launcher(decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged, cluster=True), dev)
-        active = _launch.max_active_clusters(dev, clau, num_splits)
-        waves = -(-blocks // (active * num_splits)) if active else None
-        if waves is not None and (combine == "cluster" or waves <= -(-blocks // (sm_count(dev) * _resident(spec, dev)))):
-            main, cluster, combine = clau, num_splits, "cluster"
-    if combine == "cluster" and cluster == 1 and num_splits > 1:
-        raise ValueError(f"combine='cluster' needs a compute capability 9.0 device, 2 to {COMBINE_CLUSTER_MAX} splits "
-                         f"whose cluster fits the device and a kernel with a CLUSTER form (cuflash._configs."
-                         f"DECODE_NO_CLUSTER); got {num_splits} splits on device {dev}")
     # q rows / heads as the kernel sees them (GQA fold: q [b, 1, h, d] seen as [b, G, hk, d])
     if fold:
         q_row, q_head = qa.strides[2], rows * qa.strides[2]
@@ -314,10 +291,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            **mod_fields(mods, float(softmax_scale), hd))
     # PDL: the decode kernel waits for the append kernel (griddepcontrol.wait before it reads the cache), never for a
     # caller's kernel (it reads q before that wait), so only after the plan's own append
-    # CLUSTER: clusters of num_splits blocks (the grid's x holds the splits innermost: cuda_src/flash_decode.cu)
-    p.add_launch(main, (blocks, 1, 1), pdl=pdl and kna is not None, cluster=cluster)
+    p.add_launch(main, (blocks, 1, 1), pdl=pdl and kna is not None)
     out, lse = p.spec((b, sq, h, hd)), p.spec((b, h, sq), float32=True)
-    if num_splits > 1 and cluster == 1:
+    if num_splits > 1:
         partial_rows = num_splits * b * kheads * rows
         p.scratch_elems = partial_rows * (d + 1)  # o_accum [n, b, hk', rows, d] then lse_accum [n, b, hk', rows]
         p.lse_accum_offset = partial_rows * d * 4
@@ -338,7 +314,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
             p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
-    else:  # one split, or the CLUSTER form: the kernel writes out (and the LSE) itself
+    else:  # one split: the kernel writes out (and the LSE) itself
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, a_out, a_lse, a_lse)
@@ -542,8 +518,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
             aligned against each batch element's key count, soft-cap, ALiBi slopes float32 (nheads,) or (batch,
             nheads)); with them GQA query heads are not folded into one tile.
         scratch: optional preallocated fp32 partials (o_accum [n, b, hk', rows, d], lse_accum [n, b, hk', rows])
-            for split launches that write them; otherwise they come from the inputs' allocator (the CLUSTER form,
-            sm_90 with 2-8 splits, keeps its partials in shared memory and leaves `scratch` untouched).
+            for split launches; otherwise they come from the inputs' allocator.
         kernel: "decode" (the dedicated decode kernel, default) or "fwd_split" (the prefill kernel cut into KV
             splits, for comparison; without the cache indirections and rotary embedding: NotImplementedError).
 
@@ -688,8 +663,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
              alibi_slopes=None, block_table=None, combine: str = "auto", trim: bool = True,
              pdl: bool | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
-    from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "cluster": the decode
-    kernel's CLUSTER form, sm_90 and 2 to COMBINE_CLUSTER_MAX splits, else a ValueError; "rows", "block": the
+    from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "rows", "block": the
     decode combines, "rows" for at most COMBINE_ROWS_MAX_SPLITS splits; "warp": the split-KV forward's
     one-warp-per-row combine), the split count before `without_empty_splits` with
     trim=False and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;

@@ -177,27 +177,23 @@ def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel, hk, num_spli
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 9, 64, 127, 128])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 def test_combines_every_split_count(num_splits, d):
-    """The decode kernel's CLUSTER form (combine "cluster", the default on sm_90 for 2 to COMBINE_CLUSTER_MAX splits),
-    flash_decode_combine_rows_kernel ("rows", the default up to COMBINE_ROWS_MAX_SPLITS splits elsewhere),
+    """flash_decode_combine_rows_kernel (combine "rows", the default up to COMBINE_ROWS_MAX_SPLITS splits),
     flash_decode_combine_kernel ("block", the default above) and flash_combine_kernel ("warp") on the same case:
     MQA 32/1 (32 folded rows; two m-blocks at head dim 256), lengths (full, 0, 130: most splits see no key), the
     fp32 partials poisoned with NaN before each launch (an empty split's o is never written and must never be read),
     against the float64 reference."""
     import torch
 
-    from cuflash.decode import COMBINE_CLUSTER_MAX, COMBINE_ROWS_MAX_SPLITS, plan_for, run_plan
+    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, plan_for, run_plan
 
     b, s_cache, h, hk = 3, 4100, 32, 1
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([4100, 0, 130], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     outs = {}
-    cluster = 2 <= num_splits <= COMBINE_CLUSTER_MAX and torch.cuda.get_device_capability() >= (9, 0)
-    for combine in (("cluster",) if cluster else ()) + (("rows",) if num_splits <= COMBINE_ROWS_MAX_SPLITS else ()) + (
-            "block", "warp"):
+    for combine in (("rows",) if num_splits <= COMBINE_ROWS_MAX_SPLITS else ()) + ("block", "warp"):
         plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits, combine=combine)
         assert plan.num_splits == num_splits
-        assert len(plan.launches) == (1 if combine == "cluster" or num_splits == 1 else 2)
         scratch = (torch.full((num_splits, b, hk, h, d), float("nan"), device="cuda"),
                    torch.full((num_splits, b, hk, h), float("nan"), device="cuda"))
         out, lse = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True,
@@ -208,8 +204,6 @@ def test_combines_every_split_count(num_splits, d):
     assert (outs["block"] - outs["warp"]).abs().max().item() < 2e-3
     if "rows" in outs:
         assert (outs["rows"] - outs["block"]).abs().max().item() < 2e-3
-    if "cluster" in outs:
-        assert (outs["cluster"] - outs["block"]).abs().max().item() < 2e-3
 
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
@@ -218,7 +212,7 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     """The rows combine (one warp per output row, COMBINE_ROWS_WARPS rows per block) where the output rows are no
     multiple of a block's (GQA 12/4 at batch 5: 5 x 4 x 3 = 60 rows), with every split count up to its limit,
     ragged lengths (0, 1, a few keys: splits of no key) and the partials poisoned with NaN, against the float64
-    reference (the default combine of these split counts where the CLUSTER form does not run)."""
+    reference; the default combine of these split counts is the rows one."""
     import torch
 
     from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, plan_for, run_plan
@@ -230,8 +224,8 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     q = torch.randn(b, 1, h, d, device="cuda", dtype=getattr(torch, dtype))
     assert (b * h) % 8 and (b * h) % 32
     for n in range(2, COMBINE_ROWS_MAX_SPLITS + 1):
-        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n, combine="rows")
-        assert plan.num_splits == n and len(plan.launches) == 2
+        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n)
+        assert plan.num_splits == n
         scratch = (torch.full((n, b, hk, h // hk, d), float("nan"), device="cuda"),
                    torch.full((n, b, hk, h // hk), float("nan"), device="cuda"))
         out, lse = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True, scratch=scratch)
@@ -239,70 +233,6 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
         assert (to_np(out)[1] == 0).all()
     with pytest.raises(ValueError, match="combine='rows' takes at most"):
         plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=COMBINE_ROWS_MAX_SPLITS + 1, combine="rows")
-
-
-@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_cluster_form_tails_and_empty_splits(d, dtype):
-    """The decode kernel's CLUSTER form (sm_90: the splits of a (batch, KV head, m-block) are one cluster and combine
-    through distributed shared memory; forced here, the default for 2 to COMBINE_CLUSTER_MAX splits where its clusters
-    take no more waves than the plain grid): every such split count on
-    GQA 12/4 at batch 5 (ragged lengths 0, 1, a few keys: splits of no key), a causal speculative step of 3 query
-    rows, MQA 48/1 (48 folded rows: two m-blocks at head dims 64-128, three at 256), a paged cache, and a step after
-    an append, against the float64 reference; rows that see no key give O = 0 and LSE = -inf. The outputs start as
-    NaN (the tests' poisoning: the CLUSTER form writes every element itself)."""
-    import torch
-
-    from cuflash.decode import COMBINE_CLUSTER_MAX, plan_for, run_plan
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the CLUSTER form runs on compute capability 9.0")
-    dt = getattr(torch, dtype)
-
-    def run(q, kc, vc, lens, causal=False, block_table=None):
-        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        for n in range(2, COMBINE_CLUSTER_MAX + 1):
-            plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n, causal=causal, block_table=block_table,
-                            combine="cluster")
-            assert plan.num_splits == n and len(plan.launches) == 1 and plan.scratch_elems == 0
-            assert type(plan.launches[0][-1]).__name__ == "LaunchEx"
-            out, lse = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True,
-                                block_table=block_table)
-            yield n, out, lse
-
-    b, h, hk = 5, 12, 4
-    kc, vc = make_cache(b, 2000, hk, d, dtype)
-    lens = [2000, 0, 1, 37, 1500]
-    q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
-    for n, out, lse in run(q, kc, vc, lens):
-        check(out, lse, q, kc, vc, lens, False)
-        assert (to_np(out)[1] == 0).all() and torch.isneginf(lse[1]).all()
-    q3 = torch.randn(b, 3, h, d, device="cuda", dtype=dt)  # causal, 3 rows: no GQA fold
-    lens3 = [2000, 3, 1, 37, 1500]
-    for n, out, lse in run(q3, kc, vc, lens3, causal=True):
-        check(out, lse, q3, kc, vc, lens3, True)
-    km, vm = make_cache(2, 3000, 1, d, dtype)
-    qm = torch.randn(2, 1, 48, d, device="cuda", dtype=dt)
-    for n, out, lse in run(qm, km, vm, [3000, 77]):
-        check(out, lse, qm, km, vm, [3000, 77], False)
-    # paged: pages of 64 keys in a random order, the same keys as the contiguous cache
-    pages_per = 2000 // 64 + 1
-    perm = torch.randperm(b * pages_per, device="cuda")
-    bt = perm.view(b, pages_per).to(torch.int32)
-    kp = torch.zeros(b * pages_per, 64, hk, d, device="cuda", dtype=dt)
-    vp = torch.zeros_like(kp)
-    kpad = torch.nn.functional.pad(kc, (0, 0, 0, 0, 0, pages_per * 64 - 2000))
-    vpad = torch.nn.functional.pad(vc, (0, 0, 0, 0, 0, pages_per * 64 - 2000))
-    kp[bt.long()] = kpad.view(b, pages_per, 64, hk, d)
-    vp[bt.long()] = vpad.view(b, pages_per, 64, hk, d)
-    for n, out, lse in run(q, kp, vp, lens, block_table=bt):
-        check(out, lse, q, kc, vc, lens, False)
-    # the default plan of a step with an append (PDL after the append kernel where supported)
-    q1, kc1, vc1, kn, vn, seqlens, ek, ev = append_case(d, 1)
-    out, lse = cuflash.flash_attn_with_kvcache(q1, kc1, vc1, kn, vn, cache_seqlens=seqlens, num_splits=4,
-                                               return_softmax_lse=True)
-    assert torch.equal(kc1, ek) and torch.equal(vc1, ev)
-    check(out, lse, q1, kc1, vc1, [11, 1, 601], False)
 
 
 def test_decode_validation():
@@ -411,20 +341,14 @@ def test_plan_reuse_scratch_and_alignment():
         out, lse = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=6,
                                                    return_softmax_lse=True)
         check(out, lse, q, kc, vc, seqlens.tolist(), False)
+    plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=6)
     rows = h // hk
-    # 9 splits (more than the CLUSTER form takes): the partials go to the caller's scratch, every split writes its
-    # LSE (-inf when empty); 6 splits on sm_90 (the CLUSTER form) keep them in shared memory: scratch untouched
-    for n in (9, 6):
-        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n)
-        assert plan.num_splits == n
-        ref = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=n)
-        scratch = (torch.full((n, b, hk, rows, d), float("nan"), device="cuda"),
-                   torch.full((n, b, hk, rows), float("nan"), device="cuda"))
-        out2 = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=n, scratch=scratch)
-        assert torch.equal(out2, ref)
-        written = len(plan.launches) == 2
-        assert written == (n == 9 or torch.cuda.get_device_capability() < (9, 0))
-        assert torch.isnan(scratch[1]).any() != written
+    scratch = (torch.full((6, b, hk, rows, d), float("nan"), device="cuda"),
+               torch.full((6, b, hk, rows), float("nan"), device="cuda"))
+    assert plan.num_splits == 6
+    out2 = cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=6, scratch=scratch)
+    assert torch.equal(out2, out)
+    assert not torch.isnan(scratch[1]).any()  # every split wrote its LSE (-inf when empty)
     flat = torch.randn(b * h * d + 1, device="cuda", dtype=torch.float16)
     q_bad = flat[1:].view(b, 1, h, d)  # 2-byte offset: the V2 UA kernel, one split
     out_bad = cuflash.flash_attn_with_kvcache(q_bad, kc, vc, cache_seqlens=seqlens, num_splits=6)

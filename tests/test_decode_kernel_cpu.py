@@ -97,28 +97,9 @@ def test_decode_specs_fit_and_name_their_smem():
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
-        # ..., SMEM_BYTES[, MOD[, PAGED[, SWZ[, CLUSTER]]]]> (the swizzled ring spells PAGED out, the CLUSTER form
-        # every parameter; it compiles for sm_90 only)
-        if s.name.endswith(", true, true>") and re.search(rf", {s.smem}, [01], (true|false), (true|false), true>$",
-                                                          s.name):
-            assert s.min_arch == 90, s.name
-        else:
-            assert re.search(rf", {s.smem}(, [01](, true|, (true|false), true)?)?>$", s.name), s.name
-            assert s.min_arch == 80, s.name
-        assert s.smem % 16 == 0 and s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
-    # every kernel of every device has its CLUSTER form (same tile, same shared memory) but those of
-    # DECODE_NO_CLUSTER, and only those
-    keys = [(dt, d, c, m, mf, pg) for dt in _configs.DTYPES for d in _configs.HEADDIMS for c, m in _configs.MASK_MODES
-            for pg in (False, True) for mf in range(1, _configs.DECODE_MAX_MF[d] + 1)]
-    pairs = [(_configs.decode_spec(dt, d, c, mf, mod=m, paged=pg), _configs.decode_spec(dt, d, c, mf, mod=m, paged=pg,
-                                                                                        cluster=True))
-             for dt, d, c, m, mf, pg in keys if _configs.decode_cluster_form(d, mf, m, pg)]
-    assert len(pairs) == len(keys) - len(_configs.DTYPES) * len(_configs.DECODE_NO_CLUSTER)  # (MOD_SCORE: one mode)
-    plain = [_configs.decode_spec(dt, d, c, mf, mod=m, paged=pg) for dt, d, c, m, mf, pg in keys]
-    assert sorted(s.name for s in specs) == sorted([s.name for s in plain] + [b.name for _, b in pairs])
-    for a, b in pairs:
-        assert (a.min_arch, b.min_arch) == (80, 90) and (a.smem, a.threads) == (b.smem, b.threads)
-        assert b.name.endswith(", true>") and a.name.split(", ")[:8] == b.name.split(", ")[:8], (a.name, b.name)
+        # ..., SMEM_BYTES[, MOD[, PAGED[, SWZ]]]> (the swizzled ring spells PAGED out)
+        assert re.search(rf", {s.smem}(, [01](, true|, (true|false), true)?)?>$", s.name) and s.smem % 16 == 0, s.name
+        assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
     for d, t in _configs.DECODE_KERNEL_TILES.items():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
         spec = _configs.decode_spec("float16", d, False, 1)
@@ -234,23 +215,6 @@ qm = T((64, 1, 32, 128), torch.float16)
 km = T((64, 16384, 1, 128), torch.float16); vm = T((64, 16384, 1, 128), torch.float16)
 call("mqa_b64", qm, km, vm, cache_seqlens=T((64,), torch.int32))
 call("mqa_b64_block", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=9)
-# the same steps where the driver finds no room for the clusters: the combine kernels
-from cuflash import _launch
-fits = _launch._max_active_clusters
-_launch._max_active_clusters = lambda fn, threads, smem, cluster: 0
-_launch._cluster_active.clear(); decode._PLANS.clear()
-call("spec_rows", q4, kc, vc, kn, vn, cache_seqlens=sl, causal=True, num_splits=5)
-call("mqa_b64_rows", qm, km, vm, cache_seqlens=T((64,), torch.int32))
-# clusters of 4 that hold 96 SMs at once (24 of them): 32 KV heads at batch 1 in 4 splits (128 blocks) would run
-# two waves of clusters where the plain grid runs one, so the default keeps the combine kernel; forced, the cluster
-_launch._max_active_clusters = lambda fn, threads, smem, cluster: 24 if cluster == 4 else 264 // cluster
-_launch._cluster_active.clear(); decode._PLANS.clear()
-q32 = T((1, 1, 32, 128), torch.float16)
-k32 = T((1, 4096, 32, 128), torch.float16); v32 = T((1, 4096, 32, 128), torch.float16)
-res["waves_auto"] = [len(p.launches) for p in (decode.plan_for(q32, k32, v32, num_splits=n) for n in (3, 4))]
-res["waves_forced"] = len(decode.plan_for(q32, k32, v32, num_splits=4, combine="cluster").launches)
-_launch._max_active_clusters = fits
-_launch._cluster_active.clear(); decode._PLANS.clear()
 # misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
 try:
@@ -353,21 +317,15 @@ def test_host_path_one_split_writes_directly(host_path):
 
 
 def test_host_path_speculative_append(host_path):
-    app, main = host_path["spec"]["launches"]
+    app, main, comb = host_path["spec"]["launches"]
     assert app["name"] == "cuflash::kvcache_append_kernel<__half>"
-    # 5 splits on sm_90: the CLUSTER form, which writes O and the LSE itself (no partials, no combine)
     assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, true, 2, ")
-    assert main["name"].endswith(", 0, false, true, true>")
     p = main["p"]
     # no fold with 3 query rows: heads 32, rows 3, heads_per_kv 4; 5 splits
     assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"], p["num_splits"], p["seqlen_k_new"]) == (32, 3, 4, 5, 3)
     assert (p["q_row_stride"], p["q_head_stride"]) == (32 * 128, 128)
-    assert main["grid"] == [2 * 32 * 5, 1, 1] and p["o_accum"] == p["lse_accum"] == 0 and p["o"]
-    # where the clusters do not fit: the split kernel, then the rows combine (5 <= COMBINE_ROWS_MAX_SPLITS), one
-    # warp per output row (2 x 32 x 3 rows)
-    app, main, comb = host_path["spec_rows"]["launches"]
-    p = main["p"]
-    assert main["name"].endswith(", 0, false, true>") and p["num_splits"] == 5 and p["o_accum"] and p["lse_accum"]
+    assert main["grid"] == [2 * 32 * 5, 1, 1]
+    # 5 <= COMBINE_ROWS_MAX_SPLITS splits: the rows combine, one warp per output row (2 x 32 x 3 rows)
     assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128>" and comb["p"] == p
     assert comb["threads"] == 32 * _configs.COMBINE_ROWS_WARPS and comb["grid"] == [-(-(2 * 32 * 3) // 8), 1, 1]
     a = APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
@@ -379,26 +337,16 @@ def test_host_path_speculative_append(host_path):
 
 
 def test_host_path_combine_by_split_count(host_path):
-    """2-8 splits take the CLUSTER form on sm_90 where the clusters fit; otherwise at most COMBINE_ROWS_MAX_SPLITS
-    splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at batch 64 has 2048 rows of 4 splits
-    here), more the block-per-row combine."""
-    (main,) = host_path["mqa_b64"]["launches"]
+    """At most COMBINE_ROWS_MAX_SPLITS splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at
+    batch 64 has 2048 rows of 4 splits here), more the block-per-row combine."""
+    main, comb = host_path["mqa_b64"]["launches"]
     n = main["p"]["num_splits"]
-    assert n == 4 and main["grid"] == [64 * n, 1, 1] and main["name"].endswith(", true, true>")
-    main, comb = host_path["mqa_b64_rows"]["launches"]
-    assert main["p"]["num_splits"] == n and main["grid"] == [64 * n, 1, 1]  # 64 x 4 = 256 blocks of the 264 slots
+    assert n == 4 and main["grid"] == [64 * n, 1, 1]  # 64 x 4 = 256 blocks of the 264 slots
     assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128>"
     assert comb["grid"] == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1] and comb["threads"] == 256
     main, comb = host_path["mqa_b64_block"]["launches"]
     assert main["p"]["num_splits"] == 9 > _configs.COMBINE_ROWS_MAX_SPLITS
     assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["grid"] == [64 * 32, 1, 1]
-
-
-def test_host_path_cluster_waves(host_path):
-    """The CLUSTER form by default only where its clusters take no more waves than the plain grid: 3 splits (96
-    blocks, clusters of 3) take it, 4 splits (128 blocks, 24 clusters of 4 at once) keep the combine kernel, which
-    combine="cluster" overrides."""
-    assert host_path["waves_auto"] == [1, 2] and host_path["waves_forced"] == 1
 
 
 def test_host_path_int_seqlens_bf16(host_path):

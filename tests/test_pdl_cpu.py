@@ -142,31 +142,7 @@ _launch.PDL = True
 res["plan_for"] = {m: decode.plan_for(q, kc, vc, cache_seqlens=sl, pdl=p).pdl
                    for m, p in (("none", None), ("on", True), ("off", False))}
 res["warp"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, combine="warp"))
-res["rows"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=3, combine="rows"))
-
-def cluster_case(tag, *args, **kw):  # the CLUSTER form: its launch config's attributes
-    p = decode.plan_for(q, kc, vc, *args, cache_seqlens=sl, **kw)
-    ex = p.launches[0][-1]
-    c = ex.config(0)
-    res[tag] = dict(kinds=kinds(p), pdl=p.pdl, name=ho_names(p.launches[0][0]), grid=[c.gridDimX, c.gridDimY],
-                    attrs=[(c.attrs[i].id, c.attrs[i].value.programmaticStreamSerializationAllowed,
-                            [c.attrs[i].value.clusterDim.x, c.attrs[i].value.clusterDim.y, c.attrs[i].value.clusterDim.z])
-                           for i in range(c.numAttrs)],
-                    splits=p.num_splits, scratch=p.scratch_elems)
-
-def ho_names(ptr):
-    return next(n for n in [getattr(l, "spec", None) for l in _launch._launchers.values()] if n and
-                _launch._launchers[(n, 0)].ptr == ptr).name
-
-cluster_case("cluster", num_splits=3)
-cluster_case("cluster_append", k1, v1, num_splits=5)
-res["cluster_8"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=8))
-res["cluster_9"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=9))
-try:
-    decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=9, combine="cluster")
-    res["cluster_9_forced"] = "no error"
-except ValueError as e:
-    res["cluster_9_forced"] = str(e)
+res["rows"] = kinds(decode.plan_for(q, kc, vc, cache_seqlens=sl, num_splits=3))
 _loader.device_cc = lambda device: 80
 _launch._pdl_capable.cache_clear()
 res["sm80"] = decode.plan_for(q, kc, vc, k1, v1, cache_seqlens=sl).pdl
@@ -193,29 +169,14 @@ def host():
 
 def test_which_kernels_launch_with_pdl(host):
     # split: the decode kernel follows the caller's kernels (plain), the combine follows it (PDL)
-    assert host["split"]["pdl"] and host["split"]["kinds"] == [None, "LaunchEx"]
-    assert host["append"]["pdl"] and host["append"]["kinds"] == ["LaunchEx", "LaunchEx"]
+    assert host["split"]["pdl"] and host["split"]["kinds"] == [None, "ProgrammaticLaunch"]
+    assert host["append"]["pdl"] and host["append"]["kinds"] == ["ProgrammaticLaunch", "ProgrammaticLaunch"]
     assert host["append"]["append"] == [None]  # the append kernel follows the caller's kernels
     assert not host["one_split"]["pdl"] and host["one_split"]["kinds"] == [None]
-    assert host["append_one_split"]["pdl"] and host["append_one_split"]["kinds"] == ["LaunchEx"]
+    assert host["append_one_split"]["pdl"] and host["append_one_split"]["kinds"] == ["ProgrammaticLaunch"]
     assert host["warp"] == [None, None]  # flash_combine_kernel has no griddepcontrol.wait
-    assert host["rows"] == [None, "LaunchEx"]  # flash_decode_combine_rows_kernel waits like the block one
+    assert host["rows"] == [None, "ProgrammaticLaunch"]  # flash_decode_combine_rows_kernel waits like the block one
     assert host["sm80"] is False and host["no_ex"] is False
-
-
-def test_cluster_form_launch(host):
-    """2-8 splits on sm_90 (where the driver finds room for the cluster): the decode kernel's CLUSTER form alone, in
-    clusters of one block per split (the cluster attribute, id 4), no combine kernel and no partials; after an append
-    also with PDL (both attributes); 9 splits take a combine kernel, and forcing the cluster there is a ValueError."""
-    c = host["cluster"]
-    assert c["kinds"] == ["LaunchEx"] and not c["pdl"] and c["splits"] == 3 and c["scratch"] == 0
-    assert c["name"].endswith(", true, true>") and c["grid"][0] % 3 == 0
-    assert c["attrs"] == [[4, 3, [3, 1, 1]]]
-    a = host["cluster_append"]
-    assert a["kinds"] == ["LaunchEx"] and a["pdl"] and a["scratch"] == 0
-    assert a["attrs"] == [[6, 1, [1, 0, 0]], [4, 5, [5, 1, 1]]]
-    assert host["cluster_8"] == ["LaunchEx"] and host["cluster_9"] == [None, "LaunchEx"]
-    assert "combine='cluster' needs" in host["cluster_9_forced"]
 
 
 def test_switch_and_plan_for(host):
@@ -240,12 +201,12 @@ def test_launch_config_built_once_per_plan_and_stream(host):
 
 
 def test_config_cache_is_bounded():
-    ex = _launch.LaunchEx(0x1000, (5, 1, 1), 256, 0)
+    ex = _launch.ProgrammaticLaunch(0x1000, (5, 1, 1), 256, 0)
     first = ex.config(7)
     assert ex.config(7) is first
-    for s in range(1, _launch.LaunchEx.MAX_STREAMS + 5):
+    for s in range(1, _launch.ProgrammaticLaunch.MAX_STREAMS + 5):
         ex.config(1000 + s)
-    assert len(ex.configs) <= _launch.LaunchEx.MAX_STREAMS and ex._old  # the previous generation kept
+    assert len(ex.configs) <= _launch.ProgrammaticLaunch.MAX_STREAMS and ex._old  # the previous generation kept
     assert (first.gridDimX, first.blockDimX, first.hStream, first.numAttrs) == (5, 256, 7, 1)
 
 

@@ -159,11 +159,6 @@ def install_fakes(record=False):
 
     _launch._launch_ex, _launch._driver_version = launch_ex, 13000
     _launch._pdl_capable.cache_clear()
-    _launch._cluster_capable.cache_clear()
-    _launch._cluster_active.clear()
-    # cuOccupancyMaxActiveClusters as consistent with the fake occupancy (2 blocks per SM, 264 slots): every slot
-    # in clusters (the H200's own figures for the decode kernels are in bench/NOTES.md, "Decode")
-    _launch._max_active_clusters = lambda fn, threads, smem, cluster: 264 // cluster if cluster <= 8 else 0
     from cuflash import _fwd_sm90, _tma
 
     def encode(addr, dtype, rank, ptr, dims, strides, box, estr, interleave, swizzle, l2, oob):

@@ -110,55 +110,6 @@ __device__ __forceinline__ void grid_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
-// Thread block clusters (PTX ISA: %cluster_ctarank, barrier.cluster, mapa, ld.shared::cluster; sm_90). A kernel
-// launched with a cluster dimension (cuflash/_launch.py) reads its peers' shared memory: `cluster_sync` is every
-// thread of every block of the cluster arriving (release: its shared-memory writes made visible to the cluster)
-// and waiting for all (acquire); `cluster_map(addr, rank)` turns a shared-memory address of this block into the
-// address of the same offset in block `rank` of the cluster, read with `ld_cluster_*`. Only kernels compiled
-// for sm_90 call them (the decode kernel's CLUSTER form).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t n = 1;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-#endif
-  return n;
-}
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ uint32_t cluster_map(uint32_t smem, uint32_t rank) {
-  uint32_t r = smem;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem), "r"(rank));
-#endif
-  return r;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-  float x = 0.f;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
-#endif
-  return x;
-}
-__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
-  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
-               : "r"(addr)
-               : "memory");
-#endif
-  return x;
-}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

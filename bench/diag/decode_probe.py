@@ -107,11 +107,7 @@ def correctness(quick=False) -> bool:
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     lens = [2048, 0, 333]
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    perm = torch.randperm(b * s // ps, device="cuda")
-    bt = perm.reshape(b, s // ps).to(torch.int32)
-    kp, vp = torch.empty_like(kc).view(-1, ps, hk, d), torch.empty_like(vc).view(-1, ps, hk, d)
-    kp[perm] = kc.reshape(-1, ps, hk, d)
-    vp[perm] = vc.reshape(-1, ps, hk, d)
+    kp, vp, bt = paged_copy(kc, vc, ps)
     for ns in (0, 3, 128):
         plan = plan_for(q, kp, vp, cache_seqlens=seqlens, num_splits=ns, block_table=bt)
         out, lse = run_plan(plan, q, kp, vp, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
@@ -121,6 +117,17 @@ def correctness(quick=False) -> bool:
 
 
 # -------------------------------------------------------------------------------------------------- timing
+def paged_copy(kc, vc, page):
+    """The cache's keys in pages of `page` rows, in a random order: (k pages, v pages, block table int32)."""
+    import torch
+
+    b, s, hk, d = kc.shape
+    perm = torch.randperm(b * s // page, device=kc.device)
+    kx, vx = torch.empty_like(kc).view(-1, page, hk, d), torch.empty_like(vc).view(-1, page, hk, d)
+    kx[perm], vx[perm] = kc.reshape(-1, page, hk, d), vc.reshape(-1, page, hk, d)
+    return kx, vx, perm.reshape(b, s // page).to(torch.int32)
+
+
 def _sdpa_fn(prov, q, kc, vc, h, hk):
     """SDPA pinned to `prov` on [b, h, s, d] views: native GQA, else (cuDNN refusing it) the caches expanded."""
     fn = sdpa(prov)

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import replace
 
-from bench.diag.decode_probe import _check, run_probe
+from bench.diag.decode_probe import _check, paged_copy, run_probe
 
 ROUNDS = 3
 H, D = 32, 128
@@ -68,17 +68,6 @@ def release_memory():
 
     gc.collect()
     torch.cuda.empty_cache()
-
-
-def paged_copy(kc, vc, page):
-    """The cache's keys in pages of `page` rows, in a random order: (k pages, v pages, block table int32)."""
-    import torch
-
-    b, s, hk, d = kc.shape
-    perm = torch.randperm(b * s // page, device=kc.device)
-    kx, vx = torch.empty_like(kc).view(-1, page, hk, d), torch.empty_like(vc).view(-1, page, hk, d)
-    kx[perm], vx[perm] = kc.reshape(-1, page, hk, d), vc.reshape(-1, page, hk, d)
-    return kx, vx, perm.reshape(b, s // page).to(torch.int32)
 
 
 def check_inputs(b, s, hk, h, d, dt, lens, ps, sq):

@@ -235,6 +235,23 @@ def decode(trees, cases=DECODE_CASES, rounds=3, clock=None, h=32, d=128):
     return recs
 
 
+def parse_decode_cases(text: str) -> tuple:
+    """--decode-cases "B,S,HK;B,S,HK": ((batch, cache length, KV heads), ...), each a divisor of the 32 query
+    heads."""
+    cases = []
+    for part in (p for p in text.split(";") if p.strip()):
+        try:
+            b, s, hk = (int(x) for x in part.split(","))
+        except ValueError:
+            raise SystemExit(f"--decode-cases: {part!r} is not B,S,HK") from None
+        if b < 1 or s < 1 or hk < 1 or 32 % hk:
+            raise SystemExit(f"--decode-cases: {part!r}: batch and length >= 1, KV heads a divisor of 32")
+        cases.append((b, s, hk))
+    if not cases:
+        raise SystemExit("--decode-cases: no case given")
+    return tuple(cases)
+
+
 def latency(trees, rounds=5, clock=None):
     import torch
 
@@ -403,6 +420,9 @@ def parser():
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed in turn (latency: rounds + 2)")
     ap.add_argument("--time-limit", type=float, default=9.0,
                     help="minutes; points left when it is reached are skipped (recorded as such)")
+    ap.add_argument("--decode-cases", default=None, metavar="B,S,HK;...",
+                    help="decode suite cases (batch, cache length, KV heads; 32 query heads, head dim 128); "
+                         "default: DECODE_CASES")
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     return ap
@@ -414,6 +434,7 @@ def main(argv=None):
     bad = [s for s in suites if s not in SUITES]
     if bad:
         raise SystemExit(f"unknown compare suite(s) {bad}; known: {', '.join(SUITES)}")
+    decode_cases = parse_decode_cases(args.decode_cases) if args.decode_cases else DECODE_CASES
     clock = Clock(args.time_limit)
     os.makedirs(args.out, exist_ok=True)
     base_dir = Path(args.base).resolve()
@@ -435,7 +456,7 @@ def main(argv=None):
                 headdims=tuple(int(x) for x in args.headdims.split(",") if x))
     runs = {"fwd": lambda: fwd(trees, rounds=args.rounds, clock=clock, **grid),
             "bwd": lambda: bwd(trees, rounds=args.rounds, clock=clock, **grid),
-            "decode": lambda: decode(trees, rounds=args.rounds, clock=clock),
+            "decode": lambda: decode(trees, cases=decode_cases, rounds=args.rounds, clock=clock),
             "latency": lambda: latency(trees, rounds=args.rounds + 2, clock=clock)}
     records = []
     for name in suites:

@@ -37,7 +37,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_SPLITS, DecodeTile, append_spec,
+from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS, DecodeTile,
+                       append_spec,
                        combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
@@ -55,6 +56,8 @@ MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unroll
 # "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
 COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
+CHAIN_SLACK = 0.05  # shortest_chain_splits: how much longer than the shortest chain the fewest splits may be
+SPLIT_RULES = ("chain", "waves", "waves_untrimmed")  # decode_num_splits
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
 _MAX_GRID_X = 2 ** 31 - 1
@@ -163,14 +166,38 @@ def without_empty_splits(num_splits: int, rounds: int) -> int:
     return -(-rounds // -(-rounds // num_splits))
 
 
+def shortest_chain_splits(blocks: int, slots: int, rounds: int, max_splits: int = MAX_SPLITS) -> int:
+    """The fewest splits whose longest chain -- waves x block rounds per split, waves = ceil(n blocks / slots), a split
+    ceil(rounds / n) rounds (attn/block.cuh: split_range) -- is within CHAIN_SLACK of the shortest any count up to
+    min(max_splits, rounds) reaches. No split when the blocks already (nearly) fill the slots. Never a count with
+    empty splits: a count with the same rounds per split and fewer splits has no longer a chain, and the fewest win.
+    Unlike the wave efficiency of `num_splits_heuristic` it counts the rounds a split holds, so a single-wave grid takes
+    the count that shortens its longest split (MQA at batch 1 with 4k keys: 32 rounds in 32 splits of one, where the
+    efficiency rule took 31 and, trimmed, 16 splits of two)."""
+    if blocks >= 0.8 * slots:
+        return 1
+    top = min(max_splits, rounds)
+    if top <= 1:
+        return 1
+    chains = [-(-(n * blocks) // slots) * -(-rounds // n) for n in range(1, top + 1)]
+    best = min(chains)
+    return next(n for n, c in enumerate(chains, start=1) if c <= best * (1 + CHAIN_SLACK))
+
+
 def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: DecodeTile | None = None,
-                      trim: bool = True) -> int:
-    """The default split count of the decode kernel: whole waves of resident blocks, at most one split per
-    block round of keys (static shapes only: seqlen_k is the cache capacity, never cache_seqlens), then no more
-    splits than hold keys (`without_empty_splits`; trim=False: the count before that rule, for comparison)."""
+                      rule: str = "chain") -> int:
+    """The default split count of the decode kernel from static shapes only (seqlen_k is the cache capacity, never
+    cache_seqlens), at most one split per block round of keys. rule "chain" (the default): `shortest_chain_splits`;
+    "waves": the wave-efficiency count (`num_splits_heuristic`) less the splits that would hold no key
+    (`without_empty_splits`), the rule before it; "waves_untrimmed": the wave-efficiency count alone (both for
+    comparison)."""
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"split_rule must be one of {SPLIT_RULES}; got {rule!r}")
     rounds = max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+    if rule == "chain":
+        return shortest_chain_splits(blocks, slots, rounds)
     n = num_splits_heuristic(blocks, slots, rounds)
-    return without_empty_splits(n, rounds) if trim else n
+    return without_empty_splits(n, rounds) if rule == "waves" else n
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -237,13 +264,15 @@ def _resident(spec, device: int) -> int:
 
 def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                tile: DecodeTile | None = None, mods=None, cache: CacheOptions | None = None,
-               local: bool = False, combine: str = "auto", trim: bool = True, pdl: bool | None = None) -> _Plan:
+               local: bool = False, combine: str = "auto", split_rule: str = "chain", pdl: bool | None = None,
+               mf: int | None = None) -> _Plan:
     """The decode kernel's plan for validated views (ca: the cache_seqlens view or None); `tile` overrides
     the configured DecodeTile (benchmark sweeps); mods: the score modifiers (cuflash._mods.Mods) or None; cache:
     the validated cache indirections (None: none); local: a window was given (query rows rotated at their own
-    positions, as with causal); combine: the combine kernel of split launches (COMBINES); trim=False: the default
-    split count without `without_empty_splits` (benchmarks); pdl: launch the dependent kernels (the combine after the
-    split kernel, the decode kernel after the append) with Programmatic Dependent Launch where the device supports
+    positions, as with causal); combine: the combine kernel of split launches (COMBINES); split_rule: the default
+    split count's rule (decode_num_splits: "chain", or for benchmarks "waves" / "waves_untrimmed"); mf: row
+    fragments per block (None: decode_geometry's; benchmarks); pdl: launch the dependent kernels (the combine after
+    the split kernel, the decode kernel after the append) with Programmatic Dependent Launch where the device supports
     it (None: cuflash._launch.PDL, the CUFLASH_PDL switch; `plan.pdl` says whether it does)."""
     cache = cache or NO_CACHE_OPTIONS
     if pdl is None:
@@ -259,13 +288,19 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
-    rows, kheads, heads_per_kv, fold, causal, mf, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
+    rows, kheads, heads_per_kv, fold, causal, mf0, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
+    if mf is None:
+        mf = mf0
+    else:  # benchmarks: fewer row fragments per block, more m-blocks
+        if mf not in range(1, DECODE_MAX_MF[d] + 1):
+            raise ValueError(f"mf must be 1..{DECODE_MAX_MF[d]} at head dim {d}; got {mf!r}")
+        m_blocks = -(-rows // (16 * mf))
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
     dev = qa.device
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
-                                       tile, trim)
+                                       tile, split_rule)
     num_splits = max(1, min(num_splits, MAX_SPLITS))
     blocks = b * kheads * num_splits * m_blocks
     if blocks > _MAX_GRID_X:
@@ -511,7 +546,7 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
             cache_batch_idx or cache_leftpad (flash-attn takes neither with it).
         softmax_scale: positive finite scale of Q K^T; None: headdim ** -0.5.
         causal: bottom-right aligned against each batch element's key count (matters for seqlen_q > 1).
-        num_splits: 0 picks the split count from static shapes only (`num_splits_heuristic`; never from the values
+        num_splits: 0 picks the split count from static shapes only (`decode_num_splits`; never from the values
             in cache_seqlens, so a CUDA graph capture stays valid); an explicit count is honoured (at most 128).
         return_softmax_lse: also return the LSE.
         window_size, softcap, alibi_slopes: the score modifiers of flash_attn_func (sliding window bottom-right
@@ -660,14 +695,15 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
 
 def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_scale=None, causal=False,
              num_splits=0, tile: DecodeTile | None = None, window_size=_NO_WINDOW, softcap=0.0,
-             alibi_slopes=None, block_table=None, combine: str = "auto", trim: bool = True,
-             pdl: bool | None = None) -> _Plan:
+             alibi_slopes=None, block_table=None, combine: str = "auto", split_rule: str = "chain",
+             pdl: bool | None = None, mf: int | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "rows", "block": the
     decode combines, "rows" for at most COMBINE_ROWS_MAX_SPLITS splits; "warp": the split-KV forward's
-    one-warp-per-row combine), the split count before `without_empty_splits` with
-    trim=False and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain launches;
-    `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
+    one-warp-per-row combine), the default split count's rule with `split_rule` ("chain", the default; "waves",
+    "waves_untrimmed": decode_num_splits), the row fragments per block with `mf` (None: the configured ones; fewer
+    give more m-blocks) and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain
+    launches; `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
     if pdl is not None:
@@ -678,7 +714,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
                                                                           num_splits, softmax_scale, options)
     mods = mods_for(qa, kca, causal, window_size, softcap, alibi_slopes, softmax_scale, seqlen_k)
     return _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits, tile,
-                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, trim, pdl)
+                      mods, cache, tuple(window_size) != _NO_WINDOW, combine, split_rule, pdl, mf)
 
 
 def run_plan(plan: _Plan, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, return_softmax_lse=False,

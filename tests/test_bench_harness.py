@@ -719,3 +719,13 @@ def test_bwd_handoff_parsing():
     launch, first = first_times(ev, 3)
     assert launch == (50.0 + 300.0) / 2 and first == (70.0 + 340.0) / 2  # bwd2 has neither: left out
     assert first_times([("bwd0", 0.0, False)], 1) == (None, None)
+
+
+def test_compare_decode_cases():
+    """--decode-cases parsing: (batch, cache length, KV heads) triples; malformed or impossible ones exit with a
+    message naming the option."""
+    assert compare.parse_decode_cases("1,1024,1;64,1024,8") == ((1, 1024, 1), (64, 1024, 8))
+    assert compare.parse_decode_cases(" 8,4096,32 ;") == ((8, 4096, 32),)
+    for bad in ("1,1024", "1,1024,3", "0,1024,8", "a,b,c", ";"):
+        with pytest.raises(SystemExit, match="--decode-cases"):
+            compare.parse_decode_cases(bad)

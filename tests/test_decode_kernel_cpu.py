@@ -12,8 +12,8 @@ import pytest
 
 from cuflash import _configs, reference
 from cuflash._params import APPEND_ARGS
-from cuflash.decode import (KERNELS, check_kernel, decode_geometry, decode_kv_block, decode_num_splits,
-                            resident_blocks, without_empty_splits)
+from cuflash.decode import (CHAIN_SLACK, KERNELS, SPLIT_RULES, check_kernel, decode_geometry, decode_kv_block,
+                            decode_num_splits, resident_blocks, shortest_chain_splits, without_empty_splits)
 from conftest import run_result_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -476,13 +476,49 @@ def test_without_empty_splits():
 
 def test_decode_split_count_mqa_batch1():
     """MQA at batch 1 (one block of 32 folded rows) on 132 SMs x 1 resident block, head dim 128 (128 keys per
-    block round): the wave rule alone takes 122 splits at 16k keys (128 rounds: 2 per split, 58 splits empty);
-    trimmed, 64 splits of 2 rounds. 1k keys: 8 rounds, 8 splits either way."""
-    assert decode_num_splits(1, 132, 16384, 128, trim=False) == 122
-    assert decode_num_splits(1, 132, 16384, 128) == 64
-    assert decode_num_splits(1, 132, 1024, 128) == 8
-    assert decode_num_splits(1, 132, 131072, 128) == 114  # 1024 rounds: 9 per split either way
-    assert decode_num_splits(8, 132, 4096, 128) == 16  # GQA 32 / 8 at batch 1: 32 rounds, 2 per split
+    block round). The wave-efficiency rule alone takes 122 splits at 16k keys (128 rounds: 2 per split, 58 splits
+    empty), trimmed 64 splits of 2 rounds; the chain rule (the default) 128 splits of one round. At 4k keys (32
+    rounds) the efficiency rule takes 31 splits, trimmed 16 of 2 rounds; the chain rule 32 of one. 1k keys: 8
+    rounds, 8 splits under every rule."""
+    assert decode_num_splits(1, 132, 16384, 128, rule="waves_untrimmed") == 122
+    assert decode_num_splits(1, 132, 16384, 128, rule="waves") == 64
+    assert decode_num_splits(1, 132, 16384, 128) == 128
+    assert decode_num_splits(1, 132, 4096, 128, rule="waves") == 16
+    assert decode_num_splits(1, 132, 4096, 128) == 32
+    for rule in SPLIT_RULES:
+        assert decode_num_splits(1, 132, 1024, 128, rule=rule) == 8
+    assert decode_num_splits(1, 132, 131072, 128, rule="waves") == 114  # 1024 rounds: 9 per split
+    assert decode_num_splits(1, 132, 131072, 128) == 128  # 8 per split
+    assert decode_num_splits(8, 132, 4096, 128) == 16  # GQA 32 / 8 at batch 1: 32 rounds, 2 per split, one wave
+    with pytest.raises(ValueError, match="split_rule must be one of"):
+        decode_num_splits(1, 132, 4096, 128, rule="fewest")
+
+
+def _chain(blocks, slots, rounds, n):
+    return -(-(n * blocks) // slots) * -(-rounds // n)
+
+
+def test_shortest_chain_splits():
+    """Exhaustively against its definition on small grids: the count is the fewest whose chain (waves x rounds per
+    split) is within CHAIN_SLACK of the shortest over 1..min(128, rounds); no split is empty; a grid that (nearly)
+    fills the slots is not split."""
+    for slots in (132, 264):
+        for blocks in (1, 2, 3, 8, 16, 32, 64, 100):
+            for rounds in (1, 2, 3, 7, 8, 31, 32, 33, 100, 128, 256, 1000, 1024):
+                n = shortest_chain_splits(blocks, slots, rounds)
+                top = min(128, rounds)
+                best = min(_chain(blocks, slots, rounds, k) for k in range(1, top + 1))
+                if blocks >= 0.8 * slots:
+                    assert n == 1
+                    continue
+                assert 1 <= n <= top
+                assert _chain(blocks, slots, rounds, n) <= best * (1 + CHAIN_SLACK)
+                assert all(_chain(blocks, slots, rounds, k) > best * (1 + CHAIN_SLACK) for k in range(1, n))
+                assert (n - 1) * -(-rounds // n) < rounds  # the last split holds a key
+    assert shortest_chain_splits(110, 132, 1000) == 1
+    # 32 KV heads at batch 1 (32 blocks on 132 slots), 128k keys at 128 per round: 4 splits (one wave of 128
+    # blocks, 256 rounds each), not 41 (10 waves of 25 rounds, 2.3% shorter: within the slack)
+    assert shortest_chain_splits(32, 132, 1024) == 4
 
 
 def test_decode_combine_matches_the_host():
@@ -519,3 +555,22 @@ def test_decode_probe_table():
     t = table([rec]).splitlines()
     assert len(t) == 3 and t[0].count("|") == t[2].count("|") == 13
     assert "| 28.6 (122) | 9.0 (64) | 10.0 (32) | 0.36 | 1.13 | 1.13 |" in t[2]
+
+
+def test_decode_small_probe_table_and_cases():
+    """bench/diag/decode_small_probe.py: its table from records (cuDNN's time over each plan's; paged cases over the
+    contiguous cache's), its --case parsing, and the tiles it times are tiles the decode kernel compiles (the script
+    itself needs a GPU)."""
+    from bench.diag import decode_small_probe as p
+
+    recs = [dict(batch=1, heads=32, heads_k=1, seqlen_k=4096, page=0, kv_bytes=2 << 20,
+                 us={"def": 8.0, "waves": 9.0, "static": None, "cudnn": 7.6}, splits={"def": 32, "waves": 16}),
+            dict(batch=1, heads=32, heads_k=8, seqlen_k=8192, page=16, kv_bytes=32 << 20,
+                 us={"contig": 10.0, "def": 12.5}, splits={"contig": 16, "def": 16})]
+    t = p.table(recs).splitlines()
+    assert t[0] == "hk1 b1 4k (2 MB): def(32)=8.00 [0.95]  waves(16)=9.00 [0.84]  cudnn=7.60"
+    assert t[1] == "hk8 b1 8k page 16 (32 MB): contig(16)=10.00 [1.00]  def(16)=12.50 [0.80]"
+    for t in p.tiles().values():
+        spec = _configs.decode_spec("float16", 128, False, 2, t)
+        assert spec.smem <= 227 * 1024 and t.swizzle
+    assert all(32 % hk == 0 for hk, _, _ in p.CASES) and all(ps % 16 == 0 for *_, ps in p.PAGES)

@@ -11,8 +11,8 @@
 (b) GPU time per call in CUDA-graph replay (bench.bench_decode.capture_graph: GRAPH_CALLS calls per graph), head
     dim 128, fp16, 32 query heads, q_len 1, for batch 1 and 8 with 1, 8 and 32 KV heads, caches 1k-128k (cases of
     more than MAX_KV_BYTES of K/V, bandwidth-bound, left out):
-      old      the split count before `without_empty_splits` with the one-warp-per-row combine (the previous path)
-      new      the default: the trimmed split count, the default combine (one warp per row up to 8 splits,
+      old      the wave-efficiency split count before `without_empty_splits` with the one-warp-per-row combine
+      new      the default: the default split count, the default combine (one warp per row up to 8 splits,
                one block per row above)
       nS       S splits forced (a few counts around the default), the default combine
       cudnn / flash   SDPA's CUDNN and FLASH backends, enable_gqa=True on the unexpanded caches (cuDNN refusing
@@ -157,7 +157,7 @@ def timing(limit_s: float, h=32, d=128) -> list:
             continue
         q, kc, vc, seqlens, _, floor_us = _cache_case(b, s, hk, h, d, bw)
         new = plan_for(q, kc, vc, cache_seqlens=seqlens)
-        old = plan_for(q, kc, vc, cache_seqlens=seqlens, combine="warp", trim=False)
+        old = plan_for(q, kc, vc, cache_seqlens=seqlens, combine="warp", split_rule="waves_untrimmed")
         plans = {f"old({old.num_splits})": old, f"new({new.num_splits})": new}
         for n in FORCED:
             if n != new.num_splits and n <= max(1, s // 128):

@@ -174,16 +174,18 @@ def decode(batches=(1, 8, 64), cache_lens=(1024, 4096, 16384, 32768, 131072), kv
             return dict(read_fraction=read_us / us if read_us and us else None,
                         graph_read_fraction=read_us / gus if read_us and gus else None)
 
-        auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens).num_splits
+        auto_new = plan_for(q, kc, vc, cache_seqlens=seqlens)
+        unsplit = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=1)
         calls = {}  # name -> (provider, algo, fn or None, record fields)
-        for name, kernel, ns, used in (("decode-split", "decode", 0, auto_new),
-                                       ("decode-unsplit", "decode", 1, 1),
-                                       ("fwd_split-split", "fwd_split", 0, _old_splits(b, h, hk, s, d))):
+        for name, kernel, ns, extra in (
+                ("decode-split", "decode", 0, dict(num_splits=auto_new.num_splits, geometry=auto_new.geometry)),
+                ("decode-unsplit", "decode", 1, dict(num_splits=1, geometry=unsplit.geometry)),
+                ("fwd_split-split", "fwd_split", 0, dict(num_splits=_old_splits(b, h, hk, s, d)))):
             def fn(ns=ns, kernel=kernel):
                 return cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns,
                                                        kernel=kernel)
 
-            calls[name] = ("cuflash", name, fn, dict(kernel=kernel, num_splits=used))
+            calls[name] = ("cuflash", name, fn, dict(kernel=kernel, **extra))
         qt = q.transpose(1, 2)
         expand = kv_bytes * (h // hk) <= MAX_KV_BYTES  # SDPA needs GQA expanded to full heads
         if expand:
@@ -269,6 +271,7 @@ def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128, rounds=R
     import torch
 
     import cuflash
+    from cuflash.decode import plan_for
 
     read_bw = read_bandwidth(measure_ceilings())
     recs = []
@@ -296,6 +299,9 @@ def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128, rounds=R
             fns[("decode-paged-rotary-append", ps)] = lambda ps=ps: cuflash.flash_attn_with_kvcache(
                 q, pages[ps][0], pages[ps][1], kn, vn, cos, sin, short, block_table=pages[ps][2],
                 rotary_interleaved=False)
+        geometry = {("decode-contiguous", 0): plan_for(q, kc, vc, cache_seqlens=seqlens).geometry}
+        geometry.update({("decode-paged", ps): plan_for(q, pages[ps][0], pages[ps][1], cache_seqlens=seqlens,
+                                                        block_table=pages[ps][2]).geometry for ps in page_sizes})
         names = {f"{algo}[{ps}]": (algo, ps) for algo, ps in fns}
         ev_us, gr_us = _time_in_turn({n: fns[k] for n, k in names.items()}, rounds)
         base = gr_us.get("decode-contiguous[0]", (None, []))[0]
@@ -305,7 +311,8 @@ def decode_paged(cases=PAGED_CASES, page_sizes=PAGE_SIZES, h=32, d=128, rounds=R
             rec = record("cuflash", algo, "decode", "float16", b, h, 1, s, d, False, us / 1e3 if us else None,
                          us=us, graph_us=gus, rounds=rounds, round_us=round_us, round_graph_us=round_gus,
                          heads_k=hk, kv_bytes=kv_bytes, read_floor_us=read_us, page_size=ps,
-                         graph_read_fraction=read_us / gus if read_us and gus else None)
+                         graph_read_fraction=read_us / gus if read_us and gus else None,
+                         geometry=geometry.get((algo, ps)))
             if algo == "decode-paged":
                 rec["vs_contiguous_bw"] = base / gus if base and gus else None
             recs.append(rec)

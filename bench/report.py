@@ -188,7 +188,8 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
         name = r["algo"] if r["provider"] == "cuflash" else r["provider"]
         if r.get("_big") or name not in cases[key]:
             cases[key][name] = r
-    lines = ["| KV heads | batch | cache | K/V MB | floor us | cuflash decode: us / GPU us (splits) | % of copy bw (GPU) "
+    lines = ["| KV heads | batch | cache | K/V MB | floor us | cuflash decode: us / GPU us (splits; tile, row fragments) "
+             "| % of copy bw (GPU) "
              "| % of read bw (GPU) | unsplit GPU us | previous path GPU us | SDPA flash: us / GPU us | SDPA cudnn: us / "
              "GPU us | vs flash (us, GPU) | vs cudnn (GPU) |",
              "|" + "---|" * 14]
@@ -213,7 +214,8 @@ def decode_table(records, section="decode", big="decode_big_gqa"):
             vs = f"{fl['us'] / cu['us']:.2f}x, {ratio(fl.get('graph_us'), cu.get('graph_us'))}"
         lines.append(
             f"| {key[0]} | {key[1]} | {k(key[2])}{star} | {cu.get('kv_bytes', 0) / 1e6:.0f} | {_fmt(cu.get('floor_us'))} | "
-            f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}) | "
+            f"{_fmt(cu.get('us'))} / {_fmt(cu.get('graph_us'))} ({splits if splits is not None else '-'}"
+            f"{'; ' + cu['geometry'] if cu.get('geometry') else ''}) | "
             f"{f'{gbw:.0%}' if gbw else '-'} | {f'{grd:.0%}' if grd else '-'} | "
             f"{_fmt((unsplit or {}).get('graph_us'))} | "
             f"{_fmt((prev or {}).get('graph_us'))} | {_fmt((fl or {}).get('us'))} / {_fmt((fl or {}).get('graph_us'))} | "

@@ -581,6 +581,11 @@ DECODE_KERNEL_TILES = {
     128: DecodeTile(32, 4, 2, swizzle=True),
     256: DecodeTile(16, 2, 3, swizzle=True),
 }
+# The tile a head dim whose configured tile holds one block per SM takes where resident blocks matter more than the
+# ring depth (cuflash.decode: a grid of more blocks than one wave of the configured tile, and paged caches): two
+# blocks per SM, so one block's set-up and epilogue run under the other's loads. Head dim 128: 16 keys x 4 warps x 2
+# stages (70-80 KB; bench/NOTES.md "Decode", the short steps).
+DECODE_WIDE_TILES = {128: DecodeTile(16, 4, 2, swizzle=True)}
 # Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps
 # mf = 1 (its O accumulator alone is 128 registers per m16 fragment) and uses several m-blocks instead.
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
@@ -623,8 +628,10 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
 
 
 def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
-    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged."""
-    return [decode_spec(dtype, headdim, causal, mf, mod=mod, paged=pg) for pg in (False, True)
+    """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged, with
+    the configured tile and, where the head dim has one, DECODE_WIDE_TILES' tile."""
+    tiles = [None] + ([DECODE_WIDE_TILES[headdim]] if headdim in DECODE_WIDE_TILES else [])
+    return [decode_spec(dtype, headdim, causal, mf, t, mod, pg) for t in tiles for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 

@@ -37,8 +37,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS, DecodeTile,
-                       append_spec,
+from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
+                       DECODE_WIDE_TILES, DecodeTile, append_spec,
                        combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
@@ -58,6 +58,7 @@ COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 CHAIN_SLACK = 0.05  # shortest_chain_splits: how much longer than the shortest chain the fewest splits may be
 SPLIT_RULES = ("chain", "waves", "waves_untrimmed")  # decode_num_splits
+MF1_MAX_ROUNDS = 8  # decode_auto_mf: the longest split (block rounds of keys) that takes one row fragment per block
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
 _MAX_GRID_X = 2 ** 31 - 1
@@ -200,13 +201,53 @@ def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: Deco
     return without_empty_splits(n, rounds) if rule == "waves" else n
 
 
+def _smem_slots(spec, num_sms: int, smem_sm: int) -> int:
+    """Resident blocks of a decode kernel on the whole GPU by its shared memory alone (no compile: the decode tiles'
+    footprints, not their registers, set their occupancy on sm_80 and sm_90)."""
+    return num_sms * resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=smem_sm)
+
+
+def decode_auto_mf(dtype, d: int, causal: bool, mod: int, paged: bool, groups: int, rows: int, mf0: int,
+                   seqlen_k: int, num_splits: int, tile: DecodeTile | None, split_rule: str, num_sms: int,
+                   smem_sm: int) -> int:
+    """Row fragments per block. More than 16 rows (MQA's 32 folded heads) take decode_geometry's two fragments
+    unless one fragment per block -- twice the m-blocks, each half the products per key -- leaves every split at
+    most MF1_MAX_ROUNDS block rounds of keys: there the step is latency (each block's set-up, first tile and
+    epilogue), and two blocks of half the work finish sooner; on longer splits the second m-block's reads of the
+    same K / V (L2 hits) cost L2 bandwidth that a streaming step does not have. groups: batch x the kernel's heads."""
+    if mf0 == 1:
+        return 1
+    m1 = -(-rows // 16)
+    spec1 = decode_spec(dtype, d, causal, 1, tile, mod, paged=paged)
+    n1 = num_splits or decode_num_splits(groups * m1, _smem_slots(spec1, num_sms, smem_sm), seqlen_k, d, tile,
+                                         split_rule)
+    rounds = max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+    return 1 if -(-rounds // min(n1, rounds)) <= MF1_MAX_ROUNDS else mf0
+
+
+def decode_auto_tile(dtype, d: int, causal: bool, mod: int, paged: bool, blocks: int, mf: int, num_sms: int,
+                     smem_sm: int) -> DecodeTile:
+    """The decode tile of a plan: the head dim's configured tile (decode_tile), or its DECODE_WIDE_TILES tile (two
+    blocks per SM where the configured one holds one) for a paged cache or a grid of more blocks (before splitting)
+    than one wave of the configured tile: there a block's set-up and epilogue, which one block per SM leaves bare,
+    run under the other resident block's loads."""
+    base = decode_tile(d)
+    if d not in DECODE_WIDE_TILES:
+        return base
+    if paged or blocks > _smem_slots(decode_spec(dtype, d, causal, mf, base, mod, paged=paged), num_sms, smem_sm):
+        return DECODE_WIDE_TILES[d]
+    return base
+
+
 # ------------------------------------------------------------------------------------------ the plan
 class _Plan(HostPlan):
     """Everything a call needs that depends only on the memo key; `run` does the per-call rest. `outs` holds the
     output allocators, indexed by 2 * return_lse + (scratch is None): out, [lse], [the fp32 partials when split
-    and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None."""
+    and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None. `geometry`: the
+    decode kernel's tile and row fragments ("32x4w2 mf2": keys x warps per tile, ring stages, fragments), for
+    benchmark records."""
 
-    __slots__ = ("outs", "num_splits", "scratch_elems", "lse_accum_offset", "append")
+    __slots__ = ("outs", "num_splits", "geometry", "scratch_elems", "lse_accum_offset", "append")
 
     def run(self, qp, kcp, vcp, knp, vnp, sp, xp, return_lse, scratch):
         """xp: the pointers of (block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin), 0 for None."""
@@ -289,14 +330,18 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf0, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
-    if mf is None:
-        mf = mf0
-    else:  # benchmarks: fewer row fragments per block, more m-blocks
-        if mf not in range(1, DECODE_MAX_MF[d] + 1):
-            raise ValueError(f"mf must be 1..{DECODE_MAX_MF[d]} at head dim {d}; got {mf!r}")
-        m_blocks = -(-rows // (16 * mf))
-    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=cache.block_table is not None)
+    paged = cache.block_table is not None
     dev = qa.device
+    if mf is not None and mf not in range(1, DECODE_MAX_MF[d] + 1):
+        raise ValueError(f"mf must be 1..{DECODE_MAX_MF[d]} at head dim {d}; got {mf!r}")
+    if mf is None:
+        mf = decode_auto_mf(qa.dtype, d, causal, mod, paged, b * kheads, rows, mf0, seqlen_k, num_splits, tile,
+                            split_rule, sm_count(dev), smem_per_sm(dev))
+    m_blocks = -(-rows // (16 * mf))
+    if tile is None:
+        tile = decode_auto_tile(qa.dtype, d, causal, mod, paged, b * kheads * m_blocks, mf, sm_count(dev),
+                                smem_per_sm(dev))
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged)
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
@@ -314,6 +359,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
+    p.geometry = f"{tile.block_n}x{tile.nwarps}w{tile.stages} mf{mf}"  # the tile (keys x warps, stages), row fragments
     p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0,
            block_table_batch_stride=cache.bt_stride, page_size=cache.page_size, rotary_dim=cache.rotary_dim,
            rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro,

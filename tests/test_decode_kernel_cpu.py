@@ -574,3 +574,48 @@ def test_decode_small_probe_table_and_cases():
         spec = _configs.decode_spec("float16", 128, False, 2, t)
         assert spec.smem <= 227 * 1024 and t.swizzle
     assert all(32 % hk == 0 for hk, _, _ in p.CASES) and all(ps % 16 == 0 for *_, ps in p.PAGES)
+
+
+def test_decode_auto_mf_and_tile():
+    """The plan's automatic geometry on an H200 (132 SMs, 228 KB of shared memory per SM), head dim 128, fp16: one
+    row fragment per block for 32 folded rows (MQA) where every split of that plan reads at most MF1_MAX_ROUNDS block
+    rounds of keys, else two; the wide tile (two blocks per SM) for paged caches and for grids of more blocks than
+    one wave of the configured tile."""
+    from cuflash.decode import MF1_MAX_ROUNDS, decode_auto_mf, decode_auto_tile
+
+    sms, smem = 132, 233472
+
+    def mf(groups, seqlen_k, num_splits=0, rows=32, mf0=2, d=128):
+        return decode_auto_mf("float16", d, False, 0, False, groups, rows, mf0, seqlen_k, num_splits, None, "chain",
+                              sms, smem)
+
+    assert MF1_MAX_ROUNDS == 8
+    assert mf(1, 1024) == mf(1, 4096) == mf(1, 16384) == mf(1, 32768) == 1  # batch 1: 1, 1, 2, 4 rounds per split
+    assert mf(1, 131072) == 2  # 64 splits of 16 rounds
+    assert mf(8, 1024) == mf(8, 4096) == 1 and mf(8, 16384) == 2  # 16 m-blocks: 8 splits of 1, 4, 16 rounds
+    assert mf(64, 1024) == 1 and mf(64, 2048) == 2  # 128 m-blocks, one split: 8 / 16 rounds
+    assert mf(1, 4096, num_splits=1) == 2 and mf(1, 4096, num_splits=4) == 1  # an explicit count: 32 / 8 rounds
+    assert mf(1, 1024, rows=16, mf0=1) == 1
+    wide, base = _configs.DECODE_WIDE_TILES[128], _configs.decode_tile(128)
+
+    def tile(blocks, paged=False, d=128, mf=1):
+        return decode_auto_tile("float16", d, False, 0, paged, blocks, mf, sms, smem)
+
+    assert tile(256) == tile(133) == tile(1, paged=True) == tile(512, mf=2) == wide
+    assert tile(132) == tile(8) == base
+    assert tile(1024, d=64) == _configs.decode_tile(64) and tile(8, paged=True, d=256) == _configs.decode_tile(256)
+
+
+def test_decode_wide_tiles_fit():
+    """Each wide tile holds at least two blocks per SM on sm_90 (by shared memory) where its head dim's configured tile
+    holds one, keeps 64 KB of K / V in flight per SM, and compiles in every mode (decode_family lists it)."""
+    for d, t in _configs.DECODE_WIDE_TILES.items():
+        assert t.swizzle and t.block_n % 16 == 0 and t.stages >= 2
+        for mf in range(1, _configs.DECODE_MAX_MF[d] + 1):
+            spec = _configs.decode_spec("float16", d, False, mf, t)
+            base = _configs.decode_spec("float16", d, False, mf)
+            assert resident_blocks(base.smem, base.threads, 0, smem_per_sm=SM90_SMEM_PER_SM) == 1
+            resident = resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM)
+            assert resident >= 2
+            assert 2 * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2 >= 64 * 1024
+            assert spec in _configs.decode_family("float16", d, False, 0)

@@ -28,6 +28,24 @@ CASES = [(2, 800, 1, 4, 20, True, 128, [800, 300], 0),  # 20 causal query rows: 
          (2, 512, 2, 8, 2, True, 64, [512, 300], 16)]
 
 
+def kernel_cache(kc, vc, lens, ps):
+    """The cache as the kernel reads it: (k, v, block table or None), the rows past each element's keys NaN (the kernel
+    must never read them into a result); with ps > 0 the same keys in pages of ps rows in a random order."""
+    import torch
+
+    b, s, hk, d = kc.shape
+    kx, vx, bt = kc.clone(), vc.clone(), None
+    for i, n in enumerate(lens):
+        kx[i, n:] = float("nan")
+        vx[i, n:] = float("nan")
+    if ps:
+        perm = torch.randperm(b * s // ps, device="cuda")
+        kp, vp = torch.empty_like(kx).view(-1, ps, hk, d), torch.empty_like(vx).view(-1, ps, hk, d)
+        kp[perm], vp[perm] = kx.reshape(-1, ps, hk, d), vx.reshape(-1, ps, hk, d)
+        kx, vx, bt = kp, vp, perm.reshape(b, s // ps).to(torch.int32)
+    return kx, vx, bt
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[6]}-h{c[3]}/{c[2]}-sq{c[4]}-c{int(c[5])}-p{c[8]}")
@@ -42,15 +60,7 @@ def test_swizzled_ring_matches_reference_and_padded_rows(case, num_splits, dtype
     vc = torch.randn(b, s, hk, d, device="cuda").to(dt)
     q = torch.randn(b, sq, h, d, device="cuda").to(dt)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    kx, vx, bt = kc.clone(), vc.clone(), None
-    for i, n in enumerate(lens):
-        kx[i, n:] = float("nan")
-        vx[i, n:] = float("nan")
-    if ps:  # the same keys in pages of ps rows, in a random order
-        perm = torch.randperm(b * s // ps, device="cuda")
-        kp, vp = torch.empty_like(kx).view(-1, ps, hk, d), torch.empty_like(vx).view(-1, ps, hk, d)
-        kp[perm], vp[perm] = kx.reshape(-1, ps, hk, d), vx.reshape(-1, ps, hk, d)
-        kx, vx, bt = kp, vp, perm.reshape(b, s // ps).to(torch.int32)
+    kx, vx, bt = kernel_cache(kc, vc, lens, ps)
     swz = replace(_configs.decode_tile(d), swizzle=True)
     plan = plan_for(q, kx, vx, cache_seqlens=seqlens, causal=causal, num_splits=num_splits, tile=swz, block_table=bt)
     out, lse = run_plan(plan, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)

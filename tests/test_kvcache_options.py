@@ -206,13 +206,18 @@ def test_paged_against_reference_and_contiguous(page_size, d, h, hk, sq):
     c = Case(d=d, h=h, hk=hk, sq=sq, page_size=page_size, cap=700, seqlens=(650, 0, 17), causal=sq > 1, seed=d)
     out, lse = c.run()
     c.check(out, lse, f"paged {page_size}")
-    # the same keys laid out contiguously, the same split count: the same bits
+    # the same keys laid out contiguously, the same tile (a paged plan takes DECODE_WIDE_TILES' where its head dim
+    # has one) and split count: the same bits
+    from cuflash import _configs
+    from cuflash.decode import plan_for, run_plan
+
     kc = torch.stack([c.logical(c.kc, i) for i in range(c.b)])
     vc = torch.stack([c.logical(c.vc, i) for i in range(c.b)])
+    tile = _configs.DECODE_WIDE_TILES.get(d, _configs.decode_tile(d))
     for ns in (1, 5):
         o_p, l_p = c.run(num_splits=ns)
-        o_c, l_c = cuflash.flash_attn_with_kvcache(c.q, kc, vc, cache_seqlens=c.cache_seqlens, causal=c.causal,
-                                                   num_splits=ns, return_softmax_lse=True)
+        plan = plan_for(c.q, kc, vc, cache_seqlens=c.cache_seqlens, causal=c.causal, num_splits=ns, tile=tile)
+        o_c, l_c = run_plan(plan, c.q, kc, vc, cache_seqlens=c.cache_seqlens, return_softmax_lse=True)
         assert torch.equal(o_p, o_c) and torch.equal(l_p, l_c), f"paged vs contiguous, {ns} splits"
 
 

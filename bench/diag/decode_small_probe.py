@@ -2,25 +2,28 @@
 read little -- against cuDNN: split counts, tiles, row fragments and the cache_seqlens read.
 
     python -m bench.diag.decode_small_probe [--time-limit SECONDS] [--json FILE] [--case HK,B,S[,PAGE] ...]
-        [--no-check]
+        [--no-check | --check-only]
 
-(a) Correctness of every plan the timing part runs that the decode tests do not (the tiles of TILES, one row fragment
-    per block for 32 folded rows) against the float64 reference per batch element on its own keys (out within 4e-3
+(a) Correctness of the plans the timing part runs (the default plan, the tiles of TILES, one row fragment per block
+    for 32 folded rows) against the float64 reference per batch element on its own keys (out within 4e-3
     x max(1, max |ref|), LSE within 2e-4, -inf exactly where the reference has it, no NaN; the cache rows past each
     element's keys NaN): MQA and GQA with ragged cache_seqlens (a 0 among them), a paged cache of 16-key pages,
     automatic and forced split counts. Exit status 1 when a case misses.
 (b) GPU time per step in CUDA-graph replay (head dim 128, fp16, 32 query heads, q_len 1), every plan of a case and
     SDPA's CUDNN backend (enable_gqa=True) timed in turn (harness.time_rounds, medians of ROUNDS rounds):
-      def      the default plan (the configured tile, the default split count: decode_num_splits' "chain" rule)
-      waves    the configured tile at the previous rule's count ("waves": wave efficiency, then no empty split),
-               where it differs
+      def      the default plan (decode_auto_mf's row fragments, decode_auto_tile's tile, decode_num_splits' "chain"
+               split count)
+      prev     the default before those three rules: the configured tile, two row fragments above 16 rows, the
+               "waves" split count (wave efficiency, then no empty split)
+      chain    prev's tile and row fragments at the "chain" split count, where that differs from prev's
       static   the default plan without cache_seqlens (the kernel's key count from the shape: no dependent load of
                the length before the first K/V address)
       kernel   the default plan's decode kernel alone, without the combine's launch (split plans only)
-      nN       the configured tile at N splits (half and twice the default's, where they exist)
-      TILE     a tile of TILES at its own default count (its resident blocks per SM enter the count)
+      nN       the default plan at N splits (half and twice the default's, where they exist)
+      TILE     a tile of TILES at its own default count (its resident blocks per SM enter the count), the default
+               row fragments
       mf1 ...  one row fragment per block where 32 query rows fold into one KV head (MQA): two m-blocks, each half
-               the products per key
+               the products per key (with the configured tile; with 16x4w3)
     Paged cases (--case HK,B,S,PAGE; PAGES by default) time the default plan on the contiguous cache ("contig"),
     then the paged one (def, nN, TILE).
 The table: us per step per plan and, per plan, cuDNN's time over it (>= 1.00: at or below cuDNN's time).
@@ -71,7 +74,7 @@ def correctness() -> bool:
     all_ok = True
     for b, s, hk, h, d, dt, lens, ps, sq, causal in CHECKS:
         q, kc, vc, kx, vx, bt, seqlens = check_inputs(b, s, hk, h, d, dt, lens, ps, sq)
-        configs = [(name, dict(tile=t)) for name, t in tiles().items()]
+        configs = [("auto", {})] + [(name, dict(tile=t)) for name, t in tiles().items()]
         if h // hk > 16:
             configs += [("mf1", dict(mf=1)), ("mf1 16x4w3", dict(mf=1, tile=tiles()["16x4w3"]))]
         for name, kw in configs:
@@ -89,6 +92,7 @@ def correctness() -> bool:
 
 def _plans(q, kc, vc, seqlens, rows, bt=None):
     """name -> (plan, cache_seqlens the step passes) of one case (the module docstring's list)."""
+    from cuflash._configs import decode_tile
     from cuflash.decode import decode_kv_block, plan_for
 
     def mk(**kw):
@@ -96,10 +100,11 @@ def _plans(q, kc, vc, seqlens, rows, bt=None):
 
     rounds = -(-kc.shape[1] * (1 if bt is None else bt.shape[1]) // decode_kv_block(D))
     d = mk()
-    plans = {"def": (d, seqlens)}
-    w = mk(split_rule="waves")
-    if w.num_splits != d.num_splits:
-        plans["waves"] = (w, seqlens)
+    plans = {"def": (d, seqlens), "prev": (mk(tile=decode_tile(D), mf=2 if rows > 16 else 1, split_rule="waves"),
+                                           seqlens)}
+    c = mk(tile=decode_tile(D), mf=2 if rows > 16 else 1)
+    if c.num_splits != plans["prev"][0].num_splits:
+        plans["chain"] = (c, seqlens)
     if bt is None:
         plans["static"] = (d, None)
     if d.num_splits > 1:
@@ -112,7 +117,7 @@ def _plans(q, kc, vc, seqlens, rows, bt=None):
     for name, t in tiles().items():
         plans[name] = (mk(tile=t), seqlens)
     if rows > 16:
-        plans["mf1"] = (mk(mf=1), seqlens)
+        plans["mf1"] = (mk(mf=1, tile=decode_tile(D)), seqlens)
         plans["mf1 16x4w3"] = (mk(mf=1, tile=tiles()["16x4w3"]), seqlens)
     return plans
 
@@ -186,7 +191,13 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", default=None, metavar="HK,B,S[,PAGE]",
                     help="time only this case (KV heads, batch, cache length, page size), repeatable")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness cases")
+    ap.add_argument("--check-only", action="store_true",
+                    help="run only the correctness cases (for compute-sanitizer); exit status 1 when one misses")
     args = ap.parse_args(argv)
+    if args.check_only:
+        ok = correctness()
+        print(f"correctness: {'all ok' if ok else 'FAILURES'}")
+        return 0 if ok else 1
     cases, pages = CASES, PAGES
     if args.case:
         v = [[int(x) for x in c.split(",")] for c in args.case]

@@ -35,7 +35,7 @@ import sys
 import time
 
 from bench.diag.decode_probe import _check, _sdpa_fn, paged_copy, run_probe
-from bench.diag.decode_swizzle_probe import check_inputs, release_memory
+from bench.diag.decode_swizzle_probe import check_cases, release_memory
 
 ROUNDS = 3
 H, D = 32, 128
@@ -66,14 +66,10 @@ def tiles():
 def correctness() -> bool:
     import torch
 
-    from cuflash import _interop
     from cuflash.decode import plan_for, run_plan
 
-    torch.manual_seed(0)
-    _interop.POISON = True
     all_ok = True
-    for b, s, hk, h, d, dt, lens, ps, sq, causal in CHECKS:
-        q, kc, vc, kx, vx, bt, seqlens = check_inputs(b, s, hk, h, d, dt, lens, ps, sq)
+    for (b, s, hk, h, d, dt, lens, ps, _, _), (q, kc, vc, kx, vx, bt, seqlens) in check_cases(CHECKS):
         configs = [("auto", {})] + [(name, dict(tile=t)) for name, t in tiles().items()]
         if h // hk > 16:
             configs += [("mf1", dict(mf=1)), ("mf1 16x4w3", dict(mf=1, tile=tiles()["16x4w3"]))]
@@ -85,8 +81,6 @@ def correctness() -> bool:
                 tag = (f"{name} {dt} d{d} b={b} h={h} hk={hk} s={s} lens={lens}{f' paged {ps}' if ps else ''} "
                        f"splits={plan.num_splits}{'(auto)' if not ns else ''}")
                 all_ok &= _check(tag, out, lse, q, torch.nan_to_num(kc), torch.nan_to_num(vc), lens, False)
-        del q, kc, vc, kx, vx
-        release_memory()
     return all_ok
 
 

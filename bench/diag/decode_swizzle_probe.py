@@ -87,17 +87,29 @@ def check_inputs(b, s, hk, h, d, dt, lens, ps, sq):
     return q, kc, vc, kx, vx, bt, seqlens
 
 
-def correctness() -> bool:
+def check_cases(checks):
+    """Each case of `checks` (CHECKS' layout) with its arrays (check_inputs), seeded, with cuflash's outputs poisoned
+    (NaN before every launch) while the caller checks it, the arrays released after: yields (case, arrays)."""
     import torch
 
-    from cuflash import _configs, _interop
-    from cuflash.decode import plan_for, run_plan
+    from cuflash import _interop
 
     torch.manual_seed(0)
     _interop.POISON = True
+    for case in checks:
+        b, s, hk, h, d, dt, lens, ps, sq, _ = case
+        yield case, check_inputs(b, s, hk, h, d, dt, lens, ps, sq)
+        release_memory()
+
+
+def correctness() -> bool:
+    import torch
+
+    from cuflash import _configs
+    from cuflash.decode import plan_for, run_plan
+
     all_ok = True
-    for b, s, hk, h, d, dt, lens, ps, sq, causal in CHECKS:
-        q, kc, vc, kx, vx, bt, seqlens = check_inputs(b, s, hk, h, d, dt, lens, ps, sq)
+    for (b, s, hk, h, d, dt, lens, ps, sq, causal), (q, kc, vc, kx, vx, bt, seqlens) in check_cases(CHECKS):
         swz = replace(_configs.decode_tile(d), swizzle=True)
         padded = replace(swz, swizzle=False)
         for ns in (0, 1, 7):
@@ -117,8 +129,6 @@ def correctness() -> bool:
             if not same:
                 print(f"FAIL {tag}: the swizzled and the padded rings differ at the same split count", flush=True)
             all_ok &= ok and same
-        del kc, vc, kx, vx
-        release_memory()
     return all_ok
 
 

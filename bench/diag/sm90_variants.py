@@ -30,8 +30,8 @@ def variants(d, causal):
         out += [(tile(128, 3, 3, 160, 24), "auto"), (tile(64, 3, 2, 160, 24), "auto"), (tile(128, 2), "auto"),
                 (tile(176, 2), "auto")]
     if d == 128:
-        out += [(tile(176, 2), "auto"), (replace(base, stages=3), "auto"), (tile(64, 2), "auto"),
-                (tile(64, 2, 3), "auto")]
+        out += [(tile(176, 2), "auto"), (tile(160, 2), "auto"), (tile(144, 2), "auto"),
+                (replace(base, stages=3), "auto"), (tile(64, 2), "auto"), (tile(64, 2, 3), "auto")]
     return [(label(t, go), t, go) for t, go in out]
 
 

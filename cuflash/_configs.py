@@ -293,13 +293,14 @@ SM90_FWD_TILES = {
 def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: int = MOD_NONE) -> Sm90FwdTile:
     """The sm_90a forward tile of a head dim; with seqlen_k known (the keys a query row may see: seqlen_k, or
     max_seqlen_k of packed sequences) and no modifier (mod), the variant SM90_FWD_SHORT_TILES (at most
-    SM90_FWD_SHORT_MAX_SEQLEN_K keys) or SM90_FWD_LONG_TILES (more) names for the head dim and mask, if any."""
+    SM90_FWD_SHORT_MAX_SEQLEN_K keys) or SM90_FWD_LONG_TILES (more: the first of its ranges that holds seqlen_k) names
+    for the head dim and mask, if any."""
     if mod == MOD_NONE and seqlen_k is not None:
         if seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
             name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
         else:
-            name, upto = SM90_FWD_LONG_TILES.get((headdim, bool(causal)), (None, None))
-            name = name if upto is None or seqlen_k <= upto else None
+            name = next((n for n, upto in SM90_FWD_LONG_TILES.get((headdim, bool(causal)), ())
+                         if upto is None or seqlen_k <= upto), None)
         if name:
             return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
     return SM90_FWD_TILES[headdim]
@@ -359,8 +360,14 @@ SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128,
 # causal 1.01-1.05x at 2k-4k but 0.85-0.89x at 8k-16k (its static order pairs heavy with light causal tiles only
 # approximately); head dim 128 non-causal 1.01-1.03x at 2k, 0.98-1.03x at 4k-16k (kept on the one-tile kernel);
 # causal 1.02-1.11x at 2k-4k, 0.96-0.99x at 8k, 0.74-0.75x at 16k.
-SM90_FWD_LONG_TILES = {(64, False): ("persist", None), (64, True): ("persist", 4096), (128, False): ("persist", 2048),
-                       (128, True): ("persist", 4096)}
+# Each entry is a tuple of (variant, the most keys it is taken for, None: no limit), the first that holds the key count
+# taken. Head dim 128 non-causal above 2048 keys: 176-key stages (SM90_FWD_WIDE_VARIANTS), 1.03-1.06x the 128-key
+# stages of the one-tile kernel at 4k-16k (bench.diag.sm90_variants, fp16 / bf16, 5 rounds).
+SM90_FWD_LONG_TILES = {(64, False): (("persist", None),), (64, True): (("persist", 4096),),
+                       (128, False): (("persist", 2048), ("n176", None)), (128, True): (("persist", 4096),)}
+# Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):
+# more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB.
+SM90_FWD_WIDE_VARIANTS = {128: {"n176": dict(block_n=176)}}
 
 
 def sm90_fwd_minb_tiles(headdim: int) -> dict:
@@ -395,7 +402,8 @@ def sm90_fwd_persist_tiles(headdim: int) -> dict:
 def _sm90_fwd_variant_fields(headdim: int) -> dict:
     """{name: the fields replaced in the configured tile} of the tiles of several blocks per SM and the persistent form
     at a kernel head dim."""
-    return {**SM90_FWD_MINB_VARIANTS.get(headdim, {}), **SM90_FWD_PERSIST_VARIANTS.get(headdim, {})}
+    return {**SM90_FWD_MINB_VARIANTS.get(headdim, {}), **SM90_FWD_PERSIST_VARIANTS.get(headdim, {}),
+            **SM90_FWD_WIDE_VARIANTS.get(headdim, {})}
 
 
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
@@ -420,15 +428,21 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
+# Key counts at which every configured variant is taken: no count, and each side of every range's bound.
+SM90_FWD_KEY_BOUNDS = (None, SM90_FWD_SHORT_MAX_SEQLEN_K, SM90_FWD_SHORT_MAX_SEQLEN_K + 1,
+                       *sorted({u + i for ranges in SM90_FWD_LONG_TILES.values() for _, u in ranges if u
+                                for i in (0, 1)}))
+
+
 def sm90_fwd_specs():
-    """Every kernel the Hopper forward launches: the configured tiles in every mask mode, the short-keys tiles
-    (SM90_FWD_SHORT_TILES), and each of them also without o_tma (an output no tensor map describes)."""
+    """Every kernel the Hopper forward launches: the configured tiles in every mask mode, the variants taken by key
+    count (SM90_FWD_SHORT_TILES, SM90_FWD_LONG_TILES), and each of them also without o_tma (an output no tensor map
+    describes)."""
     out = []
     for dt in DTYPES:
         for d in SM90_HEADDIMS:
             for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
-                tiles = [sm90_fwd_tile(d, c, n, m) for n in (None, SM90_FWD_SHORT_MAX_SEQLEN_K,
-                                                               SM90_FWD_SHORT_MAX_SEQLEN_K + 1)]
+                tiles = [sm90_fwd_tile(d, c, n, m) for n in SM90_FWD_KEY_BOUNDS]
                 for t in dict.fromkeys(tiles):
                     out += [sm90_fwd_spec(dt, d, c, t, m), sm90_fwd_spec(dt, d, c, replace(t, o_tma=False), m)]
     return list(dict.fromkeys(out))

@@ -123,6 +123,28 @@ def test_tile_fits_the_sm(d):
     assert spec in _configs.all_specs()
 
 
+def test_tiles_by_key_count():
+    """The variants taken by key count (no score modifier): head dim 128 without a causal mask takes the persistent
+    form up to 2048 keys and the 176-key stages above; with a mask, a modifier or no key count, the configured tile.
+    Every variant taken at some count is among the compiled specs, and fits the SM."""
+    t128 = _configs.SM90_FWD_TILES[128]
+    assert _configs.sm90_fwd_tile(128, False, 2048).persistent
+    wide = _configs.sm90_fwd_tile(128, False, 2049)
+    assert wide == _configs.sm90_fwd_tile(128, False, 65536) and (wide.block_n, wide.persistent) == (176, False)
+    assert wide.o_tma == t128.o_tma and wide.nwg == t128.nwg
+    assert _configs.sm90_fwd_tile(128, True, 8192) == t128 == _configs.sm90_fwd_tile(128, False)
+    assert _configs.sm90_fwd_tile(128, False, 4096, _configs.MOD_SCORE) == t128
+    specs = set(_configs.sm90_fwd_specs())
+    for d in _configs.SM90_HEADDIMS:
+        for causal in (False, True):
+            for n in _configs.SM90_FWD_KEY_BOUNDS:
+                t = _configs.sm90_fwd_tile(d, causal, n)
+                assert _configs.sm90_fwd_smem_bytes(d, t) <= SMEM_LIMIT_SM90
+                for dt in _configs.DTYPES:
+                    assert _configs.sm90_fwd_spec(dt, d, causal, t) in specs
+    assert 2049 in _configs.SM90_FWD_KEY_BOUNDS and 2048 in _configs.SM90_FWD_KEY_BOUNDS
+
+
 def _cuobjdump():
     exe = shutil.which("cuobjdump")
     if exe is None:

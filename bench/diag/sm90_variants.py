@@ -4,7 +4,9 @@ points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
     python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S,...] [--json FILE]
 
 Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong) and a grid
-order; every variant keeps the configured tile's epilogue (o_tma)."""
+order; every variant keeps the configured tile's epilogue (o_tma). Every call builds its launch (tensor maps
+included: no memoized plan) inside the timed region, so the figures compare variants with each other; their ratios
+to cuDNN are below a suite's (the public, memoized calls) by that host time, most at short sequences."""
 from __future__ import annotations
 
 import json

@@ -58,6 +58,10 @@
 //   D = 128: BLOCK_N 32, 4 warps, 2 stages: tile 16 KB, smem 140 KB/block (MF 1) -> 1 block/SM on
 //            sm_90 and sm_80: 1 x 4 x 1 x 16 KB = 64 KB in flight. (16 x 4 warps x 3 stages, 2 blocks/SM and
 //            128 KB in flight, measured 1-6% slower: bench/NOTES.md, decode tiles.)
+//   D = 128, the wide tile (DECODE_WIDE_TILES: paged caches, and grids of more blocks than one wave of the tile
+//            above; cuflash/decode.py decode_auto_tile): BLOCK_N 16, 4 warps, 2 stages: tile 8 KB, 70-80 KB/block
+//            -> 2 blocks/SM: 2 x 4 x 1 x 8 KB = 64 KB in flight, one block's set-up and epilogue under the other's
+//            loads.
 //   D =  64: BLOCK_N 32, 4 warps, 3 stages: tile 8 KB, 110 KB/block -> 2 blocks/SM on sm_90 (228 KB/SM):
 //            2 x 4 x 2 x 8 KB = 128 KB in flight; sm_80 (164 KB/SM): 1 block, 64 KB.
 //   D =  96: BLOCK_N 16, 4 warps, 4 stages: tile 6 KB, 107 KB/block -> 2 x 4 x 3 x 6 KB = 144 KB.

@@ -119,7 +119,8 @@ def test_explicit_variant_tile_launches(res, d, name):
 def test_key_count_tile_selection():
     """Without modifiers, head dim 64 takes its short-keys tiles (several blocks per SM) up to
     SM90_FWD_SHORT_MAX_SEQLEN_K keys and the persistent form above (causal: up to 4096 keys); head dim 128 the
-    persistent form up to 2048 keys (non-causal) or 4096 (causal). Longer keys, an unknown key count (packed sequences
+    persistent form up to 2048 keys (non-causal) or 4096 (causal). Longer keys take the configured tile, except head
+    dim 128 non-causal, which takes 176-key stages (SM90_FWD_WIDE_VARIANTS); an unknown key count (packed sequences
     given max_seqlen_k as a device array), the modifiers and the other head dims take the configured tile."""
     from cuflash import _configs
     from cuflash._configs import sm90_fwd_persist_tiles
@@ -136,7 +137,10 @@ def test_key_count_tile_selection():
         if upto is None:
             assert sm90_fwd_tile(d, causal, 1 << 20) == long
         else:
-            assert sm90_fwd_tile(d, causal, upto) == long and sm90_fwd_tile(d, causal, upto + 1) == base
+            after = replace(base, **_configs.SM90_FWD_WIDE_VARIANTS[128]["n176"]) if (d, causal) == (128, False) \
+                else base
+            assert sm90_fwd_tile(d, causal, upto) == long and sm90_fwd_tile(d, causal, upto + 1) == after
+            assert sm90_fwd_tile(d, causal, 1 << 20) == after
         assert short.min_blocks > 1 or short.persistent
         assert long.persistent and (long.o_tma or d == 64)  # (d64's persistent form: the 16-byte stores)
         assert sm90_fwd_tile(d, causal, None) == base and not base.persistent

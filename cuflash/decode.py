@@ -157,6 +157,11 @@ def decode_kv_block(d: int, tile: DecodeTile | None = None) -> int:
     return t.nwarps * t.block_n
 
 
+def decode_rounds(seqlen_k: int, d: int, tile: DecodeTile | None = None) -> int:
+    """Block rounds of keys (decode_kv_block each) in seqlen_k keys, at least one: the most splits that hold keys."""
+    return max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+
+
 def without_empty_splits(num_splits: int, rounds: int) -> int:
     """The fewest splits with the same longest split: the kernel cuts `rounds` block rounds into splits of
     ceil(rounds / num_splits) rounds (attn/block.cuh: split_range), so past ceil(rounds / that) splits the rest are
@@ -194,7 +199,7 @@ def decode_num_splits(blocks: int, slots: int, seqlen_k: int, d: int, tile: Deco
     comparison)."""
     if rule not in SPLIT_RULES:
         raise ValueError(f"split_rule must be one of {SPLIT_RULES}; got {rule!r}")
-    rounds = max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+    rounds = decode_rounds(seqlen_k, d, tile)
     if rule == "chain":
         return shortest_chain_splits(blocks, slots, rounds)
     n = num_splits_heuristic(blocks, slots, rounds)
@@ -221,7 +226,7 @@ def decode_auto_mf(dtype, d: int, causal: bool, mod: int, paged: bool, groups: i
     spec1 = decode_spec(dtype, d, causal, 1, tile, mod, paged=paged)
     n1 = num_splits or decode_num_splits(groups * m1, _smem_slots(spec1, num_sms, smem_sm), seqlen_k, d, tile,
                                          split_rule)
-    rounds = max(1, -(-seqlen_k // decode_kv_block(d, tile)))
+    rounds = decode_rounds(seqlen_k, d, tile)
     return 1 if -(-rounds // min(n1, rounds)) <= MF1_MAX_ROUNDS else mf0
 
 
@@ -752,6 +757,8 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
     launches; `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}; got {combine!r}")
+    if split_rule not in SPLIT_RULES:  # here too: an explicit num_splits never reaches decode_num_splits
+        raise ValueError(f"split_rule must be one of {SPLIT_RULES}; got {split_rule!r}")
     if pdl is not None:
         check_bool(pdl, "pdl")
     check_unsupported(0.0, window_size, softcap, alibi_slopes)

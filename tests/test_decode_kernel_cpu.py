@@ -492,6 +492,10 @@ def test_decode_split_count_mqa_batch1():
     assert decode_num_splits(8, 132, 4096, 128) == 16  # GQA 32 / 8 at batch 1: 32 rounds, 2 per split, one wave
     with pytest.raises(ValueError, match="split_rule must be one of"):
         decode_num_splits(1, 132, 4096, 128, rule="fewest")
+    from cuflash.decode import plan_for
+
+    with pytest.raises(ValueError, match="split_rule must be one of"):  # before the arrays are looked at
+        plan_for(None, None, None, num_splits=4, split_rule="fewest")
 
 
 def _chain(blocks, slots, rounds, n):

@@ -87,12 +87,12 @@ def correctness() -> bool:
 def _plans(q, kc, vc, seqlens, rows, bt=None):
     """name -> (plan, cache_seqlens the step passes) of one case (the module docstring's list)."""
     from cuflash._configs import decode_tile
-    from cuflash.decode import decode_kv_block, plan_for
+    from cuflash.decode import decode_rounds, plan_for
 
     def mk(**kw):
         return plan_for(q, kc, vc, cache_seqlens=seqlens, block_table=bt, **kw)
 
-    rounds = -(-kc.shape[1] * (1 if bt is None else bt.shape[1]) // decode_kv_block(D))
+    rounds = decode_rounds(kc.shape[1] * (1 if bt is None else bt.shape[1]), D)
     d = mk()
     plans = {"def": (d, seqlens), "prev": (mk(tile=decode_tile(D), mf=2 if rows > 16 else 1, split_rule="waves"),
                                            seqlens)}

@@ -600,6 +600,12 @@ DECODE_KERNEL_TILES = {
 # blocks per SM, so one block's set-up and epilogue run under the other's loads. Head dim 128: 16 keys x 4 warps x 2
 # stages (70-80 KB; bench/NOTES.md "Decode", the short steps).
 DECODE_WIDE_TILES = {128: DecodeTile(16, 4, 2, swizzle=True)}
+# The wide tile with a deeper ring, for a contiguous cache whose blocks each read few keys in several waves of the wide
+# tile (cuflash.decode.decode_auto_tile: at most DEEP_MAX_ROUNDS block rounds): there a block is mostly its first
+# loads, and a third stage puts more of them in flight at its start. Still two blocks per SM. Head dim 128: 16 keys x
+# 4 warps x 3 stages (bench/NOTES.md "Decode": 1.5-2.5% faster on the 1k steps at batch 64, 1-2% slower on long
+# splits and on the paged small step).
+DECODE_DEEP_TILES = {128: DecodeTile(16, 4, 3, swizzle=True)}
 # Row fragments per block: mf = 1 (16 rows) for <= 16 query rows, 2 (32 rows) above; head dim 256 keeps
 # mf = 1 (its O accumulator alone is 128 registers per m16 fragment) and uses several m-blocks instead.
 DECODE_MAX_MF = {32: 2, 64: 2, 96: 2, 128: 2, 256: 1}
@@ -643,9 +649,12 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
 
 def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
     """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged, with
-    the configured tile and, where the head dim has one, DECODE_WIDE_TILES' tile."""
-    tiles = [None] + ([DECODE_WIDE_TILES[headdim]] if headdim in DECODE_WIDE_TILES else [])
-    return [decode_spec(dtype, headdim, causal, mf, t, mod, pg) for t in tiles for pg in (False, True)
+    the configured tile and, where the head dim has one, DECODE_WIDE_TILES' tile; DECODE_DEEP_TILES' tile contiguous
+    only (a paged plan never takes it)."""
+    tiles = [(None, (False, True))] + ([(DECODE_WIDE_TILES[headdim], (False, True))]
+                                      if headdim in DECODE_WIDE_TILES else [])
+    tiles += [(DECODE_DEEP_TILES[headdim], (False,))] if headdim in DECODE_DEEP_TILES else []
+    return [decode_spec(dtype, headdim, causal, mf, t, mod, pg) for t, paged in tiles for pg in paged
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 

@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
 from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
-                       DECODE_WIDE_TILES, DecodeTile, append_spec,
+                       DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
                        combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
@@ -59,6 +59,7 @@ WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave effici
 CHAIN_SLACK = 0.05  # shortest_chain_splits: how much longer than the shortest chain the fewest splits may be
 SPLIT_RULES = ("chain", "waves", "waves_untrimmed")  # decode_num_splits
 MF1_MAX_ROUNDS = 8  # decode_auto_mf: the longest split (block rounds of keys) that takes one row fragment per block
+DEEP_MAX_ROUNDS = 8  # decode_auto_tile: the most block rounds of keys per block that take DECODE_DEEP_TILES' tile
 APPEND_FORMAT = APPEND_ARGS.format
 KERNELS = ("decode", "fwd_split")
 _MAX_GRID_X = 2 ** 31 - 1
@@ -231,15 +232,22 @@ def decode_auto_mf(dtype, d: int, causal: bool, mod: int, paged: bool, groups: i
 
 
 def decode_auto_tile(dtype, d: int, causal: bool, mod: int, paged: bool, blocks: int, mf: int, num_sms: int,
-                     smem_sm: int) -> DecodeTile:
+                     smem_sm: int, seqlen_k: int) -> DecodeTile:
     """The decode tile of a plan: the head dim's configured tile (decode_tile), or its DECODE_WIDE_TILES tile (two
     blocks per SM where the configured one holds one) for a paged cache or a grid of more blocks (before splitting)
     than one wave of the configured tile: there a block's set-up and epilogue, which one block per SM leaves bare,
-    run under the other resident block's loads."""
+    run under the other resident block's loads. A contiguous cache whose grid is also more than one wave of
+    DECODE_DEEP_TILES' tile and whose blocks read at most DEEP_MAX_ROUNDS block rounds of keys (of the configured
+    tile) takes that deeper ring: such blocks are mostly their first loads."""
     base = decode_tile(d)
     if d not in DECODE_WIDE_TILES:
         return base
     if paged or blocks > _smem_slots(decode_spec(dtype, d, causal, mf, base, mod, paged=paged), num_sms, smem_sm):
+        deep = DECODE_DEEP_TILES.get(d)
+        if deep is not None and not paged and decode_rounds(seqlen_k, d) <= DEEP_MAX_ROUNDS:
+            slots = _smem_slots(decode_spec(dtype, d, causal, mf, deep, mod), num_sms, smem_sm)
+            if blocks > slots >= 2 * num_sms:  # several waves, two blocks per SM (one on sm_80's 164 KB: not there)
+                return deep
         return DECODE_WIDE_TILES[d]
     return base
 
@@ -345,7 +353,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     m_blocks = -(-rows // (16 * mf))
     if tile is None:
         tile = decode_auto_tile(qa.dtype, d, causal, mod, paged, b * kheads * m_blocks, mf, sm_count(dev),
-                                smem_per_sm(dev))
+                                smem_per_sm(dev), seqlen_k)
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged)
     main = get_launcher(spec, dev)
     if num_splits == 0:

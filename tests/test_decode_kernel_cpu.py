@@ -584,8 +584,9 @@ def test_decode_auto_mf_and_tile():
     """The plan's automatic geometry on an H200 (132 SMs, 228 KB of shared memory per SM), head dim 128, fp16: one
     row fragment per block for 32 folded rows (MQA) where every split of that plan reads at most MF1_MAX_ROUNDS block
     rounds of keys, else two; the wide tile (two blocks per SM) for paged caches and for grids of more blocks than
-    one wave of the configured tile."""
-    from cuflash.decode import MF1_MAX_ROUNDS, decode_auto_mf, decode_auto_tile
+    one wave of the configured tile, its deeper ring for a contiguous cache of at most DEEP_MAX_ROUNDS block rounds
+    in more than one wave of that ring's two blocks per SM."""
+    from cuflash.decode import DEEP_MAX_ROUNDS, MF1_MAX_ROUNDS, decode_auto_mf, decode_auto_tile
 
     sms, smem = 132, 233472
 
@@ -600,14 +601,21 @@ def test_decode_auto_mf_and_tile():
     assert mf(64, 1024) == 1 and mf(64, 2048) == 2  # 128 m-blocks, one split: 8 / 16 rounds
     assert mf(1, 4096, num_splits=1) == 2 and mf(1, 4096, num_splits=4) == 1  # an explicit count: 32 / 8 rounds
     assert mf(1, 1024, rows=16, mf0=1) == 1
-    wide, base = _configs.DECODE_WIDE_TILES[128], _configs.decode_tile(128)
+    wide, base, deep = _configs.DECODE_WIDE_TILES[128], _configs.decode_tile(128), _configs.DECODE_DEEP_TILES[128]
 
-    def tile(blocks, paged=False, d=128, mf=1):
-        return decode_auto_tile("float16", d, False, 0, paged, blocks, mf, sms, smem)
+    def tile(blocks, paged=False, d=128, mf=1, seqlen_k=4096):
+        return decode_auto_tile("float16", d, False, 0, paged, blocks, mf, sms, smem, seqlen_k)
 
+    assert DEEP_MAX_ROUNDS == 8 and deep.stages == wide.stages + 1
     assert tile(256) == tile(133) == tile(1, paged=True) == tile(512, mf=2) == wide
-    assert tile(132) == tile(8) == base
+    assert tile(132) == tile(8) == tile(8, seqlen_k=1024) == base
     assert tile(1024, d=64) == _configs.decode_tile(64) and tile(8, paged=True, d=256) == _configs.decode_tile(256)
+    # 1k keys (8 rounds of 128) in more than 264 blocks (two per SM of the deep tile): the deep ring
+    assert tile(2048, seqlen_k=1024) == tile(512, seqlen_k=1000) == tile(265, mf=2, seqlen_k=1024) == deep
+    # one wave of it, longer blocks, or paged: the 2-stage wide tile
+    assert tile(264, seqlen_k=1024) == tile(2048, seqlen_k=1025) == tile(2048, paged=True, seqlen_k=1024) == wide
+    # an A100 (108 SMs, 164 KB): the deep ring holds one block per SM there, so never it
+    assert decode_auto_tile("float16", 128, False, 0, False, 2048, 1, 108, 167936, 1024) == wide
 
 
 def test_decode_wide_tiles_fit():
@@ -623,3 +631,12 @@ def test_decode_wide_tiles_fit():
             assert resident >= 2
             assert 2 * t.nwarps * (t.stages - 1) * 2 * t.block_n * d * 2 >= 64 * 1024
             assert spec in _configs.decode_family("float16", d, False, 0)
+    for d, t in _configs.DECODE_DEEP_TILES.items():  # contiguous only, still two blocks per SM
+        wide = _configs.DECODE_WIDE_TILES[d]
+        assert t.swizzle and (t.block_n, t.nwarps) == (wide.block_n, wide.nwarps) and t.stages > wide.stages
+        for mf in range(1, _configs.DECODE_MAX_MF[d] + 1):
+            for dt, causal, mod in (("float16", False, 0), ("bfloat16", True, 0), ("float16", False, 1)):
+                spec = _configs.decode_spec(dt, d, causal, mf, t, mod)
+                assert resident_blocks(spec.smem, spec.threads, 0, smem_per_sm=SM90_SMEM_PER_SM) == 2
+                family = _configs.decode_family(dt, d, causal, mod)
+                assert spec in family and _configs.decode_spec(dt, d, causal, mf, t, mod, paged=True) not in family

@@ -1,7 +1,8 @@
-"""GPU: the decode kernel in every geometry a plan may take at head dim 128 -- the configured tile and the wide one
-(DECODE_WIDE_TILES: two blocks per SM), one and two row fragments per block (cuflash.decode.decode_auto_mf) --
-contiguous and paged, forced and automatic split counts, against the float64 reference; the cache rows past each
-element's keys hold NaN. The automatic choice itself is tested on the CPU (test_decode_kernel_cpu.py)."""
+"""GPU: the decode kernel in every geometry a plan may take at head dim 128 -- the configured tile, the wide one
+(DECODE_WIDE_TILES: two blocks per SM) and its deeper ring (DECODE_DEEP_TILES), one and two row fragments per block
+(cuflash.decode.decode_auto_mf) -- contiguous and paged, forced and automatic split counts, against the float64
+reference; the cache rows past each element's keys hold NaN. The automatic choice itself is tested on the CPU
+(test_decode_kernel_cpu.py)."""
 import numpy as np
 import pytest
 
@@ -16,7 +17,8 @@ CASES = [(3, 1100, 1, 32, 1, False, [1100, 0, 130], 0, "float16"),  # MQA: 32 fo
          (2, 800, 1, 4, 20, True, [800, 300], 0, "bfloat16"),  # 20 causal query rows
          (3, 1024, 1, 32, 1, False, [1024, 0, 515], 16, "float16"),  # MQA, pages of 16 keys
          (2, 2304, 8, 32, 1, False, [2304, 17], 256, "bfloat16")]  # GQA, pages of 256 keys
-TILES = {"configured": _configs.decode_tile(128), "wide": _configs.DECODE_WIDE_TILES[128]}
+TILES = {"configured": _configs.decode_tile(128), "wide": _configs.DECODE_WIDE_TILES[128],
+         "deep": _configs.DECODE_DEEP_TILES[128]}
 
 
 @pytest.mark.parametrize("num_splits", [0, 1, 5])

@@ -116,23 +116,29 @@ struct Sm90FwdLayout {
 };
 
 // The persistent form's tiles: a linear index over x (a (batch, head)'s Q tiles, or, packed, every element's tiles
-// as the one-tile grid's x: attn/seqlen.cuh) by head by batch, x innermost and visited last first (the heaviest
-// causal tile first, as fwd_block_coords). Block bid of G takes tile k G + bid of wave k for even k and
-// k G + G - 1 - bid for odd k: with G a multiple of the x tiles a block's tiles pair heavy with light exactly, and
-// nearly so otherwise (the causal work per block balanced without a counter).
+// as the one-tile grid's x: attn/seqlen.cuh) and (batch, head), x visited last first (the heaviest causal tile first,
+// as fwd_block_coords). Block bid of G takes tile k G + bid of wave k for even k and k G + G - 1 - bid for odd k.
+// grid_order 0 ("qtile"): x innermost, so a (batch, head)'s tiles run together (their K/V shared through L2); with G
+// a multiple of the x tiles a block's causal tiles pair heavy with light exactly, and only nearly so otherwise.
+// grid_order 1 ("bh", fixed lengths): (batch, head) innermost, so the index runs over every head's tile x, then
+// x - 1, ...: the causal tiles in order of decreasing work, dealt out in waves that alternate direction, which
+// bounds the spread of the blocks' work by about one tile's (a balance that the first order loses where G is no
+// multiple of the x tiles), at the cost of the heads' K/V sharing L2 at once.
 template <int BLOCK_M>
 struct Sm90FwdTiles {
-  int x_tiles, count;
+  int x_tiles, count, by_work;
   __device__ __forceinline__ Sm90FwdTiles(const FwdParams& p, bool varlen)
       : x_tiles(varlen ? (int)(p.seqlen_q / BLOCK_M + p.batch) : (int)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M)),
-        count(x_tiles * (int)(p.nheads * (varlen ? 1 : p.batch))) {}
+        count(x_tiles * (int)(p.nheads * (varlen ? 1 : p.batch))),
+        by_work(!varlen && p.grid_order == 1) {}
   __device__ __forceinline__ int tile(int k) const {  // this block's tile of wave k (none when >= count)
     const int g = (int)gridDim.x;
     return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
   }
   __device__ __forceinline__ FwdBlock coords(const FwdParams& p, int t, bool varlen) const {
     FwdBlock c;
-    const int x = x_tiles - 1 - t % x_tiles, bh = t / x_tiles;
+    const int bhs = count / x_tiles;
+    const int x = x_tiles - 1 - (by_work ? t / bhs : t % x_tiles), bh = by_work ? t % bhs : t / x_tiles;
     if (varlen) {
       const int2 bt = varlen_tile<BLOCK_M>(p.cu_seqlens_q, (int)p.batch, x);
       c.batch = bt.x;

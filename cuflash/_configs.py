@@ -363,10 +363,24 @@ SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128,
 # Each entry is a tuple of (variant, the most keys it is taken for, None: no limit), the first that holds the key count
 # taken. Head dim 128 non-causal above 2048 keys: 176-key stages (SM90_FWD_WIDE_VARIANTS), 1.03-1.06x the 128-key
 # stages of the one-tile kernel at 4k-16k (bench.diag.sm90_variants, fp16 / bf16, 5 rounds).
+# Head dim 128 above 1024 keys without a causal mask, and from 8192 keys causal: the persistent form with 160-key
+# stages ("persist n160", the widest whose two Q buffers and two K / V stages fit 227 KB), the causal ones walking the
+# tiles in order of work (SM90_PERSIST_BH_MIN_ROWS); between 4097 and 8191 causal keys the configured one-tile kernel
+# (a name None: the configured tile). bench.diag.sm90_variants (5 rounds, memoized plans, fp16 / bf16): non-causal
+# 1.02x the persistent 128-key form at 2k, 0.98-1.04x the one-tile 176-key stages at 4k-16k (geomean 1.01x); causal at
+# 8k-16k 1.02-1.08x the one-tile kernel (with its tile walk in order of work: 1.01-1.40x the (batch, head) walk).
 SM90_FWD_LONG_TILES = {(64, False): (("persist", None),), (64, True): (("persist", 4096),),
-                       (128, False): (("persist", 2048), ("n176", None)), (128, True): (("persist", 4096),)}
+                       (128, False): (("persist n160", None),),
+                       (128, True): (("persist", 4096), (None, 8191), ("persist n160", None))}
+# The persistent form's tile walk (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) for grid_order "auto": "bh" (every
+# head's tile x, then x - 1, ...: causal work balanced across the blocks to about one tile) for causal calls of at
+# least this many query rows, else "qtile" (a (batch, head)'s tiles together). bench.diag.sm90_variants: causal "bh"
+# 1.00-1.40x "qtile" at 8k-16k (head dims 64, 128; 128-, 144- and 160-key stages), 0.88-1.05x at 2k-4k (0.88-0.99x
+# for the forms configured there).
+SM90_PERSIST_BH_MIN_ROWS = 8192
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):
-# more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB.
+# more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB. Not configured (the
+# persistent 160-key form above measured as fast or faster); reachable through an explicit tile.
 SM90_FWD_WIDE_VARIANTS = {128: {"n176": dict(block_n=176)}}
 
 
@@ -389,7 +403,7 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
 SM90_FWD_PERSIST_VARIANTS = {
     64: {"persist": dict(persistent=True, o_tma=False)},
     96: {"persist": dict(persistent=True)},
-    128: {"persist": dict(persistent=True)},
+    128: {"persist": dict(persistent=True), "persist n160": dict(persistent=True, block_n=160)},
 }
 
 

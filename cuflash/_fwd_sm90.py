@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_tile
+from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, SM90_PERSIST_BH_MIN_ROWS, kernel_headdim, sm90_fwd_spec,
+                       sm90_fwd_tile)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE
@@ -108,7 +109,13 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
-    order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b, 1)
+    if tile.persistent:  # the grid order names the persistent form's tile walk (Sm90FwdTiles)
+        walk = grid_order if grid_order != "auto" else \
+            "bh" if causal and sq >= SM90_PERSIST_BH_MIN_ROWS else "qtile"
+        order, grid = _grid(GRID_ORDERS[walk], -(-sq // tile.block_m), h, b, 1)
+    else:
+        order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b,
+                            1)
     osb, osq, osh = o_strides
     fields = dict(
         q_batch_stride=qa.strides[0], q_row_stride=qa.strides[1], q_head_stride=qa.strides[2],

@@ -22,8 +22,8 @@ def _tile(d, name, o_tma):
     return replace(_configs.sm90_fwd_minb_tiles(d)[name], o_tma=o_tma)
 
 
-def _run(q, k, v, causal, tile, packed=None):
-    """The sm90 forward with `tile` into a NaN-filled output."""
+def _run(q, k, v, causal, tile, packed=None, grid_order="auto"):
+    """The sm90 forward with `tile` (and `grid_order`) into a NaN-filled output."""
     import torch
 
     from cuflash._validate import check_qkv
@@ -34,7 +34,7 @@ def _run(q, k, v, causal, tile, packed=None):
     else:
         qa, ka, va, packed = packed
         out = torch.full((packed.total_q, *q.shape[1:]), float("nan"), device="cuda", dtype=q.dtype)
-    o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, out=out, tile=tile, packed=packed)
+    o, _ = _fwd_sm90.forward(qa, ka, va, None, causal, grid_order, out=out, tile=tile, packed=packed)
     assert o.data_ptr() == out.data_ptr()
     return out
 

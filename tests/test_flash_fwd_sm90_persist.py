@@ -1,12 +1,14 @@
 """GPU: the Hopper forward's persistent form (cuflash._configs.SM90_FWD_PERSIST_VARIANTS, launched through an explicit
-tile; configured for causal head dim 128 with short keys) against the float64 reference and bitwise against the one-tile kernel of the same tile shape
+tile; configured at head dims 64 and 128 by key count: cuflash._configs.SM90_FWD_LONG_TILES) against the float64 reference and bitwise against the one-tile kernel of the same tile shape
 (the same products per tile): ragged tails, seqlen_q != seqlen_k, GQA, causal with rows that see no key (whole Q tiles
-of them when seqlen_q > seqlen_k), grids of fewer tiles than SMs and of many tiles per block, and packed sequences.
+of them when seqlen_q > seqlen_k), grids of fewer tiles than SMs and of many tiles per block, packed sequences, and
+both tile walks (grid_order "qtile": a (batch, head)'s tiles together; "bh": every head's tile x, then x - 1, ...).
 Outputs poisoned (NaN) before each launch. Skipped off compute capability 9.0."""
 from dataclasses import replace
 
 import pytest
 
+import cuflash
 from cuflash import _configs, _fwd_sm90
 from conftest import torch_inputs
 from test_flash_fwd_sm90 import _check, _hopper  # noqa: F401 (_hopper: the autouse sm90 skip)
@@ -24,11 +26,11 @@ def _tiles(d, name, o_tma=None):
     return t, replace(t, persistent=False)
 
 
-def _both(q, k, v, causal, d, name, o_tma=None, packed=None):
+def _both(q, k, v, causal, d, name, o_tma=None, packed=None, grid_order="auto"):
     import torch
 
     pt, one = _tiles(d, name, o_tma)
-    a = _run(q, k, v, causal, pt, packed)
+    a = _run(q, k, v, causal, pt, packed, grid_order)
     b = _run(q, k, v, causal, one, packed)
     assert torch.equal(a, b), f"persistent != one-tile: max diff {float((a.float() - b.float()).abs().max())}"
     return a
@@ -82,3 +84,52 @@ def test_lse_of_rows_that_see_no_key(d, name):
 def test_packed_sequences(d, name, causal):
     q, k, v, packed = packed_case(d)
     check_packed(_both(q, k, v, causal, d, name, packed=packed), q, k, v, causal)
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+@pytest.mark.parametrize("order", ["qtile", "bh"])
+@pytest.mark.parametrize("b,sq,sk,h", [(3, 1000, 129, 2), (2, 1024, 1500, 13), (1, 3072, 3072, 12)])
+def test_tile_walks(d, name, order, b, sq, sk, h):
+    """Both walks of the tiles give the one-tile kernel's output bitwise (each tile's products are the same, only
+    which block runs it and when differs): fewer tiles than the grid, and 1.2-2.2 times as many (counts that are no
+    multiple of it), causal (sq != sk: rows that see no key) and not."""
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, h, d), "float16")
+    for causal in (False, True):
+        _check(_both(q, k, v, causal, d, name, grid_order=order), q, k, v, causal)
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+def test_packed_sequences_ignore_the_walk(d, name):
+    """Packed sequences keep the element-ordered walk under grid_order "bh" (the kernel reads it for fixed lengths)."""
+    q, k, v, packed = packed_case(d)
+    check_packed(_both(q, k, v, True, d, name, packed=packed, grid_order="bh"), q, k, v, True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_configured_long_keys(dtype):
+    """The configuration at head dim 128: past 1024 keys without a causal mask, and from 8192 causal keys, the 160-key
+    persistent form (the default call's plan launches it; causal from 8192 query rows with the tiles walked in order
+    of work), against the reference; packed sequences with a longest element past 1024 keys too."""
+    import numpy as np
+    import torch
+
+    from cuflash import _fwd
+    from cuflash._launch import get_launcher
+
+    for (b, sq, sk, h, hk), causal in (((1, 300, 2500, 4, 2), False), ((1, 8192, 8192, 2, 1), True)):
+        t = _configs.sm90_fwd_tile(128, causal, sk)
+        assert t.persistent and t.block_n == 160
+        q, k, v = torch_inputs((b, sq, h, 128), (b, sk, hk, 128), dtype)
+        _fwd._PLANS.clear()
+        out = cuflash.flash_attn_func(q, k, v, causal=causal)
+        plans = [p for p in _fwd._PLANS.values() if isinstance(p, _fwd_sm90.Sm90Plan)]
+        want = get_launcher(_configs.sm90_fwd_spec(dtype, 128, causal, t), 0).ptr
+        assert any(launch[0] == want for p in plans for launch in p.launches)
+        _check(out, q, k, v, causal)
+    lens = [2500, 7, 1000]
+    qp, kp, vp = (torch.randn(sum(lens), 4 if i == 0 else 2, 128, device="cuda").to(getattr(torch, dtype))
+                  for i in range(3))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    o = cuflash.flash_attn_varlen_func(qp, kp, vp, cu, cu, max(lens), max(lens))
+    for a, n in zip(cu.tolist(), lens):
+        _check(o[a:a + n][None], qp[a:a + n][None], kp[a:a + n][None], vp[a:a + n][None], False)

@@ -118,35 +118,38 @@ def test_explicit_variant_tile_launches(res, d, name):
 
 def test_key_count_tile_selection():
     """Without modifiers, head dim 64 takes its short-keys tiles (several blocks per SM) up to
-    SM90_FWD_SHORT_MAX_SEQLEN_K keys and the persistent form above (causal: up to 4096 keys); head dim 128 the
-    persistent form up to 2048 keys (non-causal) or 4096 (causal). Longer keys take the configured tile, except head
-    dim 128 non-causal, which takes 176-key stages (SM90_FWD_WIDE_VARIANTS); an unknown key count (packed sequences
-    given max_seqlen_k as a device array), the modifiers and the other head dims take the configured tile."""
+    SM90_FWD_SHORT_MAX_SEQLEN_K keys and the persistent form above (causal: up to 4096 keys, then the configured tile);
+    head dim 128 the persistent form up to 1024 keys, and above them its 160-key persistent form without a causal mask;
+    causal, the persistent form up to 4096 keys, the configured tile up to 8191 and the 160-key persistent form from
+    8192. An unknown key count (packed sequences given max_seqlen_k as a device array), the modifiers and the other
+    head dims take the configured tile."""
     from cuflash import _configs
     from cuflash._configs import sm90_fwd_persist_tiles
 
     limit = _configs.SM90_FWD_SHORT_MAX_SEQLEN_K
-    p64, p128 = sm90_fwd_persist_tiles(64)["persist"], sm90_fwd_persist_tiles(128)["persist"]
-    cases = ((64, False, sm90_fwd_minb_tiles(64)["2x2wg n48"], p64, None),
-             (64, True, sm90_fwd_minb_tiles(64)["3x1wg n64"], p64, 4096),
-             (128, False, p128, p128, 2048), (128, True, p128, p128, 4096))
-    for d, causal, short, long, upto in cases:
+    p64, p128, w128 = (sm90_fwd_persist_tiles(64)["persist"], sm90_fwd_persist_tiles(128)["persist"],
+                       sm90_fwd_persist_tiles(128)["persist n160"])
+    assert w128.persistent and w128.block_n == 160 and w128.o_tma
+    b64, b128 = _configs.SM90_FWD_TILES[64], _configs.SM90_FWD_TILES[128]
+    # (head dim, causal, short-keys tile, [(key count, tile)] past the short keys)
+    cases = ((64, False, sm90_fwd_minb_tiles(64)["2x2wg n48"], [(limit + 1, p64), (1 << 20, p64)]),
+             (64, True, sm90_fwd_minb_tiles(64)["3x1wg n64"], [(limit + 1, p64), (4096, p64), (4097, b64),
+                                                              (1 << 20, b64)]),
+             (128, False, p128, [(limit + 1, w128), (2049, w128), (1 << 20, w128)]),
+             (128, True, p128, [(limit + 1, p128), (4096, p128), (4097, b128), (8191, b128), (8192, w128),
+                                (1 << 20, w128)]))
+    for d, causal, short, longer in cases:
         base = _configs.SM90_FWD_TILES[d]
         assert sm90_fwd_tile(d, causal, 1) == sm90_fwd_tile(d, causal, limit) == short
-        assert sm90_fwd_tile(d, causal, limit + 1) == long
-        if upto is None:
-            assert sm90_fwd_tile(d, causal, 1 << 20) == long
-        else:
-            after = replace(base, **_configs.SM90_FWD_WIDE_VARIANTS[128]["n176"]) if (d, causal) == (128, False) \
-                else base
-            assert sm90_fwd_tile(d, causal, upto) == long and sm90_fwd_tile(d, causal, upto + 1) == after
-            assert sm90_fwd_tile(d, causal, 1 << 20) == after
+        for n, want in longer:
+            assert sm90_fwd_tile(d, causal, n) == want, (d, causal, n)
         assert short.min_blocks > 1 or short.persistent
-        assert long.persistent and (long.o_tma or d == 64)  # (d64's persistent form: the 16-byte stores)
         assert sm90_fwd_tile(d, causal, None) == base and not base.persistent
         for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
-            for n in (512, limit + 1):
+            for n in (512, limit + 1, 8192):
                 assert sm90_fwd_tile(d, causal, n, mod) == base
+    for d, t in ((64, p64), (128, p128), (128, w128)):  # (d64's persistent form: the 16-byte stores)
+        assert t.persistent and (t.o_tma or d == 64)
     for d in (96, 256):
         for causal in (False, True):
             for n in (512, limit + 1, None):

@@ -22,17 +22,19 @@ def test_configured_tiles_are_not_persistent_and_keep_their_names():
         for causal, mod in _configs.MASK_MODES:
             assert sm90_fwd_spec("float16", d, causal, mod=mod) == sm90_fwd_spec("float16", d, causal,
                                                                                  replace(t, persistent=False), mod)
-    # the persistent kernels compiled ahead of time are those the key-count selection takes: head dims 64 and 128,
-    # causal and not, fp16 and bf16, with and without o_tma (d64: the 16-byte stores only)
+    # the persistent kernels compiled ahead of time are those the key-count selection takes: head dims 64 and 128
+    # (d128: 128-key stages causal or not up to 1024 keys, 160-key stages past them), causal and not, fp16 and bf16,
+    # with and without o_tma (d64: the 16-byte stores only)
     pers = [s.name for s in _configs.sm90_fwd_specs() if s.name.count(",") == 13 and s.name.endswith(", true>")]
     want = set()
     for d in (64, 128):
         for causal in (False, True):
-            t = sm90_fwd_tile(d, causal, _configs.SM90_FWD_SHORT_MAX_SEQLEN_K + 1)
-            assert t.persistent
-            want |= {sm90_fwd_spec(dt, d, causal, replace(t, o_tma=o)).name for dt in _configs.DTYPES
-                     for o in ((True, False) if t.o_tma else (False,))}
-    assert len(pers) == len(set(pers)) and set(pers) == want and len(want) == 12
+            for n in (_configs.SM90_FWD_SHORT_MAX_SEQLEN_K, _configs.SM90_FWD_SHORT_MAX_SEQLEN_K + 1, 1 << 20):
+                t = sm90_fwd_tile(d, causal, n)
+                if t.persistent:
+                    want |= {sm90_fwd_spec(dt, d, causal, replace(t, o_tma=o)).name for dt in _configs.DTYPES
+                             for o in ((True, False) if t.o_tma else (False,))}
+    assert len(pers) == len(set(pers)) and set(pers) == want and len(want) == 20
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
@@ -115,6 +117,15 @@ q4, k4, v4, packed = check_varlen(qv, kv_, vv, cq, ck, 350, 300)
 t = _configs.sm90_fwd_persist_tiles(128)["persist"]
 rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, tile=t, packed=packed))
 res["packed"] = [[r[0], list(r[1])] for r in rec]
+rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, "bh", tile=t, packed=packed))
+res["packed bh"] = [[r[0], list(r[1])] for r in rec]
+for sq, causal, order, tile in ((8192, True, "auto", None), (8191, True, "auto", "persist"), (8192, False, "auto", None),
+                                (8192, True, "qtile", None), (300, True, "bh", "persist"), (300, False, "auto", None)):
+    q, k, v = (T((1, sq, 2, 128), torch.float16) for _ in range(3))
+    qa, ka, va = check_qkv(q, k, v)
+    t = tile and _configs.sm90_fwd_persist_tiles(128)[tile]
+    lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, causal, order, (sq * 256, 256, 128), tile=t)
+    res[f"walk {sq} {causal} {order} {tile}"] = [lau.spec.name, fields["grid_order"], list(grid)]
 """
 
 
@@ -145,3 +156,24 @@ def test_persistent_packed_grid(res):
     t = sm90_fwd_persist_tiles(128)["persist"]
     assert name == sm90_fwd_spec("float16", 128, True, t).name
     assert grid == [min((700 // t.block_m + 3) * 8, 132), 1, 1]  # Packed.grid: x (3 sequences) by 8 heads
+
+
+def test_persistent_packed_grid_ignores_the_walk(res):
+    assert res["packed bh"] == res["packed"]  # (the kernel walks packed tiles in element order whatever grid_order)
+
+
+@pytest.mark.parametrize("sq,causal,order,tile,walk", [
+    (8192, True, "auto", None, 1),  # configured: 160-key persistent form, tiles in order of work
+    (8191, True, "auto", "persist", 0),  # below SM90_PERSIST_BH_MIN_ROWS: a (batch, head)'s tiles together
+    (8192, False, "auto", None, 0),  # non-causal: every tile the same work
+    (8192, True, "qtile", None, 0), (300, True, "bh", "persist", 1),  # an explicit order wins
+    (300, False, "auto", None, 0)])
+def test_persistent_tile_walk(res, sq, causal, order, tile, walk):
+    """The grid order a persistent launch carries (the kernel's walk of its tiles): "bh" (1) for causal calls of at
+    least SM90_PERSIST_BH_MIN_ROWS query rows under "auto", else "qtile" (0); an explicit order is kept. The grid is
+    the persistent one whatever the order."""
+    name, got, grid = res[f"walk {sq} {causal} {order} {tile}"]
+    t = sm90_fwd_persist_tiles(128)[tile] if tile else sm90_fwd_tile(128, causal, sq)
+    assert t.persistent and name == sm90_fwd_spec("float16", 128, causal, t).name
+    assert got == walk and _configs.SM90_PERSIST_BH_MIN_ROWS == 8192
+    assert grid == [min(-(-sq // t.block_m) * 2, 132), 1, 1]

@@ -124,15 +124,17 @@ def test_tile_fits_the_sm(d):
 
 
 def test_tiles_by_key_count():
-    """The variants taken by key count (no score modifier): head dim 128 without a causal mask takes the persistent
-    form up to 2048 keys and the 176-key stages above; with a mask, a modifier or no key count, the configured tile.
+    """The variants taken by key count (no score modifier): head dim 128 takes the persistent form up to 1024 keys and
+    its 160-key stages above without a causal mask; causal, the 128-key persistent form up to 4096 keys, the configured
+    tile up to 8191 and the 160-key persistent form from 8192; with a modifier or no key count, the configured tile.
     Every variant taken at some count is among the compiled specs, and fits the SM."""
     t128 = _configs.SM90_FWD_TILES[128]
-    assert _configs.sm90_fwd_tile(128, False, 2048).persistent
-    wide = _configs.sm90_fwd_tile(128, False, 2049)
-    assert wide == _configs.sm90_fwd_tile(128, False, 65536) and (wide.block_n, wide.persistent) == (176, False)
+    assert _configs.sm90_fwd_tile(128, False, 1024).persistent
+    wide = _configs.sm90_fwd_tile(128, False, 1025)
+    assert wide == _configs.sm90_fwd_tile(128, False, 65536) and (wide.block_n, wide.persistent) == (160, True)
     assert wide.o_tma == t128.o_tma and wide.nwg == t128.nwg
-    assert _configs.sm90_fwd_tile(128, True, 8192) == t128 == _configs.sm90_fwd_tile(128, False)
+    assert _configs.sm90_fwd_tile(128, True, 8192) == wide == _configs.sm90_fwd_tile(128, True, 1 << 20)
+    assert _configs.sm90_fwd_tile(128, True, 8191) == t128 == _configs.sm90_fwd_tile(128, False)
     assert _configs.sm90_fwd_tile(128, False, 4096, _configs.MOD_SCORE) == t128
     specs = set(_configs.sm90_fwd_specs())
     for d in _configs.SM90_HEADDIMS:
@@ -142,7 +144,7 @@ def test_tiles_by_key_count():
                 assert _configs.sm90_fwd_smem_bytes(d, t) <= SMEM_LIMIT_SM90
                 for dt in _configs.DTYPES:
                     assert _configs.sm90_fwd_spec(dt, d, causal, t) in specs
-    assert 2049 in _configs.SM90_FWD_KEY_BOUNDS and 2048 in _configs.SM90_FWD_KEY_BOUNDS
+    assert {1024, 1025, 4096, 4097, 8191, 8192} <= set(_configs.SM90_FWD_KEY_BOUNDS)
 
 
 def _cuobjdump():

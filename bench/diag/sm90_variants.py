@@ -1,19 +1,19 @@
-"""Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking and grid-order variants at a few FA2-grid
-points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
+"""Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking, persistent-form and grid-order
+variants at a few FA2-grid points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
 
     python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S,...] [--json FILE]
 
-Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong) and a grid
-order; every variant keeps the configured tile's epilogue (o_tma). Every call builds its launch (tensor maps
-included: no memoized plan) inside the timed region, so the figures compare variants with each other; their ratios
-to cuDNN are below a suite's (the public, memoized calls) by that host time, most at short sequences."""
+Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong, persistent) and a
+grid order (for the persistent form, the walk of its tiles: cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles); every variant
+keeps the configured tile's epilogue (o_tma). Each is timed through a memoized plan (cuflash._fwd_sm90.make_plan: its
+tensor maps encoded once), as the public calls run, so the ratios to cuDNN are a suite's."""
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import replace
 
-from cuflash._configs import SM90_FWD_TILES, Sm90FwdTile
+from cuflash._configs import SM90_FWD_PERSIST_VARIANTS, SM90_FWD_TILES, Sm90FwdTile
 
 POINTS = (("float16", 64, 8192), ("float16", 128, 8192), ("float16", 256, 4096), ("bfloat16", 128, 2048),
           ("float16", 64, 2048))
@@ -22,18 +22,19 @@ POINTS = (("float16", 64, 8192), ("float16", 128, 8192), ("float16", 256, 4096),
 def variants(d, causal):
     """(label, tile, grid_order) of the variants timed at head dim d."""
     base = SM90_FWD_TILES[d]
-    out = [(base, "auto"), (replace(base, pingpong=False), "auto")]
-    if causal:
-        out += [(base, "qtile"), (base, "bh"), (replace(base, pingpong=False), "bh")]
-    def tile(*args):  # a variant with the configured tile's epilogue (o_tma), so only the loop differs
-        return Sm90FwdTile(*args, o_tma=base.o_tma)
+    out = [(base, "qtile"), (base, "bh")] if causal else [(base, "auto")]
 
+    def tile(*args, **kw):  # a variant with the configured tile's epilogue (o_tma), so only the loop differs
+        return Sm90FwdTile(*args, o_tma=base.o_tma, **kw)
+
+    pers = [replace(base, **f) for f in SM90_FWD_PERSIST_VARIANTS.get(d, {}).values()]
     if d == 64:
-        out += [(tile(128, 3, 3, 160, 24), "auto"), (tile(64, 3, 2, 160, 24), "auto"), (tile(128, 2), "auto"),
-                (tile(176, 2), "auto")]
+        out += [(replace(base, stages=3), "auto")]
     if d == 128:
-        out += [(tile(176, 2), "auto"), (tile(160, 2), "auto"), (tile(144, 2), "auto"),
-                (replace(base, stages=3), "auto"), (tile(64, 2), "auto"), (tile(64, 2, 3), "auto")]
+        out += [(tile(176, 2), "auto"), (tile(160, 2), "auto"), (replace(base, stages=3), "auto")]
+        pers += [replace(pers[0], block_n=n) for n in (144, 160)]
+    for t in pers:
+        out += [(t, "qtile"), (t, "bh")] if causal else [(t, "auto")]
     return [(label(t, go), t, go) for t, go in out]
 
 
@@ -56,7 +57,8 @@ def specs(pts=POINTS):
 
 
 def label(t, go="auto"):
-    return f"n{t.block_n}-wg{t.nwg}-st{t.stages}-p{int(t.pingpong)}{'' if go == 'auto' else '-' + go}"
+    return (f"{'P' if t.persistent else ''}n{t.block_n}-wg{t.nwg}-st{t.stages}-p{int(t.pingpong)}"
+            f"{'' if go == 'auto' else '-' + go}")
 
 
 def main(argv):
@@ -82,7 +84,8 @@ def main(argv):
         for causal in (False, True):
             fns = {}
             for lab, t, go in variants(d, causal):
-                fns[lab] = lambda t=t, go=go: _fwd_sm90.forward(qa, ka, va, None, causal, go, tile=t)
+                plan = _fwd_sm90.make_plan(qa, ka, va, None, causal, go, tile=t)
+                fns[lab] = lambda plan=plan: plan.run(qa.ptr, ka.ptr, va.ptr)
             cud = sdpa("cudnn")
             fns["cudnn"] = lambda: cud(qt, kt, vt, causal)
             res = time_rounds(fns, rounds)

@@ -32,7 +32,9 @@
 // store, the wait for the store's reads). Block
 // `bid` of G takes tiles bid, 2G - 1 - bid, 2G + bid, 4G - 1 - bid, ... (Sm90FwdTiles: waves of G tiles, every
 // other wave in reverse, so that a block's causal tiles alternate heavy and light), the tiles of one (batch, head)
-// consecutive (their K/V shared through L2) and within them the heaviest causal tile first. The barriers are set
+// consecutive (their K/V shared through L2) and within them the heaviest causal tile first -- or, with grid_order 1
+// (fixed lengths), every (batch, head)'s heaviest tile first, then the next: the causal work in decreasing order, so
+// the alternating waves balance it to about one tile whatever G is (Sm90FwdTiles). The barriers are set
 // up once; the producer runs ahead across tiles: the K/V ring is one stream over all of a block's tiles (stage and
 // phase from a running count), and Q has two buffers, each with a full (bar_q) and an empty (empty_q) mbarrier, so
 // tile t + 1's Q and first K/V stages load while the consumers finish tile t. Hazards: the epilogue stages O in

@@ -295,8 +295,12 @@ def test_sm90_launches(host):
     # 1000 keys at head dim 128: the persistent form, one block per Q tile here (1 x 4 heads x 2 < the SMs)
     assert sm90_fwd_tile(128, False, 1000).persistent and "flash_fwd_sm90" in r["name"] and r["name"].endswith(", true>")
     assert r["threads"] == 384 and r["grid"] == [8, 1, 1]
+    # 8192 causal keys at head dim 128: the 160-key persistent form (64 Q tiles x 2 heads < the SMs: one per block),
+    # its tiles walked in order of work (grid_order 1) from SM90_PERSIST_BH_MIN_ROWS query rows
     c = host["sm90_long_causal"]
-    assert c["first"]["grid"] == [2, 64, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
+    t = sm90_fwd_tile(128, True, 8192)
+    assert t.persistent and t.block_n == 160 and c["first"]["name"].endswith(", true>")
+    assert c["first"]["grid"] == [128, 1, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
     pk = host["packed"]["first"]
     assert [_fake_map(pk, i)[4] for i in range(3)] == [(3 * 512 * 2, 64 * 2, 200 * 3 * 512 * 2)] * 3
 

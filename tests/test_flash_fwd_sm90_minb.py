@@ -39,22 +39,32 @@ def _run(q, k, v, causal, tile, packed=None, grid_order="auto"):
     return out
 
 
+def check_ragged(d, dtype, causal, tile):
+    """`tile` against the reference on ragged tails, sq != sk and GQA (shared by the explicit-tile test files)."""
+    q, k, v = torch_inputs((2, 777, 4, d), (2, 901, 2, d), dtype)
+    _check(_run(q, k, v, causal, tile), q, k, v, causal)
+
+
+def check_row_counts(d, sq, sk, tile):
+    """`tile` against the reference at sq x sk, causal and not (sq > sk causal: rows that see no key)."""
+    q, k, v = torch_inputs((3, sq, 2, d), (3, sk, 2, d), "bfloat16")
+    for causal in (False, True):
+        _check(_run(q, k, v, causal, tile), q, k, v, causal)
+
+
 @pytest.mark.parametrize("d,name", VARIANTS)
 @pytest.mark.parametrize("o_tma", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_against_reference(d, name, o_tma, dtype, causal):
-    q, k, v = torch_inputs((2, 777, 4, d), (2, 901, 2, d), dtype)  # ragged tails, sq != sk, GQA
-    _check(_run(q, k, v, causal, _tile(d, name, o_tma)), q, k, v, causal)
+    check_ragged(d, dtype, causal, _tile(d, name, o_tma))
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
 @pytest.mark.parametrize("sq,sk", [(64, 64), (65, 300), (1000, 129), (2048, 2048)])
 def test_row_counts(d, name, sq, sk):
     """Rows ending at, just past and far from a Q tile; sq > sk causal: rows that see no key."""
-    q, k, v = torch_inputs((3, sq, 2, d), (3, sk, 2, d), "bfloat16")
-    for causal in (False, True):
-        _check(_run(q, k, v, causal, _tile(d, name, True)), q, k, v, causal)
+    check_row_counts(d, sq, sk, _tile(d, name, True))
 
 
 @pytest.mark.parametrize("name", list(_configs.SM90_FWD_MINB_VARIANTS[64]))

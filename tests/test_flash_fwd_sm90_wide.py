@@ -10,7 +10,7 @@ import pytest
 from cuflash import _configs
 from conftest import torch_inputs
 from test_flash_fwd_sm90 import _check, _hopper  # noqa: F401 (_hopper: the autouse sm90 skip)
-from test_flash_fwd_sm90_minb import _run, check_packed, packed_case
+from test_flash_fwd_sm90_minb import _run, check_packed, check_ragged, check_row_counts, packed_case
 
 pytestmark = pytest.mark.gpu
 
@@ -26,17 +26,14 @@ def _tile(d, name, o_tma):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_against_reference(d, name, o_tma, dtype, causal):
-    q, k, v = torch_inputs((2, 777, 4, d), (2, 901, 2, d), dtype)  # ragged tails, sq != sk, GQA
-    _check(_run(q, k, v, causal, _tile(d, name, o_tma)), q, k, v, causal)
+    check_ragged(d, dtype, causal, _tile(d, name, o_tma))
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
 @pytest.mark.parametrize("sq,sk", [(64, 176), (65, 353), (1000, 129), (2048, 2049)])
 def test_row_counts(d, name, sq, sk):
     """Keys ending at, just past and far from a 176-key stage; sq > sk causal: rows that see no key."""
-    q, k, v = torch_inputs((3, sq, 2, d), (3, sk, 2, d), "bfloat16")
-    for causal in (False, True):
-        _check(_run(q, k, v, causal, _tile(d, name, True)), q, k, v, causal)
+    check_row_counts(d, sq, sk, _tile(d, name, True))
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)

@@ -109,13 +109,11 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
-    if tile.persistent:  # the grid order names the persistent form's tile walk (Sm90FwdTiles)
-        walk = grid_order if grid_order != "auto" else \
-            "bh" if causal and sq >= SM90_PERSIST_BH_MIN_ROWS else "qtile"
-        order, grid = _grid(GRID_ORDERS[walk], -(-sq // tile.block_m), h, b, 1)
-    else:
-        order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, sq, d)], -(-sq // tile.block_m), h, b,
-                            1)
+    if not tile.persistent:
+        grid_order = resolve_grid_order(grid_order, causal, sq, d)
+    elif grid_order == "auto":  # the persistent form's tile walk (Sm90FwdTiles)
+        grid_order = "bh" if causal and sq >= SM90_PERSIST_BH_MIN_ROWS else "qtile"
+    order, grid = _grid(GRID_ORDERS[grid_order], -(-sq // tile.block_m), h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(
         q_batch_stride=qa.strides[0], q_row_stride=qa.strides[1], q_head_stride=qa.strides[2],

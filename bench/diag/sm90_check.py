@@ -4,6 +4,11 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check
     compute-sanitizer --tool racecheck python -m bench.diag.sm90_check --quick
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --quick
+    compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --persist
+
+(--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
+tiles, each with both tile walks, grid_order "qtile" and "bh", on grids of fewer tiles than blocks and of several
+tiles per block)
 
 and, with --errors, where the error of each case lies (max abs error per 64-row band and 64-column chunk), to
 locate a wrong layout or a missed stage. Exit status 1 when a case misses the error rule's bound (conftest.py).
@@ -15,16 +20,35 @@ import sys
 import numpy as np
 
 
-def _case(b, sq, sk, h, hk, d, dtype, causal, errors):
+def _run(q, k, v, causal, walk):
+    """(out, lse) of the configured sm90 call (walk None), or of the persistent variant walk = (tile, grid_order)
+    with outputs poisoned (NaN) before the launch."""
     import torch
 
     import cuflash
+    from cuflash import _fwd_sm90
+    from cuflash._validate import check_qkv
+
+    if walk is None:
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90", return_attn_probs=True)
+        return out, lse
+    tile, order = walk
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device="cuda", dtype=torch.float32)
+    qa, ka, va = check_qkv(q, k, v)
+    _fwd_sm90.forward(qa, ka, va, None, causal, order, out=out, lse=lse, tile=tile)
+    return out, lse
+
+
+def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None):
+    import torch
+
     from cuflash import reference
 
     dt = getattr(torch, dtype)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
     k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90", return_attn_probs=True)
+    out, lse = _run(q, k, v, causal, walk)
     torch.cuda.synchronize()
     f = lambda x: x.detach().float().cpu().numpy().astype(np.float64)  # noqa: E731
     ref, ref_lse = reference.attention_forward(f(q), f(k), f(v), None, causal)
@@ -36,6 +60,8 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors):
     ok = err.max() <= bound * max(1.0, np.abs(ref).max()) and lerr < 1e-3 and \
         np.array_equal(np.isneginf(f(lse)), np.isneginf(ref_lse))
     tag = f"{dtype} d={d} causal={causal} b={b} sq={sq} sk={sk} h={h}/{hk}"
+    if walk is not None:
+        tag += f" persistent n{walk[0].block_n} {walk[1]}"
     print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err.max():.2e} lse {lerr:.2e} nan {int(np.isnan(o).sum())}",
           flush=True)
     if errors and not ok:
@@ -48,11 +74,23 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors):
 
 
 def main(argv):
-    from cuflash._configs import SM90_HEADDIMS
+    from cuflash._configs import SM90_FWD_PERSIST_VARIANTS, SM90_HEADDIMS, sm90_fwd_persist_tiles
 
     quick, errors = "--quick" in argv, "--errors" in argv
     shapes = [(1, 130, 77, 2, 1)] if quick else [(1, 130, 77, 2, 1), (2, 200, 333, 4, 2), (1, 64, 64, 1, 1)]
     bad = 0
+    if "--persist" in argv:
+        # 6 tiles (fewer than the blocks), and 2 x 8 heads x 11 Q tiles = 176 (1.33 per block on 132 SMs), sq > sk
+        shapes = [(1, 300, 300, 2, 1), (2, 1333, 1000, 8, 2)]
+        for dtype in ("float16", "bfloat16"):
+            for d in sorted(SM90_FWD_PERSIST_VARIANTS):
+                for tile in sm90_fwd_persist_tiles(d).values():
+                    for causal in (False, True):
+                        for order in ("qtile", "bh"):
+                            for b, sq, sk, h, hk in shapes:
+                                bad += not _case(b, sq, sk, h, hk, d, dtype, causal, errors, (tile, order))
+        print(f"{bad} failed")
+        return 1 if bad else 0
     for dtype in ("float16", "bfloat16"):
         for d in SM90_HEADDIMS:
             for causal in (False, True):

@@ -1,7 +1,7 @@
 """Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking, persistent-form and grid-order
 variants at a few FA2-grid points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
 
-    python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S,...] [--json FILE]
+    python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S[:B],...] [--causal-only] [--json FILE]
 
 Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong, persistent) and a
 grid order (for the persistent form, the walk of its tiles: cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles); every variant
@@ -39,20 +39,22 @@ def variants(d, causal):
 
 
 def points(argv):
-    """POINTS, or those named by --points (DTYPE:D:S, comma-separated)."""
+    """(dtype, head dim, seqlen, batch) of POINTS (FA2 grid: batch 16k / seqlen), or those named by --points
+    (DTYPE:D:S or DTYPE:D:S:B, comma-separated)."""
     if "--points" not in argv:
-        return POINTS
+        return tuple((dt, d, s, max(1, 16384 // s)) for dt, d, s in POINTS)
     out = []
     for item in argv[argv.index("--points") + 1].split(","):
-        dt, d, s = item.split(":")
-        out.append((dt, int(d), int(s)))
+        dt, d, s, *b = item.split(":")
+        out.append((dt, int(d), int(s), int(b[0]) if b else max(1, 16384 // int(s))))
     return tuple(out)
 
 
-def specs(pts=POINTS):
+def specs(pts=None, masks=(False, True)):
     from cuflash._configs import sm90_fwd_spec
 
-    return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, _ in pts for c in (False, True)
+    pts = points([]) if pts is None else pts
+    return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, *_ in pts for c in masks
                               for _, t, _ in variants(d, c)))
 
 
@@ -73,15 +75,16 @@ def main(argv):
 
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 4
     pts = points(argv)
-    compile_specs(specs(pts))
+    masks = (True,) if "--causal-only" in argv else (False, True)
+    compile_specs(specs(pts, masks))
     recs = []
-    for dtype, d, s in pts:
-        h, b = 2048 // d, 16384 // s
+    for dtype, d, s, b in pts:
+        h = 2048 // d
         dt = getattr(torch, dtype)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         qa, ka, va = check_qkv(q, k, v)
-        for causal in (False, True):
+        for causal in masks:
             fns = {}
             for lab, t, go in variants(d, causal):
                 plan = _fwd_sm90.make_plan(qa, ka, va, None, causal, go, tile=t)
@@ -95,7 +98,7 @@ def main(argv):
                            backend="sm90" if name != "cudnn" else None, round_ms=per)
                 recs.append(r)
                 line.append(f"{name}={r['tflops']:.0f}" if r["tflops"] else f"{name}=n/a")
-            print(f"{dtype} d={d} s={s} causal={causal}: " + " ".join(line), flush=True)
+            print(f"{dtype} d={d} b={b} s={s} causal={causal}: " + " ".join(line), flush=True)
     if "--json" in argv:
         with open(argv[argv.index("--json") + 1], "w") as f:
             json.dump(recs, f, indent=1)

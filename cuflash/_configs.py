@@ -18,6 +18,7 @@ and rejects spills.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ._launch import KernelSpec
 
@@ -368,7 +369,8 @@ SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128,
 # tiles in order of work (SM90_PERSIST_BH_MIN_ROWS); between 4097 and 8191 causal keys the configured one-tile kernel
 # (a name None: the configured tile). bench.diag.sm90_variants (5 rounds, memoized plans, fp16 / bf16): non-causal
 # 1.02x the persistent 128-key form at 2k, 0.98-1.04x the one-tile 176-key stages at 4k-16k (geomean 1.01x); causal at
-# 8k-16k 1.02-1.08x the one-tile kernel (with its tile walk in order of work: 1.01-1.40x the (batch, head) walk).
+# 8k-16k 1.02-1.08x the one-tile kernel (with its tile walk in order of work: 1.01-1.40x the (batch, head) walk), at
+# 1 x 64k 1.04x / 1.03x cuDNN with the (batch, head) walk (bf16 / fp16; sm90_persist_walk).
 SM90_FWD_LONG_TILES = {(64, False): (("persist", None),), (64, True): (("persist", 4096),),
                        (128, False): (("persist n160", None),),
                        (128, True): (("persist", 4096), (None, 8191), ("persist n160", None))}
@@ -378,6 +380,49 @@ SM90_FWD_LONG_TILES = {(64, False): (("persist", None),), (64, True): (("persist
 # 1.00-1.40x "qtile" at 8k-16k (head dims 64, 128; 128-, 144- and 160-key stages), 0.88-1.05x at 2k-4k (0.88-0.99x
 # for the forms configured there).
 SM90_PERSIST_BH_MIN_ROWS = 8192
+# ... unless the "qtile" walk balances the call's tiles about as well as "bh": its largest block's work over the mean
+# within this factor of "bh"'s in the list model of the walks (persist_walk_spread). At head dim 128, 16 heads,
+# 160-key stages on 132 blocks: 1 x 64k 1.015 against 1.000 (qtile), 2 x 8k 1.032 against 1.003 and 1 x 16k 1.539
+# against 1.003 (bh); where the tiles fit one wave the walks are alike. "qtile" keeps a head's K / V shared through L2
+# by the blocks at once: at 1 x 64k it measured 1.05x / 1.07x "bh" with 160-key stages (bf16 / fp16,
+# bench.diag.sm90_variants: bench/results/sm90-variants-64k.log; bench/NOTES.md).
+SM90_PERSIST_QTILE_MAX_SPREAD = 1.02
+
+
+@lru_cache(maxsize=256)
+def persist_walk_spread(walk: str, batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
+                        grid: int, causal: bool = True) -> float:
+    """The list model of the persistent form's tile walks (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) at fixed lengths:
+    the largest block's work over the mean, a tile's work being the K / V tiles its rows see (bottom-right causal).
+    Linear index t runs over x (a (batch, head)'s Q tiles, the last first) innermost for walk "qtile", over the
+    (batch, head)s innermost for "bh"; block G - 1 - (t mod G) takes t in odd waves, t mod G in even ones."""
+    import numpy as np
+
+    x_tiles = -(-seqlen_q // block_m)
+    t = np.arange(x_tiles * batch_heads, dtype=np.int64)
+    x = x_tiles - 1 - (t // batch_heads if walk == "bh" else t % x_tiles)
+    if causal:
+        last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)  # keys the tile's last row sees
+        work = np.where(last > 0, -(-last // block_n), 0)
+    else:
+        work = np.full(t.shape, -(-seqlen_k // block_n))
+    pos = t % grid
+    block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
+    totals = np.bincount(block, weights=work, minlength=grid)
+    mean = totals.mean()
+    return float(totals.max() / mean) if mean > 0 else 1.0
+
+
+def sm90_persist_walk(causal: bool, batch_heads: int, seqlen_q: int, seqlen_k: int, tile: Sm90FwdTile,
+                      grid: int) -> str:
+    """The persistent form's tile walk under grid_order "auto" (fixed lengths; packed sequences keep the element
+    order): "bh" for causal calls of at least SM90_PERSIST_BH_MIN_ROWS query rows where the list model finds the
+    "qtile" walk's spread (persist_walk_spread) more than SM90_PERSIST_QTILE_MAX_SPREAD times "bh"'s, else "qtile"."""
+    if not causal or seqlen_q < SM90_PERSIST_BH_MIN_ROWS:
+        return "qtile"
+    q, bh = (persist_walk_spread(w, batch_heads, seqlen_q, seqlen_k, tile.block_m, tile.block_n, grid)
+             for w in ("qtile", "bh"))
+    return "bh" if q > SM90_PERSIST_QTILE_MAX_SPREAD * bh else "qtile"
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):
 # more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB. Not configured (the
 # persistent 160-key form above measured as fast or faster); reachable through an explicit tile.

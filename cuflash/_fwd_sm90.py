@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from . import _interop
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, SM90_PERSIST_BH_MIN_ROWS, kernel_headdim, sm90_fwd_spec,
+from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_walk,
                        sm90_fwd_tile)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
@@ -112,7 +112,8 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
     elif grid_order == "auto":  # the persistent form's tile walk (Sm90FwdTiles)
-        grid_order = "bh" if causal and sq >= SM90_PERSIST_BH_MIN_ROWS else "qtile"
+        g = persistent_grid((-(-sq // tile.block_m) * h * b, 1, 1), tile, qa.device)[0]
+        grid_order = sm90_persist_walk(causal, b * h, sq, sk, tile, g)
     order, grid = _grid(GRID_ORDERS[grid_order], -(-sq // tile.block_m), h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(

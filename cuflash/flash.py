@@ -67,7 +67,8 @@ def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scal
         algorithm: "v2" (FlashAttention-2, the default) or "v1" (FlashAttention-1, head dims 32-128).
         grid_order: V2 forward block order: "qtile" (Q-tile index in grid x: one head's blocks run together and
             share K/V in L2), "bh" (batch/head first) or "auto" (the default: "bh" for causal problems of >=
-            8192 query rows at head dim 128, else "qtile").
+            8192 query rows at head dim 128, else "qtile"; on the Hopper forward's persistent form, the walk of its
+            tiles: cuflash._configs.sm90_persist_walk).
         dq_strategy: backward dQ accumulation: "atomic", "seqpar", "loop", "ordered" (the Hopper backward:
             cuflash.flash_attn_backward); None: if deterministic "ordered" where the Hopper backward takes it, else
             "seqpar" (falling back to "loop" when its buffers do not fit), otherwise "atomic".

@@ -119,13 +119,15 @@ rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, tile=t, pack
 res["packed"] = [[r[0], list(r[1])] for r in rec]
 rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, "bh", tile=t, packed=packed))
 res["packed bh"] = [[r[0], list(r[1])] for r in rec]
-for sq, causal, order, tile in ((8192, True, "auto", None), (8191, True, "auto", "persist"), (8192, False, "auto", None),
-                                (8192, True, "qtile", None), (300, True, "bh", "persist"), (300, False, "auto", None)):
-    q, k, v = (T((1, sq, 2, 128), torch.float16) for _ in range(3))
+for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 8191, 16, True, "auto", "persist"),
+                                      (2, 8192, 16, False, "auto", None), (2, 8192, 16, True, "qtile", None),
+                                      (1, 300, 2, True, "bh", "persist"), (1, 300, 2, False, "auto", None),
+                                      (1, 65536, 16, True, "auto", None), (1, 8192, 2, True, "auto", None)):
+    q, k, v = (T((b, sq, h, 128), torch.float16) for _ in range(3))
     qa, ka, va = check_qkv(q, k, v)
     t = tile and _configs.sm90_fwd_persist_tiles(128)[tile]
     lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, causal, order, (sq * 256, 256, 128), tile=t)
-    res[f"walk {sq} {causal} {order} {tile}"] = [lau.spec.name, fields["grid_order"], list(grid)]
+    res[f"walk {b} {sq} {h} {causal} {order} {tile}"] = [lau.spec.name, fields["grid_order"], list(grid)]
 """
 
 
@@ -162,18 +164,67 @@ def test_persistent_packed_grid_ignores_the_walk(res):
     assert res["packed bh"] == res["packed"]  # (the kernel walks packed tiles in element order whatever grid_order)
 
 
-@pytest.mark.parametrize("sq,causal,order,tile,walk", [
-    (8192, True, "auto", None, 1),  # configured: 160-key persistent form, tiles in order of work
-    (8191, True, "auto", "persist", 0),  # below SM90_PERSIST_BH_MIN_ROWS: a (batch, head)'s tiles together
-    (8192, False, "auto", None, 0),  # non-causal: every tile the same work
-    (8192, True, "qtile", None, 0), (300, True, "bh", "persist", 1),  # an explicit order wins
-    (300, False, "auto", None, 0)])
-def test_persistent_tile_walk(res, sq, causal, order, tile, walk):
-    """The grid order a persistent launch carries (the kernel's walk of its tiles): "bh" (1) for causal calls of at
-    least SM90_PERSIST_BH_MIN_ROWS query rows under "auto", else "qtile" (0); an explicit order is kept. The grid is
-    the persistent one whatever the order."""
-    name, got, grid = res[f"walk {sq} {causal} {order} {tile}"]
+@pytest.mark.parametrize("b,sq,h,causal,order,tile,walk", [
+    (2, 8192, 16, True, "auto", None, 1),  # configured: 160-key persistent form; "qtile" unbalanced (1.03 vs 1.003)
+    (1, 8191, 16, True, "auto", "persist", 0),  # below SM90_PERSIST_BH_MIN_ROWS: a (batch, head)'s tiles together
+    (2, 8192, 16, False, "auto", None, 0),  # non-causal: every tile the same work
+    (2, 8192, 16, True, "qtile", None, 0), (1, 300, 2, True, "bh", "persist", 1),  # an explicit order wins
+    (1, 300, 2, False, "auto", None, 0),
+    (1, 65536, 16, True, "auto", None, 0),  # "qtile" balanced as well as "bh" (1.015 vs 1.000)
+    (1, 8192, 2, True, "auto", None, 0)])  # 128 tiles, one wave: the walks alike
+def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, walk):
+    """The grid order a persistent launch carries (the kernel's walk of its tiles) under "auto":
+    _configs.sm90_persist_walk ("bh" (1) for causal calls of at least SM90_PERSIST_BH_MIN_ROWS query rows whose "qtile"
+    walk the list model finds unbalanced against "bh", else "qtile" (0)); an explicit order is kept. The grid is the
+    persistent one whatever the order."""
+    name, got, grid = res[f"walk {b} {sq} {h} {causal} {order} {tile}"]
     t = sm90_fwd_persist_tiles(128)[tile] if tile else sm90_fwd_tile(128, causal, sq)
     assert t.persistent and name == sm90_fwd_spec("float16", 128, causal, t).name
     assert got == walk and _configs.SM90_PERSIST_BH_MIN_ROWS == 8192
-    assert grid == [min(-(-sq // t.block_m) * 2, 132), 1, 1]
+    assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
+
+
+def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal):
+    """Each block's work under a walk, by the kernel's own index arithmetic (Sm90FwdTiles::tile and ::coords in
+    cuda_src/flash_fwd_sm90.cu, written out with loops) and a tile's K / V count from its last row's keys."""
+    x_tiles = -(-sq // bm)
+    count = x_tiles * bhs
+    totals = [0] * grid
+    for bid in range(grid):
+        k = 0
+        while True:
+            t = k * grid + (grid - 1 - bid if k & 1 else bid)
+            if t >= count:
+                break
+            x = x_tiles - 1 - (t // bhs if walk == "bh" else t % x_tiles)
+            last = min(sk, (x + 1) * bm + sk - sq) if causal else sk
+            totals[bid] += max(0, -(-last // bn))
+            k += 1
+    return totals
+
+
+@pytest.mark.parametrize("bhs,sq,sk,bm,bn,grid", [(16, 16384, 16384, 128, 160, 132), (32, 8192, 8192, 128, 160, 132),
+                                                  (6, 1000, 333, 128, 128, 17), (3, 777, 2000, 192, 128, 5),
+                                                  (5, 640, 640, 128, 128, 25)])
+def test_walk_model_follows_the_kernels_walks(bhs, sq, sk, bm, bn, grid):
+    """persist_walk_spread against the kernel's index arithmetic: the largest block's work over the mean, both walks,
+    causal (sq != sk both ways: tiles that see no key) and not, grids that are no multiple of a head's Q tiles."""
+    for walk in ("qtile", "bh"):
+        for causal in (False, True):
+            tot = _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal)
+            want = max(tot) / (sum(tot) / grid) if sum(tot) else 1.0
+            got = _configs.persist_walk_spread(walk, bhs, sq, sk, bm, bn, grid, causal)
+            assert got == pytest.approx(want, rel=1e-12), (walk, causal)
+
+
+def test_walk_rule_at_the_measured_shapes():
+    """The list model's figures the rule rests on (head dim 128, 16 heads, 160-key stages, 132 blocks): "qtile"
+    unbalanced at 1 x 16k and 2 x 8k, balanced at 1 x 64k; below SM90_PERSIST_BH_MIN_ROWS "qtile" whatever the model."""
+    t = sm90_fwd_persist_tiles(128)["persist n160"]
+    spread = lambda w, b, s: _configs.persist_walk_spread(w, b * 16, s, s, 128, 160, 132)  # noqa: E731
+    assert spread("qtile", 1, 16384) == pytest.approx(1.539, abs=1e-3) and spread("bh", 1, 16384) < 1.005
+    assert spread("qtile", 2, 8192) == pytest.approx(1.032, abs=1e-3) and spread("bh", 2, 8192) < 1.005
+    assert spread("qtile", 1, 65536) == pytest.approx(1.015, abs=1e-3) and spread("bh", 1, 65536) < 1.001
+    walk = lambda b, s, causal=True: _configs.sm90_persist_walk(causal, b * 16, s, s, t, 132)  # noqa: E731
+    assert (walk(1, 16384), walk(2, 8192), walk(1, 65536), walk(4, 4096), walk(1, 16384, False)) == \
+        ("bh", "bh", "qtile", "qtile", "qtile")

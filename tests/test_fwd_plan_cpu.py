@@ -42,7 +42,7 @@ CASES = {
     "auto_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True, backend="sm80")),
     "auto_long": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(backend="sm80")),
     "auto_long_causal_d64": ((1, 8192, 2, 64), (1, 8192, 2, 64), "float16", dict(causal=True, backend="sm80")),
-    "sm90_long_causal": ((1, 8192, 2, 128), (1, 8192, 2, 128), "float16", dict(causal=True)),
+    "sm90_long_causal": ((2, 8192, 16, 128), (2, 8192, 16, 128), "float16", dict(causal=True)),
     "scale_np32": ((1, 64, 2, 64), (1, 64, 2, 64), "float16", dict(softmax_scale="np32:0.125")),
     "forced_sm80": ((2, 77, 4, 128), (2, 1000, 4, 128), "bfloat16", dict(causal=True, backend="sm80")),
     "forced_sm90": ((2, 77, 4, 128), (2, 1000, 2, 128), "float16", dict(backend="sm90")),
@@ -295,12 +295,13 @@ def test_sm90_launches(host):
     # 1000 keys at head dim 128: the persistent form, one block per Q tile here (1 x 4 heads x 2 < the SMs)
     assert sm90_fwd_tile(128, False, 1000).persistent and "flash_fwd_sm90" in r["name"] and r["name"].endswith(", true>")
     assert r["threads"] == 384 and r["grid"] == [8, 1, 1]
-    # 8192 causal keys at head dim 128: the 160-key persistent form (64 Q tiles x 2 heads < the SMs: one per block),
-    # its tiles walked in order of work (grid_order 1) from SM90_PERSIST_BH_MIN_ROWS query rows
+    # 8192 causal keys at head dim 128: the 160-key persistent form (2 x 16 heads x 64 Q tiles on the 132 SMs), its
+    # tiles walked in order of work (grid_order 1: from SM90_PERSIST_BH_MIN_ROWS query rows where the list model finds
+    # the (batch, head) walk unbalanced, as here)
     c = host["sm90_long_causal"]
     t = sm90_fwd_tile(128, True, 8192)
     assert t.persistent and t.block_n == 160 and c["first"]["name"].endswith(", true>")
-    assert c["first"]["grid"] == [128, 1, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
+    assert c["first"]["grid"] == [132, 1, 1] and dict(zip(NAMES, _params(c["first"])))["grid_order"] == 1
     pk = host["packed"]["first"]
     assert [_fake_map(pk, i)[4] for i in range(3)] == [(3 * 512 * 2, 64 * 2, 200 * 3 * 512 * 2)] * 3
 

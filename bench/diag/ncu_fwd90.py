@@ -9,7 +9,8 @@ cuflash._configs.SM90_FWD_PERSIST_VARIANTS) can be profiled on the same inputs. 
     bench/diag/ncu_source.sh /tmp/p flash_fwd_sm90 2 python3 -m bench.diag.ncu_fwd90 --tiles persist --no-range
 
 Tile names: def (the configured tile at this key count), 1tile (the persistent variant's tile one per block), and
-the names of SM90_FWD_MINB_VARIANTS / SM90_FWD_PERSIST_VARIANTS at this head dim. What to read: per kernel its
+the names of SM90_FWD_MINB_VARIANTS / SM90_FWD_PERSIST_VARIANTS at this head dim; `cudnn` runs SDPA's cuDNN backend
+on the same inputs (its own kernels, for the comparison). What to read: per kernel its
 duration, the tensor pipe's share of its peak, the warps' stall reasons, and per SASS instruction where the stall
 samples of one form exceed the other's."""
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     s, d = args.seqlen, args.headdim
     if s <= 0 or 16384 % s or d not in (64, 96, 128, 256):
         raise ValueError(f"--seqlen must divide 16384 and --headdim be 64, 96, 128 or 256; got {s}, {d}")
-    avail = tiles_at(d, args.causal, s)
+    avail = dict(tiles_at(d, args.causal, s), cudnn=None)
     names = [n for n in args.tiles.split(",") if n]
     bad = [n for n in names if n not in avail]
     if bad or not names:
@@ -55,20 +56,30 @@ def main(argv=None) -> int:
     from cuflash import _fwd_sm90
     from cuflash._validate import check_qkv
 
+    from ..harness import sdpa
+
     h, b = 2048 // d, 16384 // s
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=getattr(torch, args.dtype)) for _ in range(3))
     qa, ka, va = check_qkv(q, k, v)
-    plans = {n: _fwd_sm90.make_plan(qa, ka, va, None, args.causal, "auto", tile=avail[n]) for n in names}
-    for n, p in plans.items():
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    cud = sdpa("cudnn") if "cudnn" in names else None
+    calls = {}
+    for n in names:
+        if n == "cudnn":
+            calls[n] = lambda: cud(qt, kt, vt, args.causal)
+        else:
+            plan = _fwd_sm90.make_plan(qa, ka, va, None, args.causal, "auto", tile=avail[n])
+            calls[n] = lambda plan=plan: plan.run(qa.ptr, ka.ptr, va.ptr)
+    for n, call in calls.items():
         for _ in range(2):
-            p.run(qa.ptr, ka.ptr, va.ptr)
-        print(f"{n}: {avail[n]}", flush=True)
+            call()
+        print(f"{n}: {avail[n] or 'SDPA cuDNN'}", flush=True)
     torch.cuda.synchronize()
     if not args.no_range:
         torch.cuda.profiler.start()
-    for p in plans.values():
-        p.run(qa.ptr, ka.ptr, va.ptr)
+    for call in calls.values():
+        call()
     torch.cuda.synchronize()
     if not args.no_range:
         torch.cuda.profiler.stop()

@@ -330,29 +330,50 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     OnlineSoftmax<1> softmax;
     mbar_wait(&bar_q[qb], qph);
     const int n_end = wl.n_end, n_iters = wl.n_iters;
+    // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
+    // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and all of them
+    // for a warpgroup past its element's last row. The warpgroup takes their turns and releases their stages (once
+    // loaded) without a product; its first product is the first tile its rows see.
+    int skip = 0;
+    if constexpr (CAUSAL) {
+      const int rows_end = min(row_wg + 64, wl.si.seqlen_q);
+      skip = rows_end > row_wg ? min(n_iters, max(0, n_end - kv_block_end<BLOCK_N>(mask, rows_end))) : n_iters;
+    }
     if (n_iters > 0) {
-      // KV tile 0: S alone.
-      const int st0 = kv % STAGES, ph0 = (kv / STAGES) & 1;
+      for (int it = 0; it < skip; ++it) {
+        const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
+        mbar_wait(&full_k[st], ph);
+        turn_begin();
+        turn_end();
+        if (it == 0) release_previous(qb, qi);
+        mbar_arrive(&empty_k[st]);
+        mbar_wait(&full_v[st], ph);
+        mbar_arrive(&empty_v[st]);
+      }
+    }
+    if (n_iters > skip) {
+      // KV tile `skip`: S alone.
+      const int st0 = (kv + skip) % STAGES, ph0 = ((kv + skip) / STAGES) & 1;
       mbar_wait(&full_k[st0], ph0);
       turn_begin();
       wgmma_fence();
       issue_qk(q_base, st0);
       wgmma_commit();
       turn_end();
-      release_previous(qb, qi);
+      if (skip == 0) release_previous(qb, qi);
       wgmma_wait<0>();
       reg_fence(acc_s[0]);
       mbar_arrive(&empty_k[st0]);
       {
-        mask_and_max(softmax, n_end - 1);
+        mask_and_max(softmax, n_end - 1 - skip);
         float alpha[1][2];
         softmax.rescale_sum(alpha);
         softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
 #pragma unroll
         for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
       }
-      // KV tiles 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
-      for (int it = 1; it < n_iters; ++it) {
+      // KV tiles skip + 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
+      for (int it = skip + 1; it < n_iters; ++it) {
         const int n = n_end - 1 - it, ph = ((kv + it) / STAGES) & 1, pph = ((kv + it - 1) / STAGES) & 1;
         // (stage indices through lane 0, warp-uniform: the descriptors they offset stay in uniform registers)
         const int st = __shfl_sync(0xffffffffu, (kv + it) % STAGES, 0);
@@ -392,10 +413,13 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       wgmma_wait<0>();
       reg_fence(acc_o[0]);
       mbar_arrive(&empty_v[lst]);
-      kv += n_iters;
+    } else if (n_iters > 0) {  // every KV tile hidden: the last turn, empty
+      turn_begin();
+      turn_end();
     } else {
       release_previous(qb, qi);
     }
+    kv += n_iters;
 
     // Epilogue, as the kernel's: O / l -> the warpgroup's rows of Q buffer qb -> the TMA store or 16-byte stores.
     // (The tile's coordinates taken again from its index rather than held in registers through the main loop.)

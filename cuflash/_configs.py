@@ -391,9 +391,9 @@ SM90_PERSIST_QTILE_MAX_SPREAD = 1.02
 
 @lru_cache(maxsize=256)
 def persist_walk_spread(walk: str, batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
-                        grid: int, causal: bool = True) -> float:
-    """The list model of the persistent form's tile walks (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) at fixed lengths:
-    the largest block's work over the mean, a tile's work being the K / V tiles its rows see (bottom-right causal).
+                        grid: int) -> float:
+    """The list model of the persistent form's tile walks (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) at fixed lengths,
+    causal: the largest block's work over the mean, a tile's work being the K / V tiles its rows see (bottom-right).
     Linear index t runs over x (a (batch, head)'s Q tiles, the last first) innermost for walk "qtile", over the
     (batch, head)s innermost for "bh"; block G - 1 - (t mod G) takes t in odd waves, t mod G in even ones."""
     import numpy as np
@@ -401,11 +401,8 @@ def persist_walk_spread(walk: str, batch_heads: int, seqlen_q: int, seqlen_k: in
     x_tiles = -(-seqlen_q // block_m)
     t = np.arange(x_tiles * batch_heads, dtype=np.int64)
     x = x_tiles - 1 - (t // batch_heads if walk == "bh" else t % x_tiles)
-    if causal:
-        last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)  # keys the tile's last row sees
-        work = np.where(last > 0, -(-last // block_n), 0)
-    else:
-        work = np.full(t.shape, -(-seqlen_k // block_n))
+    last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)  # keys the tile's last row sees
+    work = np.where(last > 0, -(-last // block_n), 0)
     pos = t % grid
     block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
     totals = np.bincount(block, weights=work, minlength=grid)
@@ -423,6 +420,8 @@ def sm90_persist_walk(causal: bool, batch_heads: int, seqlen_q: int, seqlen_k: i
     q, bh = (persist_walk_spread(w, batch_heads, seqlen_q, seqlen_k, tile.block_m, tile.block_n, grid)
              for w in ("qtile", "bh"))
     return "bh" if q > SM90_PERSIST_QTILE_MAX_SPREAD * bh else "qtile"
+
+
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):
 # more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB. Not configured (the
 # persistent 160-key form above measured as fast or faster); reachable through an explicit tile.

@@ -109,12 +109,13 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
+    m_blocks = -(-sq // tile.block_m)
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
     elif grid_order == "auto":  # the persistent form's tile walk (Sm90FwdTiles)
-        g = persistent_grid((-(-sq // tile.block_m) * h * b, 1, 1), tile, qa.device)[0]
+        g = persistent_grid((m_blocks * h * b, 1, 1), tile, qa.device)[0]
         grid_order = sm90_persist_walk(causal, b * h, sq, sk, tile, g)
-    order, grid = _grid(GRID_ORDERS[grid_order], -(-sq // tile.block_m), h, b, 1)
+    order, grid = _grid(GRID_ORDERS[grid_order], m_blocks, h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(
         q_batch_stride=qa.strides[0], q_row_stride=qa.strides[1], q_head_stride=qa.strides[2],

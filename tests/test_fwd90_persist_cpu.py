@@ -184,7 +184,7 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, walk):
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
 
 
-def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal):
+def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid):
     """Each block's work under a walk, by the kernel's own index arithmetic (Sm90FwdTiles::tile and ::coords in
     cuda_src/flash_fwd_sm90.cu, written out with loops) and a tile's K / V count from its last row's keys."""
     x_tiles = -(-sq // bm)
@@ -197,7 +197,7 @@ def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal):
             if t >= count:
                 break
             x = x_tiles - 1 - (t // bhs if walk == "bh" else t % x_tiles)
-            last = min(sk, (x + 1) * bm + sk - sq) if causal else sk
+            last = min(sk, (x + 1) * bm + sk - sq)  # bottom-right causal
             totals[bid] += max(0, -(-last // bn))
             k += 1
     return totals
@@ -208,13 +208,12 @@ def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal):
                                                   (5, 640, 640, 128, 128, 25)])
 def test_walk_model_follows_the_kernels_walks(bhs, sq, sk, bm, bn, grid):
     """persist_walk_spread against the kernel's index arithmetic: the largest block's work over the mean, both walks,
-    causal (sq != sk both ways: tiles that see no key) and not, grids that are no multiple of a head's Q tiles."""
+    causal with sq != sk both ways (tiles that see no key), grids that are no multiple of a head's Q tiles."""
     for walk in ("qtile", "bh"):
-        for causal in (False, True):
-            tot = _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid, causal)
-            want = max(tot) / (sum(tot) / grid) if sum(tot) else 1.0
-            got = _configs.persist_walk_spread(walk, bhs, sq, sk, bm, bn, grid, causal)
-            assert got == pytest.approx(want, rel=1e-12), (walk, causal)
+        tot = _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid)
+        want = max(tot) / (sum(tot) / grid) if sum(tot) else 1.0
+        got = _configs.persist_walk_spread(walk, bhs, sq, sk, bm, bn, grid)
+        assert got == pytest.approx(want, rel=1e-12), walk
 
 
 def test_walk_rule_at_the_measured_shapes():

@@ -108,8 +108,8 @@ def test_packed_sequences_ignore_the_walk(d, name):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_configured_long_keys(dtype):
     """The configuration at head dim 128: past 1024 keys without a causal mask, and from 8192 causal keys, the 160-key
-    persistent form (the default call's plan launches it; causal from 8192 query rows with the tiles walked in order
-    of work), against the reference; packed sequences with a longest element past 1024 keys too."""
+    persistent form (the default call's plan launches it, its tiles walked as _configs.sm90_persist_walk picks),
+    against the reference; packed sequences with a longest element past 1024 keys too."""
     import numpy as np
     import torch
 

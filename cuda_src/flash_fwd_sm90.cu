@@ -12,6 +12,8 @@
 //       attn/mask.cuh on the tiles where some element is hidden (the last tile and the causal diagonal)
 //     O  += P V_j            wgmma, P from registers (the A fragment: no smem trip), V_j in smem (MN-major)
 //     and at the end O / l -> the warpgroup's own Q rows in smem -> 16-byte stores; LSE = (m + log2 l) ln 2.
+//   Causal or windowed, a consumer warpgroup takes no product for the KV tiles hidden from all of its 64 rows (with
+//   192-row Q tiles up to two at each band edge): it takes their turns empty and releases their stages.
 //
 // Overlap. The tensor cores run while the softmax does: each step issues the next tile's S = Q K^T together with
 // the current O += P V and runs the softmax of the new S under that product (the O re-scaling it implies waits for
@@ -640,32 +642,63 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
       Dropout(p, (int64_t)blk.batch * p.nheads + blk.head).apply<false>(acc_s, row_w, n * BLOCK_N, lane);
   };
 
+  // The KV tiles hidden from all of this warpgroup's 64 rows (causal, window): of [n_begin, n_end), visited last
+  // first, the first `skip` lie right of the band of its last row (the causal diagonal, the window's right edge) and
+  // the last `tail` left of the band of its first row (the window's left edge) -- with Q tiles of 192 rows (head dim
+  // 64: three warpgroups) up to two per edge, and all of them for a warpgroup past seqlen_q or whose rows see no
+  // key. The warpgroup takes their turns empty and releases their stages once loaded (every consumer arrives at
+  // every stage's empty barrier); its products run over [skip, n_iters - tail), the same products in the same order
+  // as without the skip where its rows see a key (the output is bitwise the same).
+  // (Not with dropout: its kernels at head dim 64 hold no register to spare for it.)
+  int skip = 0, tail = 0;
+  if constexpr ((CAUSAL || decltype(mask)::LOCAL) && !DROP) {
+    const int rows_end = min(row_wg + 64, seqlen_q);
+    if (rows_end > row_wg) {
+      skip = min(n_iters, max(0, n_end - kv_block_end<BLOCK_N>(mask, rows_end)));
+      tail = min(n_iters - skip, max(0, kv_block_begin<BLOCK_N>(mask, row_wg) - n_begin));
+    } else {
+      skip = n_iters;
+    }
+  }
+  const int real_end = n_iters - tail;  // products over visits [skip, real_end)
+  auto empty_turn = [&](int it, bool last_turn) {
+    const int st = it % STAGES, ph = (it / STAGES) & 1;
+    mbar_wait(&full_k[st], ph);
+    turn_begin();
+    turn_end(last_turn);
+    mbar_arrive(&empty_k[st]);
+    mbar_wait(&full_v[st], ph);
+    mbar_arrive(&empty_v[st]);
+  };
+
   if (n_iters > 0) {
     if (PINGPONG && cw == NWG - 1) named_bar_arrive(1, 256);
     mbar_wait(bar_q, 0);
+    for (int it = 0; it < skip; ++it) empty_turn(it, false);
   }
-  if (n_iters > 0) {
-    // Tile 0: S alone.
-    mbar_wait(&full_k[0], 0);
+  if (real_end > skip) {
+    // Tile `skip`: S alone.
+    const int st0 = skip % STAGES, ph0 = (skip / STAGES) & 1;
+    mbar_wait(&full_k[st0], ph0);
     turn_begin();
     wgmma_fence();
-    issue_qk(0);
+    issue_qk(st0);
     wgmma_commit();
     turn_end(false);
     wgmma_wait<0>();
     reg_fence(acc_s[0]);
-    mbar_arrive(&empty_k[0]);
+    mbar_arrive(&empty_k[st0]);
     {
-      mask_and_max(n_end - 1);
+      mask_and_max(n_end - 1 - skip);
       float alpha[1][2];
       softmax.rescale_sum(alpha);  // O is still zero: only m (and l = 0) move
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-      drop_p(n_end - 1);
+      drop_p(n_end - 1 - skip);
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
     }
-    // Tiles 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
-    for (int it = 1; it < n_iters; ++it) {
+    // Tiles skip + 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
+    for (int it = skip + 1; it < real_end; ++it) {
       const int n = n_end - 1 - it, st = it % STAGES, ph = (it / STAGES) & 1;
       const int pst = (it - 1) % STAGES, pph = ((it - 1) / STAGES) & 1;
       mbar_wait(&full_k[st], ph);
@@ -693,17 +726,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
     }
-    // The last O += P V.
-    const int lst = (n_iters - 1) % STAGES, lph = ((n_iters - 1) / STAGES) & 1;
+    // The last O += P V (the warpgroup's last turn unless hidden tiles follow), then their turns.
+    const int lst = (real_end - 1) % STAGES, lph = ((real_end - 1) / STAGES) & 1;
     mbar_wait(&full_v[lst], lph);
     turn_begin();
     wgmma_fence();
     issue_pv(lst);
     wgmma_commit();
-    turn_end(true);
+    turn_end(tail == 0);
     wgmma_wait<0>();
     reg_fence(acc_o[0]);
     mbar_arrive(&empty_v[lst]);
+    for (int it = real_end; it < n_iters; ++it) empty_turn(it, it == n_iters - 1);
+  } else if (n_iters > 0) {  // every KV tile hidden from these rows: the rest of the turns empty, and the last
+    for (int it = skip; it < n_iters; ++it) empty_turn(it, false);
+    turn_begin();
+    turn_end(true);
   }
 
   // ------------------------------------------------------------------------------------------------ epilogue

@@ -5,10 +5,13 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool racecheck python -m bench.diag.sm90_check --quick
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --quick
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --persist
+    compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --bands
 
 (--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
 tiles, each with both tile walks, grid_order "qtile" and "bh", on grids of fewer tiles than blocks and of several
-tiles per block)
+tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
+soft-capped causal band), on shapes whose Q tiles' warpgroups see different KV tiles -- sq < sk, sq > sk (rows that
+see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; with --quick float16 only)
 
 and, with --errors, where the error of each case lies (max abs error per 64-row band and 64-column chunk), to
 locate a wrong layout or a missed stage. Exit status 1 when a case misses the error rule's bound (conftest.py).
@@ -20,9 +23,9 @@ import sys
 import numpy as np
 
 
-def _run(q, k, v, causal, walk):
-    """(out, lse) of the configured sm90 call (walk None), or of the persistent variant walk = (tile, grid_order)
-    with outputs poisoned (NaN) before the launch."""
+def _run(q, k, v, causal, walk, mods):
+    """(out, lse) of the configured sm90 call (walk None; mods: flash_attn_func's window_size / softcap keywords), or
+    of the tile walk = (tile, grid_order) with outputs poisoned (NaN) before the launch."""
     import torch
 
     import cuflash
@@ -30,7 +33,8 @@ def _run(q, k, v, causal, walk):
     from cuflash._validate import check_qkv
 
     if walk is None:
-        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90", return_attn_probs=True)
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90", return_attn_probs=True,
+                                              **(mods or {}))
         return out, lse
     tile, order = walk
     out = torch.full_like(q, float("nan"))
@@ -40,7 +44,7 @@ def _run(q, k, v, causal, walk):
     return out, lse
 
 
-def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None):
+def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None, mods=None):
     import torch
 
     from cuflash import reference
@@ -48,10 +52,10 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None):
     dt = getattr(torch, dtype)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
     k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
-    out, lse = _run(q, k, v, causal, walk)
+    out, lse = _run(q, k, v, causal, walk, mods)
     torch.cuda.synchronize()
     f = lambda x: x.detach().float().cpu().numpy().astype(np.float64)  # noqa: E731
-    ref, ref_lse = reference.attention_forward(f(q), f(k), f(v), None, causal)
+    ref, ref_lse = reference.attention_forward(f(q), f(k), f(v), None, causal, **(mods or {}))
     o = f(out)
     err = np.abs(np.nan_to_num(o, nan=1e9) - ref)
     bound = 2e-2 if dtype == "bfloat16" else 4e-3
@@ -61,7 +65,9 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None):
         np.array_equal(np.isneginf(f(lse)), np.isneginf(ref_lse))
     tag = f"{dtype} d={d} causal={causal} b={b} sq={sq} sk={sk} h={h}/{hk}"
     if walk is not None:
-        tag += f" persistent n{walk[0].block_n} {walk[1]}"
+        tag += f" {'persistent' if walk[0].persistent else 'one-tile'} n{walk[0].block_n} {walk[1]}"
+    if mods:
+        tag += " " + " ".join(f"{k}={v}" for k, v in mods.items())
     print(f"{'ok  ' if ok else 'FAIL'} {tag}: max|err| {err.max():.2e} lse {lerr:.2e} nan {int(np.isnan(o).sum())}",
           flush=True)
     if errors and not ok:
@@ -74,7 +80,7 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None):
 
 
 def main(argv):
-    from cuflash._configs import SM90_FWD_PERSIST_VARIANTS, SM90_HEADDIMS, sm90_fwd_persist_tiles
+    from cuflash._configs import SM90_FWD_PERSIST_VARIANTS, SM90_FWD_TILES, SM90_HEADDIMS, sm90_fwd_persist_tiles
 
     quick, errors = "--quick" in argv, "--errors" in argv
     shapes = [(1, 130, 77, 2, 1)] if quick else [(1, 130, 77, 2, 1), (2, 200, 333, 4, 2), (1, 64, 64, 1, 1)]
@@ -89,6 +95,21 @@ def main(argv):
                         for order in ("qtile", "bh"):
                             for b, sq, sk, h, hk in shapes:
                                 bad += not _case(b, sq, sk, h, hk, d, dtype, causal, errors, (tile, order))
+        print(f"{bad} failed")
+        return 1 if bad else 0
+    if "--bands" in argv:
+        # 200 / 64 / 192-row Q tiles against 80 / 128-key tiles: warpgroups whose last row's band ends a KV tile
+        # before the tile's (causal, window right edges) or whose first row's begins one after (left edges)
+        shapes = [(1, 500, 500, 2, 1), (2, 300, 700, 4, 2), (1, 700, 300, 2, 2)]
+        bands = [dict(window_size=(100, 17)), dict(window_size=(0, 0)), dict(window_size=(300, -1)),
+                 dict(window_size=(-1, 50)), dict(window_size=(-1, 0), softcap=20.0)]
+        for dtype in ("float16",) if quick else ("float16", "bfloat16"):
+            for d in SM90_HEADDIMS:
+                for b, sq, sk, h, hk in shapes:
+                    bad += not _case(b, sq, sk, h, hk, d, dtype, True, errors, (SM90_FWD_TILES[d], "auto"))
+                for mods in bands:
+                    for b, sq, sk, h, hk in shapes[1:]:
+                        bad += not _case(b, sq, sk, h, hk, d, dtype, False, errors, None, mods)
         print(f"{bad} failed")
         return 1 if bad else 0
     for dtype in ("float16", "bfloat16"):

@@ -8,7 +8,7 @@ import gc
 
 from cuflash._configs import FwdTile, fwd_spec, fwd_tile
 
-from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms, time_rounds
+from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms, time_queued_ms, time_rounds
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
@@ -93,12 +93,14 @@ def _hopper_points(dtypes, headdims, seqlens, extra):
 
 
 def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens=HOPPER_SEQLENS, rounds=3,
-                extra=True, providers=("flash", "cudnn"), ceiling_tflops=None):
+                extra=True, providers=("flash", "cudnn"), ceiling_tflops=None, queued=False):
     """The Hopper forward next to the mma.sync forward and SDPA's FLASH and CUDNN backends, timed in turn
     (`rounds` rounds, medians): the FA2 grid (batch x seqlen = 16k, hidden 2048) from 512 to 16k at head dims
     64, 128, 256, plus 1 x 64k and GQA 64/8 heads at 8k. Every cuflash record names its backend and carries
     its fraction of the wgmma ceiling (`ceiling_tflops`; by default measured first, in this run, by micro90's
-    wgmma throughput kernels on random operands; the anchor where that fails)."""
+    wgmma throughput kernels on random operands; the anchor where that fails). Each timing is one call on an idle
+    GPU (harness.time_ms: what the call's host path does before its kernel starts is in it), or, queued, one call
+    queued behind a spin kernel (harness.time_queued_ms: the GPU time alone; records carry timing="queued")."""
     import torch
 
     import cuflash
@@ -130,7 +132,8 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
                 fns[prov] = lambda fn=fn: fn(qt, kt, vt, causal, enable_gqa=gqa)
             grid_point = b * s == TOKENS and not gqa
             log = None if grid_point else f"{dtype} d{d} {b} x {s} heads {h}/{hk} causal={causal}"
-            for name, (ms, per) in time_rounds(fns, rounds, log=log).items():
+            timer = dict(timer=lambda fn: time_queued_ms(fn, rep=10)) if queued else {}
+            for name, (ms, per) in time_rounds(fns, rounds, log=log, **timer).items():
                 if name.startswith("cuflash"):
                     be = name.split("-")[1]
                     r = record("cuflash", f"v2-{be}", "fwd", dtype, b, h, s, s, d, causal, ms, backend=be,
@@ -140,6 +143,8 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
                 else:
                     r = record(name, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per,
                                kv_heads=hk)
+                if queued:
+                    r["timing"] = "queued"
                 recs.append(r)
             print(_line(recs[-len(fns):]) + (f" (GQA {h}/{hk})" if gqa else ""), flush=True)
         del q, k, v, qt, kt, vt

@@ -627,6 +627,7 @@ README_BLOCKS = {
     "micro": micro_table,
     "fwd90": hopper_table,
     "fwd90_ceiling": hopper_ceiling_table,
+    "fwd90_queued": lambda rs: hopper_table(rs, "fwd90_queued"),
     "bwd90": hopper_bwd_table,
     "bwd90_queued": lambda rs: hopper_bwd_table(rs, "bwd90_queued"),
     "micro90": micro90_table,

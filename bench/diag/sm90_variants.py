@@ -30,6 +30,8 @@ def variants(d, causal):
     pers = [replace(base, **f) for f in SM90_FWD_PERSIST_VARIANTS.get(d, {}).values()]
     if d == 64:
         out += [(replace(base, stages=3), "auto")]
+        # two consumer warpgroups (128-row Q tiles, 240 registers each) in the persistent form
+        pers += [replace(pers[0], nwg=2, regs_mma=240, block_n=n) for n in (128, 176)]
     if d == 128:
         out += [(tile(176, 2), "auto"), (tile(160, 2), "auto"), (replace(base, stages=3), "auto")]
         pers += [replace(pers[0], block_n=n) for n in (144, 160)]

@@ -57,7 +57,7 @@ SUITES = {s.name: s for s in (
           "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
           "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k (about "
           "10 minutes per dtype: --dtypes float16)"),
-    Suite("fwd90_queued", "bench_fwd", "hopper_grid", 8.0,
+    Suite("fwd90_queued", "bench_fwd", "hopper_grid", 3.0,
           "suite fwd90 with every call queued behind a ~3 ms spin kernel (the start event after it): the forwards' "
           "GPU time, without the host time a lone call spends before its kernel starts (cuflash's and SDPA's alike), "
           "FA2 grid from 1k and the extra points (--headdims 64,128 by default)",

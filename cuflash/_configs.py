@@ -372,7 +372,7 @@ SM90_FWD_SHORT_TILES = {(64, False): "2x2wg n48", (64, True): "3x1wg n64", (128,
 # 8k-16k 1.02-1.08x the one-tile kernel (with its tile walk in order of work: 1.01-1.40x the (batch, head) walk), at
 # 1 x 64k 1.04x / 1.03x cuDNN with the (batch, head) walk (bf16 / fp16; sm90_persist_walk).
 # Head dim 64 causal at 2k-4k after both forms took the warpgroup skip (bench.diag.sm90_variants, 5 rounds, one run):
-# the one-tile kernel 0.99-1.01x the persistent form at 2k and 1.00-1.05x at 4k -- within a run's spread, so the
+# the one-tile kernel 0.97-1.01x the persistent form at 2k and 1.00-1.05x at 4k -- within a run's spread, so the
 # persistent form stays there (bench/NOTES.md, "Hopper forward").
 SM90_FWD_LONG_TILES = {(64, False): (("persist", None),), (64, True): (("persist", 4096),),
                        (128, False): (("persist n160", None),),

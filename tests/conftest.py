@@ -131,6 +131,12 @@ def _poison_outputs(request):
     _interop.POISON = False
 
 
+def c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero), as the kernels' index arithmetic does it (CPU emulations of it)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
 def torch_inputs(shape_q, shape_kv, dtype, requires_grad=False, scale=1.0):
     """Fresh random q, k, v (standard normal times `scale`) as torch CUDA tensors."""
     import torch

@@ -10,7 +10,7 @@ import pytest
 from cuflash import _configs
 from cuflash._bwd_sm90 import ARGS_BYTES, MAPS_OFFSET
 from cuflash._params import BWD_PARAMS
-from conftest import run_with_stand_ins
+from conftest import c_div, run_with_stand_ins
 
 _BODY = r"""
 from cupy.cuda import runtime
@@ -197,12 +197,6 @@ def test_memoized_maps(res):
 
 # ---- "ordered" under the causal mask: the turn protocol of cuda_src/flash_bwd_sm90.cu, emulated -------------------
 
-def _cdiv_c(a, b):
-    """C's int division (toward zero), as the kernel's."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
-
-
 def _ordered_blocks(sq, sk, bm, group, order, causal=True, bn=128):
     """Per dispatched block (blockIdx.x order): [(head, Q tile, turn)] in the kernel's visiting order, from the
     kernel's formulas (attn/block.cuh: q_block_begin, q_block_end, kv_block_end; the writer's turn)."""
@@ -211,13 +205,13 @@ def _ordered_blocks(sq, sk, bm, group, order, causal=True, bn=128):
     for x in range(n_tiles):
         j = n_tiles - 1 - x if order == _configs.DQ_ORDER_KV_DESC else x
         n0 = j * bn
-        m_begin = _cdiv_c(n0 - diag, bm) if causal and n0 - diag > 0 else 0
+        m_begin = c_div(n0 - diag, bm) if causal and n0 - diag > 0 else 0
         num_m = max(0, -(-sq // bm) - m_begin)
         items = []
         for h in range(group):
             for it in range(num_m):
                 m = m_begin + num_m - 1 - it if order == _configs.DQ_ORDER_Q_DESC else m_begin + it
-                last = _cdiv_c(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
+                last = c_div(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
                 items.append((h, m, last - j if order == _configs.DQ_ORDER_KV_DESC else j))
         out.append((j, items))
     return out

@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import c_div
 from cuflash import _configs, _mods, reference
-
-
-def _div_c(a, b):
-    """C's int division (toward zero), as the kernel's."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
 
 
 class _Mask:
@@ -33,11 +28,11 @@ class _Mask:
 
     def block_begin(self, rows_begin, bn):
         if self.local:
-            return _div_c(min(max(0, rows_begin + self.diag - self.left), self.sk), bn)
+            return c_div(min(max(0, rows_begin + self.diag - self.left), self.sk), bn)
         return 0
 
     def block_end(self, rows_end, bn):
-        return _div_c(self.key_end(rows_end) + bn - 1, bn)
+        return c_div(self.key_end(rows_end) + bn - 1, bn)
 
 
 def _warpgroup_ranges(mask, sq, m0, bm, bn, nwg, skips):

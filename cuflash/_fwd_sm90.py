@@ -112,6 +112,8 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     m_blocks = -(-sq // tile.block_m)
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
+    elif grid_order == "auto" and packed is not None:  # packed sequences keep the element order (Sm90FwdTiles)
+        grid_order = "qtile"
     elif grid_order == "auto":  # the persistent form's tile walk (Sm90FwdTiles)
         g = persistent_grid((m_blocks * h * b, 1, 1), tile, qa.device)[0]
         grid_order = sm90_persist_walk(causal, b * h, sq, sk, tile, g)

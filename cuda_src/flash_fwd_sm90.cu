@@ -53,8 +53,8 @@
 //   T                 __half or __nv_bfloat16;   D  head dim (multiple of 16)
 //   BLOCK_N           keys per KV tile (multiple of 16, <= 256);   NWG  consumer warpgroups (BLOCK_M = 64 NWG)
 //   STAGES            K/V shared-memory stages;   CAUSAL  bottom-right aligned causal mask
-//   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups (128 (REGS_LOAD + NWG REGS_MMA)
-//                     <= the launch allocation: 65536 with MINB = 1)
+//   REGS_MMA, REGS_LOAD  setmaxnreg register counts of the consumer / producer warpgroups
+//                     (128 (REGS_LOAD + NWG REGS_MMA) <= the launch allocation: 65536 with MINB = 1)
 //   PINGPONG          the turn-taking above;   SMEM_BYTES  dynamic shared memory the host reserves
 //   MOD               MOD_SCORE: window band, soft-cap and ALiBi from the parameter block (attn/mask.cuh);
 //                     MOD_SCORE_DROPOUT: with dropout (attn/dropout.cuh): the accumulator of S = Q K^T is the
@@ -289,6 +289,12 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     for (int k = 0; k < KN; ++k)
       Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
   };
+  // Until O += P V has completed: O and the P fragments free again.
+  auto wait_pv = [&]() {
+    wgmma_wait<0>();
+    reg_fence(acc_o[0]);
+    reg_fence(p_frag);
+  };
   // PINGPONG turns as the kernel's, but continuing across tiles: the last consumer's last turn of a tile opens
   // the next tile's first (a tile without KV tiles has no turns and passes the opening on); consumer 0 takes the
   // opening left over after the last tile.
@@ -333,14 +339,12 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     mbar_wait(&bar_q[qb], qph);
     const int n_end = wl.n_end, n_iters = wl.n_iters;
     // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
-    // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and all of them
-    // for a warpgroup past its element's last row. The warpgroup takes their turns and releases their stages (once
-    // loaded) without a product; its first product is the first tile its rows see.
+    // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
+    // all of them for a warpgroup past its element's last row. The warpgroup takes their turns and releases their
+    // stages (once loaded) without a product; its first product is the first tile its rows see.
     int skip = 0;
-    if constexpr (CAUSAL) {
-      const int rows_end = min(row_wg + 64, wl.si.seqlen_q);
-      skip = rows_end > row_wg ? min(n_iters, max(0, n_end - kv_block_end<BLOCK_N>(mask, rows_end))) : n_iters;
-    }
+    if constexpr (CAUSAL)
+      skip = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters).lead;
     if (n_iters > 0) {
       for (int it = 0; it < skip; ++it) {
         const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
@@ -392,15 +396,20 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         wgmma_wait<1>();
         reg_fence(acc_s[0]);
         mbar_arrive(&empty_k[st]);
-        const bool moved = mask_and_max(softmax, n);
+        const bool moved = __any_sync(0xffffffffu, mask_and_max(softmax, n));
         float alpha[1][2];
         softmax.rescale_sum(alpha);
         softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-        wgmma_wait<0>();
-        reg_fence(acc_o[0]);
-        reg_fence(p_frag);
+        // P V done: O and the P fragments free. A wait in each arm of the re-scaling branch: ptxas places a wait
+        // as early as its basic block allows, so before the branch it would precede the exponentials above, which
+        // then no longer run under the product.
+        if (moved) {
+          wait_pv();
+          OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+        } else {
+          wait_pv();
+        }
         mbar_arrive(&empty_v[pst]);
-        if (__any_sync(0xffffffffu, moved)) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
 #pragma unroll
         for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
       }
@@ -616,6 +625,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     for (int k = 0; k < KN; ++k)
       Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
   };
+  // Until O += P V has completed: O and the P fragments free again.
+  auto wait_pv = [&]() {
+    wgmma_wait<0>();
+    reg_fence(acc_o[0]);
+    reg_fence(p_frag);
+  };
   // Whose turn it is at the tensor cores (PINGPONG): consumer cw waits on barrier 1 + cw, which the previous
   // consumer arrives at once it has issued its products; the last consumer opens the first turn and, on its
   // last turn, arrives nowhere (every barrier is left complete).
@@ -652,13 +667,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
   // (Not with dropout: its kernels at head dim 64 hold no register to spare for it.)
   int skip = 0, tail = 0;
   if constexpr ((CAUSAL || decltype(mask)::LOCAL) && !DROP) {
-    const int rows_end = min(row_wg + 64, seqlen_q);
-    if (rows_end > row_wg) {
-      skip = min(n_iters, max(0, n_end - kv_block_end<BLOCK_N>(mask, rows_end)));
-      tail = min(n_iters - skip, max(0, kv_block_begin<BLOCK_N>(mask, row_wg) - n_begin));
-    } else {
-      skip = n_iters;
-    }
+    const HiddenTiles h = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, seqlen_q), n_end, n_iters);
+    skip = h.lead;
+    tail = h.tail;
   }
   const int real_end = n_iters - tail;  // products over visits [skip, real_end)
   auto empty_turn = [&](int it, bool last_turn) {
@@ -713,16 +724,26 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
       wgmma_wait<1>();  // S done (P V may still run)
       reg_fence(acc_s[0]);
       mbar_arrive(&empty_k[st]);
-      const bool moved = mask_and_max(n);
+      const bool moved = __any_sync(0xffffffffu, mask_and_max(n));
       float alpha[1][2];
       softmax.rescale_sum(alpha);
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       drop_p(n);
-      wgmma_wait<0>();  // P V done: O and the P fragments are free
-      reg_fence(acc_o[0]);
-      reg_fence(p_frag);
-      mbar_arrive(&empty_v[pst]);
-      if (__any_sync(0xffffffffu, moved)) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+      // P V done: O and the P fragments free; the wait in each arm of the re-scaling branch, as in the persistent
+      // form's loop. Not with dropout at head dim 256, whose kernels then spill.
+      if constexpr (!(DROP && D > 128)) {
+        if (moved) {
+          wait_pv();
+          OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+        } else {
+          wait_pv();
+        }
+        mbar_arrive(&empty_v[pst]);
+      } else {
+        wait_pv();
+        mbar_arrive(&empty_v[pst]);
+        if (moved) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+      }
 #pragma unroll
       for (int k = 0; k < KN; ++k) frag_to_a<T>(acc_s[0], k, p_frag[k]);
     }

@@ -1,8 +1,8 @@
 """CPU: the Hopper forward's per-warpgroup skip of hidden KV tiles (cuda_src/flash_fwd_sm90.cu), its arithmetic written
-out in Python -- attn/block.cuh's kv_block_begin / kv_block_end with C's integer division, the mask's band from
-cuflash._mods.resolve as the launch builds it -- against the visibility of every (row, key) pair by brute force
-(cuflash.reference.visible_mask): a consumer warpgroup's products must cover every KV tile that one of its rows sees,
-and every tile it skips must be hidden from all of its rows."""
+out in Python -- attn/block.cuh's hidden_tiles over kv_block_begin / kv_block_end with C's integer division, the
+mask's band from cuflash._mods.resolve as the launch builds it -- against the visibility of every (row, key) pair by
+brute force (cuflash.reference.visible_mask): a consumer warpgroup's products must cover every KV tile that one of
+its rows sees, and every tile it skips must be hidden from all of its rows."""
 from __future__ import annotations
 
 import pytest
@@ -35,24 +35,28 @@ class _Mask:
         return c_div(self.key_end(rows_end) + bn - 1, bn)
 
 
+def _hidden_tiles(mask, bn, rows_begin, rows_end, n_end, n_iters):
+    """attn/block.cuh's hidden_tiles: (lead, tail)."""
+    if rows_end <= rows_begin:
+        return n_iters, 0
+    lead = min(n_iters, max(0, n_end - mask.block_end(rows_end, bn)))
+    return lead, min(n_iters - lead, max(0, mask.block_begin(rows_begin, bn) - (n_end - n_iters)))
+
+
 def _warpgroup_ranges(mask, sq, m0, bm, bn, nwg, skips):
     """Per consumer warpgroup: (its rows [r0, r1), the KV tiles it runs products for, the ones it skips), from the
     kernel's formulas (one-tile form: leading and trailing skips; the persistent form: leading only)."""
-    n_begin = mask.block_begin(m0, bn)
     n_end = mask.block_end(min(m0 + bm, sq), bn)
-    n_iters = max(0, n_end - n_begin)
+    n_iters = max(0, n_end - mask.block_begin(m0, bn))
     out = []
     for cw in range(nwg):
         row_wg = m0 + 64 * cw
         rows_end = min(row_wg + 64, sq)
         skip = tail = 0
         if skips != "none" and (mask.causal or mask.local):
-            if rows_end > row_wg:
-                skip = min(n_iters, max(0, n_end - mask.block_end(rows_end, bn)))
-                if skips == "both":
-                    tail = min(n_iters - skip, max(0, mask.block_begin(row_wg, bn) - n_begin))
-            else:
-                skip = n_iters
+            skip, tail = _hidden_tiles(mask, bn, row_wg, rows_end, n_end, n_iters)
+            if skips == "leading":
+                tail = 0
         visits = [n_end - 1 - it for it in range(n_iters)]  # last first
         out.append(((row_wg, rows_end), visits[skip:n_iters - tail], visits[:skip] + visits[n_iters - tail:]))
     return out

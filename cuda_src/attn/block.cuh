@@ -34,6 +34,20 @@ template <int BLOCK_N, class M>
 __device__ __forceinline__ int kv_block_end(const M& mask, int rows_end) {
   return (kv_key_end(mask, rows_end) + BLOCK_N - 1) / BLOCK_N;
 }
+// Of a block's KV tiles [n_end - n_iters, n_end), visited last first, those hidden from every row of
+// [rows_begin, rows_end): `lead` first ones right of the band of its last row (the causal diagonal, a window's right
+// edge) and `tail` last ones left of the band of its first row (a window's left edge); all of them lead when the
+// range holds no row. A Hopper forward warpgroup of these rows takes their turns empty (flash_fwd_sm90.cu).
+struct HiddenTiles {
+  int lead, tail;
+};
+template <int BLOCK_N, class M>
+__device__ __forceinline__ HiddenTiles hidden_tiles(const M& mask, int rows_begin, int rows_end, int n_end,
+                                                    int n_iters) {
+  if (rows_end <= rows_begin) return {n_iters, 0};
+  const int lead = min(n_iters, max(0, n_end - kv_block_end<BLOCK_N>(mask, rows_end)));
+  return {lead, min(n_iters - lead, max(0, kv_block_begin<BLOCK_N>(mask, rows_begin) - (n_end - n_iters)))};
+}
 // Split `split` of num_splits over a row's KV tiles [n_begin, n_total) (n_begin <= n_total: kv_block_begin is
 // clamped to the keys), in whole granules of `granule` tiles:
 // ranges of ceil((n_total - n_begin) / (num_splits granule)) granules from n_begin on, the last ones clipped to

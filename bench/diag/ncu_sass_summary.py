@@ -1,0 +1,62 @@
+"""Diagnostic (CPU): a summary of the per-instruction table that bench/diag/ncu_source.sh writes (OUT_sass.csv):
+the share of each warp-stall reason, the main loop (the instructions executed most often, at least --min-loop of them
+at one count) and its share of the samples, each wgmma wait in it (WARPGROUP.DEPBAR) with its share, and where the
+softmax's exponentials (MUFU.EX2) lie in the loop's instruction order -- e.g. whether the wait for O += P V comes
+before or after them:
+
+    python -m bench.diag.ncu_sass_summary /tmp/p_sass.csv [--label TEXT] [--min-loop 300]"""
+from __future__ import annotations
+
+import argparse
+import csv
+
+SAMPLES, EXECUTED = "Warp Stall Sampling (All Samples)", "Instructions Executed"
+
+
+def summary(path: str, min_loop: int = 300) -> list:
+    """The summary's lines for one table."""
+    rows = list(csv.reader(open(path)))
+    hdr = rows[1]
+    ix = {h: i for i, h in enumerate(hdr)}
+    data = [r for r in rows[2:] if len(r) >= len(hdr)]
+    stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+    num = lambda r, c: int(r[ix[c]] or 0)  # noqa: E731
+    total = sum(num(r, SAMPLES) for r in data)
+    if not total:
+        return [f"{path}: no stall samples"]
+    by_reason = sorted(((sum(num(r, c) for r in data), c[len("stall_"):]) for c in stall_cols), reverse=True)
+    out = [f"stall samples {total}; reasons: " + ", ".join(f"{n_} {s / total * 100:.1f}%" for s, n_ in by_reason[:8])]
+    counts = [num(r, EXECUTED) for r in data]
+    loop_n = max((n for n in set(counts) if n and counts.count(n) >= min_loop), default=None)
+    if loop_n is None:
+        return out + [f"no count shared by {min_loop} instructions (no main loop found)"]
+    loop = [r for r, n in zip(data, counts) if n == loop_n]
+    share = sum(num(r, SAMPLES) for r in loop) / total * 100
+    out.append(f"main loop (each instruction executed {loop_n} times): {len(loop)} instructions, {share:.1f}% of the "
+               f"samples")
+    for k, r in enumerate(loop):
+        src = r[ix["Source"]].strip()
+        if "WARPGROUP.DEPBAR" in src:
+            out.append(f"  loop instruction {k}: {src.split(';')[0]:32s} {num(r, SAMPLES) / total * 100:4.1f}% of the "
+                       f"samples")
+    ex2 = [k for k, r in enumerate(loop) if "MUFU.EX2" in r[ix["Source"]]]
+    if ex2:
+        out.append(f"  MUFU.EX2 (the softmax's exponentials): loop instructions {ex2[0]}-{ex2[-1]}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv", nargs="+", help="OUT_sass.csv tables of bench/diag/ncu_source.sh")
+    ap.add_argument("--label", action="append", default=[], help="a heading per table, in order")
+    ap.add_argument("--min-loop", type=int, default=300)
+    args = ap.parse_args(argv)
+    for i, path in enumerate(args.csv):
+        print(f"## {args.label[i] if i < len(args.label) else path}")
+        print("\n".join(summary(path, args.min_loop)))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -158,6 +158,26 @@ struct Sm90FwdTiles {
   }
 };
 
+// The end of a KV tile's turn, after the softmax of the next S: O += P V completed (O and the P fragments free
+// again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait sits in each arm of the branch:
+// ptxas places a wgmma wait as early as its basic block allows, so written before the branch it came ahead of the
+// softmax's exponentials in the SASS, which then waited for the product instead of running under it
+// (tests/test_fwd90_sass_cpu.py checks the order).
+template <int DF, int KN>
+__device__ __forceinline__ void wait_pv_rescale(bool moved, float (&acc_o)[1][DF][4], uint32_t (&p_frag)[KN][4],
+                                                const float (&alpha)[1][2]) {
+  if (moved) {
+    wgmma_wait<0>();
+    reg_fence(acc_o[0]);
+    reg_fence(p_frag);
+    OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+  } else {
+    wgmma_wait<0>();
+    reg_fence(acc_o[0]);
+    reg_fence(p_frag);
+  }
+}
+
 // The persistent form (PERSIST: see the top of this file), the kernel's whole body then. Per tile it runs the
 // one-tile form's steps (the same products in the same order, the same softmax and epilogue: a tile's output is
 // bitwise the one-tile form's), written apart from it so that the one-tile kernels compile exactly as they did.
@@ -289,12 +309,6 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     for (int k = 0; k < KN; ++k)
       Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
   };
-  // Until O += P V has completed: O and the P fragments free again.
-  auto wait_pv = [&]() {
-    wgmma_wait<0>();
-    reg_fence(acc_o[0]);
-    reg_fence(p_frag);
-  };
   // PINGPONG turns as the kernel's, but continuing across tiles: the last consumer's last turn of a tile opens
   // the next tile's first (a tile without KV tiles has no turns and passes the opening on); consumer 0 takes the
   // opening left over after the last tile.
@@ -400,15 +414,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         float alpha[1][2];
         softmax.rescale_sum(alpha);
         softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-        // P V done: O and the P fragments free. A wait in each arm of the re-scaling branch: ptxas places a wait
-        // as early as its basic block allows, so before the branch it would precede the exponentials above, which
-        // then no longer run under the product.
-        if (moved) {
-          wait_pv();
-          OnlineSoftmax<1>::rescale_o(acc_o, alpha);
-        } else {
-          wait_pv();
-        }
+        wait_pv_rescale(moved, acc_o, p_frag, alpha);
         mbar_arrive(&empty_v[pst]);
 #pragma unroll
         for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
@@ -625,12 +631,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     for (int k = 0; k < KN; ++k)
       Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
   };
-  // Until O += P V has completed: O and the P fragments free again.
-  auto wait_pv = [&]() {
-    wgmma_wait<0>();
-    reg_fence(acc_o[0]);
-    reg_fence(p_frag);
-  };
   // Whose turn it is at the tensor cores (PINGPONG): consumer cw waits on barrier 1 + cw, which the previous
   // consumer arrives at once it has issued its products; the last consumer opens the first turn and, on its
   // last turn, arrives nowhere (every barrier is left complete).
@@ -729,18 +729,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
       softmax.rescale_sum(alpha);
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       drop_p(n);
-      // P V done: O and the P fragments free; the wait in each arm of the re-scaling branch, as in the persistent
-      // form's loop. Not with dropout at head dim 256, whose kernels then spill.
       if constexpr (!(DROP && D > 128)) {
-        if (moved) {
-          wait_pv();
-          OnlineSoftmax<1>::rescale_o(acc_o, alpha);
-        } else {
-          wait_pv();
-        }
+        wait_pv_rescale(moved, acc_o, p_frag, alpha);
         mbar_arrive(&empty_v[pst]);
-      } else {
-        wait_pv();
+      } else {  // dropout at head dim 256: its kernels spill with the wait behind the exponentials
+        wgmma_wait<0>();
+        reg_fence(acc_o[0]);
+        reg_fence(p_frag);
         mbar_arrive(&empty_v[pst]);
         if (moved) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
       }

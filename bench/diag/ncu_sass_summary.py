@@ -1,6 +1,6 @@
 """Diagnostic (CPU): a summary of the per-instruction table that bench/diag/ncu_source.sh writes (OUT_sass.csv):
-the share of each warp-stall reason, the main loop (the instructions executed most often, at least --min-loop of them
-at one count) and its share of the samples, each wgmma wait in it (WARPGROUP.DEPBAR) with its share, and where the
+the share of each warp-stall reason, the main loop (the span of the instructions executed most often, at least
+--min-loop of them at one count) and its share of the samples, each wgmma wait in it (WARPGROUP.DEPBAR) with its share, and where the
 softmax's exponentials (MUFU.EX2) lie in the loop's instruction order -- e.g. whether the wait for O += P V comes
 before or after them:
 
@@ -30,15 +30,19 @@ def summary(path: str, min_loop: int = 300) -> list:
     loop_n = max((n for n in set(counts) if n and counts.count(n) >= min_loop), default=None)
     if loop_n is None:
         return out + [f"no count shared by {min_loop} instructions (no main loop found)"]
-    loop = [r for r, n in zip(data, counts) if n == loop_n]
+    # the loop's span: from the first to the last instruction executed loop_n times (branch arms inside it run
+    # fewer times and are counted in it)
+    first = counts.index(loop_n)
+    last = len(counts) - 1 - counts[::-1].index(loop_n)
+    loop = data[first:last + 1]
     share = sum(num(r, SAMPLES) for r in loop) / total * 100
-    out.append(f"main loop (each instruction executed {loop_n} times): {len(loop)} instructions, {share:.1f}% of the "
-               f"samples")
+    out.append(f"main loop (from the first to the last instruction executed {loop_n} times): {len(loop)} "
+               f"instructions, {share:.1f}% of the samples")
     for k, r in enumerate(loop):
         src = r[ix["Source"]].strip()
         if "WARPGROUP.DEPBAR" in src:
             out.append(f"  loop instruction {k}: {src.split(';')[0]:32s} {num(r, SAMPLES) / total * 100:4.1f}% of the "
-                       f"samples")
+                       f"samples (executed {num(r, EXECUTED)} times)")
     ex2 = [k for k, r in enumerate(loop) if "MUFU.EX2" in r[ix["Source"]]]
     if ex2:
         out.append(f"  MUFU.EX2 (the softmax's exponentials): loop instructions {ex2[0]}-{ex2[-1]}")

@@ -44,6 +44,13 @@ def _loops(ins: list) -> list:
     return loops
 
 
+def _pv_wait_follows_exponentials(loop: list) -> bool:
+    """Every wait for P V (gsb0, 0x0) of the loop after its last MUFU.EX2, and at least one such wait."""
+    last_ex2 = max(k for k, x in enumerate(loop) if "MUFU.EX2" in x)
+    waits = [k for k, x in enumerate(loop) if "DEPBAR.LE gsb0, 0x0" in x]
+    return bool(waits) and min(waits) > last_ex2
+
+
 def test_loop_parser_finds_the_order():
     """The parser on a hand-written stretch: the wait after the last exponential passes, one before it is seen."""
     good = ["WARPGROUP.DEPBAR.LE gsb0, 0x1", "FMNMX R1, R2, R3, !PT", "MUFU.EX2 R4, R4", "FADD R5, R4, R5",
@@ -51,9 +58,7 @@ def test_loop_parser_finds_the_order():
     bad = good[:2] + [good[4], good[2], good[3]] + good[5:]
     for seq, ok in ((good, True), (bad, False)):
         (loop,) = _loops(seq)
-        last_ex2 = max(k for k, x in enumerate(loop) if "MUFU.EX2" in x)
-        waits = [k for k, x in enumerate(loop) if "DEPBAR.LE gsb0, 0x0" in x]
-        assert (min(waits) > last_ex2) is ok
+        assert _pv_wait_follows_exponentials(loop) is ok
 
 
 @pytest.mark.parametrize("dtype,d,causal,keys,mod", CASES)
@@ -70,6 +75,4 @@ def test_pv_wait_follows_the_exponentials(dtype, d, causal, keys, mod):
     loops = _loops(_instructions(sass))
     assert loops, "no main loop found"
     for loop in loops:
-        last_ex2 = max(k for k, x in enumerate(loop) if "MUFU.EX2" in x)
-        waits = [k for k, x in enumerate(loop) if "DEPBAR.LE gsb0, 0x0" in x]
-        assert waits and min(waits) > last_ex2, (spec.name, waits, last_ex2)
+        assert _pv_wait_follows_exponentials(loop), spec.name

@@ -159,22 +159,29 @@ struct Sm90FwdTiles {
 };
 
 // The end of a KV tile's turn, after the softmax of the next S: O += P V completed (O and the P fragments free
-// again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait sits in each arm of the branch:
-// ptxas places a wgmma wait as early as its basic block allows, so written before the branch it came ahead of the
-// softmax's exponentials in the SASS, which then waited for the product instead of running under it
-// (tests/test_fwd90_sass_cpu.py checks the order).
+// again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait opens a basic block of its own:
+// ptxas places a wgmma wait as early as its basic block allows, so written in the exponentials' block it came ahead
+// of them in the SASS, and the softmax waited for the product instead of running under it
+// (tests/test_fwd90_sass_cpu.py checks the order). The block boundary is a branch on `scale_log2 > 0`, true at run
+// time (the host takes softmax_scale > 0 only) but not known to the compiler -- warpgroup-uniform, as the wait needs:
+// wgmma.wait_group is .aligned, every thread of the warpgroup executes the same one. (A branch on `moved` itself,
+// warp-uniform only, put the warps of one warpgroup on different waits: compute-sanitizer's synccheck reports that as
+// a warpgroup MMA sequence error; a vote over the warpgroup's named barrier made every turn 9% slower.) The other arm
+// re-scales every row -- alpha = 1 where a row did not move, the same O bit for bit -- so that the arms differ and
+// ptxas keeps the branch, and so that either arm is right.
 template <int DF, int KN>
-__device__ __forceinline__ void wait_pv_rescale(bool moved, float (&acc_o)[1][DF][4], uint32_t (&p_frag)[KN][4],
-                                                const float (&alpha)[1][2]) {
-  if (moved) {
+__device__ __forceinline__ void wait_pv_rescale(bool moved, float scale_log2, float (&acc_o)[1][DF][4],
+                                                uint32_t (&p_frag)[KN][4], const float (&alpha)[1][2]) {
+  if (scale_log2 > 0.f) {
     wgmma_wait<0>();
     reg_fence(acc_o[0]);
     reg_fence(p_frag);
-    OnlineSoftmax<1>::rescale_o(acc_o, alpha);
+    if (moved) OnlineSoftmax<1>::rescale_o(acc_o, alpha);
   } else {
     wgmma_wait<0>();
     reg_fence(acc_o[0]);
     reg_fence(p_frag);
+    OnlineSoftmax<1>::rescale_o(acc_o, alpha);
   }
 }
 
@@ -414,7 +421,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         float alpha[1][2];
         softmax.rescale_sum(alpha);
         softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-        wait_pv_rescale(moved, acc_o, p_frag, alpha);
+        wait_pv_rescale(moved, scale_log2, acc_o, p_frag, alpha);
         mbar_arrive(&empty_v[pst]);
 #pragma unroll
         for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
@@ -730,7 +737,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
       softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
       drop_p(n);
       if constexpr (!(DROP && D > 128)) {
-        wait_pv_rescale(moved, acc_o, p_frag, alpha);
+        wait_pv_rescale(moved, scale_log2, acc_o, p_frag, alpha);
         mbar_arrive(&empty_v[pst]);
       } else {  // dropout at head dim 256: its kernels spill with the wait behind the exponentials
         wgmma_wait<0>();

@@ -3,7 +3,13 @@
 new S runs while the warpgroup's own product is in flight. ptxas places a wgmma wait as early as its basic block
 allows: written after the exponentials but in their block, it came first in the SASS (cuda_src/flash_fwd_sm90.cu keeps
 it in the arms of the re-scaling branch; bench/NOTES.md, "Hopper forward"). The loop is the code from the wait for S
-(WARPGROUP.DEPBAR.LE gsb0, 0x1) to the next turn's named barrier."""
+(WARPGROUP.DEPBAR.LE gsb0, 0x1) to the next turn's named barrier.
+
+And the branch in front of those waits is not on a warp's vote: wgmma.wait_group is .aligned (all threads of the
+warpgroup execute the same one), so the branch that separates the waits from the exponentials must go the same way in
+the warpgroup's four warps; a branch on a warp vote (`__any_sync` of the rows' "max moved") put them on different
+waits, which compute-sanitizer's synccheck reports as a warpgroup MMA sequence error (the kernel's branch is on
+`scale_log2 > 0`: wait_pv_rescale)."""
 from __future__ import annotations
 
 import re
@@ -61,6 +67,33 @@ def test_loop_parser_finds_the_order():
         assert _pv_wait_follows_exponentials(loop) is ok
 
 
+_PRED_DEF = re.compile(r"^(?:@!?U?P\d+\s+)?(\S+)\s+(U?P\d+)\s*,")
+
+
+def _branch_before_pv_wait_votes(loop: list) -> bool:
+    """Whether the last conditional branch before the loop's first wait for P V (gsb0, 0x0) tests a predicate that a
+    warp vote (VOTE / VOTEU) wrote last."""
+    first = min(k for k, x in enumerate(loop) if "DEPBAR.LE gsb0, 0x0" in x)
+    br = next((k for k in range(first - 1, -1, -1) if re.match(r"^@!?U?P\d+\s+BRA", loop[k])), None)
+    if br is None:
+        return False
+    pred = re.match(r"^@!?(U?P\d+)", loop[br]).group(1)
+    for k in range(br - 1, -1, -1):
+        m = _PRED_DEF.match(loop[k])
+        if m and m.group(2) == pred:
+            return m.group(1).startswith(("VOTE", "VOTEU"))
+    return False
+
+
+def test_vote_branch_parser():
+    """The parser on hand-written stretches: a branch on a VOTE's predicate is seen, one on an FSETP's is not."""
+    head = ["WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2 R4, R4"]
+    vote = head + ["VOTE.ANY P0, P0", "FADD R5, R4, R5", "@!P0 BRA 0x100", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    fsetp = head + ["VOTE.ANY P0, P0", "FSETP.GT.FTZ.AND P1, PT, R4, RZ, PT", "@P1 BRA 0x100",
+                    "WARPGROUP.DEPBAR.LE gsb0, 0x0", "@!P0 BRA 0x200"]
+    assert _branch_before_pv_wait_votes(vote) and not _branch_before_pv_wait_votes(fsetp)
+
+
 @pytest.mark.parametrize("dtype,d,causal,keys,mod", CASES)
 def test_pv_wait_follows_the_exponentials(dtype, d, causal, keys, mod):
     from bench import bench_micro as bm
@@ -76,3 +109,4 @@ def test_pv_wait_follows_the_exponentials(dtype, d, causal, keys, mod):
     assert loops, "no main loop found"
     for loop in loops:
         assert _pv_wait_follows_exponentials(loop), spec.name
+        assert not _branch_before_pv_wait_votes(loop), spec.name

@@ -8,7 +8,8 @@ The old tree is imported as in `python -m bench compare` (bench/compare.py: load
 `flash_attn_func(..., backend="sm90", return_attn_probs=True)`. The cases take the one-tile kernels causal (head dim 64
 above 4096 keys, 128 at 4097-8191, 256 everywhere: cuflash/_configs.py) and banded (sliding windows, a soft-capped
 causal band), with sq = sk, sq < sk and sq > sk (rows that see no key) and tails of no tile's multiple, and the
-persistent form causal (head dims 64 and 128 at 2k-4k). Prints one line per case (out and LSE equal, or the number of
+persistent form (head dims 64 and 128 at 2k-4k causal, 64 and 128 non-causal; with rows that see no key and several
+tiles per block). Prints one line per case (out and LSE equal, or the number of
 elements that differ and the largest difference) and exits 1 if any differs.
 """
 from __future__ import annotations
@@ -28,6 +29,14 @@ CASES = [
     (256, 1, 1000, 1000, 2, 1, True, {}),
     (256, 1, 700, 1300, 2, 1, True, {}),
     (256, 1, 1300, 700, 2, 2, True, {}),
+    # the persistent form: non-causal (head dim 128: 160-key stages), rows that see no key (tiles without a KV tile
+    # among tiles with one), several tiles per block
+    (64, 1, 3000, 2000, 2, 1, True, {}),
+    (128, 1, 2500, 1200, 2, 2, True, {}),
+    (64, 4, 4000, 4000, 8, 2, True, {}),
+    (64, 2, 2100, 1900, 8, 8, False, {}),
+    (128, 4, 2048, 2048, 16, 16, False, {}),
+    (128, 2, 1500, 3000, 4, 1, False, {}),
 ]
 for _d in (64, 128, 256):
     for _mods in (dict(window_size=(100, 17)), dict(window_size=(0, 0)), dict(window_size=(300, -1)),

@@ -5,13 +5,15 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool racecheck python -m bench.diag.sm90_check --quick
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --quick
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --persist
+    compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --persist --quick
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --bands
 
 (--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
 tiles, each with both tile walks, grid_order "qtile" and "bh", on grids of fewer tiles than blocks and of several
 tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
 soft-capped causal band), on shapes whose Q tiles' warpgroups see different KV tiles -- sq < sk, sq > sk (rows that
-see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; with --quick float16 only)
+see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; with --quick float16 only,
+there and with --persist)
 
 and, with --errors, where the error of each case lies (max abs error per 64-row band and 64-column chunk), to
 locate a wrong layout or a missed stage. Exit status 1 when a case misses the error rule's bound (conftest.py).
@@ -88,7 +90,7 @@ def main(argv):
     if "--persist" in argv:
         # 6 tiles (fewer than the blocks), and 2 x 8 heads x 11 Q tiles = 176 (1.33 per block on 132 SMs), sq > sk
         shapes = [(1, 300, 300, 2, 1), (2, 1333, 1000, 8, 2)]
-        for dtype in ("float16", "bfloat16"):
+        for dtype in ("float16",) if quick else ("float16", "bfloat16"):
             for d in sorted(SM90_FWD_PERSIST_VARIANTS):
                 for tile in sm90_fwd_persist_tiles(d).values():
                     for causal in (False, True):

@@ -1,7 +1,8 @@
 """Diagnostic (GPU, compute capability 9.0): the sm90 forward's tile, turn-taking, persistent-form and grid-order
 variants at a few FA2-grid points, next to SDPA's cuDNN backend, timed in turn (medians of rounds):
 
-    python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S[:B],...] [--causal-only] [--json FILE]
+    python -m bench.diag.sm90_variants [--rounds N] [--points DTYPE:D:S[:B],...] [--causal-only] [--only LABEL,...]
+        [--json FILE]
 
 Each variant is a cuflash._configs.Sm90FwdTile (block_n, consumer warpgroups, stages, pingpong, persistent) and a
 grid order (for the persistent form, the walk of its tiles: cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles); every variant
@@ -19,8 +20,8 @@ POINTS = (("float16", 64, 8192), ("float16", 128, 8192), ("float16", 256, 4096),
           ("float16", 64, 2048))
 
 
-def variants(d, causal):
-    """(label, tile, grid_order) of the variants timed at head dim d."""
+def variants(d, causal, only=None):
+    """(label, tile, grid_order) of the variants timed at head dim d (only: the labels kept; None: all)."""
     base = SM90_FWD_TILES[d]
     out = [(base, "qtile"), (base, "bh")] if causal else [(base, "auto")]
 
@@ -35,9 +36,13 @@ def variants(d, causal):
     if d == 128:
         out += [(tile(176, 2), "auto"), (tile(160, 2), "auto"), (replace(base, stages=3), "auto")]
         pers += [replace(pers[0], block_n=n) for n in (144, 160)]
+    # the configured persistent tiles without turn-taking: each consumer issues its products when ready, so a
+    # warpgroup's epilogue no longer holds the next consumer's turn
+    pers += [replace(t, pingpong=False) for t in pers[:len(SM90_FWD_PERSIST_VARIANTS.get(d, {}))]]
     for t in pers:
         out += [(t, "qtile"), (t, "bh")] if causal else [(t, "auto")]
-    return [(label(t, go), t, go) for t, go in out]
+    out = [(label(t, go), t, go) for t, go in out]
+    return [v for v in out if only is None or v[0] in only]
 
 
 def points(argv):
@@ -52,12 +57,12 @@ def points(argv):
     return tuple(out)
 
 
-def specs(pts=None, masks=(False, True)):
+def specs(pts=None, masks=(False, True), only=None):
     from cuflash._configs import sm90_fwd_spec
 
     pts = points([]) if pts is None else pts
     return list(dict.fromkeys(sm90_fwd_spec(dt, d, c, t) for dt, d, *_ in pts for c in masks
-                              for _, t, _ in variants(d, c)))
+                              for _, t, _ in variants(d, c, only)))
 
 
 def label(t, go="auto"):
@@ -76,9 +81,10 @@ def main(argv):
     from cuflash.precompile import compile_specs
 
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 4
+    only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
     pts = points(argv)
     masks = (True,) if "--causal-only" in argv else (False, True)
-    compile_specs(specs(pts, masks))
+    compile_specs(specs(pts, masks, only))
     recs = []
     for dtype, d, s, b in pts:
         h = 2048 // d
@@ -88,7 +94,7 @@ def main(argv):
         qa, ka, va = check_qkv(q, k, v)
         for causal in masks:
             fns = {}
-            for lab, t, go in variants(d, causal):
+            for lab, t, go in variants(d, causal, only):
                 plan = _fwd_sm90.make_plan(qa, ka, va, None, causal, go, tile=t)
                 fns[lab] = lambda plan=plan: plan.run(qa.ptr, ka.ptr, va.ptr)
             cud = sdpa("cudnn")

@@ -1,4 +1,5 @@
-"""Running suites and the one-command GPU run (`python -m bench all`): precompile, GPU tests, suites, report.
+"""Running suites and the one-command GPU run (`python -m bench all`): precompile, GPU tests, sanitizer runs, suites,
+report.
 
 Every suite runs inside try/except: a failing suite prints its traceback, leaves an error record, and the next
 one runs. results.json is rewritten after every suite, so a run cut short keeps what it measured."""
@@ -87,6 +88,75 @@ def gpu_tests(out_dir, paths="tests", deadline=None):
     return rc
 
 
+# compute-sanitizer in the one-command run, on a Hopper GPU (compute capability 9.0): synccheck of the Hopper forward's
+# kernels on small ragged shapes (bench/diag/sm90_check.py: the configured tiles, then the persistent form's
+# variants), whose warpgroup-wide instructions (wgmma.fence / commit / wait: .aligned) every warp of a warpgroup must
+# reach alike -- a wait in a branch that only some warps of a warpgroup take gives right outputs and is caught here
+# only (bench/NOTES.md, "Hopper forward"). (tool, sm90_check arguments) per run; one log for all.
+SANITIZER_RUNS = (("synccheck", ("--quick",)), ("synccheck", ("--persist", "--quick")))
+
+
+def sanitizer_commands(tool: str) -> list:
+    """The command lines of SANITIZER_RUNS with compute-sanitizer at path `tool` (exit status 1 on any error it
+    reports)."""
+    return [[tool, "--tool", name, "--error-exitcode", "1", sys.executable, "-m", "bench.diag.sm90_check", *args]
+            for name, args in SANITIZER_RUNS]
+
+
+def find_sanitizer():
+    """compute-sanitizer's path: on PATH, else in the CUDA toolkit's bin (CUDA_HOME, /usr/local/cuda); None if none."""
+    import shutil
+
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        path = os.path.join(home, "bin", "compute-sanitizer") if home else None
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def sanitize(out_dir, deadline=None, cc=None, tool=None):
+    """SANITIZER_RUNS on a device of compute capability 9.0 (cc: its (major, minor), read from device 0 when None),
+    logged to out_dir/sanitizer-sm90-synccheck.log. Returns the runs' exit statuses ("stopped" for one cut by the
+    deadline), or None when skipped: another device, or no compute-sanitizer (the reason printed)."""
+    if cc is None:
+        try:
+            import cupy
+
+            cc = tuple(int(x) for x in cupy.cuda.Device(0).compute_capability)
+        except Exception as e:  # noqa: BLE001 - no device: nothing to check
+            print(f"sanitizer runs skipped: no device ({type(e).__name__})", flush=True)
+            return None
+    if tuple(cc) != (9, 0):
+        print(f"sanitizer runs skipped: compute capability {cc[0]}.{cc[1]} (they check the sm_90a kernels)", flush=True)
+        return None
+    tool = tool or find_sanitizer()
+    if tool is None:
+        print("sanitizer runs skipped: compute-sanitizer not found", flush=True)
+        return None
+    out = []
+    with open(os.path.join(out_dir, "sanitizer-sm90-synccheck.log"), "w") as log:
+        for cmd in sanitizer_commands(tool):
+            log.write("# " + " ".join(cmd[:5] + ["python"] + cmd[6:]) + "\n")
+            log.flush()
+            left = None if deadline is None else deadline - time.time()
+            if left is not None and left < 30:
+                log.write("# not run: the time limit\n")
+                out.append("stopped")
+                continue
+            try:
+                rc = subprocess.run(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                rc = "stopped"
+            log.write(f"# exit status {rc}\n")
+            out.append(rc)
+    print(f"sanitizer runs: {out} (sanitizer-sm90-synccheck.log)", flush=True)
+    return out
+
+
 class _Stopped(Exception):
     """SIGTERM (a time limit) while a suite runs."""
 
@@ -160,8 +230,9 @@ def write_report(head, records, out_dir):
 
 
 def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None):
-    """Precompile, the GPU tests, then the suites (run_suites; `time_limit_min`: the whole run's minutes, precompile and
-    tests included, past which no suite is started and the GPU tests are stopped, their XML written from what ran)."""
+    """Precompile, the GPU tests and the sanitizer runs (sanitize, with the tests), then the suites (run_suites;
+    `time_limit_min`: the whole run's minutes, precompile and tests included, past which no suite is started and the
+    GPU tests are stopped, their XML written from what ran)."""
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
     deadline = None if time_limit_min is None else t0 + 60.0 * time_limit_min
@@ -173,6 +244,10 @@ def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jo
     if tests and tests != "none":
         try:
             gpu_tests(out_dir, tests, deadline)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        try:
+            sanitize(out_dir, deadline)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     names = list(suites)

@@ -384,6 +384,39 @@ def test_command_line_without_a_gpu(args):
         assert "--base" in p.stdout and "--suites" in p.stdout
 
 
+def test_sanitizer_runs_skip_off_hopper_and_without_the_tool(tmp_path, capsys, monkeypatch):
+    from bench import run
+
+    assert run.sanitize(str(tmp_path), cc=(8, 0), tool="/bin/true") is None
+    assert "compute capability 8.0" in capsys.readouterr().out
+    monkeypatch.setattr(run, "find_sanitizer", lambda: None)
+    assert run.sanitize(str(tmp_path), cc=(9, 0)) is None
+    assert "compute-sanitizer not found" in capsys.readouterr().out
+    assert not (tmp_path / "sanitizer-sm90-synccheck.log").exists()
+
+
+def test_sanitizer_runs_call_the_tool_on_sm90_check_and_log_each_status(tmp_path):
+    """A stand-in compute-sanitizer (a script printing its arguments, failing on the persistent form's run): every run
+    of SANITIZER_RUNS in one log, each command line and exit status written, and a deadline already past runs none."""
+    from bench import run
+
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text('#!/bin/sh\necho "args: $*"\ncase "$*" in *--persist*) exit 1;; esac\nexit 0\n')
+    tool.chmod(0o755)
+    cmds = run.sanitizer_commands(str(tool))
+    assert [c[1:5] for c in cmds] == [["--tool", "synccheck", "--error-exitcode", "1"]] * 2
+    assert [c[6:8] for c in cmds] == [["-m", "bench.diag.sm90_check"]] * 2
+    assert [c[8:] for c in cmds] == [["--quick"], ["--persist", "--quick"]]
+    assert run.sanitize(str(tmp_path), cc=(9, 0), tool=str(tool)) == [0, 1]
+    log = (tmp_path / "sanitizer-sm90-synccheck.log").read_text()
+    assert log.count("args: --tool synccheck --error-exitcode 1") == 2 and "bench.diag.sm90_check --persist" in log
+    assert "# exit status 0" in log and "# exit status 1" in log
+    import time
+
+    assert run.sanitize(str(tmp_path), deadline=time.time(), cc=(9, 0), tool=str(tool)) == ["stopped", "stopped"]
+    assert "args:" not in (tmp_path / "sanitizer-sm90-synccheck.log").read_text()
+
+
 def test_bench_imports_nothing_from_tests_and_names_no_removed_options():
     for p in list(BENCH.rglob("*.py")) + list(BENCH.rglob("*.sh")):
         text = p.read_text()

@@ -1,7 +1,7 @@
 """Before / after: the same public calls timed on two trees in turn, to show a change left the speed alone.
 
     python -m bench compare --base DIR_OF_OLD_CHECKOUT --out OUTDIR [--suites fwd,bwd,decode,latency]
-                            [--seqlens 1024,2048,4096,8192,16384] [--rounds 3] [--time-limit 9]
+                            [--seqlens 1024,2048,4096,8192,16384] [--rounds 3] [--time-limit 9] [--queued]
 
 The old tree's package is imported under another name (`cuflash_base`, from DIR/cuflash/__init__.py with
 DIR/cuflash as its search location); its imports are relative and it finds its kernels through
@@ -14,6 +14,9 @@ Suites:
   fwd      the FlashAttention-2 grid (batch x seqlen = 16k tokens, hidden 2048, head dims 64 / 128, causal and
            not, fp16 and bf16, --seqlens), base, new, SDPA FLASH and cuDNN timed in turn, --rounds rounds
   bwd      the same grid, the backward through autograd (graph kept, one backward per timing)
+           (fwd and bwd: single calls on an idle GPU, harness.time_ms; with --queued each call queued behind a ~3 ms
+           spin kernel, harness.time_queued_ms: the GPU time alone, with the GPU busy when the call starts, as in a
+           model -- no host time before the kernel and no clock ramp from idle in the timing)
   decode   decoding steps (q_len 1, 32 heads, head dim 128, fp16; a few batch / cache / KV-head cases), GPU time
            per call from CUDA-graph replays (event timing of single calls when capture fails)
   latency  a loop of small calls from Python (batch 1, 8 heads, 128 tokens, head dim 64; and a small decode step),
@@ -37,7 +40,7 @@ import traceback
 from pathlib import Path
 
 from . import harness
-from .harness import host_us_per_call, median, record, sdpa, time_ms, time_rounds
+from .harness import host_us_per_call, median, record, sdpa, time_ms, time_queued_ms, time_rounds
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -125,8 +128,20 @@ def _grid(dtypes, headdims, seqlens):
                     yield dtype, d, HIDDEN // d, s, TOKENS // s, causal
 
 
+def _timer(queued):
+    """time_rounds' keywords: single calls (its default, time_ms), or each call queued behind a spin kernel."""
+    return dict(timer=time_queued_ms, rep=10) if queued else {}
+
+
+def _mark(recs, queued):
+    if queued:
+        for r in recs:
+            r["timing"] = "queued"
+    return recs
+
+
 def fwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 128), rounds=3, clock=None,
-        providers=("flash", "cudnn")):
+        providers=("flash", "cudnn"), queued=False):
     import torch
 
     recs = []
@@ -139,7 +154,7 @@ def fwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         fns = {t: (lambda m=m: m.flash_attn_func(q, k, v, causal=causal)) for t, m in trees.items()}
         fns.update({p: (lambda fn=sdpa(p): fn(qt, kt, vt, causal)) for p in providers})
-        timed = time_rounds(fns, rounds)
+        timed = time_rounds(fns, rounds, **_timer(queued))
         for name, (ms, per) in timed.items():
             if name in trees:
                 recs.append(record("cuflash", "v2", "fwd", dtype, b, h, s, s, d, causal, ms, **_extra(name, rounds, per)))
@@ -148,11 +163,11 @@ def fwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
         _print_point(recs[-len(fns):])
         del q, k, v, qt, kt, vt, fns
         gc.collect()
-    return recs
+    return _mark(recs, queued)
 
 
 def bwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 128), rounds=3, clock=None,
-        providers=("flash", "cudnn")):
+        providers=("flash", "cudnn"), queued=False):
     import torch
 
     recs = []
@@ -177,7 +192,7 @@ def bwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
                 fns[p] = grad_fn(sdpa(p)(qt, kt, vt, causal), (qt, kt, vt), doutt)
             except RuntimeError as e:
                 print(f"sdpa {p} forward failed: {e}")
-        timed = time_rounds(fns, rounds, rep=10)
+        timed = time_rounds(fns, rounds, **(_timer(queued) or dict(rep=10)))
         for name, (ms, per) in timed.items():
             if name in trees:
                 recs.append(record("cuflash", "v2", "bwd", dtype, b, h, s, s, d, causal, ms, **_extra(name, rounds, per)))
@@ -187,7 +202,7 @@ def bwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
         del q, k, v, dout, qt, kt, vt, doutt, fns, timed
         gc.collect()
         torch.cuda.empty_cache()
-    return recs
+    return _mark(recs, queued)
 
 
 def _graph(fn, calls=GRAPH_CALLS):
@@ -368,7 +383,9 @@ def markdown(head, records) -> str:
              f"torch {head.get('torch')}, cupy {head.get('cupy')}, NVRTC {head.get('nvrtc')}, {head.get('date')}.",
              f"base: `{head.get('base_dir')}` (commit {head.get('base_commit')}, kernels `{head.get('base_kernels')}`); "
              f"new: `{head.get('new_dir')}` (commit {head.get('new_commit')}, kernels `{head.get('new_kernels')}`).",
-             f"Rounds timed in turn (base, new, SDPA ...), medians. Ratio: speed new / base (> 1: new faster). "
+             f"Rounds timed in turn (base, new, SDPA ...), medians"
+             f"{'; fwd / bwd: each call queued behind a ~3 ms spin kernel (GPU time)' if head.get('timing') == 'queued' else ''}"
+             f". Ratio: speed new / base (> 1: new faster). "
              f"Check: median within {MEDIAN_TOL:.0%}, no point worse by more than {POINT_TOL:.0%}.", ""]
     summ = summarize(records)
     lines += ["## Summary", "", "| suite | points | median new/base | worst | worst point | check |", "|---|---|---|---|---|---|"]
@@ -423,6 +440,9 @@ def parser():
     ap.add_argument("--decode-cases", default=None, metavar="B,S,HK;...",
                     help="decode suite cases (batch, cache length, KV heads; 32 query heads, head dim 128); "
                          "default: DECODE_CASES")
+    ap.add_argument("--queued", action="store_true",
+                    help="fwd / bwd: time each call queued behind a ~3 ms spin kernel (GPU time) instead of single "
+                         "calls on an idle GPU")
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     return ap
@@ -447,15 +467,16 @@ def main(argv=None):
     head = harness.header()
     head.update(base_dir=str(base_dir), base_commit=harness.git_commit(base_dir), base_kernels=kernel_dir(base),
                 new_dir=str(Path(cuflash.__file__).resolve().parent.parent), new_commit=harness.git_commit(),
-                new_kernels=kernel_dir(cuflash), rounds=args.rounds, kind="compare")
+                new_kernels=kernel_dir(cuflash), rounds=args.rounds, kind="compare",
+                timing="queued" if args.queued else "single")
     print(f"base kernels: {head['base_kernels']}\nnew kernels:  {head['new_kernels']}", flush=True)
     if head["base_kernels"] == head["new_kernels"]:
         print("warning: both trees compile the same cuda_src/ directory", flush=True)
     grid = dict(seqlens=tuple(int(x) for x in args.seqlens.split(",") if x),
                 dtypes=tuple(x for x in args.dtypes.split(",") if x),
                 headdims=tuple(int(x) for x in args.headdims.split(",") if x))
-    runs = {"fwd": lambda: fwd(trees, rounds=args.rounds, clock=clock, **grid),
-            "bwd": lambda: bwd(trees, rounds=args.rounds, clock=clock, **grid),
+    runs = {"fwd": lambda: fwd(trees, rounds=args.rounds, clock=clock, queued=args.queued, **grid),
+            "bwd": lambda: bwd(trees, rounds=args.rounds, clock=clock, queued=args.queued, **grid),
             "decode": lambda: decode(trees, cases=decode_cases, rounds=args.rounds, clock=clock),
             "latency": lambda: latency(trees, rounds=args.rounds + 2, clock=clock)}
     records = []

@@ -671,9 +671,10 @@ def test_compare_suites_run_on_stubs(monkeypatch, tmp_path):
         return types.SimpleNamespace(flash_attn_func=fa, flash_attn_with_kvcache=kv)
 
     trees = {"base": tree("base"), "new": tree("new")}
-    order = []
+    order, timers = [], []
 
     def fake_rounds(fns, rounds=1, timer=None, **kw):
+        timers.append((timer, kw.get("rep")))
         out = {}
         for _ in range(rounds):
             for name, fn in fns.items():
@@ -702,6 +703,17 @@ def test_compare_suites_run_on_stubs(monkeypatch, tmp_path):
     assert all(r["backend"] in ("sm80", "decode") for r in recs if r.get("tree"))
     md = compare.markdown({"gpu": "stub"}, recs)
     assert "## decode (us per call)" in md and "## bwd (TFLOP/s)" in md
+    assert "queued" not in md and not any("timing" in r for r in recs if r["section"] in ("fwd", "bwd"))
+    assert timers[:4] == [(None, None)] * 2 + [(None, 10)] * 2  # fwd: time_ms's default; bwd: 10 repetitions
+    # --queued: fwd and bwd through harness.time_queued_ms (10 calls after the spin), records marked
+    timers.clear()
+    queued = compare.fwd(trees, rounds=1, queued=True, **grid) + compare.bwd(trees, rounds=1, queued=True, **grid)
+    assert timers == [(compare.time_queued_ms, 10)] * 4
+    assert len(queued) == 16 and all(r["timing"] == "queued" for r in queued)
+    for r in queued:
+        r["section"] = r["mode"]
+    assert "queued behind a ~3 ms spin kernel" in compare.markdown({"timing": "queued"}, queued)
+    assert compare.parser().parse_args(["--base", "B", "--out", "O", "--queued"]).queued
 
 
 def test_source_trees_name_the_code_as_it_ran(tmp_path):

@@ -166,7 +166,7 @@ struct Sm90FwdTiles {
 // time (the host takes softmax_scale > 0 only) but not known to the compiler -- warpgroup-uniform, as the wait needs:
 // wgmma.wait_group is .aligned, every thread of the warpgroup executes the same one. (A branch on `moved` itself,
 // warp-uniform only, put the warps of one warpgroup on different waits: compute-sanitizer's synccheck reports that as
-// a warpgroup MMA sequence error; a vote over the warpgroup's named barrier made every turn 9% slower.) The other arm
+// a warpgroup MMA sequence error; a vote over the warpgroup's named barrier in every turn cost 4-15%.) The other arm
 // re-scales every row -- alpha = 1 where a row did not move, the same O bit for bit -- so that the arms differ and
 // ptxas keeps the branch, and so that either arm is right.
 template <int DF, int KN>

@@ -118,19 +118,20 @@ def find_sanitizer():
 
 
 def sanitize(out_dir, deadline=None, cc=None, tool=None):
-    """SANITIZER_RUNS on a device of compute capability 9.0 (cc: its (major, minor), read from device 0 when None),
-    logged to out_dir/sanitizer-sm90-synccheck.log. Returns the runs' exit statuses ("stopped" for one cut by the
-    deadline), or None when skipped: another device, or no compute-sanitizer (the reason printed)."""
+    """SANITIZER_RUNS on a device of compute capability 9.0 (cc: as cuflash._loader.device_cc gives it, e.g. 90; read
+    from device 0 when None), logged to out_dir/sanitizer-sm90-synccheck.log. Returns the runs' exit statuses
+    ("stopped" for one cut by the deadline), or None when skipped: no usable device, another one, or no
+    compute-sanitizer (the reason printed)."""
     if cc is None:
         try:
-            import cupy
+            from cuflash._loader import device_cc
 
-            cc = tuple(int(x) for x in cupy.cuda.Device(0).compute_capability)
-        except Exception as e:  # noqa: BLE001 - no device: nothing to check
-            print(f"sanitizer runs skipped: no device ({type(e).__name__})", flush=True)
+            cc = device_cc(0)
+        except Exception as e:  # noqa: BLE001 - no usable device: nothing to check
+            print(f"sanitizer runs skipped: {type(e).__name__}: {e}", flush=True)
             return None
-    if tuple(cc) != (9, 0):
-        print(f"sanitizer runs skipped: compute capability {cc[0]}.{cc[1]} (they check the sm_90a kernels)", flush=True)
+    if cc != 90:
+        print(f"sanitizer runs skipped: sm_{cc} (they check the sm_90a kernels)", flush=True)
         return None
     tool = tool or find_sanitizer()
     if tool is None:

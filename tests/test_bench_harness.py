@@ -387,10 +387,10 @@ def test_command_line_without_a_gpu(args):
 def test_sanitizer_runs_skip_off_hopper_and_without_the_tool(tmp_path, capsys, monkeypatch):
     from bench import run
 
-    assert run.sanitize(str(tmp_path), cc=(8, 0), tool="/bin/true") is None
-    assert "compute capability 8.0" in capsys.readouterr().out
+    assert run.sanitize(str(tmp_path), cc=80, tool="/bin/true") is None
+    assert "sm_80" in capsys.readouterr().out
     monkeypatch.setattr(run, "find_sanitizer", lambda: None)
-    assert run.sanitize(str(tmp_path), cc=(9, 0)) is None
+    assert run.sanitize(str(tmp_path), cc=90) is None
     assert "compute-sanitizer not found" in capsys.readouterr().out
     assert not (tmp_path / "sanitizer-sm90-synccheck.log").exists()
 
@@ -407,13 +407,13 @@ def test_sanitizer_runs_call_the_tool_on_sm90_check_and_log_each_status(tmp_path
     assert [c[1:5] for c in cmds] == [["--tool", "synccheck", "--error-exitcode", "1"]] * 2
     assert [c[6:8] for c in cmds] == [["-m", "bench.diag.sm90_check"]] * 2
     assert [c[8:] for c in cmds] == [["--quick"], ["--persist", "--quick"]]
-    assert run.sanitize(str(tmp_path), cc=(9, 0), tool=str(tool)) == [0, 1]
+    assert run.sanitize(str(tmp_path), cc=90, tool=str(tool)) == [0, 1]
     log = (tmp_path / "sanitizer-sm90-synccheck.log").read_text()
     assert log.count("args: --tool synccheck --error-exitcode 1") == 2 and "bench.diag.sm90_check --persist" in log
     assert "# exit status 0" in log and "# exit status 1" in log
     import time
 
-    assert run.sanitize(str(tmp_path), deadline=time.time(), cc=(9, 0), tool=str(tool)) == ["stopped", "stopped"]
+    assert run.sanitize(str(tmp_path), deadline=time.time(), cc=90, tool=str(tool)) == ["stopped", "stopped"]
     assert "args:" not in (tmp_path / "sanitizer-sm90-synccheck.log").read_text()
 
 

@@ -2,7 +2,7 @@
 
     python -m bench list                                  # the suites, what each measures, rough minutes
     python -m bench fwd --out DIR [--seqlens 1024,4096]   # one suite (or a comma list) -> DIR/results.json, .md
-    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none] [--time-limit MINUTES]
+    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none] [--time-limit MINUTES] [--test-jobs N]
                                                           # precompile, GPU tests (DIR/gpu-tests.xml, tests.log),
                                                           # the suites, DIR/results.json, results.md, plots
     python -m bench compare --base OLD_CHECKOUT --out DIR [--suites fwd,bwd,decode,latency]
@@ -42,6 +42,9 @@ def parser():
     ap.add_argument("--suites", default=None,
                     help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
     ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list), or 'none'")
+    ap.add_argument("--test-jobs", type=int, default=4,
+                    help="with 'all': pytest processes at once on the GPU, the test files sharded by the times of "
+                         "bench/results/gpu-tests.xml (default 4; 1: one process)")
     ap.add_argument("--no-precompile", action="store_true", help="with 'all': skip the parallel precompile")
     ap.add_argument("--jobs", type=int, default=None, help="precompile processes (default: CPU count)")
     ap.add_argument("--seqlens", type=_ints, default=None, help="comma list, e.g. 1024,4096,16384")
@@ -75,7 +78,7 @@ def main(argv=None):
                    kv_heads=args.kv_heads, batches=args.batches, cache_lens=args.cache_lens, calls=args.calls)
     if args.command == "all":
         run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs,
-                    args.time_limit)
+                    args.time_limit, test_jobs=args.test_jobs)
         return 0
     names = suites.resolve_list(args.command)
     os.makedirs(args.out, exist_ok=True)

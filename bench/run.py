@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import traceback
+import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,44 +36,16 @@ def precompile(out_dir, jobs=None, cwd=ROOT, log_name="precompile.log"):
     return rc
 
 
-def gpu_tests(out_dir, paths="tests", deadline=None):
-    """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log, and
-    each test's outcome the moment it is known in tests.jsonl (the plugin bench/junit.py). deadline (time.time()
-    seconds; None: none) or SIGTERM: pytest is stopped, and gpu-tests.xml is written from tests.jsonl with a note saying
-    so (unless pytest had already written its own XML for every test: kept, the stop noted in tests.log); the same
-    when pytest ends without writing its XML. Returns pytest's exit status, or "stopped"."""
+def _pytest_cmd(xml, paths):
+    return [sys.executable, "-m", "pytest", "-m", "gpu", f"--junitxml={xml}", "-q", "-rfEs", "-p", "no:cacheprovider",
+            "-p", "bench.junit", *paths]
+
+
+def _finish_part(xml, log_path, stream, rc, stopped):
+    """After one pytest process: keep its XML, or write it from its stream (stopped, or no XML); the line why goes to
+    its log."""
     from . import junit
 
-    t0 = time.time()
-    xml = os.path.join(out_dir, "gpu-tests.xml")
-    log_path = os.path.join(out_dir, "tests.log")
-    stream = os.path.join(out_dir, "tests.jsonl")
-    for f in (xml, stream):
-        if os.path.exists(f):
-            os.remove(f)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", f"--junitxml={xml}", "-q", "-rfEs", "-p", "no:cacheprovider",
-           "-p", "bench.junit", *[p for p in paths.split(",") if p]]
-    env = _env()
-    env[junit.STREAM_ENV] = stream
-    stopped = None
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                rc = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
-            except (subprocess.TimeoutExpired, _Stopped) as e:
-                why = "the time limit" if isinstance(e, subprocess.TimeoutExpired) else "SIGTERM"
-                stopped = f"stopped by {why} after {time.time() - t0:.0f} s"
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                rc = "stopped"
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if stopped and os.path.isfile(xml) and os.path.isfile(stream) and junit.complete_xml(xml, stream):
         with open(log_path, "a") as log:  # pytest had ended its run and written the XML: kept
             log.write(f"\n{stopped}, after pytest had written {xml} for every test: kept\n")
@@ -82,6 +55,166 @@ def gpu_tests(out_dir, paths="tests", deadline=None):
         line = f"{note}; {xml} written from {stream}: {junit.summary(counts)}" if counts else f"{note}; no test ran"
         with open(log_path, "a") as log:
             log.write("\n" + line + "\n")
+
+
+def test_files(paths, root=ROOT) -> list:
+    """The test files of pytest paths (comma list): a directory gives its test_*.py files (sorted), a file or a node id
+    stays as given."""
+    out = []
+    for p in (x for x in paths.split(",") if x):
+        full = p if os.path.isabs(p) else os.path.join(root, p)
+        if os.path.isdir(full):
+            out += [os.path.join(p, f) for f in sorted(os.listdir(full)) if f.startswith("test_") and f.endswith(".py")]
+        else:
+            out.append(p)
+    return out
+
+
+def file_seconds(xml_path) -> dict:
+    """{test module's file name ('test_a.py'): seconds} summed over a JUnit XML's test cases (pytest's classnames
+    'tests.test_a' or 'tests.test_a.TestB'); {} when the file is missing or unreadable."""
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    out = {}
+    for case in root.iter("testcase"):
+        module = next((part for part in case.get("classname", "").split(".") if part.startswith("test_")), None)
+        if module:
+            out[module + ".py"] = out.get(module + ".py", 0.0) + float(case.get("time") or 0.0)
+    return out
+
+
+def shard(files, jobs, seconds=None, default=10.0) -> list:
+    """Test files in `jobs` groups of about equal time: longest first, each to the group with the least so far
+    (`seconds`: {file name: seconds} from an earlier run, `default` for a file it lacks). Empty groups dropped; each
+    group keeps the files' given order."""
+    seconds = seconds or {}
+    weight = {f: seconds.get(os.path.basename(f.split("::")[0]), default) for f in files}
+    groups = [[] for _ in range(max(1, jobs))]
+    load = [0.0] * len(groups)
+    for f in sorted(files, key=lambda f: -weight[f]):
+        i = load.index(min(load))
+        groups[i].append(f)
+        load[i] += weight[f]
+    order = {f: i for i, f in enumerate(files)}
+    return [sorted(g, key=order.get) for g in groups if g]
+
+
+# an earlier run's per-file test times, for sharding (`python -m bench all --test-jobs N`)
+TIMES_XML = os.path.join(ROOT, "bench", "results", "gpu-tests.xml")
+
+
+def merge_xml(parts, xml_path, note=None) -> dict:
+    """The JUnit XML files `parts` (one pytest process each) as one testsuite at xml_path: every test case in the
+    parts' order, counts summed, time the longest part's (they ran at once), `note` as property 'note'. Returns the
+    counts as junit.stream_to_junit does."""
+    suite = ET.Element("testsuite", name="pytest")
+    if note:
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="note", value=note)
+    counts = dict(tests=0, passed=0, failures=0, errors=0, skipped=0)
+    longest = 0.0
+    for part in parts:
+        root = ET.parse(part).getroot()
+        for s in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+            longest = max(longest, float(s.get("time") or 0.0))
+            for case in s.iter("testcase"):
+                suite.append(case)
+                kinds = {k.tag for k in case}
+                key = ("failures" if "failure" in kinds else "errors" if "error" in kinds else
+                       "skipped" if "skipped" in kinds else "passed")
+                counts[key] += 1
+                counts["tests"] += 1
+    for k in ("errors", "failures", "skipped", "tests"):
+        suite.set(k, str(counts[k]))
+    suite.set("time", f"{longest:.3f}")
+    root = ET.Element("testsuites", name="pytest tests")
+    root.append(suite)
+    ET.ElementTree(root).write(xml_path, encoding="utf-8", xml_declaration=True)
+    return counts
+
+
+def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times_xml=TIMES_XML):
+    """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log, and
+    each test's outcome the moment it is known in tests.jsonl (the plugin bench/junit.py). deadline (time.time()
+    seconds; None: none) or SIGTERM: pytest is stopped, and gpu-tests.xml is written from tests.jsonl with a note saying
+    so (unless pytest had already written its own XML for every test: kept, the stop noted in tests.log); the same
+    when pytest ends without writing its XML.
+
+    jobs > 1: the test files in `jobs` groups of about equal time (shard, by the times in `times_xml`), one pytest
+    process per group on the same GPU at once (each group's XML, log and stream as gpu-tests.partK.xml, tests.partK.log,
+    tests.partK.jsonl), then gpu-tests.xml, tests.log and tests.jsonl made of them. Returns pytest's exit status (the
+    worst of the groups': the first nonzero), or "stopped"."""
+    from . import junit
+
+    t0 = time.time()
+    xml = os.path.join(out_dir, "gpu-tests.xml")
+    log_path = os.path.join(out_dir, "tests.log")
+    stream = os.path.join(out_dir, "tests.jsonl")
+    groups = [[p for p in paths.split(",") if p]]
+    if jobs > 1:
+        groups = shard(test_files(paths), jobs, file_seconds(times_xml) if times_xml else None)
+    tags = [""] if len(groups) == 1 else [f".part{i}" for i in range(len(groups))]
+    parts = [(os.path.join(out_dir, f"gpu-tests{t}.xml"), os.path.join(out_dir, f"tests{t}.log"),
+              os.path.join(out_dir, f"tests{t}.jsonl")) for t in tags]
+    for files in parts:
+        for f in (files[0], files[2]):
+            if os.path.exists(f):
+                os.remove(f)
+    stopped = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    procs, logs = [], []
+    try:
+        for group, (part_xml, part_log, part_stream) in zip(groups, parts):
+            env = _env()
+            env[junit.STREAM_ENV] = part_stream
+            logs.append(open(part_log, "w"))
+            procs.append(subprocess.Popen(_pytest_cmd(part_xml, group), env=env, cwd=ROOT, stdout=logs[-1],
+                                          stderr=subprocess.STDOUT))
+        rcs = [None] * len(procs)
+        try:
+            for i, proc in enumerate(procs):
+                rcs[i] = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        except (subprocess.TimeoutExpired, _Stopped) as e:
+            why = "the time limit" if isinstance(e, subprocess.TimeoutExpired) else "SIGTERM"
+            stopped = f"stopped by {why} after {time.time() - t0:.0f} s"
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+            for i, proc in enumerate(procs):
+                try:
+                    rcs[i] = proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rcs[i] = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for f in logs:
+            f.close()
+    if stopped:
+        rc = "stopped"
+    else:
+        rc = next((r for r in rcs if r), 0)
+    for (part_xml, part_log, part_stream), part_rc in zip(parts, rcs):
+        _finish_part(part_xml, part_log, part_stream, part_rc, stopped)
+    if len(parts) > 1:
+        done = [p for p in parts if os.path.isfile(p[0])]
+        notes = []
+        for p in done:
+            notes += [e.get("value") for e in ET.parse(p[0]).getroot().iter("property") if e.get("name") == "note"]
+        counts = merge_xml([p[0] for p in done], xml, notes[0] if notes else None)
+        with open(stream, "w") as out:
+            for p in parts:
+                if os.path.isfile(p[2]):
+                    with open(p[2]) as f:
+                        out.write(f.read())
+        with open(log_path, "w") as out:
+            out.write(f"{len(parts)} pytest processes at once, the test files sharded by time\n")
+            for i, (group, p) in enumerate(zip(groups, parts)):
+                out.write(f"\n===== part {i}: {' '.join(group)}\n")
+                with open(p[1]) as f:
+                    out.write(f.read())
+            out.write(f"\nall parts: {junit.summary(counts)}\n")
     with open(log_path) as f:
         print("\n".join(f.read().strip().splitlines()[-25:]))
     print(f"GPU tests rc={rc} in {time.time() - t0:.0f}s", flush=True)
@@ -230,8 +363,10 @@ def write_report(head, records, out_dir):
         traceback.print_exc()
 
 
-def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None):
-    """Precompile, the GPU tests and the sanitizer runs (sanitize, with the tests), then the suites (run_suites;
+def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None,
+            test_jobs=1):
+    """Precompile, the GPU tests (`test_jobs` pytest processes at once: gpu_tests) and the sanitizer runs (sanitize,
+    with the tests), then the suites (run_suites;
     `time_limit_min`: the whole run's minutes, precompile and tests included, past which no suite is started and the
     GPU tests are stopped, their XML written from what ran)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -244,7 +379,7 @@ def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jo
             traceback.print_exc()
     if tests and tests != "none":
         try:
-            gpu_tests(out_dir, tests, deadline)
+            gpu_tests(out_dir, tests, deadline, jobs=test_jobs)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
         try:

@@ -53,10 +53,10 @@ SUITES = {s.name: s for s in (
           "forward on the FlashAttention-2 grid (batch x seqlen = 16k, hidden 2048, hdim 64/128, causal or not, "
           "fp16/bf16), cuflash, SDPA FLASH and cuDNN timed in turn, medians of 3 rounds",
           dict(seqlens=GRID, naive=(), rounds=3, providers=("flash", "cudnn"))),
-    Suite("fwd90", "bench_fwd", "hopper_grid", 20.0,
+    Suite("fwd90", "bench_fwd", "hopper_grid", 5.0,
           "the Hopper forward (backend sm90) next to the mma.sync forward (sm80), SDPA FLASH and cuDNN, timed in "
           "turn, medians of 3 rounds: FA2 grid 512-16k at hdim 64/128/256 fp16/bf16, 1 x 64k, GQA 64/8 at 8k (about "
-          "10 minutes per dtype: --dtypes float16)"),
+          "a minute per dtype at head dim 64 or 128, 20 s at 256: --dtypes float16 --headdims 64,128)"),
     Suite("fwd90_queued", "bench_fwd", "hopper_grid", 3.0,
           "suite fwd90 with every call queued behind a ~3 ms spin kernel (the start event after it): the forwards' "
           "GPU time, without the host time a lone call spends before its kernel starts (cuflash's and SDPA's alike), "
@@ -147,8 +147,9 @@ SUITES = {s.name: s for s in (
 )}
 
 # `python -m bench all` without --suites: the forward headline (Hopper and mma.sync kernels next to SDPA), latency
-# and the Hopper microbenchmarks, about 7.6 minutes; with the precompile and the GPU tests (about 6 minutes) that is
-# more than one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --suites, --seqlens);
+# and the Hopper microbenchmarks, about 5.6 minutes; with the precompile and the GPU tests (four pytest processes at
+# once) that is about one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --suites,
+# --seqlens, --headdims);
 # the backward (suite bwd, about 5 minutes) and decoding (decode) are runs of their own
 DEFAULT_ALL = ("ceilings", "fwd90", "latency", "micro90")
 

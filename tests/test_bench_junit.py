@@ -135,3 +135,69 @@ def test_gpu_tests_stopped_after_pytest_wrote_its_xml(tmp_path):
     assert "note" not in props and len(cases) == 8 and cases[("test_sample", "test_zz_slow")] == "passed"
     log = (out / "tests.log").read_text()
     assert "after pytest had written" in log and "kept" in log
+
+
+def test_shard_balances_by_time_and_keeps_order():
+    files = ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py", "tests/test_d.py", "tests/test_e.py"]
+    seconds = {"test_a.py": 100.0, "test_b.py": 60.0, "test_c.py": 50.0, "test_d.py": 45.0}  # test_e: the default
+    groups = run.shard(files, 2, seconds, default=5.0)
+    assert sorted(f for g in groups for f in g) == files  # each file once
+    # longest first onto the lighter group: a | b, c (110) | a, d (145) | b, c, e (115)
+    assert groups == [["tests/test_a.py", "tests/test_d.py"], ["tests/test_b.py", "tests/test_c.py", "tests/test_e.py"]]
+    assert run.shard(files[:1], 4, seconds) == [["tests/test_a.py"]]  # no empty groups
+    assert run.shard(files, 1) == [files]
+
+
+def test_file_seconds_sums_per_module(tmp_path):
+    xml = tmp_path / "t.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="x" time="1.5"/>'
+                   '<testcase classname="tests.test_a.TestB" name="y" time="2"/>'
+                   '<testcase classname="tests.test_b" name="z" time="0.25"/></testsuite></testsuites>')
+    assert run.file_seconds(str(xml)) == {"test_a.py": 3.5, "test_b.py": 0.25}
+    assert run.file_seconds(str(tmp_path / "missing.xml")) == {}
+
+
+def test_test_files_expands_directories(tmp_path):
+    (tmp_path / "test_b.py").write_text("")
+    (tmp_path / "test_a.py").write_text("")
+    (tmp_path / "helper.py").write_text("")
+    assert run.test_files(f"{tmp_path},x/test_c.py::test_n") == [
+        str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"), "x/test_c.py::test_n"]
+
+
+def _two_files(tmp_path, sleep):
+    a = _write_tests(tmp_path, sleep)
+    b = tmp_path / "test_other.py"
+    b.write_text("import pytest\n\npytestmark = pytest.mark.gpu\n\n"
+                 "@pytest.mark.parametrize('n', range(3))\ndef test_more(n):\n    assert n != 2\n")
+    return a, str(b)
+
+
+def test_gpu_tests_in_parallel_parts_merged(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    a, b = _two_files(tmp_path, 0)
+    rc = run.gpu_tests(str(out), f"{a},{b}", jobs=2, times_xml=None)
+    assert rc == 1
+    suite, cases, props = _cases(str(out / "gpu-tests.xml"))
+    assert "note" not in props and len(cases) == 11
+    assert cases[("test_other", "test_more[1]")] == "passed" and cases[("test_other", "test_more[2]")] == "failure"
+    assert cases[("test_sample", "test_teardown")] == "error"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("11", "2", "1", "2")
+    assert len(junit.results(junit.read_stream(str(out / "tests.jsonl")))) == 11
+    log = (out / "tests.log").read_text()
+    assert "2 pytest processes" in log and "part 1" in log and "6 passed, 2 failed, 1 errors, 2 skipped (11 tests)" in log
+    assert (out / "gpu-tests.part0.xml").is_file() and (out / "gpu-tests.part1.xml").is_file()
+
+
+def test_gpu_tests_in_parallel_stopped_at_the_deadline(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    a, b = _two_files(tmp_path, 120)
+    t0 = time.time()
+    rc = run.gpu_tests(str(out), f"{a},{b}", deadline=t0 + 12, jobs=2, times_xml=None)
+    assert rc == "stopped" and time.time() - t0 < 40
+    suite, cases, props = _cases(str(out / "gpu-tests.xml"))
+    assert props["note"].startswith("stopped by the time limit")
+    assert ("test_sample", "test_zz_slow") not in cases and len(cases) == 10  # the other part finished whole
+    assert cases[("test_other", "test_more[0]")] == "passed"

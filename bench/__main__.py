@@ -42,9 +42,10 @@ def parser():
     ap.add_argument("--suites", default=None,
                     help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
     ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list), or 'none'")
-    ap.add_argument("--test-jobs", type=int, default=4,
-                    help="with 'all': pytest processes at once on the GPU, the test files sharded by the times of "
-                         "bench/results/gpu-tests.xml (default 4; 1: one process)")
+    ap.add_argument("--test-jobs", type=int, default=1,
+                    help="with 'all': pytest processes at once, one per visible GPU in turn, the test files sharded by "
+                         "the times of bench/results/gpu-tests.xml (default 1; for machines of several GPUs: on one "
+                         "GPU, processes at once slow every test down more than they gain)")
     ap.add_argument("--no-precompile", action="store_true", help="with 'all': skip the parallel precompile")
     ap.add_argument("--jobs", type=int, default=None, help="precompile processes (default: CPU count)")
     ap.add_argument("--seqlens", type=_ints, default=None, help="comma list, e.g. 1024,4096,16384")

@@ -147,9 +147,9 @@ SUITES = {s.name: s for s in (
 )}
 
 # `python -m bench all` without --suites: the forward headline (Hopper and mma.sync kernels next to SDPA), latency
-# and the Hopper microbenchmarks, about 5.6 minutes; with the precompile and the GPU tests (four pytest processes at
-# once) that is about one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --suites,
-# --seqlens, --headdims);
+# and the Hopper microbenchmarks, about 5.6 minutes; with the precompile and the GPU tests (about 10 minutes on one
+# H200) that is more than one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --tests,
+# --suites, --seqlens, --headdims);
 # the backward (suite bwd, about 5 minutes) and decoding (decode) are runs of their own
 DEFAULT_ALL = ("ceilings", "fwd90", "latency", "micro90")
 

@@ -201,3 +201,20 @@ def test_gpu_tests_in_parallel_stopped_at_the_deadline(tmp_path):
     assert props["note"].startswith("stopped by the time limit")
     assert ("test_sample", "test_zz_slow") not in cases and len(cases) == 10  # the other part finished whole
     assert cases[("test_other", "test_more[0]")] == "passed"
+
+
+def test_gpu_tests_in_parallel_one_gpu_each(tmp_path, monkeypatch):
+    """Parts run on the visible GPUs in turn: each part's CUDA_VISIBLE_DEVICES, as the tests see it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("a", "b", "c"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, pytest\n\npytestmark = pytest.mark.gpu\n\n"
+            f"def test_device():\n    assert False, 'part {name} on ' + os.environ['CUDA_VISIBLE_DEVICES']\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert run.visible_devices() == ["3", "5"]
+    paths = ",".join(str(tmp_path / f"test_{n}.py") for n in "abc")
+    assert run.gpu_tests(str(out), paths, jobs=3, times_xml=None) == 1
+    messages = " ".join(junit.results(junit.read_stream(str(out / "tests.jsonl")))[k][2]
+                        for k in junit.results(junit.read_stream(str(out / "tests.jsonl"))))
+    assert "part a on 3" in messages and "part b on 5" in messages and "part c on 3" in messages

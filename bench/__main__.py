@@ -41,7 +41,7 @@ def parser():
     ap.add_argument("--out", default="bench-out", help="output directory (default: ./bench-out)")
     ap.add_argument("--suites", default=None,
                     help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
-    ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list), or 'none'")
+    ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list; @FILE: the list in FILE), or 'none'")
     ap.add_argument("--test-jobs", type=int, default=1,
                     help="with 'all': pytest processes at once, one per visible GPU in turn, the test files sharded by "
                          "the times of bench/results/gpu-tests.xml (default 1; for machines of several GPUs: on one "

@@ -162,6 +162,9 @@ def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times_xml=TIMES_XML
     worst of the groups': the first nonzero), or "stopped"."""
     from . import junit
 
+    if paths.startswith("@"):  # the list in a file (comma or line separated): node ids, --deselect=ID
+        with open(paths[1:]) as f:
+            paths = ",".join(x.strip() for x in f.read().replace("\n", ",").split(",") if x.strip())
     t0 = time.time()
     xml = os.path.join(out_dir, "gpu-tests.xml")
     log_path = os.path.join(out_dir, "tests.log")

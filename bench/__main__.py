@@ -2,7 +2,7 @@
 
     python -m bench list                                  # the suites, what each measures, rough minutes
     python -m bench fwd --out DIR [--seqlens 1024,4096]   # one suite (or a comma list) -> DIR/results.json, .md
-    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|none] [--time-limit MINUTES] [--test-jobs N]
+    python -m bench all --out DIR [--suites fwd,bwd,...] [--tests PATHS|@FILE|none] [--test-part K/N] [--time-limit M]
                                                           # precompile, GPU tests (DIR/gpu-tests.xml, tests.log),
                                                           # the suites, DIR/results.json, results.md, plots
     python -m bench compare --base OLD_CHECKOUT --out DIR [--suites fwd,bwd,decode,latency]
@@ -10,6 +10,8 @@
     python -m bench merge OUT_DIR SRC[:suites] ...        # several runs' results.json into one
     python -m bench report --results FILE [--readme README.md]   # tables, plots, README blocks
     python -m bench junit DIR/tests.jsonl DIR/gpu-tests.xml        # the JUnit XML of a GPU-test run that was stopped
+    python -m bench junit --merge OUT.xml A.xml B.xml ...          # the XML of several parts' runs as one
+    python -m bench test-times XML ... [--out FILE]                # per-file test times for --test-part / --test-jobs
 
 Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds, and for
 the decode grid (suite decode) --kv-heads, --batches, --cache-lens, so that its 42 cases can be run in parts, and
@@ -46,6 +48,9 @@ def parser():
                     help="with 'all': pytest processes at once, one per visible GPU in turn, the test files sharded by "
                          "the times of bench/results/gpu-tests.xml (default 1; for machines of several GPUs: on one "
                          "GPU, processes at once slow every test down more than they gain)")
+    ap.add_argument("--test-part", default=None, metavar="K/N",
+                    help="with 'all': only part K of N of the test files, split by bench/test_times.json (N runs, one "
+                         "part each, run every GPU test once: for a suite longer than one run's time)")
     ap.add_argument("--no-precompile", action="store_true", help="with 'all': skip the parallel precompile")
     ap.add_argument("--jobs", type=int, default=None, help="precompile processes (default: CPU count)")
     ap.add_argument("--seqlens", type=_ints, default=None, help="comma list, e.g. 1024,4096,16384")
@@ -66,6 +71,10 @@ def parser():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "test-times":
+        from .run import times_main
+
+        return times_main(argv[1:])
     if argv and argv[0] in ("compare", "merge", "report", "junit"):
         mod = __import__(f"bench.{argv[0]}", fromlist=["main"])
         return mod.main(argv[1:])
@@ -79,7 +88,7 @@ def main(argv=None):
                    kv_heads=args.kv_heads, batches=args.batches, cache_lens=args.cache_lens, calls=args.calls)
     if args.command == "all":
         run.run_all(args.out, suites.resolve_list(args.suites), args.tests, options, not args.no_precompile, args.jobs,
-                    args.time_limit, test_jobs=args.test_jobs)
+                    args.time_limit, test_jobs=args.test_jobs, test_part=args.test_part)
         return 0
     names = suites.resolve_list(args.command)
     os.makedirs(args.out, exist_ok=True)

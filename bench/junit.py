@@ -8,6 +8,10 @@ does not finish, `stream_to_junit` writes the XML of the tests that did run, mar
 
     python -m bench junit STREAM.jsonl OUT.xml [--note TEXT]
 
+and merges the XML of runs made in parts (`python -m bench all --test-part K/N`) into one:
+
+    python -m bench junit --merge OUT.xml PART1.xml PART2.xml ... [--note TEXT]
+
 A record: {"nodeid", "when" ("setup" / "call" / "teardown"), "outcome" ("passed" / "failed" / "skipped"),
 "duration" (s), "message" (a skip's reason, a failure's last 2000 characters)}. A test's result is its call phase,
 or the setup phase when that skipped or failed (the call then never runs); a failed teardown is an error.
@@ -129,6 +133,36 @@ def complete_xml(xml_path, stream) -> bool:
     return sum(1 for _ in root.iter("testcase")) == len(results(read_stream(stream)))
 
 
+def merge_xml(parts, xml_path, note=None, at_once=False) -> dict:
+    """The JUnit XML files `parts` (one pytest process each) as one testsuite at xml_path: every test case in the
+    parts' order, counts summed, time the parts' sum (or, `at_once`: they ran at the same time, the longest part's),
+    `note` as property 'note'. Returns the counts as stream_to_junit does."""
+    suite = ET.Element("testsuite", name="pytest")
+    if note:
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="note", value=note)
+    counts = dict(tests=0, passed=0, failures=0, errors=0, skipped=0)
+    longest = total = 0.0
+    for part in parts:
+        root = ET.parse(part).getroot()
+        for s in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+            longest = max(longest, float(s.get("time") or 0.0))
+            total += float(s.get("time") or 0.0)
+            for case in s.iter("testcase"):
+                suite.append(case)
+                kinds = {k.tag for k in case}
+                key = ("failures" if "failure" in kinds else "errors" if "error" in kinds else
+                       "skipped" if "skipped" in kinds else "passed")
+                counts[key] += 1
+                counts["tests"] += 1
+    for k in ("errors", "failures", "skipped", "tests"):
+        suite.set(k, str(counts[k]))
+    suite.set("time", f"{longest if at_once else total:.3f}")
+    root = ET.Element("testsuites", name="pytest tests")
+    root.append(suite)
+    ET.ElementTree(root).write(xml_path, encoding="utf-8", xml_declaration=True)
+    return counts
+
+
 def summary(counts: dict) -> str:
     return (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
             f"{counts['skipped']} skipped ({counts['tests']} tests)")
@@ -136,10 +170,22 @@ def summary(counts: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench junit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("stream", help=f"the JSON-lines file a run wrote through {STREAM_ENV}")
-    ap.add_argument("xml", help="the JUnit XML to write")
+    ap.add_argument("stream", nargs="?", help=f"the JSON-lines file a run wrote through {STREAM_ENV}")
+    ap.add_argument("xml", nargs="?", help="the JUnit XML to write")
+    ap.add_argument("--merge", nargs="+", metavar="XML", default=None,
+                    help="OUT.xml A.xml B.xml ...: the XML of runs one after another (e.g. python -m bench all "
+                         "--test-part 1/2, then 2/2) as one testsuite in OUT.xml")
     ap.add_argument("--note", default=None, help="a testsuite property 'note' (e.g. where the run stopped)")
     args = ap.parse_args(argv)
+    if args.merge:
+        if len(args.merge) < 2 or args.stream or args.xml:
+            ap.error("--merge takes OUT.xml and at least one part's XML, and no stream")
+        out, parts = args.merge[0], args.merge[1:]
+        counts = merge_xml(parts, out, args.note)
+        print(f"{out}: {summary(counts)} from {len(parts)} parts")
+        return 0
+    if not (args.stream and args.xml):
+        ap.error("give STREAM and XML, or --merge OUT.xml PARTS...")
     counts = stream_to_junit(args.stream, args.xml, args.note)
     print(f"{args.xml}: {summary(counts)}")
     return 0

@@ -57,7 +57,7 @@ def _finish_part(xml, log_path, stream, rc, stopped):
             log.write("\n" + line + "\n")
 
 
-def test_files(paths, root=ROOT) -> list:
+def list_test_files(paths, root=ROOT) -> list:
     """The test files of pytest paths (comma list): a directory gives its test_*.py files (sorted), a file or a node id
     stays as given."""
     out = []
@@ -85,7 +85,7 @@ def file_seconds(xml_path) -> dict:
     return out
 
 
-def shard(files, jobs, seconds=None, default=10.0) -> list:
+def shard(files, jobs, seconds=None, default=1.0) -> list:
     """Test files in `jobs` groups of about equal time: longest first, each to the group with the least so far
     (`seconds`: {file name: seconds} from an earlier run, `default` for a file it lacks). Empty groups dropped; each
     group keeps the files' given order."""
@@ -101,37 +101,57 @@ def shard(files, jobs, seconds=None, default=10.0) -> list:
     return [sorted(g, key=order.get) for g in groups if g]
 
 
-# an earlier run's per-file test times, for sharding (`python -m bench all --test-jobs N`)
-TIMES_XML = os.path.join(ROOT, "bench", "results", "gpu-tests.xml")
+# {test file name: seconds of its GPU tests} from serial runs on one H200, for sharding (`python -m bench all
+# --test-jobs N / --test-part K/N`); files without GPU tests are absent (weight 1 s). Rewritten from JUnit XML of
+# serial runs with `python -m bench test-times XML... --out bench/test_times.json`.
+TIMES_JSON = os.path.join(ROOT, "bench", "test_times.json")
 
 
-def merge_xml(parts, xml_path, note=None) -> dict:
-    """The JUnit XML files `parts` (one pytest process each) as one testsuite at xml_path: every test case in the
-    parts' order, counts summed, time the longest part's (they ran at once), `note` as property 'note'. Returns the
-    counts as junit.stream_to_junit does."""
-    suite = ET.Element("testsuite", name="pytest")
-    if note:
-        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="note", value=note)
-    counts = dict(tests=0, passed=0, failures=0, errors=0, skipped=0)
-    longest = 0.0
-    for part in parts:
-        root = ET.parse(part).getroot()
-        for s in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
-            longest = max(longest, float(s.get("time") or 0.0))
-            for case in s.iter("testcase"):
-                suite.append(case)
-                kinds = {k.tag for k in case}
-                key = ("failures" if "failure" in kinds else "errors" if "error" in kinds else
-                       "skipped" if "skipped" in kinds else "passed")
-                counts[key] += 1
-                counts["tests"] += 1
-    for k in ("errors", "failures", "skipped", "tests"):
-        suite.set(k, str(counts[k]))
-    suite.set("time", f"{longest:.3f}")
-    root = ET.Element("testsuites", name="pytest tests")
-    root.append(suite)
-    ET.ElementTree(root).write(xml_path, encoding="utf-8", xml_declaration=True)
-    return counts
+def load_test_times(path=TIMES_JSON) -> dict:
+    """The per-file times of `path` (TIMES_JSON); {} when it is missing or unreadable."""
+    import json
+
+    try:
+        with open(path) as f:
+            return {str(k): float(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def times_main(argv=None) -> int:
+    """python -m bench test-times XML [XML ...] --out FILE: the per-file times (file_seconds) of JUnit XML from serial
+    runs as JSON (a later XML's file replaces an earlier one's), for TIMES_JSON."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m bench test-times", description=times_main.__doc__.split("\n")[0])
+    ap.add_argument("xml", nargs="+", help="JUnit XML of serial GPU-test runs (one pytest process on one GPU)")
+    ap.add_argument("--out", default=TIMES_JSON, help="the JSON to write (default: bench/test_times.json)")
+    args = ap.parse_args(argv)
+    times = {}
+    for path in args.xml:
+        found = file_seconds(path)
+        if not found:
+            raise SystemExit(f"{path}: no test cases read")
+        times.update(found)
+    with open(args.out, "w") as f:
+        json.dump({k: round(v, 1) for k, v in sorted(times.items())}, f, indent=1)
+        f.write("\n")
+    print(f"{args.out}: {len(times)} files, {sum(times.values()):.0f} s")
+    return 0
+
+
+def part_test_files(paths, part: str, seconds=None) -> list:
+    """Part 'K/N' (1 <= K <= N) of the test files of `paths`: group K of shard(files, N) by `seconds` (TIMES_JSON's
+    when None), so that N runs of the one command, one part each, run every test file once."""
+    try:
+        k, n = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise ValueError(f"test part {part!r}: expected K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"test part {part!r}: K must be in 1..N")
+    groups = shard(list_test_files(paths), n, load_test_times() if seconds is None else seconds)
+    return groups[k - 1] if k <= len(groups) else []
 
 
 def visible_devices() -> list:
@@ -147,14 +167,14 @@ def visible_devices() -> list:
     return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
 
 
-def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times_xml=TIMES_XML):
+def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times=TIMES_JSON):
     """python -m pytest -m gpu on `paths` (comma list): junit XML in gpu-tests.xml, the text log in tests.log, and
     each test's outcome the moment it is known in tests.jsonl (the plugin bench/junit.py). deadline (time.time()
     seconds; None: none) or SIGTERM: pytest is stopped, and gpu-tests.xml is written from tests.jsonl with a note saying
     so (unless pytest had already written its own XML for every test: kept, the stop noted in tests.log); the same
     when pytest ends without writing its XML.
 
-    jobs > 1: the test files in `jobs` groups of about equal time (shard, by the times in `times_xml`), one pytest
+    jobs > 1: the test files in `jobs` groups of about equal time (shard, by the times in the JSON `times`), one pytest
     process per group at once, group K on visible GPU K modulo their count (each group's XML, log and stream as
     gpu-tests.partK.xml, tests.partK.log, tests.partK.jsonl), then gpu-tests.xml, tests.log and tests.jsonl made of
     them. For machines of several GPUs: four processes on one H200 ran each test about 5x slower than one process
@@ -171,7 +191,7 @@ def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times_xml=TIMES_XML
     stream = os.path.join(out_dir, "tests.jsonl")
     groups = [[p for p in paths.split(",") if p]]
     if jobs > 1:
-        groups = shard(test_files(paths), jobs, file_seconds(times_xml) if times_xml else None)
+        groups = shard(list_test_files(paths), jobs, load_test_times(times) if times else None)
     tags = [""] if len(groups) == 1 else [f".part{i}" for i in range(len(groups))]
     parts = [(os.path.join(out_dir, f"gpu-tests{t}.xml"), os.path.join(out_dir, f"tests{t}.log"),
               os.path.join(out_dir, f"tests{t}.jsonl")) for t in tags]
@@ -223,7 +243,7 @@ def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times_xml=TIMES_XML
         notes = []
         for p in done:
             notes += [e.get("value") for e in ET.parse(p[0]).getroot().iter("property") if e.get("name") == "note"]
-        counts = merge_xml([p[0] for p in done], xml, notes[0] if notes else None)
+        counts = junit.merge_xml([p[0] for p in done], xml, notes[0] if notes else None, at_once=True)
         with open(stream, "w") as out:
             for p in parts:
                 if os.path.isfile(p[2]):
@@ -385,12 +405,15 @@ def write_report(head, records, out_dir):
 
 
 def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jobs=None, time_limit_min=None,
-            test_jobs=1):
+            test_jobs=1, test_part=None):
     """Precompile, the GPU tests (`test_jobs` pytest processes at once: gpu_tests) and the sanitizer runs (sanitize,
     with the tests), then the suites (run_suites;
     `time_limit_min`: the whole run's minutes, precompile and tests included, past which no suite is started and the
     GPU tests are stopped, their XML written from what ran)."""
     os.makedirs(out_dir, exist_ok=True)
+    if test_part and tests and tests != "none":  # before anything runs: a bad K/N fails here
+        tests = ",".join(part_test_files(tests, test_part)) or "none"
+        print(f"GPU tests, part {test_part}: {tests}", flush=True)
     t0 = time.time()
     deadline = None if time_limit_min is None else t0 + 60.0 * time_limit_min
     if do_precompile:

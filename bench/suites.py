@@ -148,8 +148,8 @@ SUITES = {s.name: s for s in (
 
 # `python -m bench all` without --suites: the forward headline (Hopper and mma.sync kernels next to SDPA), latency
 # and the Hopper microbenchmarks, about 5.6 minutes; with the precompile and the GPU tests (about 10 minutes on one
-# H200) that is more than one 10-minute command: `--time-limit 9.5` starts only the suites that fit (or name --tests,
-# --suites, --seqlens, --headdims);
+# H200) that is more than one 10-minute command: `--test-part 1/2` and `2/2` split the tests over two runs, and
+# `--time-limit 9.5` starts only the suites that fit (or name --tests, --suites, --seqlens, --headdims);
 # the backward (suite bwd, about 5 minutes) and decoding (decode) are runs of their own
 DEFAULT_ALL = ("ceilings", "fwd90", "latency", "micro90")
 

@@ -6,6 +6,8 @@ import os
 import time
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from bench import junit, run
 
 _TESTS = '''
@@ -157,11 +159,11 @@ def test_file_seconds_sums_per_module(tmp_path):
     assert run.file_seconds(str(tmp_path / "missing.xml")) == {}
 
 
-def test_test_files_expands_directories(tmp_path):
+def test_list_test_files_expands_directories(tmp_path):
     (tmp_path / "test_b.py").write_text("")
     (tmp_path / "test_a.py").write_text("")
     (tmp_path / "helper.py").write_text("")
-    assert run.test_files(f"{tmp_path},x/test_c.py::test_n") == [
+    assert run.list_test_files(f"{tmp_path},x/test_c.py::test_n") == [
         str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"), "x/test_c.py::test_n"]
 
 
@@ -177,7 +179,7 @@ def test_gpu_tests_in_parallel_parts_merged(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     a, b = _two_files(tmp_path, 0)
-    rc = run.gpu_tests(str(out), f"{a},{b}", jobs=2, times_xml=None)
+    rc = run.gpu_tests(str(out), f"{a},{b}", jobs=2, times=None)
     assert rc == 1
     suite, cases, props = _cases(str(out / "gpu-tests.xml"))
     assert "note" not in props and len(cases) == 11
@@ -195,7 +197,7 @@ def test_gpu_tests_in_parallel_stopped_at_the_deadline(tmp_path):
     out.mkdir()
     a, b = _two_files(tmp_path, 120)
     t0 = time.time()
-    rc = run.gpu_tests(str(out), f"{a},{b}", deadline=t0 + 12, jobs=2, times_xml=None)
+    rc = run.gpu_tests(str(out), f"{a},{b}", deadline=t0 + 12, jobs=2, times=None)
     assert rc == "stopped" and time.time() - t0 < 40
     suite, cases, props = _cases(str(out / "gpu-tests.xml"))
     assert props["note"].startswith("stopped by the time limit")
@@ -214,7 +216,61 @@ def test_gpu_tests_in_parallel_one_gpu_each(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert run.visible_devices() == ["3", "5"]
     paths = ",".join(str(tmp_path / f"test_{n}.py") for n in "abc")
-    assert run.gpu_tests(str(out), paths, jobs=3, times_xml=None) == 1
+    assert run.gpu_tests(str(out), paths, jobs=3, times=None) == 1
     messages = " ".join(junit.results(junit.read_stream(str(out / "tests.jsonl")))[k][2]
                         for k in junit.results(junit.read_stream(str(out / "tests.jsonl"))))
     assert "part a on 3" in messages and "part b on 5" in messages and "part c on 3" in messages
+
+
+def test_part_test_files_split_every_file_once(tmp_path):
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / f"test_{name}.py").write_text("")
+    seconds = {"test_a.py": 50.0, "test_b.py": 40.0, "test_c.py": 30.0}  # test_d: no GPU tests (1 s)
+    parts = [run.part_test_files(str(tmp_path), f"{k}/2", seconds) for k in (1, 2)]
+    assert sorted(f for p in parts for f in p) == [str(tmp_path / f"test_{n}.py") for n in "abcd"]
+    assert parts[0] == [str(tmp_path / "test_a.py"), str(tmp_path / "test_d.py")]  # 51 s against 70 s
+    assert run.part_test_files(str(tmp_path), "3/3", {"test_a.py": 1.0}) != []  # each of 3 parts gets a file
+    assert run.part_test_files(str(tmp_path / "test_a.py"), "2/2", seconds) == []  # fewer files than parts
+    for bad in ("0/2", "3/2", "1", "a/b"):
+        with pytest.raises(ValueError, match="test part"):
+            run.part_test_files(str(tmp_path), bad, seconds)
+
+
+def test_committed_test_times_cover_every_gpu_test_file():
+    """bench/test_times.json (the weights of --test-part) names every test file that has GPU tests."""
+    import ast
+
+    times = run.load_test_times()
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    for name in sorted(os.listdir(root)):
+        if not (name.startswith("test_") and name.endswith(".py")):
+            continue
+        tree = ast.parse(open(os.path.join(root, name)).read())
+        marked = any(isinstance(n, ast.Attribute) and n.attr == "gpu" for n in ast.walk(tree))
+        if marked:
+            assert name in times, f"{name} has GPU tests but no time in bench/test_times.json"
+    assert all(v >= 0 for v in times.values()) and sum(times.values()) > 300
+
+
+def test_run_all_rejects_a_bad_part_before_running(tmp_path):
+    with pytest.raises(ValueError, match="test part"):
+        run.run_all(str(tmp_path / "out"), [], tests="tests", do_precompile=False, test_part="2/1")
+    assert not (tmp_path / "out" / "gpu-tests.xml").exists()
+
+
+def test_times_and_merge_commands(tmp_path, capsys):
+    from bench.__main__ import main
+
+    a, b = tmp_path / "a.xml", tmp_path / "b.xml"
+    a.write_text('<testsuites><testsuite tests="2" time="3.0"><testcase classname="tests.test_a" name="x" time="1"/>'
+                 '<testcase classname="tests.test_a" name="y" time="2"><skipped/></testcase></testsuite></testsuites>')
+    b.write_text('<testsuites><testsuite tests="1" time="5.0"><testcase classname="tests.test_b" name="z" time="5">'
+                 '<failure message="no"/></testcase></testsuite></testsuites>')
+    assert main(["test-times", str(a), str(b), "--out", str(tmp_path / "t.json")]) == 0
+    assert json.loads((tmp_path / "t.json").read_text()) == {"test_a.py": 3.0, "test_b.py": 5.0}
+    assert main(["junit", "--merge", str(tmp_path / "m.xml"), str(a), str(b), "--note", "two parts"]) == 0
+    suite, cases, props = _cases(str(tmp_path / "m.xml"))
+    assert props["note"] == "two parts" and cases == {("test_a", "x"): "passed", ("test_a", "y"): "skipped",
+                                                      ("test_b", "z"): "failure"}
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("time")) == ("3", "1", "1", "8.000")
+    assert "1 passed, 1 failed, 0 errors, 1 skipped (3 tests) from 2 parts" in capsys.readouterr().out

@@ -227,3 +227,25 @@ def test_walk_rule_at_the_measured_shapes():
     walk = lambda b, s, causal=True: _configs.sm90_persist_walk(causal, b * 16, s, s, t, 132)  # noqa: E731
     assert (walk(1, 16384), walk(2, 8192), walk(1, 65536), walk(4, 4096), walk(1, 16384, False)) == \
         ("bh", "bh", "qtile", "qtile", "qtile")
+
+
+def test_walk_model_orders_and_spreads():
+    """bench.diag.fwd90_walk_model: its walks reproduce the configured list model, "group" is "bh" for one group and
+    "qtile" for groups of one head, and dynamic scheduling of equal tiles that fill the blocks is even."""
+    import numpy as np
+
+    from bench.diag import fwd90_walk_model as wm
+    from cuflash._configs import persist_walk_spread
+
+    for walk in ("qtile", "bh"):
+        assert wm.fixed_spread(walk, 256, 2048, 192, 128, 132) == persist_walk_spread(walk, 256, 2048, 2048, 192, 128,
+                                                                                      132)
+    assert np.array_equal(wm.tile_work("group", 12, 1000, 128, 128, group=12), wm.tile_work("bh", 12, 1000, 128, 128))
+    assert np.array_equal(wm.tile_work("group", 12, 1000, 128, 128, group=1), wm.tile_work("qtile", 12, 1000, 128, 128))
+    ragged = wm.tile_work("group", 10, 512, 128, 128, group=4)  # groups of 4, 4, 2 heads
+    assert list(ragged[:8]) == [4] * 4 + [3] * 4 and list(ragged[-4:]) == [2, 2, 1, 1]
+    assert sorted(ragged) == sorted(wm.tile_work("qtile", 10, 512, 128, 128))
+    assert wm.dynamic_spread("qtile", 132, 128, 128, 128, 132) == 1.0  # one tile each
+    assert wm.dynamic_spread("bh", 256, 2048, 192, 128, 132, fixed=1.0) < wm.fixed_spread("qtile", 256, 2048, 192, 128,
+                                                                                          132, fixed=1.0)
+    assert [p[:3] for p in wm.points()][:2] == [(64, 2048, 8), (64, 4096, 4)]  # the configured persistent points

@@ -1,0 +1,116 @@
+"""Diagnostic (CPU): how evenly the Hopper forward's persistent form spreads causal work over its blocks, from a list
+model of its tile walks, next to a walk that hands out tiles as blocks free up.
+
+    python -m bench.diag.fwd90_walk_model [--fixed C]
+
+The persistent form (cuflash._configs.SM90_FWD_PERSIST_VARIANTS; cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) runs one
+block per SM, each walking Q tiles by a fixed rule: linear index t in waves of G blocks, block t mod G in even waves
+and G - 1 - (t mod G) in odd ones, with t running over a (batch, head)'s Q tiles innermost ("qtile", heaviest tile
+first) or over the (batch, head)s innermost ("bh"). A tile's work is the number of K / V tiles its rows see (causal,
+bottom-right), plus C per tile (--fixed: the prologue and epilogue a tile costs, in K / V tiles; default 1). Printed
+per causal FA2-grid point (batch x seqlen = 16k tokens, hidden 2048) where the persistent form is configured, with the
+configured tile (cuflash._configs.sm90_fwd_tile): the largest block's work over the mean (1.000: even) for
+
+- the two fixed walks, as cuflash._configs.persist_walk_spread models them (which walk "auto" takes is marked *);
+- "qtile dyn", "bh dyn" and "group dyn": those orders and a third, each tile taken by the block that frees up first
+  (greedy list scheduling: what a work counter that each block's producer increments would give). "group" walks the
+  (batch, head)s in groups of --group (default 16), one group after the other, "bh"'s order inside a group: the blocks
+  at work share the K / V of about that many heads in L2 (16 heads of 2k keys at head dim 64: 8 MB), and every
+  group's lightest tiles come last.
+
+The model leaves out memory traffic and the L2 reuse that favours "qtile" (a head's K / V read by blocks at once):
+"bh" measured 0.88-0.99x "qtile" at 2k-4k although the model puts it nearer even. A spread is an upper bound on what
+a better walk can gain, not a prediction of it."""
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+
+import numpy as np
+
+from cuflash._configs import SM90_FWD_TILES, persist_walk_spread, sm90_fwd_tile
+
+SMS, TOKENS, HIDDEN = 132, 16384, 2048
+SEQLENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def tile_work(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, fixed: float = 0.0,
+              group: int = 16) -> np.ndarray:
+    """The work of the Q tiles in walk order (seqlen_q = seqlen_k, causal): K / V tiles seen plus `fixed`. Walks:
+    "qtile", "bh", and "group": the (batch, head)s in groups of `group`, one group after the other, inside a group
+    "bh"'s order (every head's heaviest tile, then the next heaviest, ...)."""
+    x_tiles = -(-seqlen // block_m)
+    t = np.arange(x_tiles * batch_heads, dtype=np.int64)
+    if walk == "group":
+        first = (t // (x_tiles * group)) * group  # the group's first (batch, head)
+        size = np.minimum(group, batch_heads - first)
+        x = x_tiles - 1 - (t - first * x_tiles) // size
+    else:
+        x = x_tiles - 1 - (t // batch_heads if walk == "bh" else t % x_tiles)
+    last = np.minimum(seqlen, (x + 1) * block_m)
+    return np.where(last > 0, -(-last // block_n), 0) + fixed
+
+
+def fixed_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
+                 fixed: float = 0.0) -> float:
+    """The fixed walk's largest block over the mean (persist_walk_spread, with `fixed` per tile)."""
+    if fixed == 0.0:
+        return persist_walk_spread(walk, batch_heads, seqlen, seqlen, block_m, block_n, grid)
+    work = tile_work(walk, batch_heads, seqlen, block_m, block_n, fixed)
+    t = np.arange(work.size)
+    pos = t % grid
+    block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
+    totals = np.bincount(block, weights=work, minlength=grid)
+    return float(totals.max() / totals.mean())
+
+
+def dynamic_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
+                   fixed: float = 0.0, group: int = 16) -> float:
+    """Tiles in walk order, each to the block that frees up first: the makespan over the mean work per block."""
+    work = tile_work(walk, batch_heads, seqlen, block_m, block_n, fixed, group)
+    free = [0.0] * grid
+    for w in work.tolist():
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return float(max(free) / (work.sum() / grid))
+
+
+def points():
+    """(head dim, seqlen, batch, heads, tile) of the causal FA2-grid points where the persistent form is configured."""
+    for d in sorted(SM90_FWD_TILES):
+        for s in SEQLENS:
+            tile = sm90_fwd_tile(d, True, s)
+            if tile.persistent:
+                yield d, s, TOKENS // s, HIDDEN // d, tile
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.diag.fwd90_walk_model", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fixed", type=float, default=1.0, help="work per tile besides its K / V tiles (default 1)")
+    ap.add_argument("--sms", type=int, default=SMS)
+    ap.add_argument("--group", type=int, default=16, help="(batch, head)s per group of the 'group' walk (default 16)")
+    args = ap.parse_args(argv)
+    from cuflash._configs import sm90_persist_walk
+
+    print(f"largest block's work / mean, causal, {args.sms} SMs, {args.fixed:g} K/V tiles of fixed work per Q tile "
+          "(* the walk grid_order 'auto' takes)")
+    print(f"{'hdim':>4} {'seqlen':>6} {'b x h':>8} {'tile':>9} {'tiles':>6} {'qtile':>7} {'bh':>7} {'qtile dyn':>9} "
+          f"{'bh dyn':>7} {'group dyn':>9}")
+    for d, s, b, h, tile in points():
+        tiles = -(-s // tile.block_m) * b * h
+        grid = min(tiles, args.sms * tile.min_blocks)
+        auto = sm90_persist_walk(True, b * h, s, s, tile, grid)
+        cells = []
+        for walk in ("qtile", "bh"):
+            v = fixed_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed)
+            cells.append(f"{v:.3f}" + ("*" if walk == auto else " "))
+        for walk in ("qtile", "bh", "group"):
+            v = dynamic_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, args.group)
+            cells.append(f"{v:.3f}")
+        print(f"{d:>4} {s:>6} {f'{b} x {h}':>8} {f'{tile.block_m}x{tile.block_n}':>9} {tiles:>6} {cells[0]:>7} "
+              f"{cells[1]:>7} {cells[2]:>9} {cells[3]:>7} {cells[4]:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,6 +57,15 @@ def _finish_part(xml, log_path, stream, rc, stopped):
             log.write("\n" + line + "\n")
 
 
+def read_paths(paths: str) -> str:
+    """`paths` as a comma list: '@FILE' is the list in FILE (comma or line separated: paths, node ids, pytest
+    arguments such as --deselect=ID)."""
+    if not paths.startswith("@"):
+        return paths
+    with open(paths[1:]) as f:
+        return ",".join(x.strip() for x in f.read().replace("\n", ",").split(",") if x.strip())
+
+
 def list_test_files(paths, root=ROOT) -> list:
     """The test files of pytest paths (comma list): a directory gives its test_*.py files (sorted), a file or a node id
     stays as given."""
@@ -182,9 +191,7 @@ def gpu_tests(out_dir, paths="tests", deadline=None, jobs=1, times=TIMES_JSON):
     worst of the groups': the first nonzero), or "stopped"."""
     from . import junit
 
-    if paths.startswith("@"):  # the list in a file (comma or line separated): node ids, --deselect=ID
-        with open(paths[1:]) as f:
-            paths = ",".join(x.strip() for x in f.read().replace("\n", ",").split(",") if x.strip())
+    paths = read_paths(paths)
     t0 = time.time()
     xml = os.path.join(out_dir, "gpu-tests.xml")
     log_path = os.path.join(out_dir, "tests.log")
@@ -412,7 +419,7 @@ def run_all(out_dir, suites, tests="tests", options=None, do_precompile=True, jo
     GPU tests are stopped, their XML written from what ran)."""
     os.makedirs(out_dir, exist_ok=True)
     if test_part and tests and tests != "none":  # before anything runs: a bad K/N fails here
-        tests = ",".join(part_test_files(tests, test_part)) or "none"
+        tests = ",".join(part_test_files(read_paths(tests), test_part)) or "none"
         print(f"GPU tests, part {test_part}: {tests}", flush=True)
     t0 = time.time()
     deadline = None if time_limit_min is None else t0 + 60.0 * time_limit_min

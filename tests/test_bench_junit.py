@@ -274,3 +274,10 @@ def test_times_and_merge_commands(tmp_path, capsys):
                                                       ("test_b", "z"): "failure"}
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("time")) == ("3", "1", "1", "8.000")
     assert "1 passed, 1 failed, 0 errors, 1 skipped (3 tests) from 2 parts" in capsys.readouterr().out
+
+
+def test_read_paths_from_a_file(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text("tests/test_a.py\ntests/test_b.py::test_x,--deselect=tests/test_b.py::test_y\n\n")
+    assert run.read_paths(f"@{listing}") == "tests/test_a.py,tests/test_b.py::test_x,--deselect=tests/test_b.py::test_y"
+    assert run.read_paths("tests") == "tests"

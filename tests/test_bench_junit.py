@@ -162,7 +162,7 @@ def test_file_seconds_sums_per_module(tmp_path):
 def test_list_test_files_expands_directories(tmp_path):
     (tmp_path / "test_b.py").write_text("")
     (tmp_path / "test_a.py").write_text("")
-    (tmp_path / "helper.py").write_text("")
+    (tmp_path / "util.py").write_text("")
     assert run.list_test_files(f"{tmp_path},x/test_c.py::test_n") == [
         str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"), "x/test_c.py::test_n"]
 

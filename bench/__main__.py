@@ -43,10 +43,11 @@ def parser():
     ap.add_argument("--out", default="bench-out", help="output directory (default: ./bench-out)")
     ap.add_argument("--suites", default=None,
                     help=f"with 'all': comma list of suites, 'every' or 'none' (default: {','.join(DEFAULT_ALL)})")
-    ap.add_argument("--tests", default="tests", help="with 'all': pytest paths of the GPU tests (comma list; @FILE: the list in FILE), or 'none'")
+    ap.add_argument("--tests", default="tests",
+                    help="with 'all': pytest paths of the GPU tests (comma list; @FILE: the list in FILE), or 'none'")
     ap.add_argument("--test-jobs", type=int, default=1,
                     help="with 'all': pytest processes at once, one per visible GPU in turn, the test files sharded by "
-                         "the times of bench/results/gpu-tests.xml (default 1; for machines of several GPUs: on one "
+                         "the times of bench/test_times.json (default 1; for machines of several GPUs: on one "
                          "GPU, processes at once slow every test down more than they gain)")
     ap.add_argument("--test-part", default=None, metavar="K/N",
                     help="with 'all': only part K of N of the test files, split by bench/test_times.json (N runs, one "

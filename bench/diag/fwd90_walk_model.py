@@ -11,7 +11,8 @@ bottom-right), plus C per tile (--fixed: the prologue and epilogue a tile costs,
 per causal FA2-grid point (batch x seqlen = 16k tokens, hidden 2048) where the persistent form is configured, with the
 configured tile (cuflash._configs.sm90_fwd_tile): the largest block's work over the mean (1.000: even) for
 
-- the two fixed walks, as cuflash._configs.persist_walk_spread models them (which walk "auto" takes is marked *);
+- the two fixed walks, modelled as cuflash._configs.persist_walk_spread does (tests/test_fwd90_persist_cpu.py checks
+  they agree; the walk "auto" takes is marked *);
 - "qtile dyn", "bh dyn" and "group dyn": those orders and a third, each tile taken by the block that frees up first
   (greedy list scheduling: what a work counter that each block's producer increments would give). "group" walks the
   (batch, head)s in groups of --group (default 16), one group after the other, "bh"'s order inside a group: the blocks
@@ -29,7 +30,7 @@ import sys
 
 import numpy as np
 
-from cuflash._configs import SM90_FWD_TILES, persist_walk_spread, sm90_fwd_tile
+from cuflash._configs import SM90_FWD_TILES, sm90_fwd_tile
 
 SMS, TOKENS, HIDDEN = 132, 16384, 2048
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -54,9 +55,8 @@ def tile_work(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: i
 
 def fixed_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
                  fixed: float = 0.0) -> float:
-    """The fixed walk's largest block over the mean (persist_walk_spread, with `fixed` per tile)."""
-    if fixed == 0.0:
-        return persist_walk_spread(walk, batch_heads, seqlen, seqlen, block_m, block_n, grid)
+    """The fixed walk's largest block over the mean (cuflash._configs.persist_walk_spread's model, with `fixed` per
+    tile)."""
     work = tile_work(walk, batch_heads, seqlen, block_m, block_n, fixed)
     t = np.arange(work.size)
     pos = t % grid

@@ -31,12 +31,12 @@
 // The persistent form (PERSIST; taken at head dims 64 and 128 by key count: cuflash/_configs.py, bench/NOTES.md
 // "Hopper forward"). It hides what one block per Q tile leaves exposed, most where a block runs few KV tiles: the
 // prologue (barrier set-up, the Q load and first K load before the first product) and the epilogue (O / l, the O
-// store, the wait for the store's reads). Block
-// `bid` of G takes tiles bid, 2G - 1 - bid, 2G + bid, 4G - 1 - bid, ... (Sm90FwdTiles: waves of G tiles, every
-// other wave in reverse, so that a block's causal tiles alternate heavy and light), the tiles of one (batch, head)
-// consecutive (their K/V shared through L2) and within them the heaviest causal tile first -- or, with grid_order 1
-// (fixed lengths), every (batch, head)'s heaviest tile first, then the next: the causal work in decreasing order, so
-// the alternating waves balance it to about one tile whatever G is (Sm90FwdTiles). The barriers are set
+// store, the wait for the store's reads). The tiles are walked in a fixed order (Sm90FwdTiles): a (batch, head)'s
+// tiles, the heaviest causal tile first, or the (batch, head)s in groups, every member's heaviest tile first, then
+// the next. They are handed out in fixed waves -- block `bid` of G takes tiles bid, 2G - 1 - bid, 2G + bid, ...,
+// every other wave in reverse, so that a block's causal tiles alternate heavy and light -- or, the dynamic walk,
+// by a counter in device memory that each block's producer draws from as its block frees up (Sm90FwdWalk), which
+// balances the causal work to about one tile whatever G is. The barriers are set
 // up once; the producer runs ahead across tiles: the K/V ring is one stream over all of a block's tiles (stage and
 // phase from a running count), and Q has two buffers, each with a full (bar_q) and an empty (empty_q) mbarrier, so
 // tile t + 1's Q and first K/V stages load while the consumers finish tile t. Hazards: the epilogue stages O in
@@ -47,7 +47,9 @@
 // turn of the next (a tile with no KV tile has no turns and passes the opening on), so the tensor cores go on to
 // the next tile during its epilogue, and consumer 0 takes the one opening left over after the last tile. A tile
 // whose rows see no key (n_iters = 0) takes a Q buffer without a load (bar_q completes by a plain arrive) and
-// stores O = 0, LSE = -inf; a packed tile past its element's rows is skipped by producer and consumers alike.
+// stores O = 0, LSE = -inf; a packed tile past its element's rows is passed over by the producer. The producer
+// tells the consumers which tile a Q buffer holds through shared memory (tile_of), and an index past the tiles ends
+// their walk.
 //
 // Template parameters (cuflash/_configs.py: SM90_FWD_TILES, the source of truth):
 //   T                 __half or __nv_bfloat16;   D  head dim (multiple of 16)
@@ -116,33 +118,43 @@ struct Sm90FwdLayout {
   static constexpr int BAR_OFF = V_OFF + STAGES * KV_BYTES;
   // full Q per buffer; full_k, full_v, empty_k, empty_v per stage; with two buffers, empty Q per buffer
   static constexpr int BARS = QBUF + 4 * STAGES + (QBUF > 1 ? QBUF : 0);
-  static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
+  // with two buffers, each buffer's tile index (int32: the persistent form's producer tells the consumers which tile
+  // a buffer holds)
+  static constexpr int TILE_OFF = BAR_OFF + BARS * 8;
+  static constexpr int BYTES = TILE_OFF + (QBUF > 1 ? 8 : 0) + 1024;  // + the slack that aligns the base to 1024
 };
 
-// The persistent form's tiles: a linear index over x (a (batch, head)'s Q tiles, or, packed, every element's tiles
+// The persistent form's tiles: a linear index t over x (a (batch, head)'s Q tiles, or, packed, every element's tiles
 // as the one-tile grid's x: attn/seqlen.cuh) and (batch, head), x visited last first (the heaviest causal tile first,
-// as fwd_block_coords). Block bid of G takes tile k G + bid of wave k for even k and k G + G - 1 - bid for odd k.
-// grid_order 0 ("qtile"): x innermost, so a (batch, head)'s tiles run together (their K/V shared through L2); with G
-// a multiple of the x tiles a block's causal tiles pair heavy with light exactly, and only nearly so otherwise.
-// grid_order 1 ("bh", fixed lengths): (batch, head) innermost, so the index runs over every head's tile x, then
-// x - 1, ...: the causal tiles in order of decreasing work, dealt out in waves that alternate direction, which
-// bounds the spread of the blocks' work by about one tile's (a balance that the first order loses where G is no
-// multiple of the x tiles), at the cost of the heads' K/V sharing L2 at once.
+// as fwd_block_coords), the (batch, head)s taken in groups of p.walk_group: group after group, and inside a group
+// every member's tile x, then x - 1, ... So group 1 ("qtile") runs a (batch, head)'s tiles together (their K/V
+// shared through L2); a group of every (batch, head) ("bh", fixed lengths) deals the causal tiles out in order of
+// decreasing work, at the cost of every head's K/V in L2 at once; groups between keep the K/V of a group's heads in
+// L2 and deal each group's tiles out heaviest first (the host picks: cuflash/_configs.py, sm90_persist_walk).
+// Handing out, fixed (p.walk_slot < 0): block bid of G takes tile k G + bid of wave k for even k and k G + G - 1 -
+// bid for odd k -- with "qtile" and G a multiple of the x tiles a block's causal tiles pair heavy with light
+// exactly, and nearly so otherwise; with "bh" the alternating waves bound the spread of the blocks' work by about
+// one tile. Dynamic (p.walk_slot >= 0, Sm90FwdWalk): block bid takes tile bid first and then whichever tile the
+// counter gives it as it frees up, so a block that drew light tiles draws more (greedy list scheduling of tiles in
+// decreasing work within each group).
 template <int BLOCK_M>
 struct Sm90FwdTiles {
-  int x_tiles, count, by_work;
+  int x_tiles, count;
   __device__ __forceinline__ Sm90FwdTiles(const FwdParams& p, bool varlen)
       : x_tiles(varlen ? (int)(p.seqlen_q / BLOCK_M + p.batch) : (int)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M)),
-        count(x_tiles * (int)(p.nheads * (varlen ? 1 : p.batch))),
-        by_work(!varlen && p.grid_order == 1) {}
-  __device__ __forceinline__ int tile(int k) const {  // this block's tile of wave k (none when >= count)
+        count(x_tiles * (int)(p.nheads * (varlen ? 1 : p.batch))) {}
+  __device__ __forceinline__ int tile(int k) const {  // the fixed walk: this block's tile of wave k (none: >= count)
     const int g = (int)gridDim.x;
     return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
   }
   __device__ __forceinline__ FwdBlock coords(const FwdParams& p, int t, bool varlen) const {
     FwdBlock c;
-    const int bhs = count / x_tiles;
-    const int x = x_tiles - 1 - (by_work ? t / bhs : t % x_tiles), bh = by_work ? t % bhs : t / x_tiles;
+    // (the (batch, head)s and the group size taken from the parameter block here rather than held: the producer
+    // runs on few registers)
+    const int bhs = (int)(p.nheads * (varlen ? 1 : p.batch)), group = max(1, min((int)p.walk_group, bhs));
+    const int first = t / (x_tiles * group) * group;  // the group's first (batch, head)
+    const int size = min(group, bhs - first), within = t - first * x_tiles;
+    const int x = x_tiles - 1 - within / size, bh = first + within % size;
     if (varlen) {
       const int2 bt = varlen_tile<BLOCK_M>(p.cu_seqlens_q, (int)p.batch, x);
       c.batch = bt.x;
@@ -155,6 +167,39 @@ struct Sm90FwdTiles {
     }
     c.split = 0;
     return c;
+  }
+};
+
+// The dynamic walk's tile counters: a pair per slot (the host hands slots out, cuflash/_walk.py: one per stream, and
+// one of its own to each launch captured into a CUDA graph, so that no two launches that may overlap share one),
+// zero at module load and left zero by every launch: [0] tiles handed out past the first wave, [1] blocks done.
+constexpr int SM90_WALK_SLOTS = 8192;
+__device__ unsigned int sm90_walk_counters[SM90_WALK_SLOTS][2];
+
+// One launch's counter pair (used by the producer thread alone; its address taken from the parameter block at each
+// use: the producer runs on few registers).
+struct Sm90FwdWalk {
+  const FwdParams& p;
+  __device__ __forceinline__ bool dynamic() const { return p.walk_slot >= 0; }
+  // (the slot through a volatile move: its address is then made at each use, not held through the producer's loop)
+  __device__ __forceinline__ unsigned int* pair() const {
+    return sm90_walk_counters[opaque((int)p.walk_slot) % SM90_WALK_SLOTS];
+  }
+  // The block's tile of its k-th draw: its own index first, then the counter's next (past the first wave).
+  __device__ __forceinline__ int draw(int k) const {
+    // (the counter's value through a shuffle of the one lane: the compiler then keeps the tile's coordinates, as it
+    // does those of a fixed walk's tile, in uniform registers, and the producer's few registers hold the rest)
+    return k == 0 ? (int)blockIdx.x : (int)gridDim.x + __shfl_sync(1u, (int)atomicAdd(pair(), 1u), 0);
+  }
+  // After the block's last draw (an index past the tiles): the block that finishes last sets both counters back to
+  // zero. Every block's draws come before its count (the fence orders them), so the last to count comes after every
+  // draw of the launch; the next launch on the slot starts after this one ends (stream order, or a graph's order).
+  __device__ __forceinline__ void finish() const {
+    __threadfence();
+    if (atomicAdd(pair() + 1, 1u) == gridDim.x - 1) {
+      atomicExch(pair(), 0u);
+      atomicExch(pair() + 1, 0u);
+    }
   }
 };
 
@@ -202,6 +247,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
   uint64_t* empty_k = full_v + STAGES;
   uint64_t* empty_v = empty_k + STAGES;
   uint64_t* empty_q = empty_v + STAGES;  // Q buffer b free again (the O staged in it stored): empty_q[b]
+  volatile int* tile_of = reinterpret_cast<volatile int*>(sm + L::TILE_OFF);  // buffer b's tile: tile_of[b]
 
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int wg = threadIdx.x / 128;
@@ -243,17 +289,30 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0) {
       // Every tile in turn: Q buffer qi % 2 (reloaded once the consumers have stored the O staged in it) and one
-      // ring position per KV tile, the ring continuing across tiles.
+      // ring position per KV tile, the ring continuing across tiles. The tile's index goes with its buffer
+      // (tile_of, written before the buffer's bar_q arrive, whose release the consumers' wait acquires); an index
+      // past the tiles ends the walk (a plain arrive, nothing loaded). The dynamic walk draws a tile once its
+      // buffer is free, i.e. as the consumers start the tile before: a block takes one tile ahead of its work.
       const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
+      const Sm90FwdWalk walk{p};
       int kv = 0, qi = 0;
-      for (int k = 0, t = tiles.tile(0); t < tiles.count; t = tiles.tile(++k)) {
-        const Work w = work_of(tiles, t);
-        if (w.m0 >= w.si.seqlen_q) continue;  // varlen: past the element's rows (the consumers skip it too)
+      for (int k = 0;;) {
         const int qb = qi % 2, qph = (qi / 2) & 1;
         ++qi;
+        mbar_wait(&empty_q[qb], qph ^ 1);
+        int t;
+        do {  // varlen: a tile past its element's rows is passed over (the consumers never see it)
+          t = walk.dynamic() ? walk.draw(k) : tiles.tile(k);
+          ++k;
+        } while (varlen && t < tiles.count && work_of(tiles, t).m0 >= work_of(tiles, t).si.seqlen_q);
+        tile_of[qb] = min(t, tiles.count);
+        if (t >= tiles.count) {
+          mbar_arrive(&bar_q[qb]);
+          break;
+        }
+        const Work w = work_of(tiles, t);
         const int kv_head = (int)(w.blk.head / p.heads_per_kv);
         const int tb = varlen ? 0 : w.blk.batch;
-        mbar_wait(&empty_q[qb], qph ^ 1);
         if (w.n_iters > 0) {
           mbar_arrive_expect_tx(&bar_q[qb], L::Q_BYTES);
 #pragma unroll
@@ -279,6 +338,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
                         w.si.k_start + n * BLOCK_N, kv_head, tb);
         }
       }
+      if (walk.dynamic()) walk.finish();
     }
     return;
   }
@@ -339,11 +399,13 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
   int kv = 0, qi = 0;
-  for (int k = 0, t = tiles.tile(0); t < tiles.count; t = tiles.tile(++k)) {
-    const Work wl = work_of(tiles, t);
-    if (wl.m0 >= wl.si.seqlen_q) continue;
+  for (;;) {
     const int qb = qi % 2, qph = (qi / 2) & 1;
     ++qi;
+    mbar_wait(&bar_q[qb], qph);  // buffer qb's Q and its tile index
+    const int t = __shfl_sync(0xffffffffu, tile_of[qb], 0);  // (through lane 0: warp-uniform, as cw)
+    if (t >= tiles.count) break;
+    const Work wl = work_of(tiles, t);
     const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
     const int row_wg = wl.m0 + cw * 64, row_w = row_wg + warp * 16;
     unsigned char* q_tile = sm + L::Q_OFF + qb * L::Q_BYTES + cw * 64 * 128;  // the warpgroup's rows of buffer qb
@@ -357,7 +419,6 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     };
     zero_frags(acc_o[0]);
     OnlineSoftmax<1> softmax;
-    mbar_wait(&bar_q[qb], qph);
     const int n_end = wl.n_end, n_iters = wl.n_iters;
     // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
     // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and

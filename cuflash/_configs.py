@@ -313,12 +313,13 @@ SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
 
 
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:
-    """Q (two buffers, persistent) + stages x (K + V) in 64-column chunks, the mbarriers and 1 KB of alignment slack
-    (the kernel's Sm90FwdLayout::BYTES, static_asserted)."""
+    """Q (two buffers, persistent) + stages x (K + V) in 64-column chunks, the mbarriers, the persistent form's tile
+    indices and 1 KB of alignment slack (the kernel's Sm90FwdLayout::BYTES, static_asserted)."""
     dp = -(-headdim // 64) * 64
     qbuf = 2 if tile.persistent else 1
     bars = qbuf + 4 * tile.stages + (qbuf if tile.persistent else 0)
-    return (qbuf * tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + bars * 8 + 1024
+    tile_of = 8 if tile.persistent else 0  # each Q buffer's tile index
+    return (qbuf * tile.block_m + 2 * tile.stages * tile.block_n) * dp * ELEM_BYTES + bars * 8 + tile_of + 1024
 
 
 # Tiles with more than one block per SM (min_blocks) for short sequences, where a block runs few KV tiles and its
@@ -423,6 +424,75 @@ def sm90_persist_walk(causal: bool, batch_heads: int, seqlen_q: int, seqlen_k: i
     q, bh = (persist_walk_spread(w, batch_heads, seqlen_q, seqlen_k, tile.block_m, tile.block_n, grid)
              for w in ("qtile", "bh"))
     return "bh" if q > SM90_PERSIST_QTILE_MAX_SPREAD * bh else "qtile"
+
+
+# The persistent form's dynamic walk (cuda_src/flash_fwd_sm90.cu: Sm90FwdWalk; cuflash/_walk.py): block b takes tile
+# b, then whichever tile a counter gives it as it frees up -- greedy list scheduling, which balances the blocks'
+# causal work to about one tile whatever the grid, where the fixed waves balance it exactly only where the grid and
+# the tiles line up. The tiles in groups of (batch, head)s, each group's heaviest first: the K / V of a group's heads
+# shared through L2 by the blocks at work, as "qtile" shares one head's. A causal call at fixed lengths takes it
+# under grid_order "auto" where the list model (persist_walk_model, each tile's K / V tiles plus one for its prologue
+# and epilogue) puts its largest block's work at least SM90_WALK_DYNAMIC_MIN_GAIN of the mean below the fixed walk's,
+# with the group whose spread is lowest among the powers of two whose heads' K / V take at most
+# SM90_WALK_GROUP_BYTES (the smallest such group on a tie). FA2 grid, causal, 132 blocks: head dim 64 at 2k 1.063 ->
+# 1.008 (16 heads), 4k 1.034 -> 1.006; head dim 128 at 1k-4k 1.031 -> 1.002-1.020; from 8k the fixed "bh" walk is
+# within 0.01 and stays (python -m bench.diag.fwd90_walk_model).
+SM90_WALK_GROUP_BYTES = 16 << 20
+SM90_WALK_DYNAMIC_MIN_GAIN = 0.01
+
+
+def persist_walk_model(group: int, dynamic: bool, batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int,
+                       block_n: int, grid: int, fixed: float = 1.0) -> float:
+    """The list model of the persistent form's walks at fixed lengths, causal: the largest block's work over the mean,
+    a tile's work being the K / V tiles its rows see (bottom-right) plus `fixed`. The tiles in the kernel's order
+    (Sm90FwdTiles::coords: the (batch, head)s in groups of `group`, inside a group every member's last Q tile, then
+    the one before, ...); dealt out in fixed alternating waves of `grid` (Sm90FwdTiles::tile) or, `dynamic`, each to
+    the block that frees up first."""
+    import heapq
+
+    import numpy as np
+
+    x_tiles = -(-seqlen_q // block_m)
+    group = max(1, min(group, batch_heads))
+    t = np.arange(x_tiles * batch_heads, dtype=np.int64)
+    first = t // (x_tiles * group) * group
+    size = np.minimum(group, batch_heads - first)
+    x = x_tiles - 1 - (t - first * x_tiles) // size
+    last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)
+    work = np.where(last > 0, -(-last // block_n), 0) + fixed
+    mean = work.sum() / grid
+    if mean <= 0:
+        return 1.0
+    if not dynamic:
+        pos = t % grid
+        block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
+        return float(np.bincount(block, weights=work, minlength=grid).max() / mean)
+    free = [float(w) for w in work[:grid]]
+    heapq.heapify(free)
+    for w in work[grid:].tolist():
+        heapq.heapreplace(free, free[0] + w)
+    return float(max(free) / mean)
+
+
+@lru_cache(maxsize=256)
+def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seqlen_k: int, headdim: int,
+                         block_m: int, block_n: int, grid: int, fixed_walk: str) -> int:
+    """The dynamic walk's group for a causal call at fixed lengths under grid_order "auto", or 0 where the fixed walk
+    `fixed_walk` (sm90_persist_walk's choice) stays (see SM90_WALK_DYNAMIC_MIN_GAIN)."""
+    kv_bytes = seqlen_k * (-(-headdim // 64) * 64) * 2 * ELEM_BYTES  # a KV head's K and V
+    groups, g = [], 1
+    while True:
+        if g > 1 and -(-g // heads_per_kv) * kv_bytes > SM90_WALK_GROUP_BYTES:
+            break
+        groups.append(min(g, batch_heads))
+        if g >= batch_heads:
+            break
+        g *= 2
+    model = (seqlen_q, seqlen_k, block_m, block_n, grid)
+    best = min(groups, key=lambda g: (round(persist_walk_model(g, True, batch_heads, *model), 4), g))
+    fixed = persist_walk_model(batch_heads if fixed_walk == "bh" else 1, False, batch_heads, *model)
+    dyn = persist_walk_model(best, True, batch_heads, *model)
+    return best if dyn <= fixed - SM90_WALK_DYNAMIC_MIN_GAIN else 0
 
 
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):

@@ -24,7 +24,7 @@ from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, fol
 from ._interop import desc
 from ._launch import _scratch, _tls, get_launcher
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
-from ._params import FWD_PARAMS, NO_CACHE
+from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan, remember
 from ._validate import MAX_ROW_STRIDE, check_qkv, check_softmax_scale
 
@@ -87,7 +87,7 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
         batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=sk, num_splits=num_splits,
         seqlen_k_new=seqlen_k_new, grid_order=order,
-        **mod_fields(mods, softmax_scale, hd),
+        **mod_fields(mods, softmax_scale, hd), **NO_WALK,
     )
     if packed is not None:
         grid = packed.grid(tile.block_m, kheads, num_splits)

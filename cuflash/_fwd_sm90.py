@@ -20,13 +20,13 @@ import ctypes
 import threading
 from dataclasses import replace
 
-from . import _interop
+from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_walk,
-                       sm90_fwd_tile)
+from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_dynamic,
+                       sm90_persist_walk, sm90_fwd_tile)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
-from ._params import FWD_PARAMS, NO_CACHE
+from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
@@ -110,13 +110,11 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         tile = replace(tile, o_tma=False)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     m_blocks = -(-sq // tile.block_m)
+    walk = NO_WALK
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
-    elif grid_order == "auto" and packed is not None:  # packed sequences keep the element order (Sm90FwdTiles)
-        grid_order = "qtile"
-    elif grid_order == "auto":  # the persistent form's tile walk (Sm90FwdTiles)
-        g = persistent_grid((m_blocks * h * b, 1, 1), tile, qa.device)[0]
-        grid_order = sm90_persist_walk(causal, b * h, sq, sk, tile, g)
+    else:  # the persistent form's tile walk (Sm90FwdTiles; packed sequences keep the element order)
+        walk, grid_order = persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, qa.device)
     order, grid = _grid(GRID_ORDERS[grid_order], m_blocks, h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(
@@ -125,7 +123,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         v_batch_stride=va.strides[0], v_row_stride=va.strides[1], v_head_stride=va.strides[2],
         o_batch_stride=osb, o_row_stride=osq, o_head_stride=osh,
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, num_splits=1, seqlen_k_new=0,
-        grid_order=order, **mod_fields(mods, softmax_scale, hd),
+        grid_order=order, **mod_fields(mods, softmax_scale, hd), **walk,
     )
     if packed is not None:  # the maps see [1, total, heads, d] (cuda_src/flash_fwd_sm90.cu)
         grid = packed.grid(tile.block_m, h)
@@ -138,6 +136,27 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if tile.o_tma:  # boxes of one consumer warpgroup's 64 rows
         maps += (attention_map_spec(qa.dtype, o_shape, (*o_strides, 1), 64),)
     return lau, grid, fields, maps
+
+
+def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, device) -> tuple:
+    """(the walk's FwdParams fields, the one-tile grid order) of a persistent launch. "qtile" and "bh" walk in fixed
+    waves with groups of 1 and of every (batch, head); "auto" takes the dynamic walk where
+    cuflash._configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot
+    there), else sm90_persist_walk's fixed one; "dynamic" (diagnostics) takes it with that function's group, or every
+    (batch, head) where it names none. Packed sequences walk "qtile" in fixed waves."""
+    if packed is not None:
+        return dict(walk_group=1, walk_slot=-1), "qtile"
+    bhs = b * h
+    if grid_order in ("auto", "dynamic"):
+        g = persistent_grid((m_blocks * bhs, 1, 1), tile, device)[0]
+        fixed = sm90_persist_walk(causal, bhs, sq, sk, tile, g)
+        group = sm90_persist_dynamic(bhs, h // hk, sq, sk, d, tile.block_m, tile.block_n, g, fixed) if causal else 0
+        if grid_order == "dynamic":
+            return dict(walk_group=group or bhs, walk_slot=_walk.DYNAMIC), "qtile"
+        if group:
+            return dict(walk_group=group, walk_slot=_walk.DYNAMIC), "qtile"
+        grid_order = fixed
+    return dict(walk_group=bhs if grid_order == "bh" else 1, walk_slot=-1), grid_order
 
 
 def persistent_grid(grid, tile, device: int) -> tuple:
@@ -200,9 +219,12 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile, mods,
                                            packed, op)
     cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
+    stream = _interop.current_stream(qa)
+    if fields["walk_slot"] == _walk.DYNAMIC:
+        fields["walk_slot"] = _walk.slot(qa.device, stream)
     values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, **NO_CACHE,
                                **cu, **fields)
-    _launch(lau.ptr, grid, lau.threads, lau.smem, _interop.current_stream(qa), FWD_PARAMS.struct.pack_into,
+    _launch(lau.ptr, grid, lau.threads, lau.smem, stream, FWD_PARAMS.struct.pack_into,
             encode_args(maps, qa.ptr, ka.ptr, va.ptr, op), qa.device, *values)
     return out, lse
 
@@ -212,13 +234,15 @@ class Sm90Plan(HostPlan):
     runs it at another key count (k and v's maps then follow the call's shape and strides). With o_tma the maps
     are keyed by the output's pointer too."""
 
-    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps", "o_tma")
+    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps", "o_tma", "walk")
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
         mb = memo_args(self.encoded, self.maps, (qp, kp, vp, op) if self.o_tma else (qp, kp, vp))
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
+        if self.walk:  # the dynamic walk's counter slot: the stream's, or a captured launch's own
+            _walk.put_slot(buf, _walk.SLOT_OFFSET, _walk.slot(self.device, stream))
         ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
@@ -240,6 +264,8 @@ class Sm90Plan(HostPlan):
             mb = memo_args(self.encoded, maps, ptrs, (*ptrs, kshape, ks, vs))
         buf, base, argv, _ = _scratch()
         self.kv.pack(self, buf, qp, kp, vp, op, lp, kshape[1], ks, vs)
+        if self.walk:
+            _walk.put_slot(buf, _walk.SLOT_OFFSET, _walk.slot(self.device, stream))
         ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
@@ -252,8 +278,9 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=Non
     lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
                                            tile=tile, mods=mods)
     p = Sm90Plan(qa)
+    p.walk = fields["walk_slot"] == _walk.DYNAMIC  # (its slot put in per call: Sm90Plan.run)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
-           **NO_CACHE, **fields)
+           **NO_CACHE, **dict(fields, walk_slot=-1))
     p.add_launch(lau, grid)
     p.maps, p.encoded, p.kv_maps, p.o_tma = maps, {}, {}, len(maps) == 4
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))

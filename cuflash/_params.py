@@ -143,10 +143,12 @@ FWD_PARAMS = ParamBlock("FwdParams", (
            "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
-    ("scale_log2", DOUBLE), *_MODS, *_ints(*_CACHE_INTS),
+    ("scale_log2", DOUBLE), *_MODS, *_ints(*_CACHE_INTS), *_ints("walk_group", "walk_slot"),
 ))
 # FwdParams with no KV-cache indirection (every kernel but the decode kernel's cache calls).
 NO_CACHE = dict.fromkeys(("seqlens_k", *_CACHE_PTRS, *_CACHE_INTS), 0)
+# FwdParams of a kernel other than the Hopper forward's persistent form (its tile walk: cuflash/_walk.py).
+NO_WALK = dict(walk_group=0, walk_slot=-1)
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
     *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "cu_seqlens_q",

@@ -45,7 +45,7 @@ from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import _props, get_launcher, sm_count, smem_per_sm
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
-from ._params import APPEND_ARGS, FWD_PARAMS, stride_fields
+from ._params import APPEND_ARGS, FWD_PARAMS, NO_WALK, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import (check_backward_headdim, check_block_table, check_bool, check_dtype, check_int_vector,
                         check_layout, check_qkv_views, check_rank, check_same,
@@ -381,7 +381,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            **stride_fields("k", kca.strides), **stride_fields("v", vca.strides),
            o_batch_stride=osb, o_row_stride=o_row, o_head_stride=o_head,
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
-           num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0,
+           num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0, **NO_WALK,
            **mod_fields(mods, float(softmax_scale), hd))
     # PDL: the decode kernel waits for the append kernel (griddepcontrol.wait before it reads the cache), never for a
     # caller's kernel (it reads q before that wait), so only after the plan's own append

@@ -87,12 +87,13 @@ def test_packed_sequences(d, name, causal):
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
-@pytest.mark.parametrize("order", ["qtile", "bh"])
+@pytest.mark.parametrize("order", ["qtile", "bh", "dynamic"])
 @pytest.mark.parametrize("b,sq,sk,h", [(3, 1000, 129, 2), (2, 1024, 1500, 13), (1, 3072, 3072, 12)])
 def test_tile_walks(d, name, order, b, sq, sk, h):
-    """Both walks of the tiles give the one-tile kernel's output bitwise (each tile's products are the same, only
-    which block runs it and when differs): fewer tiles than the grid, and 1.2-2.2 times as many (counts that are no
-    multiple of it), causal (sq != sk: rows that see no key) and not."""
+    """Every walk of the tiles (the fixed waves in groups of one and of all (batch, head)s, and the dynamic walk
+    handing tiles out from a counter) gives the one-tile kernel's output bitwise (each tile's products are the same,
+    only which block runs it and when differs): fewer tiles than the grid, and 1.2-2.2 times as many (counts that are
+    no multiple of it), causal (sq != sk: rows that see no key) and not."""
     q, k, v = torch_inputs((b, sq, h, d), (b, sk, h, d), "float16")
     for causal in (False, True):
         _check(_both(q, k, v, causal, d, name, grid_order=order), q, k, v, causal)
@@ -133,3 +134,97 @@ def test_configured_long_keys(dtype):
     o = cuflash.flash_attn_varlen_func(qp, kp, vp, cu, cu, max(lens), max(lens))
     for a, n in zip(cu.tolist(), lens):
         _check(o[a:a + n][None], qp[a:a + n][None], kp[a:a + n][None], vp[a:a + n][None], False)
+
+
+# ------------------------------------------------------------------------------------- the dynamic walk's counters
+_COUNTERS = "_ZN7cuflash18sm90_walk_countersE"  # cuflash::sm90_walk_counters (cuda_src/flash_fwd_sm90.cu)
+
+
+def _counters(tile, causal, dtype="float16", d=128):
+    """The counter pairs of the module that holds the kernel of `tile` on device 0, read back ([slots, 2] uint32)."""
+    import numpy as np
+    from cupy.cuda import driver, runtime
+
+    from cuflash import _walk
+    from cuflash._launch import get_launcher
+
+    lau = get_launcher(_configs.sm90_fwd_spec(dtype, d, causal, tile), 0)
+    got = driver.moduleGetGlobal(lau.raw.module.ptr, _COUNTERS)
+    ptr, size = got if isinstance(got, tuple) else (got, 8 * _walk.SLOTS)
+    assert size == 8 * _walk.SLOTS
+    host = np.empty((_walk.SLOTS, 2), np.uint32)
+    runtime.deviceSynchronize()
+    runtime.memcpy(host.ctypes.data, ptr, host.nbytes, runtime.memcpyDeviceToHost)
+    return host
+
+
+@pytest.mark.parametrize("d,name", VARIANTS)
+def test_dynamic_walk_repeats_and_leaves_its_counters_zero(d, name):
+    """Launches of the dynamic walk one after another on one stream (each block's producer drawing from the stream's
+    counter pair, the last block done setting it back): every output bitwise the one-tile kernel's, and every pair
+    zero after them -- also after launches whose grid is the whole tile count (no draw past the first wave)."""
+    import torch
+
+    pt, one = _tiles(d, name)
+    for b, sq, h in ((2, 2048, 8), (1, 300, 2)):
+        q, k, v = torch_inputs((b, sq, h, d), (b, sq, h, d), "bfloat16")
+        want = _run(q, k, v, True, one)
+        for _ in range(4):
+            assert torch.equal(_run(q, k, v, True, pt, grid_order="dynamic"), want)
+    assert not _counters(pt, True, "bfloat16", d).any()
+
+
+def test_dynamic_walk_on_concurrent_streams():
+    """Launches of one kernel on three streams at once (problems of different tile counts, queued without waiting):
+    each stream's launches draw from their own counter pair, so each output is bitwise the one-tile kernel's."""
+    import torch
+
+    pt, one = _tiles(128, "persist")
+    cases = [torch_inputs((b, sq, h, 128), (b, sq, h, 128), "float16") for b, sq, h in
+             ((2, 2048, 8), (1, 4000, 6), (3, 1500, 5))]
+    want = [_run(q, k, v, True, one) for q, k, v in cases]
+    streams = [torch.cuda.Stream() for _ in cases]
+    outs = [[] for _ in cases]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for i, ((q, k, v), s) in enumerate(zip(cases, streams)):
+            with torch.cuda.stream(s):
+                outs[i].append(_run(q, k, v, True, pt, grid_order="dynamic"))
+    torch.cuda.synchronize()
+    for w, os_ in zip(want, outs):
+        for o in os_:
+            assert torch.equal(o, w)
+    assert not _counters(pt, True).any()
+
+
+def test_dynamic_walk_in_a_cuda_graph():
+    """flash_attn_func at a shape whose configured walk is dynamic (head dim 64, causal, 2 x 2048 x 32 heads),
+    captured into a CUDA graph (its launch takes a counter pair of its own) and replayed on new inputs, between eager
+    calls on the stream it was captured on and on the current stream: every replay bitwise the eager output."""
+    import torch
+
+    from cuflash import _fwd, _walk
+    from cuflash._validate import check_qkv
+
+    q, k, v = torch_inputs((2, 2048, 32, 64), (2, 2048, 32, 64), "float16")
+    qa, ka, va = check_qkv(q, k, v)
+    _, _, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, True, "auto", (2048 * 32 * 64, 32 * 64, 64))
+    assert fields["walk_slot"] == _walk.DYNAMIC
+    _fwd._PLANS.clear()
+    cuflash.flash_attn_func(q, k, v, causal=True)  # warm: the plan exists before capture
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.graph(g, stream=side):
+        out = cuflash.flash_attn_func(q, k, v, causal=True)
+    for _ in range(3):
+        fresh = torch_inputs((2, 2048, 32, 64), (2, 2048, 32, 64), "float16")
+        for x, y in zip((q, k, v), fresh):
+            x.copy_(y)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            side_eager = cuflash.flash_attn_func(*fresh, causal=True)
+        g.replay()
+        eager = cuflash.flash_attn_func(*fresh, causal=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(side_eager, eager)
+    _check(out, q, k, v, True)

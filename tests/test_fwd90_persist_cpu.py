@@ -46,8 +46,8 @@ def test_variant_names_and_shared_memory(d, name):
         v = sm90_fwd_spec("bfloat16", d, causal, t)
         assert v.name.endswith(f", 0, {'true' if t.o_tma else 'false'}, {t.min_blocks}, true>")
         assert v.threads == t.threads
-        # two Q buffers; bar_q, empty_q per buffer and four barriers per stage
-        assert v.smem == (2 * t.block_m + 2 * t.stages * t.block_n) * dp * 2 + (4 + 4 * t.stages) * 8 + 1024
+        # two Q buffers; bar_q, empty_q per buffer and four barriers per stage; each buffer's tile index
+        assert v.smem == (2 * t.block_m + 2 * t.stages * t.block_n) * dp * 2 + (4 + 4 * t.stages) * 8 + 8 + 1024
         assert v.smem <= _configs.SM90_SMEM_PER_BLOCK
 
 
@@ -127,7 +127,18 @@ for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 819
     qa, ka, va = check_qkv(q, k, v)
     t = tile and _configs.sm90_fwd_persist_tiles(128)[tile]
     lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, causal, order, (sq * 256, 256, 128), tile=t)
-    res[f"walk {b} {sq} {h} {causal} {order} {tile}"] = [lau.spec.name, fields["grid_order"], list(grid)]
+    res[f"walk {b} {sq} {h} {causal} {order} {tile}"] = [lau.spec.name, fields["walk_group"], fields["walk_slot"],
+                                                         list(grid)]
+# the dynamic walk's slot: put in per call by the memoized plan (the stream's), and by the explicit path
+from cuflash import _walk
+q, k, v = (T((2, 2048, 32, 64), torch.float16) for _ in range(3))
+qa, ka, va = check_qkv(q, k, v)
+plan = _fwd_sm90.make_plan(qa, ka, va, None, True, "auto")
+res["plan walk"] = [plan.walk, [launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2] for _ in range(2)],
+                    launches(lambda: _fwd_sm90.forward(qa, ka, va, None, True))[0][0][2],
+                    _walk.SLOT_OFFSET, dict(_walk._stream_slots).__len__()]
+plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "auto")
+res["plan no walk"] = [plan.walk, launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2]]
 """
 
 
@@ -164,24 +175,47 @@ def test_persistent_packed_grid_ignores_the_walk(res):
     assert res["packed bh"] == res["packed"]  # (the kernel walks packed tiles in element order whatever grid_order)
 
 
-@pytest.mark.parametrize("b,sq,h,causal,order,tile,walk", [
-    (2, 8192, 16, True, "auto", None, 1),  # configured: 160-key persistent form; "qtile" unbalanced (1.03 vs 1.003)
-    (1, 8191, 16, True, "auto", "persist", 0),  # below SM90_PERSIST_BH_MIN_ROWS: a (batch, head)'s tiles together
-    (2, 8192, 16, False, "auto", None, 0),  # non-causal: every tile the same work
-    (2, 8192, 16, True, "qtile", None, 0), (1, 300, 2, True, "bh", "persist", 1),  # an explicit order wins
-    (1, 300, 2, False, "auto", None, 0),
-    (1, 65536, 16, True, "auto", None, 0),  # "qtile" balanced as well as "bh" (1.015 vs 1.000)
-    (1, 8192, 2, True, "auto", None, 0)])  # 128 tiles, one wave: the walks alike
-def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, walk):
-    """The grid order a persistent launch carries (the kernel's walk of its tiles) under "auto":
-    _configs.sm90_persist_walk ("bh" (1) for causal calls of at least SM90_PERSIST_BH_MIN_ROWS query rows whose "qtile"
-    walk the list model finds unbalanced against "bh", else "qtile" (0)); an explicit order is kept. The grid is the
-    persistent one whatever the order."""
-    name, got, grid = res[f"walk {b} {sq} {h} {causal} {order} {tile}"]
+@pytest.mark.parametrize("b,sq,h,causal,order,tile,group,dynamic", [
+    (2, 8192, 16, True, "auto", None, 32, False),  # 160-key form; "qtile" unbalanced (1.03 vs 1.003): fixed "bh"
+    (1, 8191, 16, True, "auto", "persist", 2, True),  # fixed "qtile" 1.03 in the list model, dynamic below 1.01
+    (2, 8192, 16, False, "auto", None, 1, False),  # non-causal: every tile the same work
+    (2, 8192, 16, True, "qtile", None, 1, False), (1, 300, 2, True, "bh", "persist", 2, False),  # explicit: fixed
+    (1, 300, 2, False, "auto", None, 1, False),
+    (1, 65536, 16, True, "auto", None, 1, True),  # "qtile" 1.015 against "bh" 1.000: a head's tiles, dynamic
+    (1, 8192, 2, True, "auto", None, 1, False)])  # 128 tiles, one wave: the walks alike
+def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, dynamic):
+    """The walk a persistent launch carries (walk_group, walk_slot: the kernel's Sm90FwdTiles / Sm90FwdWalk) under
+    "auto": the dynamic walk where _configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC until the
+    launch's slot is put in), else _configs.sm90_persist_walk's fixed one ("bh": every (batch, head) one group; "qtile":
+    groups of one); an explicit order is fixed. The grid is the persistent one whatever the walk."""
+    from cuflash import _walk
+
+    name, got_group, slot, grid = res[f"walk {b} {sq} {h} {causal} {order} {tile}"]
     t = sm90_fwd_persist_tiles(128)[tile] if tile else sm90_fwd_tile(128, causal, sq)
     assert t.persistent and name == sm90_fwd_spec("float16", 128, causal, t).name
-    assert got == walk and _configs.SM90_PERSIST_BH_MIN_ROWS == 8192
+    assert got_group == group and slot == (_walk.DYNAMIC if dynamic else -1)
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
+
+
+def test_plans_put_the_walk_slot_in_per_call(res):
+    """A memoized plan of the dynamic walk binds walk_slot -1 and puts the stream's slot in at each call (the same
+    slot for the same stream), as the explicit path does; a plan of a fixed walk launches walk_slot -1."""
+    import struct
+
+    from cuflash import _walk
+
+    walk, (raw1, raw2), raw3, off, n = res["plan walk"]
+    slot = lambda raw: struct.unpack_from("<q", bytes.fromhex(raw), off)[0]  # noqa: E731
+    assert walk and slot(raw1) == slot(raw2) == slot(raw3) >= 0 and n == 1
+    assert _walk.SLOT_OFFSET == 8 * [n for n, _ in _configs_fwd_params()].index("walk_slot")
+    walk, raw = res["plan no walk"]
+    assert not walk and slot(raw) == -1
+
+
+def _configs_fwd_params():
+    from cuflash._params import FWD_PARAMS
+
+    return list(FWD_PARAMS)
 
 
 def _walk_by_blocks(walk, bhs, sq, sk, bm, bn, grid):

@@ -12,12 +12,14 @@ per causal FA2-grid point (batch x seqlen = 16k tokens, hidden 2048) where the p
 configured tile (cuflash._configs.sm90_fwd_tile): the largest block's work over the mean (1.000: even) for
 
 - the two fixed walks, modelled as cuflash._configs.persist_walk_spread does (tests/test_fwd90_persist_cpu.py checks
-  they agree; the walk "auto" takes is marked *);
+  they agree; the fixed walk "auto" weighs is marked *);
 - "qtile dyn", "bh dyn" and "group dyn": those orders and a third, each tile taken by the block that frees up first
-  (greedy list scheduling: what a work counter that each block's producer increments would give). "group" walks the
-  (batch, head)s in groups of --group (default 16), one group after the other, "bh"'s order inside a group: the blocks
-  at work share the K / V of about that many heads in L2 (16 heads of 2k keys at head dim 64: 8 MB), and every
-  group's lightest tiles come last.
+  (greedy list scheduling: the dynamic walk, whose blocks' producers draw tiles from a counter as they free up;
+  cuflash._configs.persist_walk_model). "group" walks the (batch, head)s in groups of --group (default 16), one group
+  after the other, "bh"'s order inside a group: the blocks at work share the K / V of about that many heads in L2 (16
+  heads of 2k keys at head dim 64: 8 MB), and every group's lightest tiles come last;
+- "auto": the walk grid_order "auto" takes (the dynamic walk where cuflash._configs.sm90_persist_dynamic names a
+  group, else the fixed walk marked *) and its spread.
 
 The model leaves out memory traffic and the L2 reuse that favours "qtile" (a head's K / V read by blocks at once):
 "bh" measured 0.88-0.99x "qtile" at 2k-4k although the model puts it nearer even. A spread is an upper bound on what
@@ -25,12 +27,11 @@ a better walk can gain, not a prediction of it."""
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
 
 import numpy as np
 
-from cuflash._configs import SM90_FWD_TILES, sm90_fwd_tile
+from cuflash._configs import SM90_FWD_TILES, persist_walk_model, sm90_fwd_tile
 
 SMS, TOKENS, HIDDEN = 132, 16384, 2048
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -53,26 +54,23 @@ def tile_work(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: i
     return np.where(last > 0, -(-last // block_n), 0) + fixed
 
 
+def _group(walk: str, batch_heads: int, group: int) -> int:
+    return {"qtile": 1, "bh": batch_heads}.get(walk, group)
+
+
 def fixed_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
-                 fixed: float = 0.0) -> float:
-    """The fixed walk's largest block over the mean (cuflash._configs.persist_walk_spread's model, with `fixed` per
-    tile)."""
-    work = tile_work(walk, batch_heads, seqlen, block_m, block_n, fixed)
-    t = np.arange(work.size)
-    pos = t % grid
-    block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
-    totals = np.bincount(block, weights=work, minlength=grid)
-    return float(totals.max() / totals.mean())
+                 fixed: float = 0.0, group: int = 16) -> float:
+    """The fixed walk's largest block over the mean (cuflash._configs.persist_walk_model, with `fixed` per tile)."""
+    return persist_walk_model(_group(walk, batch_heads, group), False, batch_heads, seqlen, seqlen, block_m, block_n,
+                              grid, fixed)
 
 
 def dynamic_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
                    fixed: float = 0.0, group: int = 16) -> float:
-    """Tiles in walk order, each to the block that frees up first: the makespan over the mean work per block."""
-    work = tile_work(walk, batch_heads, seqlen, block_m, block_n, fixed, group)
-    free = [0.0] * grid
-    for w in work.tolist():
-        heapq.heappush(free, heapq.heappop(free) + w)
-    return float(max(free) / (work.sum() / grid))
+    """Tiles in walk order, each to the block that frees up first: the makespan over the mean work per block
+    (cuflash._configs.persist_walk_model)."""
+    return persist_walk_model(_group(walk, batch_heads, group), True, batch_heads, seqlen, seqlen, block_m, block_n,
+                              grid, fixed)
 
 
 def points():
@@ -90,16 +88,17 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=SMS)
     ap.add_argument("--group", type=int, default=16, help="(batch, head)s per group of the 'group' walk (default 16)")
     args = ap.parse_args(argv)
-    from cuflash._configs import sm90_persist_walk
+    from cuflash._configs import sm90_persist_dynamic, sm90_persist_walk
 
     print(f"largest block's work / mean, causal, {args.sms} SMs, {args.fixed:g} K/V tiles of fixed work per Q tile "
-          "(* the walk grid_order 'auto' takes)")
+          "(* the fixed walk grid_order 'auto' weighs; 'auto': the walk it takes)")
     print(f"{'hdim':>4} {'seqlen':>6} {'b x h':>8} {'tile':>9} {'tiles':>6} {'qtile':>7} {'bh':>7} {'qtile dyn':>9} "
-          f"{'bh dyn':>7} {'group dyn':>9}")
+          f"{'bh dyn':>7} {'group dyn':>9} {'auto':>16}")
     for d, s, b, h, tile in points():
         tiles = -(-s // tile.block_m) * b * h
         grid = min(tiles, args.sms * tile.min_blocks)
         auto = sm90_persist_walk(True, b * h, s, s, tile, grid)
+        group = sm90_persist_dynamic(b * h, 1, s, s, d, tile.block_m, tile.block_n, grid, auto)
         cells = []
         for walk in ("qtile", "bh"):
             v = fixed_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed)
@@ -107,8 +106,14 @@ def main(argv=None) -> int:
         for walk in ("qtile", "bh", "group"):
             v = dynamic_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, args.group)
             cells.append(f"{v:.3f}")
+        if group:
+            v = dynamic_spread("group", b * h, s, tile.block_m, tile.block_n, grid, args.fixed, group)
+            cells.append(f"dyn g{group} {v:.3f}")
+        else:
+            v = fixed_spread(auto, b * h, s, tile.block_m, tile.block_n, grid, args.fixed)
+            cells.append(f"{auto} {v:.3f}")
         print(f"{d:>4} {s:>6} {f'{b} x {h}':>8} {f'{tile.block_m}x{tile.block_n}':>9} {tiles:>6} {cells[0]:>7} "
-              f"{cells[1]:>7} {cells[2]:>9} {cells[3]:>7} {cells[4]:>9}")
+              f"{cells[1]:>7} {cells[2]:>9} {cells[3]:>7} {cells[4]:>9} {cells[5]:>16}")
     return 0
 
 

@@ -9,8 +9,8 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --bands
 
 (--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
-tiles, each with both tile walks, grid_order "qtile" and "bh", on grids of fewer tiles than blocks and of several
-tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
+tiles, each with its three tile walks, grid_order "qtile" and "bh" in fixed waves and "dynamic" (tiles handed out
+by a counter), on grids of fewer tiles than blocks and of several tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
 soft-capped causal band), on shapes whose Q tiles' warpgroups see different KV tiles -- sq < sk, sq > sk (rows that
 see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; with --quick float16 only,
 there and with --persist)
@@ -94,7 +94,7 @@ def main(argv):
             for d in sorted(SM90_FWD_PERSIST_VARIANTS):
                 for tile in sm90_fwd_persist_tiles(d).values():
                     for causal in (False, True):
-                        for order in ("qtile", "bh"):
+                        for order in ("qtile", "bh", "dynamic"):
                             for b, sq, sk, h, hk in shapes:
                                 bad += not _case(b, sq, sk, h, hk, d, dtype, causal, errors, (tile, order))
         print(f"{bad} failed")

@@ -61,6 +61,9 @@ struct FwdParams {
   int64_t rotary_q_per_row;           // 1: query row i at position seqlens_k[b] + i (causal or local); 0: all at
                                       // seqlens_k[b]
   int64_t seqlen_ro;                  // rows of rotary_cos / rotary_sin
+  // the Hopper forward's persistent form (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles / Sm90FwdWalk)
+  int64_t walk_group;                 // (batch, head)s per group of its tile walk (1: "qtile", all: "bh")
+  int64_t walk_slot;                  // its tiles handed out by the counter pair of this slot; < 0: fixed waves
 };
 
 }  // namespace cuflash

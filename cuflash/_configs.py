@@ -399,19 +399,10 @@ def persist_walk_spread(walk: str, batch_heads: int, seqlen_q: int, seqlen_k: in
     """The list model of the persistent form's tile walks (cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) at fixed lengths,
     causal: the largest block's work over the mean, a tile's work being the K / V tiles its rows see (bottom-right).
     Linear index t runs over x (a (batch, head)'s Q tiles, the last first) innermost for walk "qtile", over the
-    (batch, head)s innermost for "bh"; block G - 1 - (t mod G) takes t in odd waves, t mod G in even ones."""
-    import numpy as np
-
-    x_tiles = -(-seqlen_q // block_m)
-    t = np.arange(x_tiles * batch_heads, dtype=np.int64)
-    x = x_tiles - 1 - (t // batch_heads if walk == "bh" else t % x_tiles)
-    last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)  # keys the tile's last row sees
-    work = np.where(last > 0, -(-last // block_n), 0)
-    pos = t % grid
-    block = np.where((t // grid) % 2 == 1, grid - 1 - pos, pos)
-    totals = np.bincount(block, weights=work, minlength=grid)
-    mean = totals.mean()
-    return float(totals.max() / mean) if mean > 0 else 1.0
+    (batch, head)s innermost for "bh"; block G - 1 - (t mod G) takes t in odd waves, t mod G in even ones: the fixed
+    waves of persist_walk_model with groups of one and of every (batch, head), no fixed cost per tile."""
+    return persist_walk_model(batch_heads if walk == "bh" else 1, False, batch_heads, seqlen_q, seqlen_k, block_m,
+                              block_n, grid, fixed=0.0)
 
 
 def sm90_persist_walk(causal: bool, batch_heads: int, seqlen_q: int, seqlen_k: int, tile: Sm90FwdTile,
@@ -489,10 +480,10 @@ def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seq
             break
         g *= 2
     model = (seqlen_q, seqlen_k, block_m, block_n, grid)
-    best = min(groups, key=lambda g: (round(persist_walk_model(g, True, batch_heads, *model), 4), g))
+    spread = {g: persist_walk_model(g, True, batch_heads, *model) for g in groups}
+    best = min(groups, key=lambda g: (round(spread[g], 4), g))
     fixed = persist_walk_model(batch_heads if fixed_walk == "bh" else 1, False, batch_heads, *model)
-    dyn = persist_walk_model(best, True, batch_heads, *model)
-    return best if dyn <= fixed - SM90_WALK_DYNAMIC_MIN_GAIN else 0
+    return best if spread[best] <= fixed - SM90_WALK_DYNAMIC_MIN_GAIN else 0
 
 
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):

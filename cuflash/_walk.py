@@ -37,10 +37,16 @@ def _new_slot() -> int:
         return s
 
 
+_runtime = []  # cupy.cuda.runtime, imported at the first call (every dynamic-walk launch asks)
+
+
 def capturing(stream: int) -> bool:
     """Whether `stream` (a raw handle) is being captured into a CUDA graph."""
-    from cupy.cuda import runtime
+    if not _runtime:
+        from cupy.cuda import runtime
 
+        _runtime.append(runtime)
+    runtime = _runtime[0]
     try:
         return runtime.streamIsCapturing(stream) != runtime.streamCaptureStatusNone
     except runtime.CUDARuntimeError:  # the legacy stream queried while another stream captures: no launch is valid

@@ -271,7 +271,13 @@ def test_walk_model_orders_and_spreads():
     from bench.diag import fwd90_walk_model as wm
     from cuflash._configs import persist_walk_spread
 
-    for walk in ("qtile", "bh"):
+    for walk in ("qtile", "bh"):  # the diagnostic's own tile list, dealt in the kernel's fixed waves
+        work = wm.tile_work(walk, 256, 2048, 192, 128, fixed=1.0)
+        t = np.arange(work.size)
+        block = np.where((t // 132) % 2 == 1, 131 - t % 132, t % 132)
+        totals = np.bincount(block, weights=work, minlength=132)
+        assert wm.fixed_spread(walk, 256, 2048, 192, 128, 132, fixed=1.0) == pytest.approx(
+            totals.max() / totals.mean(), rel=1e-12)
         assert wm.fixed_spread(walk, 256, 2048, 192, 128, 132) == persist_walk_spread(walk, 256, 2048, 2048, 192, 128,
                                                                                       132)
     assert np.array_equal(wm.tile_work("group", 12, 1000, 128, 128, group=12), wm.tile_work("bh", 12, 1000, 128, 128))

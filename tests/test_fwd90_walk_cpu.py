@@ -63,16 +63,14 @@ def test_coords_visit_every_tile_once_heaviest_first_in_each_group():
                                                          (3, 7, 777, 2000, 192, 128, 5), (1, 16, 8192, 8192, 128, 160, 132),
                                                          (32, 32, 4096, 4096, 128, 128, 132)])
 def test_walk_model_follows_the_kernel(group, bhs, sq, sk, bm, bn, grid):
-    """persist_walk_model against the index arithmetic above, fixed and dynamic; the fixed model of groups of one and
-    of all is persist_walk_spread's "qtile" and "bh" (with no fixed cost)."""
+    """persist_walk_model against the index arithmetic above, fixed and dynamic, with and without a fixed cost per
+    tile."""
     for dynamic in (False, True):
-        tot = _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic)
-        want = max(tot) / (sum(tot) / grid)
-        got = _configs.persist_walk_model(group, dynamic, bhs, sq, sk, bm, bn, grid)
-        assert got == pytest.approx(want, rel=1e-9), dynamic
-    for g, walk in ((1, "qtile"), (bhs, "bh")):
-        assert _configs.persist_walk_model(g, False, bhs, sq, sk, bm, bn, grid, fixed=0.0) == pytest.approx(
-            _configs.persist_walk_spread(walk, bhs, sq, sk, bm, bn, grid), rel=1e-12)
+        for fixed in (0.0, 1.0):
+            tot = _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic, fixed)
+            want = max(tot) / (sum(tot) / grid)
+            got = _configs.persist_walk_model(group, dynamic, bhs, sq, sk, bm, bn, grid, fixed)
+            assert got == pytest.approx(want, rel=1e-9), (dynamic, fixed)
 
 
 def test_dynamic_walk_rule_on_the_fa2_grid():

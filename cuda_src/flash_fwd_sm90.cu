@@ -125,19 +125,21 @@ struct Sm90FwdLayout {
 };
 
 // The persistent form's tiles: a linear index t over x (a (batch, head)'s Q tiles, or, packed, every element's tiles
-// as the one-tile grid's x: attn/seqlen.cuh) and (batch, head), x visited last first (the heaviest causal tile first,
-// as fwd_block_coords), the (batch, head)s taken in groups of p.walk_group: group after group, and inside a group
-// every member's tile x, then x - 1, ... So group 1 ("qtile") runs a (batch, head)'s tiles together (their K/V
-// shared through L2); a group of every (batch, head) ("bh", fixed lengths) deals the causal tiles out in order of
-// decreasing work, at the cost of every head's K/V in L2 at once; groups between keep the K/V of a group's heads in
-// L2 and deal each group's tiles out heaviest first (the host picks: cuflash/_configs.py, sm90_persist_walk).
+// as the one-tile grid's x: attn/seqlen.cuh) and (batch, head), each (batch, head)'s heaviest tile first -- causal,
+// x from the last down (as fwd_block_coords); without a mask, x from the first up (a ragged last tile's warpgroups
+// past seqlen_q take their turns empty, so it is the lightest) -- and the (batch, head)s taken in groups of
+// p.walk_group: group after group, and inside a group every member's heaviest tile, then the next, ... So group 1
+// ("qtile") runs a (batch, head)'s tiles together (their K/V shared through L2); a group of every (batch, head)
+// ("bh", fixed lengths) deals the causal tiles out in order of decreasing work, at the cost of every head's K/V in
+// L2 at once; groups between keep the K/V of a group's heads in L2 and deal each group's tiles out heaviest first
+// (the host picks: cuflash/_configs.py, sm90_persist_walk).
 // Handing out, fixed (p.walk_slot < 0): block bid of G takes tile k G + bid of wave k for even k and k G + G - 1 -
 // bid for odd k -- with "qtile" and G a multiple of the x tiles a block's causal tiles pair heavy with light
 // exactly, and nearly so otherwise; with "bh" the alternating waves bound the spread of the blocks' work by about
 // one tile. Dynamic (p.walk_slot >= 0, Sm90FwdWalk): block bid takes tile bid first and then whichever tile the
 // counter gives it as it frees up, so a block that drew light tiles draws more (greedy list scheduling of tiles in
 // decreasing work within each group).
-template <int BLOCK_M>
+template <int BLOCK_M, bool CAUSAL>
 struct Sm90FwdTiles {
   int x_tiles, count;
   __device__ __forceinline__ Sm90FwdTiles(const FwdParams& p, bool varlen)
@@ -154,7 +156,9 @@ struct Sm90FwdTiles {
     const int bhs = (int)(p.nheads * (varlen ? 1 : p.batch)), group = max(1, min((int)p.walk_group, bhs));
     const int first = t / (x_tiles * group) * group;  // the group's first (batch, head)
     const int size = min(group, bhs - first), within = t - first * x_tiles;
-    const int x = x_tiles - 1 - within / size, bh = first + within % size;
+    // (the heaviest tile first: causal the last, which sees the most keys; without a mask the first, as a last
+    // tile past seqlen_q's multiple of BLOCK_M has warpgroups without rows, which take their turns empty)
+    const int x = CAUSAL ? x_tiles - 1 - within / size : within / size, bh = first + within % size;
     if (varlen) {
       const int2 bt = varlen_tile<BLOCK_M>(p.cu_seqlens_q, (int)p.batch, x);
       c.batch = bt.x;
@@ -257,7 +261,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     SeqInfo si;
     int m0, n_end, n_iters;
   };
-  auto work_of = [&](const Sm90FwdTiles<BLOCK_M>& tiles, int t) {
+  auto work_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int t) {
     Work w;
     w.blk = tiles.coords(p, t, varlen);
     w.m0 = w.blk.m_block * BLOCK_M;
@@ -293,7 +297,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       // (tile_of, written before the buffer's bar_q arrive, whose release the consumers' wait acquires); an index
       // past the tiles ends the walk (a plain arrive, nothing loaded). The dynamic walk draws a tile once its
       // buffer is free, i.e. as the consumers start the tile before: a block takes one tile ahead of its work.
-      const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
+      const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
       const Sm90FwdWalk walk{p};
       int kv = 0, qi = 0;
       for (int k = 0;;) {
@@ -397,7 +401,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     }
   };
 
-  const Sm90FwdTiles<BLOCK_M> tiles(p, varlen);
+  const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
   int kv = 0, qi = 0;
   for (;;) {
     const int qb = qi % 2, qph = (qi / 2) & 1;
@@ -422,11 +426,13 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     const int n_end = wl.n_end, n_iters = wl.n_iters;
     // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
     // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
-    // all of them for a warpgroup past its element's last row. The warpgroup takes their turns and releases their
-    // stages (once loaded) without a product; its first product is the first tile its rows see.
+    // all of them for a warpgroup past its element's last row, as without a mask. The warpgroup takes their turns
+    // and releases their stages (once loaded) without a product; its first product is the first tile its rows see.
     int skip = 0;
     if constexpr (CAUSAL)
       skip = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters).lead;
+    else if (row_wg >= wl.si.seqlen_q)
+      skip = n_iters;
     if (n_iters > 0) {
       for (int it = 0; it < skip; ++it) {
         const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
@@ -725,7 +731,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
       Dropout(p, (int64_t)blk.batch * p.nheads + blk.head).apply<false>(acc_s, row_w, n * BLOCK_N, lane);
   };
 
-  // The KV tiles hidden from all of this warpgroup's 64 rows (causal, window): of [n_begin, n_end), visited last
+  // The KV tiles hidden from all of this warpgroup's 64 rows (causal, window; without a mask, every KV tile for a
+  // warpgroup past seqlen_q, and none otherwise): of [n_begin, n_end), visited last
   // first, the first `skip` lie right of the band of its last row (the causal diagonal, the window's right edge) and
   // the last `tail` left of the band of its first row (the window's left edge) -- with Q tiles of 192 rows (head dim
   // 64: three warpgroups) up to two per edge, and all of them for a warpgroup past seqlen_q or whose rows see no
@@ -738,6 +745,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     const HiddenTiles h = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, seqlen_q), n_end, n_iters);
     skip = h.lead;
     tail = h.tail;
+  } else if constexpr (!DROP) {
+    if (row_wg >= seqlen_q) skip = n_iters;  // no mask: only a warpgroup past seqlen_q (a ragged last Q tile)
   }
   const int real_end = n_iters - tail;  // products over visits [skip, real_end)
   auto empty_turn = [&](int it, bool last_turn) {

@@ -421,24 +421,29 @@ def sm90_persist_walk(causal: bool, batch_heads: int, seqlen_q: int, seqlen_k: i
 # b, then whichever tile a counter gives it as it frees up -- greedy list scheduling, which balances the blocks'
 # causal work to about one tile whatever the grid, where the fixed waves balance it exactly only where the grid and
 # the tiles line up. The tiles in groups of (batch, head)s, each group's heaviest first: the K / V of a group's heads
-# shared through L2 by the blocks at work, as "qtile" shares one head's. A causal call at fixed lengths takes it
-# under grid_order "auto" where the list model (persist_walk_model, each tile's K / V tiles plus one for its prologue
-# and epilogue) puts its largest block's work at least SM90_WALK_DYNAMIC_MIN_GAIN of the mean below the fixed walk's,
+# shared through L2 by the blocks at work, as "qtile" shares one head's. A call at fixed lengths takes it under
+# grid_order "auto" where the list model (persist_walk_model, each tile's K / V tiles plus one for its prologue and
+# epilogue) puts its largest block's work at least SM90_WALK_DYNAMIC_MIN_GAIN of the mean below the fixed walk's,
 # with the group whose spread is lowest among the powers of two whose heads' K / V take at most
 # SM90_WALK_GROUP_BYTES (the smallest such group on a tie). FA2 grid, causal, 132 blocks: head dim 64 at 2k 1.063 ->
 # 1.008 (16 heads), 4k 1.034 -> 1.006; head dim 128 at 1k-4k 1.031 -> 1.002-1.020; from 8k the fixed "bh" walk is
-# within 0.01 and stays (python -m bench.diag.fwd90_walk_model).
+# within 0.01 and stays. Without a mask the tiles differ only where seqlen_q is no multiple of the Q tile (a last
+# tile's warpgroups without rows take their turns empty): head dim 64 at 2k and 4k (Q tiles of 192 rows: last tiles
+# of 128 and 64) 1.062 -> 1.016 / 1.017, measured 1.014-1.023x the fixed walk in GPU time; head dim 128's tiles are
+# all alike on the grid (python -m bench.diag.fwd90_walk_model [--no-causal]).
 SM90_WALK_GROUP_BYTES = 16 << 20
 SM90_WALK_DYNAMIC_MIN_GAIN = 0.01
 
 
 def persist_walk_model(group: int, dynamic: bool, batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int,
-                       block_n: int, grid: int, fixed: float = 1.0) -> float:
-    """The list model of the persistent form's walks at fixed lengths, causal: the largest block's work over the mean,
-    a tile's work being the K / V tiles its rows see (bottom-right) plus `fixed`. The tiles in the kernel's order
-    (Sm90FwdTiles::coords: the (batch, head)s in groups of `group`, inside a group every member's last Q tile, then
-    the one before, ...); dealt out in fixed alternating waves of `grid` (Sm90FwdTiles::tile) or, `dynamic`, each to
-    the block that frees up first."""
+                       block_n: int, grid: int, fixed: float = 1.0, causal: bool = True) -> float:
+    """The list model of the persistent form's walks at fixed lengths: the largest block's work over the mean. A
+    tile's work is `fixed` plus, causal, the K / V tiles its rows see (bottom-right), or, without a mask, every K / V
+    tile times the share of its 64-row warpgroups that hold a row (the others take their turns empty: a last Q tile
+    past seqlen_q's multiple of block_m is lighter). The tiles in the kernel's order (Sm90FwdTiles::coords: the
+    (batch, head)s in groups of `group`, inside a group every member's heaviest Q tile -- causal the last, else the
+    first -- then the next, ...); dealt out in fixed alternating waves of `grid` (Sm90FwdTiles::tile) or, `dynamic`,
+    each to the block that frees up first."""
     import heapq
 
     import numpy as np
@@ -448,9 +453,14 @@ def persist_walk_model(group: int, dynamic: bool, batch_heads: int, seqlen_q: in
     t = np.arange(x_tiles * batch_heads, dtype=np.int64)
     first = t // (x_tiles * group) * group
     size = np.minimum(group, batch_heads - first)
-    x = x_tiles - 1 - (t - first * x_tiles) // size
-    last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)
-    work = np.where(last > 0, -(-last // block_n), 0) + fixed
+    within = (t - first * x_tiles) // size
+    if causal:
+        x = x_tiles - 1 - within
+        last = np.minimum(seqlen_k, (x + 1) * block_m + seqlen_k - seqlen_q)
+        work = np.where(last > 0, -(-last // block_n), 0) + fixed
+    else:
+        rows = np.minimum(block_m, seqlen_q - within * block_m)
+        work = -(-seqlen_k // block_n) * (-(-rows // 64)) / (block_m // 64) + fixed
     mean = work.sum() / grid
     if mean <= 0:
         return 1.0
@@ -467,8 +477,8 @@ def persist_walk_model(group: int, dynamic: bool, batch_heads: int, seqlen_q: in
 
 @lru_cache(maxsize=256)
 def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seqlen_k: int, headdim: int,
-                         block_m: int, block_n: int, grid: int, fixed_walk: str) -> int:
-    """The dynamic walk's group for a causal call at fixed lengths under grid_order "auto", or 0 where the fixed walk
+                         block_m: int, block_n: int, grid: int, fixed_walk: str, causal: bool = True) -> int:
+    """The dynamic walk's group for a call at fixed lengths under grid_order "auto", or 0 where the fixed walk
     `fixed_walk` (sm90_persist_walk's choice) stays (see SM90_WALK_DYNAMIC_MIN_GAIN)."""
     kv_bytes = seqlen_k * (-(-headdim // 64) * 64) * 2 * ELEM_BYTES  # a KV head's K and V
     groups, g = [], 1
@@ -480,9 +490,9 @@ def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seq
             break
         g *= 2
     model = (seqlen_q, seqlen_k, block_m, block_n, grid)
-    spread = {g: persist_walk_model(g, True, batch_heads, *model) for g in groups}
+    spread = {g: persist_walk_model(g, True, batch_heads, *model, causal=causal) for g in groups}
     best = min(groups, key=lambda g: (round(spread[g], 4), g))
-    fixed = persist_walk_model(batch_heads if fixed_walk == "bh" else 1, False, batch_heads, *model)
+    fixed = persist_walk_model(batch_heads if fixed_walk == "bh" else 1, False, batch_heads, *model, causal=causal)
     return best if spread[best] <= fixed - SM90_WALK_DYNAMIC_MIN_GAIN else 0
 
 

@@ -150,7 +150,7 @@ def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks
     if grid_order in ("auto", "dynamic"):
         g = persistent_grid((m_blocks * bhs, 1, 1), tile, device)[0]
         fixed = sm90_persist_walk(causal, bhs, sq, sk, tile, g)
-        group = sm90_persist_dynamic(bhs, h // hk, sq, sk, d, tile.block_m, tile.block_n, g, fixed) if causal else 0
+        group = sm90_persist_dynamic(bhs, h // hk, sq, sk, d, tile.block_m, tile.block_n, g, fixed, bool(causal))
         if grid_order == "dynamic":
             return dict(walk_group=group or bhs, walk_slot=_walk.DYNAMIC), "qtile"
         if group:

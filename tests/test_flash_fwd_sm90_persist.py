@@ -161,17 +161,19 @@ def _counters(tile, causal, dtype="float16", d=128):
 @pytest.mark.parametrize("d,name", VARIANTS)
 def test_dynamic_walk_repeats_and_leaves_its_counters_zero(d, name):
     """Launches of the dynamic walk one after another on one stream (each block's producer drawing from the stream's
-    counter pair, the last block done setting it back): every output bitwise the one-tile kernel's, and every pair
-    zero after them -- also after launches whose grid is the whole tile count (no draw past the first wave)."""
+    counter pair, the last block done setting it back), causal and not: every output bitwise the one-tile kernel's,
+    and every pair zero after them -- also after launches whose grid is the whole tile count (no draw past the first
+    wave)."""
     import torch
 
     pt, one = _tiles(d, name)
-    for b, sq, h in ((2, 2048, 8), (1, 300, 2)):
-        q, k, v = torch_inputs((b, sq, h, d), (b, sq, h, d), "bfloat16")
-        want = _run(q, k, v, True, one)
-        for _ in range(4):
-            assert torch.equal(_run(q, k, v, True, pt, grid_order="dynamic"), want)
-    assert not _counters(pt, True, "bfloat16", d).any()
+    for causal in (True, False):
+        for b, sq, h in ((2, 2048, 8), (1, 300, 2)):
+            q, k, v = torch_inputs((b, sq, h, d), (b, sq, h, d), "bfloat16")
+            want = _run(q, k, v, causal, one)
+            for _ in range(4):
+                assert torch.equal(_run(q, k, v, causal, pt, grid_order="dynamic"), want)
+        assert not _counters(pt, causal, "bfloat16", d).any()
 
 
 def test_dynamic_walk_on_concurrent_streams():
@@ -228,3 +230,28 @@ def test_dynamic_walk_in_a_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(out, eager) and torch.equal(side_eager, eager)
     _check(out, q, k, v, True)
+
+
+@pytest.mark.parametrize("b,sq,dynamic", [(2, 2048, True), (1, 4096, False), (1, 2000, False)])
+def test_configured_dynamic_walk_without_a_mask(b, sq, dynamic):
+    """Head dim 64 without a mask (32 heads): each (batch, head)'s last Q tile of 192 rows holds 128 rows at 2k, 64 at
+    4k and 80 at 2000 (a warpgroup of 16 rows), its warpgroups past seqlen_q taking their turns empty. The configured
+    plan walks dynamically where the list model gains (2 x 2k: 704 tiles on 132 blocks), in fixed waves elsewhere (1
+    x 4k, 1 x 2000: cuflash._configs.sm90_persist_dynamic); the output is bitwise the one-tile kernel's and within the
+    reference's bound, and the counters are left zero."""
+    import torch
+
+    from cuflash import _fwd, _walk
+    from cuflash._validate import check_qkv
+
+    q, k, v = torch_inputs((b, sq, 32, 64), (b, sq, 32, 64), "bfloat16")
+    qa, ka, va = check_qkv(q, k, v)
+    _, _, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, False, "auto", (sq * 32 * 64, 32 * 64, 64))
+    assert (fields["walk_slot"] == _walk.DYNAMIC) == dynamic
+    t = _configs.sm90_fwd_tile(64, False, sq)
+    assert t.persistent
+    _fwd._PLANS.clear()
+    out = cuflash.flash_attn_func(q, k, v)
+    assert torch.equal(out, _run(q, k, v, False, replace(t, persistent=False)))
+    _check(out, q, k, v, False)
+    assert not _counters(t, False, "bfloat16", 64).any()

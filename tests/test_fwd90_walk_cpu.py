@@ -11,25 +11,30 @@ from cuflash import _configs, _walk
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _coords(t, x_tiles, bhs, group):
+def _coords(t, x_tiles, bhs, group, causal=True):
     """Sm90FwdTiles::coords for fixed lengths: (x, (batch, head) index) of linear tile t."""
     group = max(1, min(group, bhs))
     first = t // (x_tiles * group) * group
     size = min(group, bhs - first)
     within = t - first * x_tiles
-    return x_tiles - 1 - within // size, first + within % size
+    return (x_tiles - 1 - within // size if causal else within // size), first + within % size
 
 
-def _work(x, sq, sk, bm, bn):
+def _work(x, sq, sk, bm, bn, causal=True):
+    if not causal:  # every K / V tile, by the warpgroups (64 rows each) that hold a row
+        rows = min(bm, sq - x * bm)
+        return -(-sk // bn) * (-(-rows // 64)) / (bm // 64)
     last = min(sk, (x + 1) * bm + sk - sq)  # bottom-right causal: the keys the tile's last row sees
     return max(0, -(-last // bn))
 
 
-def _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic, fixed=1.0):
+def _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic, fixed=1.0, causal=True):
     """Each block's work: fixed waves (Sm90FwdTiles::tile) or each tile to the block free first (the counter), the
-    tiles in the kernel's order, a tile's work its K / V tiles plus `fixed`."""
+    tiles in the kernel's order, a tile's work its K / V tiles (without a mask: times its warpgroups' share) plus
+    `fixed`."""
     x_tiles = -(-sq // bm)
-    works = [_work(_coords(t, x_tiles, bhs, group)[0], sq, sk, bm, bn) + fixed for t in range(x_tiles * bhs)]
+    works = [_work(_coords(t, x_tiles, bhs, group, causal)[0], sq, sk, bm, bn, causal) + fixed
+             for t in range(x_tiles * bhs)]
     totals = [0.0] * grid
     for t, w in enumerate(works):
         if dynamic:
@@ -56,6 +61,8 @@ def test_coords_visit_every_tile_once_heaviest_first_in_each_group():
     # group 1 is "qtile" (a (batch, head)'s tiles together), a group of all is "bh" (every head's tile x, then x - 1)
     assert [_coords(t, 3, 2, 1) for t in range(6)] == [(2, 0), (1, 0), (0, 0), (2, 1), (1, 1), (0, 1)]
     assert [_coords(t, 3, 2, 2) for t in range(6)] == [(2, 0), (2, 1), (1, 0), (1, 1), (0, 0), (0, 1)]
+    # without a mask the first tile first (a ragged last tile is the lightest)
+    assert [_coords(t, 3, 2, 2, False) for t in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
 
 
 @pytest.mark.parametrize("group,bhs,sq,sk,bm,bn,grid", [(16, 256, 2048, 2048, 192, 128, 132),
@@ -65,39 +72,46 @@ def test_coords_visit_every_tile_once_heaviest_first_in_each_group():
 def test_walk_model_follows_the_kernel(group, bhs, sq, sk, bm, bn, grid):
     """persist_walk_model against the index arithmetic above, fixed and dynamic, with and without a fixed cost per
     tile."""
-    for dynamic in (False, True):
-        for fixed in (0.0, 1.0):
-            tot = _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic, fixed)
-            want = max(tot) / (sum(tot) / grid)
-            got = _configs.persist_walk_model(group, dynamic, bhs, sq, sk, bm, bn, grid, fixed)
-            assert got == pytest.approx(want, rel=1e-9), (dynamic, fixed)
+    for causal in (True, False):
+        for dynamic in (False, True):
+            for fixed in (0.0, 1.0):
+                tot = _blocks(group, bhs, sq, sk, bm, bn, grid, dynamic, fixed, causal)
+                want = max(tot) / (sum(tot) / grid)
+                got = _configs.persist_walk_model(group, dynamic, bhs, sq, sk, bm, bn, grid, fixed, causal)
+                assert got == pytest.approx(want, rel=1e-9), (causal, dynamic, fixed)
 
 
-def test_dynamic_walk_rule_on_the_fa2_grid():
-    """The groups sm90_persist_dynamic picks at the causal FA2-grid points of the persistent form (16k tokens, hidden
-    2048, 132 blocks): dynamic wherever the fixed walk is 0.01 or more above it, in groups whose K / V fit
-    SM90_WALK_GROUP_BYTES; the fixed "bh" walk stays from 8k at head dim 128; GQA shares K / V within a group, so the
-    group may grow."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_dynamic_walk_rule_on_the_fa2_grid(causal):
+    """The groups sm90_persist_dynamic picks at the FA2-grid points of the persistent form (16k tokens, hidden 2048,
+    132 blocks): dynamic wherever the fixed walk is 0.01 or more above it, in groups whose K / V fit
+    SM90_WALK_GROUP_BYTES. Causal: the fixed "bh" walk stays from 8k at head dim 128; GQA shares K / V within a group,
+    so the group may grow. Without a mask: only head dim 64 at 2k and 4k, whose last Q tiles of 192 rows hold 128 and
+    64 rows (head dim 128's 128-row tiles divide every length: the tiles are alike and no walk gains)."""
     got = {}
     for d in (64, 128):
         for s in (1024, 2048, 4096, 8192, 16384):
             b, h = 16384 // s, 2048 // d
-            t = _configs.sm90_fwd_tile(d, True, s)
+            t = _configs.sm90_fwd_tile(d, causal, s)
             if not t.persistent:
                 continue
             grid = min(-(-s // t.block_m) * b * h, 132)
-            fixed = _configs.sm90_persist_walk(True, b * h, s, s, t, grid)
-            got[d, s] = _configs.sm90_persist_dynamic(b * h, 1, s, s, d, t.block_m, t.block_n, grid, fixed)
+            fixed = _configs.sm90_persist_walk(causal, b * h, s, s, t, grid)
+            got[d, s] = _configs.sm90_persist_dynamic(b * h, 1, s, s, d, t.block_m, t.block_n, grid, fixed, causal)
             if got[d, s]:
                 assert got[d, s] * s * d * 4 <= _configs.SM90_WALK_GROUP_BYTES  # (one head per KV head)
-                dyn = _configs.persist_walk_model(got[d, s], True, b * h, s, s, t.block_m, t.block_n, grid)
-                fx = _configs.persist_walk_model(b * h if fixed == "bh" else 1, False, b * h, s, s, t.block_m,
-                                                 t.block_n, grid)
+                model = (b * h, s, s, t.block_m, t.block_n, grid)
+                dyn = _configs.persist_walk_model(got[d, s], True, *model, causal=causal)
+                fx = _configs.persist_walk_model(b * h if fixed == "bh" else 1, False, *model, causal=causal)
                 assert dyn <= fx - _configs.SM90_WALK_DYNAMIC_MIN_GAIN and dyn < 1.025
-    assert got == {(64, 2048): 16, (64, 4096): 16, (128, 1024): 16, (128, 2048): 8, (128, 4096): 4, (128, 8192): 0,
-                   (128, 16384): 0}
-    t = _configs.sm90_fwd_tile(128, True, 4096)
-    assert _configs.sm90_persist_dynamic(64, 8, 4096, 4096, 128, t.block_m, t.block_n, 132, "qtile") >= 4
+    if causal:
+        assert got == {(64, 2048): 16, (64, 4096): 16, (128, 1024): 16, (128, 2048): 8, (128, 4096): 4,
+                       (128, 8192): 0, (128, 16384): 0}
+        t = _configs.sm90_fwd_tile(128, True, 4096)
+        assert _configs.sm90_persist_dynamic(64, 8, 4096, 4096, 128, t.block_m, t.block_n, 132, "qtile") >= 4
+    else:
+        assert got == {(64, 2048): 16, (64, 4096): 16, (64, 8192): 0, (64, 16384): 0, (128, 1024): 0,
+                       (128, 2048): 0, (128, 4096): 0, (128, 8192): 0, (128, 16384): 0}
 
 
 def test_kernel_slot_count_matches():

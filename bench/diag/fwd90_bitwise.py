@@ -37,6 +37,14 @@ CASES = [
     (64, 2, 2100, 1900, 8, 8, False, {}),
     (128, 4, 2048, 2048, 16, 16, False, {}),
     (128, 2, 1500, 3000, 4, 1, False, {}),
+    # without a mask, a ragged last Q tile (its warpgroups past seqlen_q take their turns empty): the persistent form's
+    # dynamic walk (head dim 64 at 2k and 4k), the one-tile kernels (head dims 96 and 256, a soft-cap)
+    (64, 2, 2048, 2048, 32, 32, False, {}),
+    (64, 1, 4096, 4096, 32, 8, False, {}),
+    (96, 1, 1000, 1300, 4, 2, False, {}),
+    (256, 1, 1000, 1300, 2, 1, False, {}),
+    (128, 1, 1000, 1500, 4, 2, False, dict(softcap=20.0)),
+    (64, 1, 1000, 700, 4, 4, False, dict(softcap=20.0)),
 ]
 for _d in (64, 128, 256):
     for _mods in (dict(window_size=(100, 17)), dict(window_size=(0, 0)), dict(window_size=(300, -1)),

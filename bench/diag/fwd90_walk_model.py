@@ -1,7 +1,7 @@
 """Diagnostic (CPU): how evenly the Hopper forward's persistent form spreads causal work over its blocks, from a list
 model of its tile walks, next to a walk that hands out tiles as blocks free up.
 
-    python -m bench.diag.fwd90_walk_model [--fixed C]
+    python -m bench.diag.fwd90_walk_model [--fixed C] [--no-causal]
 
 The persistent form (cuflash._configs.SM90_FWD_PERSIST_VARIANTS; cuda_src/flash_fwd_sm90.cu, Sm90FwdTiles) runs one
 block per SM, each walking Q tiles by a fixed rule: linear index t in waves of G blocks, block t mod G in even waves
@@ -23,7 +23,11 @@ configured tile (cuflash._configs.sm90_fwd_tile): the largest block's work over 
 
 The model leaves out memory traffic and the L2 reuse that favours "qtile" (a head's K / V read by blocks at once):
 "bh" measured 0.88-0.99x "qtile" at 2k-4k although the model puts it nearer even. A spread is an upper bound on what
-a better walk can gain, not a prediction of it."""
+a better walk can gain, not a prediction of it.
+
+--no-causal prints the points without a mask: every Q tile sees every K / V tile, times the share of its 64-row
+warpgroups that hold a row (a ragged last Q tile's others take their turns empty), and the kernel walks each (batch,
+head)'s tiles first to last, so that the light last tile comes last."""
 from __future__ import annotations
 
 import argparse
@@ -59,25 +63,26 @@ def _group(walk: str, batch_heads: int, group: int) -> int:
 
 
 def fixed_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
-                 fixed: float = 0.0, group: int = 16) -> float:
+                 fixed: float = 0.0, group: int = 16, causal: bool = True) -> float:
     """The fixed walk's largest block over the mean (cuflash._configs.persist_walk_model, with `fixed` per tile)."""
     return persist_walk_model(_group(walk, batch_heads, group), False, batch_heads, seqlen, seqlen, block_m, block_n,
-                              grid, fixed)
+                              grid, fixed, causal)
 
 
 def dynamic_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block_n: int, grid: int,
-                   fixed: float = 0.0, group: int = 16) -> float:
+                   fixed: float = 0.0, group: int = 16, causal: bool = True) -> float:
     """Tiles in walk order, each to the block that frees up first: the makespan over the mean work per block
     (cuflash._configs.persist_walk_model)."""
     return persist_walk_model(_group(walk, batch_heads, group), True, batch_heads, seqlen, seqlen, block_m, block_n,
-                              grid, fixed)
+                              grid, fixed, causal)
 
 
-def points():
-    """(head dim, seqlen, batch, heads, tile) of the causal FA2-grid points where the persistent form is configured."""
+def points(causal: bool = True):
+    """(head dim, seqlen, batch, heads, tile) of the FA2-grid points (causal or not) where the persistent form is
+    configured."""
     for d in sorted(SM90_FWD_TILES):
         for s in SEQLENS:
-            tile = sm90_fwd_tile(d, True, s)
+            tile = sm90_fwd_tile(d, causal, s)
             if tile.persistent:
                 yield d, s, TOKENS // s, HIDDEN // d, tile
 
@@ -87,30 +92,32 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", type=float, default=1.0, help="work per tile besides its K / V tiles (default 1)")
     ap.add_argument("--sms", type=int, default=SMS)
     ap.add_argument("--group", type=int, default=16, help="(batch, head)s per group of the 'group' walk (default 16)")
+    ap.add_argument("--no-causal", dest="causal", action="store_false", help="the points without a mask")
     args = ap.parse_args(argv)
+    c = args.causal
     from cuflash._configs import sm90_persist_dynamic, sm90_persist_walk
 
-    print(f"largest block's work / mean, causal, {args.sms} SMs, {args.fixed:g} K/V tiles of fixed work per Q tile "
+    print(f"largest block's work / mean, {'causal' if c else 'no mask'}, {args.sms} SMs, {args.fixed:g} K/V tiles of fixed work per Q tile "
           "(* the fixed walk grid_order 'auto' weighs; 'auto': the walk it takes)")
     print(f"{'hdim':>4} {'seqlen':>6} {'b x h':>8} {'tile':>9} {'tiles':>6} {'qtile':>7} {'bh':>7} {'qtile dyn':>9} "
           f"{'bh dyn':>7} {'group dyn':>9} {'auto':>16}")
-    for d, s, b, h, tile in points():
+    for d, s, b, h, tile in points(c):
         tiles = -(-s // tile.block_m) * b * h
         grid = min(tiles, args.sms * tile.min_blocks)
-        auto = sm90_persist_walk(True, b * h, s, s, tile, grid)
-        group = sm90_persist_dynamic(b * h, 1, s, s, d, tile.block_m, tile.block_n, grid, auto)
+        auto = sm90_persist_walk(c, b * h, s, s, tile, grid)
+        group = sm90_persist_dynamic(b * h, 1, s, s, d, tile.block_m, tile.block_n, grid, auto, c)
         cells = []
         for walk in ("qtile", "bh"):
-            v = fixed_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed)
+            v = fixed_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, causal=c)
             cells.append(f"{v:.3f}" + ("*" if walk == auto else " "))
         for walk in ("qtile", "bh", "group"):
-            v = dynamic_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, args.group)
+            v = dynamic_spread(walk, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, args.group, c)
             cells.append(f"{v:.3f}")
         if group:
-            v = dynamic_spread("group", b * h, s, tile.block_m, tile.block_n, grid, args.fixed, group)
+            v = dynamic_spread("group", b * h, s, tile.block_m, tile.block_n, grid, args.fixed, group, c)
             cells.append(f"dyn g{group} {v:.3f}")
         else:
-            v = fixed_spread(auto, b * h, s, tile.block_m, tile.block_n, grid, args.fixed)
+            v = fixed_spread(auto, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, causal=c)
             cells.append(f"{auto} {v:.3f}")
         print(f"{d:>4} {s:>6} {f'{b} x {h}':>8} {f'{tile.block_m}x{tile.block_n}':>9} {tiles:>6} {cells[0]:>7} "
               f"{cells[1]:>7} {cells[2]:>9} {cells[3]:>7} {cells[4]:>9} {cells[5]:>16}")

@@ -139,3 +139,19 @@ def test_slots_per_stream_and_per_captured_launch(monkeypatch):
 
 def test_capturing_without_a_gpu_is_false():
     assert _walk.capturing(0) is False
+
+
+def test_tail_probe_shapes_make_whole_waves():
+    """bench.diag.fwd90_tail_probe: the grid count's shape holds the grid's Q tiles (head dim 128: 8 x 16 heads of 2048
+    rows as 128 heads), the other two whole waves of 132 blocks just below and above it, every row count whole Q
+    tiles."""
+    from bench.diag.fwd90_tail_probe import SMS, counts, shapes
+
+    assert counts(2048) == (2048, 1980, 2112) and counts(1980) == (1980, 1980, 2112)
+    for d, s in ((128, 2048), (128, 16384), (64, 4096), (256, 8192)):
+        bm = _configs.sm90_fwd_tile(d, False, s).block_m
+        cases = shapes(d, s, bm)
+        assert all(rows % bm == 0 for _, rows in cases)
+        got = [h * rows // bm for h, rows in cases]
+        assert got[1] % SMS == 0 and got[2] % SMS == 0 and got[1] <= got[0] < got[2]
+    assert shapes(128, 2048, 128)[0] == (128, 2048)

@@ -155,3 +155,36 @@ def test_tail_probe_shapes_make_whole_waves():
         got = [h * rows // bm for h, rows in cases]
         assert got[1] % SMS == 0 and got[2] % SMS == 0 and got[1] <= got[0] < got[2]
     assert shapes(128, 2048, 128)[0] == (128, 2048)
+
+
+@pytest.mark.parametrize("tiles,n_kv,grid", [(2048, 13, 132), (2048, 26, 132), (300, 7, 17), (133, 5, 132),
+                                             (10, 4, 3)])
+def test_stream_k_segments_cover_every_pair_once(tiles, n_kv, grid):
+    """bench.diag.fwd90_walk_model.stream_k_segments: the blocks' segments cover every (tile, K / V tile) pair exactly
+    once, each block's pairs one contiguous run in tile order, and where a block's share is at least two tiles' pairs
+    a tile is split between at most two blocks (the first ends the block before's range, the rest starts the next)."""
+    from bench.diag.fwd90_walk_model import stream_k_segments
+
+    seen, owners = [], {}
+    for b in range(grid):
+        run = [(t, i) for t, f, e in stream_k_segments(b, grid, tiles, n_kv) for i in range(f, e)]
+        flat = [t * n_kv + i for t, i in run]
+        assert flat == list(range(flat[0], flat[0] + len(flat))) if flat else True
+        seen += flat
+        for t, _ in run:
+            owners.setdefault(t, set()).add(b)
+    assert sorted(seen) == list(range(tiles * n_kv))
+    if -(-tiles * n_kv // grid) >= 2 * n_kv:
+        assert max(len(o) for o in owners.values()) <= 2
+
+
+def test_stream_k_spread_at_head_dim_128():
+    """The stream-K figures NOTES cites (2048 Q tiles of 128 rows on 132 blocks; 160-key stages at 2k-8k: 13, 26, 52
+    K / V tiles; one of fixed cost per segment, half of one per merged piece) against the fixed walk's 1.031."""
+    from bench.diag.fwd90_walk_model import stream_k_spread
+
+    got = [round(stream_k_spread(2048, n, 132), 3) for n in (13, 26, 52)]
+    assert got == [1.013, 1.007, 1.003]
+    assert _configs.persist_walk_model(1, False, 128, 2048, 2048, 128, 160, 132, causal=False) == pytest.approx(
+        1.031, abs=1e-3)
+    assert stream_k_spread(132, 10, 132) == pytest.approx(1.0)  # one whole tile each

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-SMS = 132
-TOKENS, HIDDEN = 16384, 2048
+from .fwd90_walk_model import HIDDEN, SMS, TOKENS
 
 
 def counts(tiles: int, sms: int = SMS) -> tuple:
-    """(the grid's count, the whole-wave count below it, the one above it) for `tiles` Q tiles on `sms` blocks."""
+    """(the grid's count, the whole-wave count below it, the one above it) for `tiles` Q tiles on `sms` blocks (the H200's
+    132 by default; the probe passes the device's SM count)."""
     below = max(1, tiles // sms) * sms
     above = -(-tiles // sms) * sms
     if above == below:
@@ -54,8 +54,11 @@ def main(argv=None) -> int:
 
     import cuflash
     from cuflash._configs import persist_walk_model, sm90_fwd_tile
+    from cuflash._launch import sm_count
 
     from .. import harness
+
+    sms = sm_count(torch.cuda.current_device())  # (the whole waves of this device's SMs)
 
     dt = getattr(torch, args.dtype)
     print(f"{args.dtype}, non-causal, GPU time (queued), medians of {args.rounds} rounds; us per Q tile; "
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
         for s in (int(x) for x in args.seqlens.split(",")):
             tile = sm90_fwd_tile(d, False, s)
             bm = tile.block_m
-            cases = shapes(d, s, bm)
+            cases = shapes(d, s, bm, sms)
             fns, tiles = {}, {}
             for i, (h, rows) in enumerate(cases):
                 q = torch.randn(1, rows, h, d, device="cuda", dtype=dt)
@@ -76,9 +79,9 @@ def main(argv=None) -> int:
             res = harness.time_rounds(fns, args.rounds, timer=harness.time_queued_ms)
             per = {i: res[i][0] * 1e3 / tiles[i] for i in fns}
             ratio = per[0] / ((per[1] + per[2]) / 2)
-            model = persist_walk_model(1, False, cases[0][0], cases[0][1], s, bm, tile.block_n, SMS, fixed=1.0,
+            model = persist_walk_model(1, False, cases[0][0], cases[0][1], s, bm, tile.block_n, sms, fixed=1.0,
                                        causal=False)
-            cnt = " ".join(f"{tiles[i]} ({tiles[i] / SMS:.2f})" for i in fns)
+            cnt = " ".join(f"{tiles[i]} ({tiles[i] / sms:.2f})" for i in fns)
             us = " ".join(f"{per[i]:.3f}" for i in fns)
             print(f"{d:>4} {s:>6} {f'{bm}x{tile.block_n}':>8} {cnt:>30} {us:>24} {ratio:>12.3f} {model:>6.3f}",
                   flush=True)

@@ -71,6 +71,9 @@
 //                     block's main loop (the smem of MINB blocks must fit the SM too: cuflash/_configs.py checks it);
 //                     1 by default
 //   PERSIST           the persistent form above (MOD_NONE only); false by default
+//   SK                the persistent form without a mask, able to walk by stream-K (Sm90FwdStreamK) when the host
+//                     passes a workspace (p.o_accum); false by default (a kernel of its own: carrying stream-K's code
+//                     measured 1-3% slower on the fixed walk, bench/NOTES.md)
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -207,6 +210,54 @@ struct Sm90FwdWalk {
   }
 };
 
+// Stream-K (the SK kernels: without a mask, fixed lengths; p.o_accum: the launch's workspace, cuflash/_walk.py; null:
+// the fixed walk). With C tiles of n
+// KV tiles each on G blocks and C no multiple of G, whole tiles leave the last wave part empty. Here the first
+// W = C / G - 1 waves go out whole, as the fixed walk's (Sm90FwdTiles::tile), and the (tile, KV tile) pairs of the
+// remaining C - W G tiles -- between G and 2G - 1 of them, so S = (C - W G) n pairs, at least n per block -- are
+// cut into G ranges of consecutive pairs in tile order: block b takes [b S / G, (b + 1) S / G). A range runs over
+// tile boundaries; a block's segments are then: the remainder of a tile the block before began (a "tail": KV
+// visits [i0, n) with i0 > 0; the block's first segment past the whole waves), whole tiles, and the beginning of a
+// tile the next block ends (a "head": visits [0, i1) with i1 < n; its last segment). A range of at least n pairs
+// never lies inside one tile, so a tile has at most two parts. The tail's warpgroups write their unnormalised state
+// (O, the row max m and the thread-partial row sum l of attn/softmax.cuh) to the workspace and raise a flag; the
+// head's warpgroups, after their own products, wait for that flag, merge (M = max(m_a, m_b), O = O_a 2^(m_a - M) +
+// O_b 2^(m_b - M), l likewise) and store O and the LSE as for a whole tile. A block computes its tail first and its
+// head last, so the wait is short; it waits only on the next block's first segment, which waits on nothing, so no
+// wait can deadlock. The reader sets the flag back to zero: every launch leaves the flags as it found them (zero
+// when the host allocated the workspace). Workspace: SM90_SK_FLAGS ints (block b's warpgroup w: flag 4 b + w), then
+// per (block, warpgroup) (DF + 1) x 128 float4: each thread's DF O fragments and (m0, m1, l0, l1), thread-major so
+// that the writer's and the reader's accesses are coalesced and alike.
+constexpr int SM90_SK_FLAGS = 1024;  // (4 per block: grids of at most 256 blocks; cuflash/_walk.py)
+struct Sm90FwdSeg {
+  int t, i0, i1;  // tile t (>= the tile count: the walk is over), its KV visits [i0, i1) (i1: at most its n_iters)
+};
+template <int BLOCK_N>
+struct Sm90FwdStreamK {
+  // The block's segment j (from the parameter block each time: the producer runs on few registers).
+  template <typename Tiles>
+  __device__ __forceinline__ static Sm90FwdSeg segment(const FwdParams& p, const Tiles& tiles, int j) {
+    const unsigned g = gridDim.x, b = blockIdx.x;
+    const int n = (int)((p.seqlen_k + BLOCK_N - 1) / BLOCK_N);
+    const int waves = tiles.count / (int)g - 1;
+    if (j < waves) return Sm90FwdSeg{tiles.tile(j), 0, n};
+    const int dp = waves * (int)g;
+    const unsigned s = (unsigned)(tiles.count - dp) * (unsigned)n;  // (< 2^31 / G: the host's rule)
+    const int lo = (int)(s * b / g), hi = (int)(s * (b + 1) / g);
+    const int tt = lo / n + (j - waves), start = max(lo, tt * n);
+    if (start >= hi) return Sm90FwdSeg{tiles.count, 0, 0};
+    return Sm90FwdSeg{dp + tt, start - tt * n, min(hi - tt * n, n)};
+  }
+  // The partial state of block `block`'s warpgroup `cw`: its flag, and thread tid's first float4.
+  __device__ __forceinline__ static int* flag(const FwdParams& p, int block, int cw) {
+    return reinterpret_cast<int*>(p.o_accum) + 4 * block + cw;
+  }
+  template <int NWG, int DF>
+  __device__ __forceinline__ static float4* part(const FwdParams& p, int block, int cw, int tid) {
+    return reinterpret_cast<float4*>(p.o_accum + SM90_SK_FLAGS) + (size_t)(block * NWG + cw) * (DF + 1) * 128 + tid;
+  }
+};
+
 // The end of a KV tile's turn, after the softmax of the next S: O += P V completed (O and the P fragments free
 // again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait opens a basic block of its own:
 // ptxas places a wgmma wait as early as its basic block allows, so written in the exponentials' block it came ahead
@@ -238,7 +289,7 @@ __device__ __forceinline__ void wait_pv_rescale(bool moved, float scale_log2, fl
 // one-tile form's steps (the same products in the same order, the same softmax and epilogue: a tile's output is
 // bitwise the one-tile form's), written apart from it so that the one-tile kernels compile exactly as they did.
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, bool O_TMA>
+          bool PINGPONG, bool O_TMA, bool SK>
 __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
                                                           const typename Sm90FwdMapsOf<O_TMA>::type& maps,
                                                           unsigned char* sm) {
@@ -304,12 +355,20 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         const int qb = qi % 2, qph = (qi / 2) & 1;
         ++qi;
         mbar_wait(&empty_q[qb], qph ^ 1);
-        int t;
-        do {  // varlen: a tile past its element's rows is passed over (the consumers never see it)
-          t = walk.dynamic() ? walk.draw(k) : tiles.tile(k);
-          ++k;
-        } while (varlen && t < tiles.count && work_of(tiles, t).m0 >= work_of(tiles, t).si.seqlen_q);
-        tile_of[qb] = min(t, tiles.count);
+        int t, i0 = 0, i1 = 0x7fffffff;  // the KV visits [i0, i1) of tile t (all of them but in stream-K's parts)
+        if (SK && p.o_accum) {  // stream-K: segment k (the consumers derive it from k too)
+          const Sm90FwdSeg sg = Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, k);
+          tile_of[qb] = k++;
+          t = sg.t;
+          i0 = sg.i0;
+          i1 = sg.i1;
+        } else {
+          do {  // varlen: a tile past its element's rows is passed over (the consumers never see it)
+            t = walk.dynamic() ? walk.draw(k) : tiles.tile(k);
+            ++k;
+          } while (varlen && t < tiles.count && work_of(tiles, t).m0 >= work_of(tiles, t).si.seqlen_q);
+          tile_of[qb] = min(t, tiles.count);
+        }
         if (t >= tiles.count) {
           mbar_arrive(&bar_q[qb]);
           break;
@@ -326,8 +385,9 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         } else {
           mbar_arrive(&bar_q[qb]);  // no key: nothing to load, the buffer only stages O = 0
         }
-        for (int it = 0; it < w.n_iters; ++it, ++kv) {
-          const int n = w.n_end - 1 - it, s = kv % STAGES, ph = (kv / STAGES) & 1;
+        const int n_first = w.n_end - 1 - i0, n_loads = min(i1, w.n_iters) - i0;
+        for (int it = 0; it < n_loads; ++it, ++kv) {
+          const int n = n_first - it, s = kv % STAGES, ph = (kv / STAGES) & 1;
           mbar_wait(&empty_k[s], ph ^ 1);
           mbar_arrive_expect_tx(&full_k[s], L::KV_BYTES);
 #pragma unroll
@@ -401,13 +461,23 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     }
   };
 
+  // The tile (and KV visits) of the index a Q buffer comes with: the tile itself, or, stream-K, the segment's index,
+  // from which the tile and its visits are derived as the producer derived them.
+  auto seg_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int v) {
+    if constexpr (SK)
+      if (p.o_accum) return Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, v);
+    return Sm90FwdSeg{v, 0, 0x7fffffff};
+  };
+
   const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
   int kv = 0, qi = 0;
   for (;;) {
     const int qb = qi % 2, qph = (qi / 2) & 1;
     ++qi;
     mbar_wait(&bar_q[qb], qph);  // buffer qb's Q and its tile index
-    const int t = __shfl_sync(0xffffffffu, tile_of[qb], 0);  // (through lane 0: warp-uniform, as cw)
+    const int v = __shfl_sync(0xffffffffu, tile_of[qb], 0);  // (through lane 0: warp-uniform, as cw)
+    const Sm90FwdSeg sg = seg_of(tiles, v);
+    const int t = sg.t;
     if (t >= tiles.count) break;
     const Work wl = work_of(tiles, t);
     const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
@@ -423,7 +493,8 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     };
     zero_frags(acc_o[0]);
     OnlineSoftmax<1> softmax;
-    const int n_end = wl.n_end, n_iters = wl.n_iters;
+    // (a stream-K part: the visits [i0, i1) of the tile's, as a tile of its own whose last KV tile is n_end - 1)
+    const int n_end = wl.n_end - sg.i0, n_iters = min(sg.i1, wl.n_iters) - sg.i0;
     // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
     // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
     // all of them for a warpgroup past its element's last row, as without a mask. The warpgroup takes their turns
@@ -512,9 +583,56 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     }
     kv += n_iters;
 
+    // (the segment and the tile's coordinates taken again from v rather than held in registers through the main loop)
+    const Sm90FwdSeg se = seg_of(tiles, opaque(v));
+    const Work w = work_of(tiles, se.t);
+    if constexpr (SK) {
+      if (se.i0 > 0) {  // stream-K, the remainder of a tile the block before began: the state to the workspace
+        using SK = Sm90FwdStreamK<BLOCK_N>;
+        float4* dst = SK::template part<NWG, DF>(p, (int)blockIdx.x, cw, tid);
+#pragma unroll
+        for (int df = 0; df < DF; ++df)
+          __stcg(dst + df * 128, make_float4(acc_o[0][df][0], acc_o[0][df][1], acc_o[0][df][2], acc_o[0][df][3]));
+        __stcg(dst + DF * 128, make_float4(softmax.row_max[0][0], softmax.row_max[0][1], softmax.row_sum[0][0],
+                                           softmax.row_sum[0][1]));
+        named_bar_sync(4 + cw, 128);  // every thread's stores before the release (cumulative through the barrier)
+        if (tid == 0) red_release_gpu_add(SK::flag(p, (int)blockIdx.x, cw), 1);
+        if (tid != 0) mbar_arrive(&empty_q[qb]);  // (tid 0: at the next segment's first product, release_previous)
+        continue;
+      }
+      if (se.i1 < w.n_iters) {  // stream-K, the beginning of a tile the next block ends: its state merged into this one's
+        using SK = Sm90FwdStreamK<BLOCK_N>;
+        if (tid == 0) {
+          int* f = SK::flag(p, (int)blockIdx.x + 1, cw);
+          while (ld_acquire_gpu(f) == 0) {
+          }
+          *f = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
+        }
+        named_bar_sync(4 + cw, 128);
+        const float4* src = SK::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
+        const float4 ml = __ldcg(src + DF * 128);
+        float cs[2], co[2];
+        const float mb[2] = {ml.x, ml.y}, lb[2] = {ml.z, ml.w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float m = fmaxf(softmax.row_max[0][h], mb[h]), base = exp_base(m);
+          cs[h] = exp2_approx(softmax.row_max[0][h] - base);
+          co[h] = exp2_approx(mb[h] - base);
+          softmax.row_max[0][h] = m;
+          softmax.row_sum[0][h] = softmax.row_sum[0][h] * cs[h] + lb[h] * co[h];
+        }
+#pragma unroll
+        for (int df = 0; df < DF; ++df) {
+          const float4 o = __ldcg(src + df * 128);
+          acc_o[0][df][0] = acc_o[0][df][0] * cs[0] + o.x * co[0];
+          acc_o[0][df][1] = acc_o[0][df][1] * cs[0] + o.y * co[0];
+          acc_o[0][df][2] = acc_o[0][df][2] * cs[1] + o.z * co[1];
+          acc_o[0][df][3] = acc_o[0][df][3] * cs[1] + o.w * co[1];
+        }
+      }
+    }
+
     // Epilogue, as the kernel's: O / l -> the warpgroup's rows of Q buffer qb -> the TMA store or 16-byte stores.
-    // (The tile's coordinates taken again from its index rather than held in registers through the main loop.)
-    const Work w = work_of(tiles, opaque(t));
     const int seqlen_q = w.si.seqlen_q;
     float lse[1][2];
     softmax.finalize(acc_o, lse);
@@ -578,7 +696,8 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 }
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1, bool PERSIST = false>
+          bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1, bool PERSIST = false,
+          bool SK = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p,
                           const __grid_constant__ typename Sm90FwdMapsOf<O_TMA>::type maps) {
@@ -599,11 +718,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
   static_assert(SMEM_BYTES == Sm90FwdLayout<D, BLOCK_N, NWG, STAGES, PERSIST ? 2 : 1>::BYTES,
                 "host smem size must match the layout");
   static_assert(!PERSIST || MOD == MOD_NONE, "the persistent form takes no score modifier");
+  static_assert(!SK || (PERSIST && !CAUSAL), "stream-K: the persistent form without a mask");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
   if constexpr (PERSIST) {
-    flash_fwd_sm90_persistent<T, D, BLOCK_N, NWG, STAGES, CAUSAL, REGS_MMA, REGS_LOAD, PINGPONG, O_TMA>(p, maps, sm);
+    flash_fwd_sm90_persistent<T, D, BLOCK_N, NWG, STAGES, CAUSAL, REGS_MMA, REGS_LOAD, PINGPONG, O_TMA, SK>(p, maps,
+                                                                                                        sm);
     return;
   }
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);

@@ -252,6 +252,7 @@ class Sm90FwdTile:
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
     persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
+    stream_k: bool = False  # the kernel's SK: the persistent form able to walk by stream-K (no mask; a kernel of its own)
 
     def __post_init__(self):
         # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
@@ -259,6 +260,8 @@ class Sm90FwdTile:
             raise ValueError(f"min_blocks must be at least 1; got {self.min_blocks}")
         if self.regs_mma % 8 or self.regs_load % 8:
             raise ValueError(f"regs_mma and regs_load must be multiples of 8; got {self.regs_mma}, {self.regs_load}")
+        if self.stream_k and not self.persistent:
+            raise ValueError("stream_k needs the persistent form (persistent=True)")
         if 128 * (self.regs_load + self.nwg * self.regs_mma) > self.launch_regs * self.threads:
             raise ValueError(f"regs_mma {self.regs_mma} x {self.nwg} consumer warpgroups + regs_load {self.regs_load} "
                              f"exceed the launch allocation of {self.launch_regs} registers per thread "
@@ -496,6 +499,96 @@ def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seq
     return best if spread[best] <= fixed - SM90_WALK_DYNAMIC_MIN_GAIN else 0
 
 
+# Stream-K (cuda_src/flash_fwd_sm90.cu, Sm90FwdStreamK; without a mask, fixed lengths): the first C / G - 1 waves of
+# whole tiles go out as the fixed walk's, and the (tile, K / V tile) pairs of the rest are cut into G equal ranges,
+# a tile split between two blocks merged by the one that began it. It takes the part-empty last wave off calls whose
+# tile count C is no multiple of the grid G: head dim 128 on the FA2 grid (2048 tiles, 15.5 waves of 132) 1.031 ->
+# 1.003-1.017 at 1k-16k in the list model (stream_k_spread). Measured against the fixed walk in GPU time (H200,
+# bench/NOTES.md "Hopper forward"), it gained far less than the model and lost where tiles have few K / V tiles: so
+# grid_order "auto" does not take it; the diagnostic grid_order "stream_k" does (cuflash._fwd_sm90.persist_walk), and
+# sm90_stream_k is where the list model alone would. Its workspace (cuflash/_walk.py) holds one partial state per
+# (block, consumer warpgroup); SM90_SK_MAX_GRID blocks at most (the kernel's SM90_SK_FLAGS / 4).
+SM90_SK_MAX_GRID = 256
+SM90_SK_MERGE = 0.5  # a split tile's merge and its second prologue, in K / V tiles, in the list model
+
+
+def stream_k_eligible(causal: bool, packed: bool, tiles: int, n_kv: int, grid: int) -> bool:
+    """Whether a persistent launch can walk by stream-K: no mask, fixed lengths, keys, more tiles than blocks and a
+    part-empty last wave, a grid the flags cover, and segment arithmetic within 32 bits (Sm90FwdStreamK::segment)."""
+    if causal or packed or n_kv <= 0 or tiles <= grid or tiles % grid == 0 or grid > SM90_SK_MAX_GRID:
+        return False
+    rest = tiles - (tiles // grid - 1) * grid
+    return rest * n_kv * grid < 2 ** 31
+
+
+def stream_k_segment(block: int, grid: int, tiles: int, n_kv: int, j: int, fixed_tile=None) -> tuple:
+    """Segment j of block `block` under stream-K, as the kernel derives it (Sm90FwdStreamK::segment): (tile, first,
+    end) -- K / V visits [first, end) of the tile in the walk's order; tile >= `tiles`: the block's walk is over.
+    fixed_tile(k) is the fixed walk's tile of wave k for this block (default: Sm90FwdTiles::tile's alternation)."""
+    waves = tiles // grid - 1
+    if j < waves:
+        t = fixed_tile(j) if fixed_tile else j * grid + (grid - 1 - block if j % 2 else block)
+        return t, 0, n_kv
+    dp = waves * grid
+    s = (tiles - dp) * n_kv
+    lo, hi = s * block // grid, s * (block + 1) // grid
+    tt = lo // n_kv + (j - waves)
+    start = max(lo, tt * n_kv)
+    if start >= hi:
+        return tiles, 0, 0
+    return dp + tt, start - tt * n_kv, min(hi - tt * n_kv, n_kv)
+
+
+def stream_k_segments(block: int, grid: int, tiles: int, n_kv: int) -> list:
+    """Every segment of block `block` (stream_k_segment for j = 0, 1, ... until the walk is over)."""
+    out = []
+    while True:
+        seg = stream_k_segment(block, grid, tiles, n_kv, len(out))
+        if seg[0] >= tiles:
+            return out
+        out.append(seg)
+
+
+def stream_k_spread(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, grid: int,
+                    fixed: float = 1.0, merge: float = SM90_SK_MERGE) -> float:
+    """The list model of the stream-K walk (no mask, fixed lengths): the largest block's work over the mean work of
+    the tiles walked whole. A tile's work per K / V tile is the share of its 64-row warpgroups that hold a row (as in
+    persist_walk_model); a tile or a part of one costs `fixed` more, a part `merge` more. The first C / G - 1 waves are
+    the fixed walk's ("qtile" order, alternating); block b takes the pairs [b S / G, (b + 1) S / G) of the rest."""
+    import numpy as np
+
+    x_tiles = -(-seqlen_q // block_m)
+    n = -(-seqlen_k // block_n)
+    count = x_tiles * batch_heads
+    t = np.arange(count, dtype=np.int64)
+    rows = np.minimum(block_m, seqlen_q - (t % x_tiles) * block_m)
+    per_kv = (-(-rows // 64)) / (block_m // 64)
+    work = np.zeros(grid)
+    for b in range(grid):
+        for tt, i0, i1 in stream_k_segments(b, grid, count, n):
+            work[b] += (i1 - i0) * per_kv[tt] + fixed + (merge if i1 - i0 < n else 0.0)
+    mean = (per_kv * n + fixed).sum() / grid
+    return float(work.max() / mean)
+
+
+@lru_cache(maxsize=256)
+def sm90_stream_k(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, grid: int,
+                  fixed_walk: str, dynamic_group: int) -> bool:
+    """Whether the list model alone would take stream-K for a launch stream_k_eligible admits (see SM90_SK_MAX_GRID:
+    grid_order "auto" does not): whole Q tiles only, and its spread at least SM90_WALK_DYNAMIC_MIN_GAIN below that of
+    the walk it would replace (the dynamic walk's in `dynamic_group`, or the fixed walk `fixed_walk`). (A ragged last
+    Q tile's work per pair is what the model guesses least well -- its idle warpgroups measured dearer than their
+    share -- and equal pair counts are unequal work there.)"""
+    if seqlen_q % block_m:
+        return False
+    model = (batch_heads, seqlen_q, seqlen_k, block_m, block_n, grid)
+    if dynamic_group:
+        other = persist_walk_model(dynamic_group, True, *model, causal=False)
+    else:
+        other = persist_walk_model(batch_heads if fixed_walk == "bh" else 1, False, *model, causal=False)
+    return stream_k_spread(*model) <= other - SM90_WALK_DYNAMIC_MIN_GAIN
+
+
 # Wider K / V stages of the one-tile kernel (FlashAttention-3 takes 176 keys at head dim 128 without a causal mask):
 # more products per barrier and per softmax round; two stages of 176 keys and Q fit 214 KB. Not configured (the
 # persistent 160-key form above measured as fast or faster); reachable through an explicit tile.
@@ -547,6 +640,8 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
                          f"memory do not fit an SM")
     if tile.persistent and mod != MOD_NONE:
         raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
+    if tile.stream_k and causal:
+        raise ValueError(f"tile {tile}: stream-K takes no causal mask")
     b = lambda x: "true" if x else "false"  # noqa: E731
     # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
     # O_TMA false, MINB 1, PERSIST false): the configured kernels keep their names
@@ -554,7 +649,7 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     minb = tile.min_blocks != 1 or pers
     tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
             f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}"
-            f"{', true' if pers else ''}")
+            f"{', true' if pers else ''}{', true' if tile.stream_k else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
             f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -569,14 +664,17 @@ SM90_FWD_KEY_BOUNDS = (None, SM90_FWD_SHORT_MAX_SEQLEN_K, SM90_FWD_SHORT_MAX_SEQ
 def sm90_fwd_specs():
     """Every kernel the Hopper forward launches: the configured tiles in every mask mode, the variants taken by key
     count (SM90_FWD_SHORT_TILES, SM90_FWD_LONG_TILES), and each of them also without o_tma (an output no tensor map
-    describes)."""
+    describes); the persistent ones without a mask also as stream-K's (grid_order "stream_k")."""
     out = []
     for dt in DTYPES:
         for d in SM90_HEADDIMS:
             for c, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
                 tiles = [sm90_fwd_tile(d, c, n, m) for n in SM90_FWD_KEY_BOUNDS]
                 for t in dict.fromkeys(tiles):
-                    out += [sm90_fwd_spec(dt, d, c, t, m), sm90_fwd_spec(dt, d, c, replace(t, o_tma=False), m)]
+                    for u in (t, replace(t, o_tma=False)):
+                        out.append(sm90_fwd_spec(dt, d, c, u, m))
+                        if u.persistent and not c and m == MOD_NONE:
+                            out.append(sm90_fwd_spec(dt, d, c, replace(u, stream_k=True), m))
     return list(dict.fromkeys(out))
 
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_dynamic,
-                       sm90_persist_walk, sm90_fwd_tile)
+                       sm90_persist_walk, sm90_fwd_tile, stream_k_eligible)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
@@ -108,13 +108,15 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     o_shape = (qa.shape[0], sq, h, hd)
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)
-    lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     m_blocks = -(-sq // tile.block_m)
     walk = NO_WALK
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
     else:  # the persistent form's tile walk (Sm90FwdTiles; packed sequences keep the element order)
         walk, grid_order = persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, qa.device)
+        if walk["walk_slot"] == _walk.STREAM_K:  # (stream-K's code in a kernel of its own: the tile's SK form)
+            tile = replace(tile, stream_k=True)
+    lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
     order, grid = _grid(GRID_ORDERS[grid_order], m_blocks, h, b, 1)
     osb, osq, osh = o_strides
     fields = dict(
@@ -143,12 +145,19 @@ def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks
     waves with groups of 1 and of every (batch, head); "auto" takes the dynamic walk where
     cuflash._configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot
     there), else sm90_persist_walk's fixed one; "dynamic" (diagnostics) takes it with that function's group, or every
-    (batch, head) where it names none. Packed sequences walk "qtile" in fixed waves."""
+    (batch, head) where it names none; "stream_k" (diagnostics, cuflash._configs.SM90_SK_MAX_GRID's note) takes
+    stream-K wherever it can run (walk_slot _walk.STREAM_K: the caller puts the workspace in o_accum). Packed
+    sequences walk "qtile" in fixed waves."""
     if packed is not None:
         return dict(walk_group=1, walk_slot=-1), "qtile"
     bhs = b * h
-    if grid_order in ("auto", "dynamic"):
+    if grid_order in ("auto", "dynamic", "stream_k"):
         g = persistent_grid((m_blocks * bhs, 1, 1), tile, device)[0]
+        if grid_order == "stream_k":
+            if not stream_k_eligible(bool(causal), False, m_blocks * bhs, -(-sk // tile.block_n), g):
+                raise ValueError("grid_order 'stream_k' needs a persistent launch without a mask whose tiles leave "
+                                 "the last wave part empty")
+            return dict(walk_group=1, walk_slot=_walk.STREAM_K), "qtile"
         fixed = sm90_persist_walk(causal, bhs, sq, sk, tile, g)
         group = sm90_persist_dynamic(bhs, h // hk, sq, sk, d, tile.block_m, tile.block_n, g, fixed, bool(causal))
         if grid_order == "dynamic":
@@ -164,6 +173,18 @@ def persistent_grid(grid, tile, device: int) -> tuple:
     one-tile grid `grid` at most (the kernel walks the tiles: Sm90FwdTiles in cuda_src/flash_fwd_sm90.cu)."""
     tiles = grid[0] * grid[1] * grid[2]
     return (max(1, min(tiles, sm_count(device) * tile.min_blocks)), 1, 1)
+
+
+def sk_max_keys(tiles: int, block_n: int, grid: int) -> int:
+    """The largest key count at which a stream-K launch of `tiles` Q tiles on `grid` blocks stays within the kernel's
+    32-bit segment arithmetic (cuflash._configs.stream_k_eligible)."""
+    rest = tiles - (tiles // grid - 1) * grid
+    return (2 ** 31 - 1) // (rest * grid) * block_n
+
+
+def sk_bytes(lau, grid, headdim: int) -> int:
+    """Stream-K's workspace for a launch of `lau` (1 + nwg warpgroups) on `grid` at a call's head dim."""
+    return _walk.sk_bytes(grid[0], lau.threads // 128 - 1, kernel_headdim(headdim, SM90_HEADDIMS))
 
 
 def encode_args(maps, *ptrs: int) -> bytes:
@@ -220,9 +241,13 @@ def forward(qa, ka, va, softmax_scale, causal, grid_order="auto", out=None, lse=
                                            packed, op)
     cu = packed.pointers() if packed is not None else dict(cu_seqlens_q=0, cu_seqlens_k=0)
     stream = _interop.current_stream(qa)
+    oa = 0
     if fields["walk_slot"] == _walk.DYNAMIC:
         fields["walk_slot"] = _walk.slot(qa.device, stream)
-    values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=0, lse_accum=0, **NO_CACHE,
+    elif fields["walk_slot"] == _walk.STREAM_K:
+        fields["walk_slot"] = -1
+        oa = _walk.sk_workspace(qa.device, stream, sk_bytes(lau, grid, qa.shape[3]))
+    values = FWD_PARAMS.values(q=qa.ptr, k=ka.ptr, v=va.ptr, o=op, lse=lp, o_accum=oa, lse_accum=0, **NO_CACHE,
                                **cu, **fields)
     _launch(lau.ptr, grid, lau.threads, lau.smem, stream, FWD_PARAMS.struct.pack_into,
             encode_args(maps, qa.ptr, ka.ptr, va.ptr, op), qa.device, *values)
@@ -234,15 +259,23 @@ class Sm90Plan(HostPlan):
     runs it at another key count (k and v's maps then follow the call's shape and strides). With o_tma the maps
     are keyed by the output's pointer too."""
 
-    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps", "o_tma", "walk")
+    __slots__ = ("outs", "maps", "encoded", "kv", "kv_maps", "o_tma", "walk", "sk")
+
+    def put_walk(self, buf, stream, seqlen_k=None):
+        """The per-call part of the walk: the dynamic walk's counter slot (the stream's, or a captured launch's own),
+        or stream-K's workspace (`sk`: (bytes, block_n, largest key count the segment arithmetic takes); none at a key
+        count past it, or while the stream is captured: fixed waves)."""
+        if self.walk:
+            _walk.put_slot(buf, _walk.SLOT_OFFSET, _walk.slot(self.device, stream))
+        elif self.sk and (seqlen_k is None or 0 < seqlen_k <= self.sk[2]):
+            _walk.put_ptr(buf, _walk.O_ACCUM_OFFSET, _walk.sk_workspace(self.device, stream, self.sk[0]))
 
     def run(self, qp, kp, vp):
         (out, lse), (op, lp), stream = self.outs()
         mb = memo_args(self.encoded, self.maps, (qp, kp, vp, op) if self.o_tma else (qp, kp, vp))
         buf, base, argv, _ = _scratch()
         self.pack(buf, 0, qp, kp, vp, op, lp, *self.rest)
-        if self.walk:  # the dynamic walk's counter slot: the stream's, or a captured launch's own
-            _walk.put_slot(buf, _walk.SLOT_OFFSET, _walk.slot(self.device, stream))
+        self.put_walk(buf, stream)
         ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
@@ -264,8 +297,7 @@ class Sm90Plan(HostPlan):
             mb = memo_args(self.encoded, maps, ptrs, (*ptrs, kshape, ks, vs))
         buf, base, argv, _ = _scratch()
         self.kv.pack(self, buf, qp, kp, vp, op, lp, kshape[1], ks, vs)
-        if self.walk:
-            _walk.put_slot(buf, _walk.SLOT_OFFSET, _walk.slot(self.device, stream))
+        self.put_walk(buf, stream, kshape[1])
         ctypes.memmove(base + MAPS_OFFSET, mb, len(mb))
         self.launch_packed(stream, argv)
         return out, lse
@@ -279,6 +311,10 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=Non
                                            tile=tile, mods=mods)
     p = Sm90Plan(qa)
     p.walk = fields["walk_slot"] == _walk.DYNAMIC  # (its slot put in per call: Sm90Plan.run)
+    p.sk = None
+    if fields["walk_slot"] == _walk.STREAM_K:  # (its workspace put in per call)
+        block_m, block_n = maps[0].box[1], maps[1].box[1]
+        p.sk = (sk_bytes(lau, grid, d), block_n, sk_max_keys(-(-sq // block_m) * b * h, block_n, grid[0]))
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **dict(fields, walk_slot=-1))
     p.add_launch(lau, grid)

@@ -1,5 +1,5 @@
 """The counters of the Hopper forward's dynamic tile walk: which pair a launch uses (cuda_src/flash_fwd_sm90.cu,
-Sm90FwdWalk).
+Sm90FwdWalk); and the workspace of its stream-K walk (Sm90FwdStreamK).
 
 The persistent form can hand its Q tiles out from a pair of counters in device memory (`sm90_walk_counters`, a
 global of the kernel's module: zero when the module loads, and every launch leaves its pair zero again, so no memset
@@ -9,7 +9,14 @@ launch captured into a CUDA graph takes a slot of its own for good: the graph ma
 eager launches run on the stream it was captured on (CUDA orders the replays of one graph). When the slots run out,
 a launch walks its tiles in fixed waves (`slot` returns -1): the same tiles in the same order, dealt out without the
 counter. A stream destroyed while such a launch is still queued on it and a new stream created at the same handle
-would share its slot; CUDA reuses handles, so that is possible in principle and not guarded against.
+would share its slot; CUDA reuses handles, so that is possible in principle and not guarded against. The per-thread
+default stream has one handle for every thread's own stream: its launches are keyed by the thread as well.
+
+Stream-K's workspace (`sk_workspace`): a flag per (block, consumer warpgroup) and each one's partial state. Every
+launch leaves the flags zero, so a (device, stream) keeps one workspace, zeroed once, stream-ordered, when it is made
+(or outgrown: the old one is kept, as launches queued before may still use it). A launch captured into a CUDA graph
+takes no stream-K (the kernel walks in fixed waves; `sk_workspace` returns 0): a workspace of its own for each
+captured launch, kept for good, would cost the graph's lifetime in memory.
 """
 from __future__ import annotations
 
@@ -20,8 +27,13 @@ from ._params import FWD_PARAMS
 
 SLOTS = 8192  # SM90_WALK_SLOTS in cuda_src/flash_fwd_sm90.cu
 DYNAMIC = -2  # launch_setup's walk_slot for a launch whose slot is taken per call (the kernel reads < 0 as fixed)
+STREAM_K = -3  # launch_setup's walk_slot for a stream-K launch: fixed waves, o_accum the workspace put in per call
+SK_FLAG_BYTES = 4 * 1024  # SM90_SK_FLAGS in cuda_src/flash_fwd_sm90.cu
+PER_THREAD_STREAM = 2  # cudaStreamPerThread
 SLOT_OFFSET = FWD_PARAMS.offsets()["walk_slot"][0]  # the field's byte offset in a packed FwdParams
 put_slot = struct.Struct("<q").pack_into  # put_slot(buffer, SLOT_OFFSET, slot)
+O_ACCUM_OFFSET = FWD_PARAMS.offsets()["o_accum"][0]  # stream-K's workspace pointer
+put_ptr = struct.Struct("<Q").pack_into  # put_ptr(buffer, O_ACCUM_OFFSET, address)
 
 _lock = threading.Lock()
 _stream_slots: dict = {}  # (device, raw stream) -> slot
@@ -35,6 +47,11 @@ def _new_slot() -> int:
             return -1
         _taken[0] = s + 1
         return s
+
+
+def _stream_key(device: int, stream: int) -> tuple:
+    """What tells launches that may overlap apart: (device, stream), and the thread on the per-thread stream."""
+    return (device, stream, threading.get_ident()) if stream == PER_THREAD_STREAM else (device, stream)
 
 
 _runtime = []  # cupy.cuda.runtime, imported at the first call (every dynamic-walk launch asks)
@@ -58,9 +75,47 @@ def slot(device: int, stream: int) -> int:
     captured, a new one kept for good; -1 when none is left (the launch then walks in fixed waves)."""
     if capturing(stream):
         return _new_slot()
-    key = (device, stream)
+    key = _stream_key(device, stream)
     s = _stream_slots.get(key)
     if s is None:
         s = _stream_slots[key] = _new_slot()
     return s
 
+
+
+def sk_bytes(grid: int, nwg: int, headdim: int) -> int:
+    """Stream-K's workspace at a grid of `grid` blocks of `nwg` consumer warpgroups and a kernel head dim: the flags,
+    then per (block, warpgroup) 128 threads' (DP / 8 + 1) float4 (DP: the head dim in whole 64-column chunks)."""
+    dp = -(-headdim // 64) * 64
+    return SK_FLAG_BYTES + grid * nwg * (dp // 8 + 1) * 128 * 16
+
+
+_workspaces: dict = {}  # _stream_key -> (pointer, bytes, cupy memory)
+_outgrown: list = []  # workspaces replaced by larger ones (kept: launches queued before may use them)
+
+
+def sk_workspace(device: int, stream: int, nbytes: int) -> int:
+    """The stream-K workspace of a launch on (device, stream) needing `nbytes`: its address, or 0 while the stream
+    is being captured (the launch then walks in fixed waves)."""
+    if capturing(stream):
+        return 0
+    key = _stream_key(device, stream)
+    ws = _workspaces.get(key)
+    if ws is None or ws[1] < nbytes:
+        mem = _alloc_zeroed_flags(device, stream, nbytes)
+        with _lock:
+            if ws is not None:
+                _outgrown.append(ws)
+            ws = _workspaces[key] = (mem.ptr, nbytes, mem)
+    return ws[0]
+
+
+def _alloc_zeroed_flags(device: int, stream: int, nbytes: int):
+    """nbytes of device memory (CuPy's pool) whose flags are zeroed on `stream`, ahead of the launch that uses them."""
+    import cupy
+    from cupy.cuda import runtime
+
+    with cupy.cuda.Device(device):
+        mem = cupy.cuda.alloc(nbytes)
+        runtime.memsetAsync(mem.ptr, 0, SK_FLAG_BYTES, stream)
+    return mem

@@ -176,26 +176,33 @@ def test_dynamic_walk_repeats_and_leaves_its_counters_zero(d, name):
         assert not _counters(pt, causal, "bfloat16", d).any()
 
 
-def test_dynamic_walk_on_concurrent_streams():
-    """Launches of one kernel on three streams at once (problems of different tile counts, queued without waiting):
-    each stream's launches draw from their own counter pair, so each output is bitwise the one-tile kernel's."""
+def on_streams(cases, want, fn, repeats=3):
+    """fn(q, k, v) of every case on a stream of its own, `repeats` times each, queued without waiting: each output
+    bitwise the case's `want`. Returns the streams."""
     import torch
 
-    pt, one = _tiles(128, "persist")
-    cases = [torch_inputs((b, sq, h, 128), (b, sq, h, 128), "float16") for b, sq, h in
-             ((2, 2048, 8), (1, 4000, 6), (3, 1500, 5))]
-    want = [_run(q, k, v, True, one) for q, k, v in cases]
     streams = [torch.cuda.Stream() for _ in cases]
     outs = [[] for _ in cases]
     torch.cuda.synchronize()
-    for _ in range(3):
+    for _ in range(repeats):
         for i, ((q, k, v), s) in enumerate(zip(cases, streams)):
             with torch.cuda.stream(s):
-                outs[i].append(_run(q, k, v, True, pt, grid_order="dynamic"))
+                outs[i].append(fn(q, k, v))
     torch.cuda.synchronize()
     for w, os_ in zip(want, outs):
         for o in os_:
             assert torch.equal(o, w)
+    return streams
+
+
+def test_dynamic_walk_on_concurrent_streams():
+    """Launches of one kernel on three streams at once (problems of different tile counts, queued without waiting):
+    each stream's launches draw from their own counter pair, so each output is bitwise the one-tile kernel's."""
+    pt, one = _tiles(128, "persist")
+    cases = [torch_inputs((b, sq, h, 128), (b, sq, h, 128), "float16") for b, sq, h in
+             ((2, 2048, 8), (1, 4000, 6), (3, 1500, 5))]
+    want = [_run(q, k, v, True, one) for q, k, v in cases]
+    on_streams(cases, want, lambda q, k, v: _run(q, k, v, True, pt, grid_order="dynamic"))
     assert not _counters(pt, True).any()
 
 

@@ -120,7 +120,9 @@ res["packed"] = [[r[0], list(r[1])] for r in rec]
 rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, "bh", tile=t, packed=packed))
 res["packed bh"] = [[r[0], list(r[1])] for r in rec]
 for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 8191, 16, True, "auto", "persist"),
-                                      (2, 8192, 16, False, "auto", None), (2, 8192, 16, True, "qtile", None),
+                                      (2, 8192, 16, False, "auto", None), (2, 8192, 16, False, "qtile", None),
+                                      (2, 8192, 16, False, "stream_k", None),
+                                      (2, 8192, 16, True, "qtile", None),
                                       (1, 300, 2, True, "bh", "persist"), (1, 300, 2, False, "auto", None),
                                       (1, 65536, 16, True, "auto", None), (1, 8192, 2, True, "auto", None)):
     q, k, v = (T((b, sq, h, 128), torch.float16) for _ in range(3))
@@ -142,10 +144,25 @@ plan = _fwd_sm90.make_plan(qa, ka, va, None, True, "auto")
 res["plan walk"] = [plan.walk, [launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2] for _ in range(2)],
                     launches(lambda: _fwd_sm90.forward(qa, ka, va, None, True))[0][0][2],
                     _walk.SLOT_OFFSET, dict(_walk._stream_slots).__len__()]
-q, k, v = (T((2, 2048, 16, 128), torch.float16) for _ in range(3))
+q, k, v = (T((1, 4224, 4, 128), torch.float16) for _ in range(3))
 qa, ka, va = check_qkv(q, k, v)
-plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "auto")  # 512 Q tiles of the same work: fixed waves
-res["plan no walk"] = [plan.walk, launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2]]
+plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "auto")  # 132 Q tiles of the same work: one whole wave, fixed
+res["plan no walk"] = [plan.walk, plan.sk, launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2]]
+# stream-K's workspace: put in per call by the plan (the stream's, made once) and by the explicit path
+_made = []
+_stand_in = _walk._alloc_zeroed_flags
+_walk._alloc_zeroed_flags = lambda device, stream, nbytes: (_made.append(nbytes), _stand_in(device, stream, nbytes))[1]
+_walk._workspaces.clear()
+q, k, v = (T((2, 4096, 16, 128), torch.float16) for _ in range(3))
+qa, ka, va = check_qkv(q, k, v)
+plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "stream_k")  # 1024 Q tiles of the same work: 7.8 waves
+from cuflash import _fwd
+plan.kv = _fwd.KvFields(plan, None, ka.shape, 1)
+_run = lambda n: launches(lambda: plan.run_kv(qa.ptr, ka.ptr, va.ptr, (2, n, 16, 128), (n * 2048, 2048, 128),  # noqa: E731
+                                              (n * 2048, 2048, 128)))[0][0][2]
+res["plan sk"] = [plan.walk, list(plan.sk), [launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2] for _ in range(2)],
+                  launches(lambda: _fwd_sm90.forward(qa, ka, va, None, False, "stream_k"))[0][0][2],
+                  [_run(4096), _run(8192)], _run(plan.sk[2] + 1), _made]
 """
 
 
@@ -182,25 +199,29 @@ def test_persistent_packed_grid_ignores_the_walk(res):
     assert res["packed bh"] == res["packed"]  # (the kernel walks packed tiles in element order whatever grid_order)
 
 
-@pytest.mark.parametrize("b,sq,h,causal,order,tile,group,dynamic", [
-    (2, 8192, 16, True, "auto", None, 32, False),  # 160-key form; "qtile" unbalanced (1.03 vs 1.003): fixed "bh"
-    (1, 8191, 16, True, "auto", "persist", 2, True),  # fixed "qtile" 1.03 in the list model, dynamic below 1.01
-    (2, 8192, 16, False, "auto", None, 1, False),  # non-causal: every tile the same work
-    (2, 8192, 16, True, "qtile", None, 1, False), (1, 300, 2, True, "bh", "persist", 2, False),  # explicit: fixed
-    (1, 300, 2, False, "auto", None, 1, False),
-    (1, 65536, 16, True, "auto", None, 1, True),  # "qtile" 1.015 against "bh" 1.000: a head's tiles, dynamic
-    (1, 8192, 2, True, "auto", None, 1, False)])  # 128 tiles, one wave: the walks alike
-def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, dynamic):
+@pytest.mark.parametrize("b,sq,h,causal,order,tile,group,kind", [
+    (2, 8192, 16, True, "auto", None, 32, "fixed"),  # 160-key form; "qtile" unbalanced (1.03 vs 1.003): fixed "bh"
+    (1, 8191, 16, True, "auto", "persist", 2, "dynamic"),  # fixed "qtile" 1.03 in the list model, dynamic below 1.01
+    (2, 8192, 16, False, "auto", None, 1, "fixed"),  # non-causal: every tile the same work (no stream-K: "auto")
+    (2, 8192, 16, False, "stream_k", None, 1, "sk"),  # 2048 equal tiles, 15.5 waves: stream-K (diagnostics)
+    (2, 8192, 16, False, "qtile", None, 1, "fixed"),  # (an explicit order: fixed)
+    (2, 8192, 16, True, "qtile", None, 1, "fixed"), (1, 300, 2, True, "bh", "persist", 2, "fixed"),  # explicit: fixed
+    (1, 300, 2, False, "auto", None, 1, "fixed"),  # 6 tiles: fewer than the grid
+    (1, 65536, 16, True, "auto", None, 1, "dynamic"),  # "qtile" 1.015 against "bh" 1.000: a head's tiles, dynamic
+    (1, 8192, 2, True, "auto", None, 1, "fixed")])  # 128 tiles, one wave: the walks alike
+def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     """The walk a persistent launch carries (walk_group, walk_slot: the kernel's Sm90FwdTiles / Sm90FwdWalk) under
     "auto": the dynamic walk where _configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC until the
-    launch's slot is put in), else _configs.sm90_persist_walk's fixed one ("bh": every (batch, head) one group; "qtile":
-    groups of one); an explicit order is fixed. The grid is the persistent one whatever the walk."""
+    launch's slot is put in), else _configs.sm90_persist_walk's fixed one ("bh": every (batch, head) one group;
+    "qtile": groups of one); an explicit order is fixed; "stream_k" (diagnostics): walk_slot _walk.STREAM_K until the
+    workspace is put in. The grid is the persistent one whatever the walk."""
     from cuflash import _walk
 
     name, got_group, slot, grid = res[f"walk {b} {sq} {h} {causal} {order} {tile}"]
     t = sm90_fwd_persist_tiles(128)[tile] if tile else sm90_fwd_tile(128, causal, sq)
+    t = replace(t, stream_k=kind == "sk")  # (stream-K: the tile's SK kernel)
     assert t.persistent and name == sm90_fwd_spec("float16", 128, causal, t).name
-    assert got_group == group and slot == (_walk.DYNAMIC if dynamic else -1)
+    assert got_group == group and slot == {"dynamic": _walk.DYNAMIC, "sk": _walk.STREAM_K, "fixed": -1}[kind]
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
 
 
@@ -208,8 +229,9 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, dynamic
 def test_persistent_tile_walk_without_a_mask(res, b, sq, group):
     """Head dim 64 without a mask (Q tiles of 192 rows, 32 heads): at 2k and 4k every (batch, head)'s last Q tile
     holds 128 or 64 rows, its other warpgroups take their turns empty, and the fixed waves leave the largest block
-    1.06x the mean in the list model where the dynamic walk, the light tiles last in each group, gives 1.02x; at 8k
-    the wave count and at 3000 rows the share of light tiles leave no gain of 0.01 (fixed "qtile")."""
+    1.06x the mean in the list model where the dynamic walk, the light tiles last in each group, gives 1.02x (stream-K
+    1.03: equal pair counts of unequal work); at 8k the wave count and at 3000 rows the share of light tiles leave no
+    gain of 0.01 (fixed "qtile")."""
     from cuflash import _walk
 
     name, got_group, slot, grid = res[f"walk64 {b} {sq}"]
@@ -230,8 +252,30 @@ def test_plans_put_the_walk_slot_in_per_call(res):
     slot = lambda raw: struct.unpack_from("<q", bytes.fromhex(raw), off)[0]  # noqa: E731
     assert walk and slot(raw1) == slot(raw2) == slot(raw3) >= 0 and n == 1
     assert _walk.SLOT_OFFSET == 8 * [n for n, _ in _configs_fwd_params()].index("walk_slot")
-    walk, raw = res["plan no walk"]
-    assert not walk and slot(raw) == -1
+    walk, sk, raw = res["plan no walk"]
+    assert not walk and sk is None and slot(raw) == -1
+
+
+def test_plans_put_the_stream_k_workspace_in_per_call(res):
+    """A memoized plan of stream-K (grid_order "stream_k") launches walk_slot -1 with o_accum the stream's workspace
+    (made once, of the size the kernel's layout needs), as the explicit path does, also at other key counts
+    (run_kv); at a key count past the 32-bit segment arithmetic's reach it launches without one (o_accum 0: fixed
+    waves)."""
+    import struct
+
+    from cuflash import _walk
+    from cuflash._params import FWD_PARAMS
+
+    walk, (nbytes, block_n, max_keys), raws, raw_fwd, raw_kv, raw_far, made = res["plan sk"]
+    soff = _walk.SLOT_OFFSET
+    get = lambda raw, off, f="<q": struct.unpack_from(f, bytes.fromhex(raw), off)[0]  # noqa: E731
+    assert not walk and block_n == 160 and nbytes == _walk.sk_bytes(132, 2, 128)
+    assert _walk.O_ACCUM_OFFSET == FWD_PARAMS.offsets()["o_accum"][0]
+    for raw in (*raws, raw_fwd, *raw_kv):
+        assert get(raw, soff) == -1 and get(raw, _walk.O_ACCUM_OFFSET, "<Q") == 0x7000
+    assert get(raw_far, _walk.O_ACCUM_OFFSET, "<Q") == 0 and get(raw_far, soff) == -1
+    assert made == [nbytes]  # (one workspace for the stream)
+    assert max_keys == (2 ** 31 - 1) // ((1024 - 6 * 132) * 132) * 160
 
 
 def _configs_fwd_params():

@@ -1,6 +1,7 @@
 """CPU: the Hopper forward's tile walks in groups and its dynamic walk (cuda_src/flash_fwd_sm90.cu: Sm90FwdTiles,
 Sm90FwdWalk; cuflash._configs.persist_walk_model / sm90_persist_dynamic; cuflash._walk): the list model against the
-kernel's index arithmetic written out, the rule that picks the dynamic walk, and how counter slots are handed out."""
+kernel's index arithmetic written out, the rule that picks the dynamic walk, and how counter slots are handed out;
+stream-K (Sm90FwdStreamK): its segments against the kernel's arithmetic, its model and its workspace."""
 import re
 from pathlib import Path
 
@@ -157,35 +158,151 @@ def test_tail_probe_shapes_make_whole_waves():
     assert shapes(128, 2048, 128)[0] == (128, 2048)
 
 
-@pytest.mark.parametrize("tiles,n_kv,grid", [(2048, 13, 132), (2048, 26, 132), (300, 7, 17), (133, 5, 132),
-                                             (10, 4, 3)])
+def _sk_segment(block, grid, tiles, n, j):
+    """Sm90FwdStreamK::segment written out from the kernel's text: the same integer steps (unsigned 32-bit S)."""
+    waves = tiles // grid - 1
+    if j < waves:
+        return (j * grid + (grid - 1 - block if j & 1 else block), 0, n)
+    dp = waves * grid
+    s = ((tiles - dp) * n) & 0xFFFFFFFF
+    lo, hi = (s * block) % 2 ** 32 // grid, (s * (block + 1)) % 2 ** 32 // grid
+    tt = lo // n + (j - waves)
+    start = max(lo, tt * n)
+    if start >= hi:
+        return (tiles, 0, 0)
+    return (dp + tt, start - tt * n, min(hi - tt * n, n))
+
+
+@pytest.mark.parametrize("tiles,n_kv,grid", [(2048, 13, 132), (2048, 26, 132), (2048, 103, 132), (300, 7, 17),
+                                             (133, 5, 132), (263, 1, 132), (10, 4, 3), (2816, 16, 132)])
 def test_stream_k_segments_cover_every_pair_once(tiles, n_kv, grid):
-    """bench.diag.fwd90_walk_model.stream_k_segments: the blocks' segments cover every (tile, K / V tile) pair exactly
-    once, each block's pairs one contiguous run in tile order, and where a block's share is at least two tiles' pairs
-    a tile is split between at most two blocks (the first ends the block before's range, the rest starts the next)."""
-    from bench.diag.fwd90_walk_model import stream_k_segments
-
-    seen, owners = [], {}
+    """cuflash._configs.stream_k_segment (the kernel's arithmetic, checked against it written out): the whole waves
+    but the last are the fixed walk's tiles, and past them every (tile, K / V tile) pair is covered exactly once, each
+    block's pairs one contiguous run of at least a tile's; a block's parts of tiles are at most a tail (its first
+    segment past the whole waves, visits [i0, n) with i0 > 0) and a head (its last, [0, i1) with i1 < n), and block
+    b's head is the tile whose tail block b + 1 runs, the two ranges meeting at i1: what the kernel's merge assumes."""
+    assert _configs.stream_k_eligible(False, False, tiles, n_kv, grid)
+    waves = tiles // grid - 1
+    seen = []
     for b in range(grid):
-        run = [(t, i) for t, f, e in stream_k_segments(b, grid, tiles, n_kv) for i in range(f, e)]
-        flat = [t * n_kv + i for t, i in run]
-        if flat:  # (blocks past the pairs' end hold none)
-            assert flat == list(range(flat[0], flat[0] + len(flat)))
-        seen += flat
-        for t, _ in run:
-            owners.setdefault(t, set()).add(b)
+        segs = _configs.stream_k_segments(b, grid, tiles, n_kv)
+        assert segs == [_sk_segment(b, grid, tiles, n_kv, j) for j in range(len(segs))]
+        assert _sk_segment(b, grid, tiles, n_kv, len(segs))[0] >= tiles
+        assert all(e == n_kv and f == 0 for _, f, e in segs[:waves])
+        sk = segs[waves:]
+        flat = [t * n_kv + i for t, f, e in sk for i in range(f, e)]
+        assert flat == list(range(flat[0], flat[0] + len(flat))) and len(flat) >= n_kv
+        seen += [t * n_kv + i for t, f, e in segs for i in range(f, e)]
+        parts = [j for j, (_, f, e) in enumerate(sk) if e - f < n_kv]
+        assert all(j in (0, len(sk) - 1) for j in parts)
+        if sk[0][1] > 0:  # a tail: the block before ends with the head of the same tile
+            prev = _configs.stream_k_segments(b - 1, grid, tiles, n_kv)[-1]
+            assert prev == (sk[0][0], 0, sk[0][1]) and sk[0][2] == n_kv
+        if sk[-1][2] < n_kv:
+            assert b < grid - 1 and sk[-1][1] == 0
     assert sorted(seen) == list(range(tiles * n_kv))
-    if -(-tiles * n_kv // grid) >= 2 * n_kv:
-        assert max(len(o) for o in owners.values()) <= 2
 
 
-def test_stream_k_spread_at_head_dim_128():
-    """The stream-K figures NOTES cites (2048 Q tiles of 128 rows on 132 blocks; 160-key stages at 2k-8k: 13, 26, 52
-    K / V tiles; one of fixed cost per segment, half of one per merged piece) against the fixed walk's 1.031."""
-    from bench.diag.fwd90_walk_model import stream_k_spread
+@pytest.mark.parametrize("tiles,n_kv,grid", [(132, 5, 132), (264, 5, 132), (131, 5, 132), (400, 0, 132),
+                                             (600, 5, 257), (400, 2 ** 20, 132)])
+def test_stream_k_not_eligible(tiles, n_kv, grid):
+    """Whole waves, fewer tiles than blocks, no keys, a grid past the kernel's flags, 32-bit overflow: no stream-K;
+    with a mask or packed sequences neither."""
+    assert not _configs.stream_k_eligible(False, False, tiles, n_kv, grid)
+    assert not _configs.stream_k_eligible(True, False, 2048, 13, 132)
+    assert not _configs.stream_k_eligible(False, True, 2048, 13, 132)
 
-    got = [round(stream_k_spread(2048, n, 132), 3) for n in (13, 26, 52)]
-    assert got == [1.013, 1.007, 1.003]
+
+def test_stream_k_spread_and_rule_on_the_fa2_grid():
+    """The list model (2048 Q tiles of 128 rows on 132 blocks at head dim 128; 128-key stages at 1k, 160 at 2k-16k)
+    against the fixed walk's 1.031, and where the model alone would take stream-K on the FA2 grid without a mask
+    (cuflash._configs.sm90_stream_k; grid_order "auto" does not, measured): at head dim 128; not at head dim 64 (2k /
+    4k: ragged Q tiles, where equal pair counts are unequal work; 8k / 16k: within 0.01)."""
+    got = [round(_configs.stream_k_spread(16384 // s * 16, s, s, 128, 128 if s == 1024 else 160, 132), 3)
+           for s in (1024, 2048, 4096, 8192)]
+    assert got == [1.017, 1.013, 1.007, 1.003]
     assert _configs.persist_walk_model(1, False, 128, 2048, 2048, 128, 160, 132, causal=False) == pytest.approx(
         1.031, abs=1e-3)
-    assert stream_k_spread(132, 10, 132) == pytest.approx(1.0)  # one whole tile each
+    taken = {}
+    for d in (64, 128):
+        for s in (1024, 2048, 4096, 8192, 16384):
+            t = _configs.sm90_fwd_tile(d, False, s)
+            if not t.persistent:
+                continue
+            bhs, tiles = 16384 // s * 2048 // d, -(-s // t.block_m) * (16384 // s) * (2048 // d)
+            fixed = _configs.sm90_persist_walk(False, bhs, s, s, t, 132)
+            group = _configs.sm90_persist_dynamic(bhs, 1, s, s, d, t.block_m, t.block_n, 132, fixed, False)
+            taken[(d, s)] = (_configs.stream_k_eligible(False, False, tiles, -(-s // t.block_n), 132) and
+                             _configs.sm90_stream_k(bhs, s, s, t.block_m, t.block_n, 132, fixed, group))
+    assert taken == {(64, 2048): False, (64, 4096): False, (64, 8192): False, (64, 16384): False, (128, 1024): True,
+                     (128, 2048): True, (128, 4096): True, (128, 8192): True, (128, 16384): True}
+
+
+def test_stream_k_workspace_layout_matches_the_kernel():
+    """The flags' bytes and the grid they cover, as cuda_src/flash_fwd_sm90.cu sizes them; the workspace per (block,
+    consumer warpgroup): 128 threads x (DP / 8 + 1) float4."""
+    src = (ROOT / "cuda_src" / "flash_fwd_sm90.cu").read_text()
+    flags = int(re.search(r"constexpr int SM90_SK_FLAGS = (\d+);", src).group(1))
+    assert flags * 4 == _walk.SK_FLAG_BYTES and flags == 4 * _configs.SM90_SK_MAX_GRID
+    assert "return reinterpret_cast<int*>(p.o_accum) + 4 * block + cw;" in src
+    assert "(size_t)(block * NWG + cw) * (DF + 1) * 128 + tid" in src
+    assert _walk.sk_bytes(132, 2, 128) == 4096 + 132 * 2 * 17 * 128 * 16
+    assert _walk.sk_bytes(132, 3, 64) == 4096 + 132 * 3 * 9 * 128 * 16
+    assert _walk.sk_bytes(132, 2, 96) == _walk.sk_bytes(132, 2, 128)  # (96 columns take two 64-column chunks)
+
+
+def test_stream_k_workspace_per_stream_and_none_when_captured(monkeypatch):
+    """One workspace per (device, stream) -- per thread on the per-thread default stream -- made once (its flags
+    zeroed on that stream) and kept, a larger one when outgrown (the old one kept); none (0) for a launch being
+    captured."""
+    import threading
+
+    class Mem:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    made = []
+
+    def alloc(device, stream, nbytes):
+        made.append((device, stream, nbytes))
+        return Mem(4096 * len(made))
+
+    monkeypatch.setattr(_walk, "_alloc_zeroed_flags", alloc)
+    monkeypatch.setattr(_walk, "_workspaces", {})
+    monkeypatch.setattr(_walk, "_outgrown", [])
+    capturing = set()
+    monkeypatch.setattr(_walk, "capturing", lambda stream: stream in capturing)
+    a = _walk.sk_workspace(0, 111, 1000)
+    assert a and _walk.sk_workspace(0, 111, 900) == a and _walk.sk_workspace(0, 222, 900) not in (0, a)
+    assert made[0] == (0, 111, 1000) and _walk.sk_workspace(1, 111, 900) not in (0, a)
+    big = _walk.sk_workspace(0, 111, 5000)
+    assert big != a and _walk.sk_workspace(0, 111, 1000) == big and _walk._outgrown[0][0] == a
+    capturing.add(333)
+    assert _walk.sk_workspace(0, 333, 1000) == 0
+    mine = _walk.sk_workspace(0, _walk.PER_THREAD_STREAM, 100)
+    other = []
+    th = threading.Thread(target=lambda: other.append(_walk.sk_workspace(0, _walk.PER_THREAD_STREAM, 100)))
+    th.start()
+    th.join()
+    assert other[0] not in (0, mine) and _walk.sk_workspace(0, _walk.PER_THREAD_STREAM, 100) == mine
+
+
+def test_stream_k_kernels_are_their_own():
+    """Stream-K's code is in kernels of its own (the kernel's SK): the configured kernels' names are those without
+    it, the SK form needs the persistent form and no causal mask, and every persistent tile without a mask has its SK
+    kernel among those CI compiles."""
+    from dataclasses import replace
+
+    t = _configs.sm90_fwd_tile(128, False, 2048)
+    plain, sk = (_configs.sm90_fwd_spec("float16", 128, False, u).name for u in (t, replace(t, stream_k=True)))
+    assert sk == plain[:-1] + ", true>" and not plain.endswith("true, true>")
+    with pytest.raises(ValueError, match="persistent"):
+        replace(_configs.sm90_fwd_tile(256, False, 2048), stream_k=True)
+    with pytest.raises(ValueError, match="causal"):
+        _configs.sm90_fwd_spec("float16", 128, True, replace(_configs.sm90_fwd_tile(128, True, 2048), stream_k=True))
+    names = {s.name for s in _configs.sm90_fwd_specs()}
+    for d in (64, 128):
+        for keys in _configs.SM90_FWD_KEY_BOUNDS:
+            u = _configs.sm90_fwd_tile(d, False, keys)
+            if u.persistent:
+                assert _configs.sm90_fwd_spec("bfloat16", d, False, replace(u, stream_k=True)).name in names

@@ -2,7 +2,7 @@
 without a mask -- measured, where the list model (cuflash._configs.persist_walk_model) only bounds it.
 
     python -m bench.diag.fwd90_tail_probe [--headdims 128,256] [--seqlens 2048,4096,16384] [--rounds 5]
-                                          [--dtype float16]
+                                          [--dtype float16] [--stream-k]
 
 Without a mask every Q tile of a call does the same work (all of its keys), so the time per Q tile should not depend
 on how many tiles there are -- except through the last wave: the FA2 grid (batch x seqlen = 16k tokens, hidden 2048)
@@ -14,7 +14,9 @@ tiles), and the whole-wave counts below and above it (132 heads of 132 k / 132 h
 rounds. Printed per point: each count's waves and microseconds per Q tile, and the grid count's time per tile over
 the mean of the two whole-wave counts' (> 1: what its last wave costs), beside the model's figure for the grid count
 (its largest block over the mean). Head dims whose Q tiles do not divide the grid's lengths (64: 192 rows) take the
-whole tiles below s for the grid count.
+whole tiles below s for the grid count. --stream-k times the grid count a fourth time, walked by stream-K (grid_order
+"stream_k": the last wave's tiles cut into equal ranges of (tile, K / V tile) pairs; cuflash._configs.SM90_SK_MAX_GRID),
+and prints its time per tile over the whole-wave counts' too, and over the fixed walk's (< 1: stream-K faster).
 """
 from __future__ import annotations
 
@@ -49,11 +51,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", default="2048,4096,16384")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--stream-k", dest="stream_k", action="store_true")
     args = ap.parse_args(argv)
     import torch
 
     import cuflash
+    from cuflash import _fwd_sm90
     from cuflash._configs import persist_walk_model, sm90_fwd_tile
+    from cuflash._validate import check_qkv
     from cuflash._launch import sm_count
 
     from .. import harness
@@ -64,28 +69,35 @@ def main(argv=None) -> int:
     print(f"{args.dtype}, non-causal, GPU time (queued), medians of {args.rounds} rounds; us per Q tile; "
           "grid / whole waves: the grid count's time per tile over the mean of the two whole-wave counts'")
     print(f"{'hdim':>4} {'keys':>6} {'tile':>8} {'counts (waves)':>30} {'us per tile':>24} {'grid / whole':>12} "
-          f"{'model':>6}")
+          f"{'model':>6}" + (f" {'SK us':>7} {'SK / whole':>10} {'SK / grid':>9}" if args.stream_k else ""))
     for d in (int(x) for x in args.headdims.split(",")):
         for s in (int(x) for x in args.seqlens.split(",")):
             tile = sm90_fwd_tile(d, False, s)
             bm = tile.block_m
             cases = shapes(d, s, bm, sms)
-            fns, tiles = {}, {}
+            fns, tiles, plan = {}, {}, None
             for i, (h, rows) in enumerate(cases):
                 q = torch.randn(1, rows, h, d, device="cuda", dtype=dt)
                 kk, vv = (torch.randn(1, s, h, d, device="cuda", dtype=dt) for _ in range(2))
                 fns[i] = (lambda q=q, kk=kk, vv=vv: cuflash.flash_attn_func(q, kk, vv))
                 tiles[i] = h * (rows // bm)
+                if i == 0 and args.stream_k:
+                    qa, ka, va = check_qkv(q, kk, vv)
+                    plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "stream_k")
+                    fns["sk"] = (lambda plan=plan, p=(qa.ptr, ka.ptr, va.ptr): plan.run(*p))
+                    tiles["sk"] = tiles[0]
             res = harness.time_rounds(fns, args.rounds, timer=harness.time_queued_ms)
             per = {i: res[i][0] * 1e3 / tiles[i] for i in fns}
             ratio = per[0] / ((per[1] + per[2]) / 2)
             model = persist_walk_model(1, False, cases[0][0], cases[0][1], s, bm, tile.block_n, sms, fixed=1.0,
                                        causal=False)
-            cnt = " ".join(f"{tiles[i]} ({tiles[i] / sms:.2f})" for i in fns)
-            us = " ".join(f"{per[i]:.3f}" for i in fns)
-            print(f"{d:>4} {s:>6} {f'{bm}x{tile.block_n}':>8} {cnt:>30} {us:>24} {ratio:>12.3f} {model:>6.3f}",
+            sk = (f" {per['sk']:>7.3f} {per['sk'] / ((per[1] + per[2]) / 2):>10.3f} {per['sk'] / per[0]:>9.3f}"
+                  if "sk" in per else "")
+            cnt = " ".join(f"{tiles[i]} ({tiles[i] / sms:.2f})" for i in (0, 1, 2))
+            us = " ".join(f"{per[i]:.3f}" for i in (0, 1, 2))
+            print(f"{d:>4} {s:>6} {f'{bm}x{tile.block_n}':>8} {cnt:>30} {us:>24} {ratio:>12.3f} {model:>6.3f}{sk}",
                   flush=True)
-            del fns
+            del fns, plan
             torch.cuda.empty_cache()
     return 0
 

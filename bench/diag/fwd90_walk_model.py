@@ -27,9 +27,10 @@ a better walk can gain, not a prediction of it.
 
 --no-causal prints the points without a mask: every Q tile sees every K / V tile, times the share of its 64-row
 warpgroups that hold a row (a ragged last Q tile's others take their turns empty), and the kernel walks each (batch,
-head)'s tiles first to last, so that the light last tile comes last. Its last column models stream-K (not built:
-every block one contiguous share of all (tile, K / V tile) pairs, a tile split between two blocks merged by one of
-them; stream_k_spread) where the Q tiles are whole."""
+head)'s tiles first to last, so that the light last tile comes last. Its last column models stream-K
+(cuflash._configs.stream_k_spread: the whole waves but the last, then every block one contiguous share of the
+remaining (tile, K / V tile) pairs, a tile split between two blocks merged by one of them), * where grid_order
+"auto" takes it (cuflash._configs.sm90_stream_k)."""
 from __future__ import annotations
 
 import argparse
@@ -79,34 +80,6 @@ def dynamic_spread(walk: str, batch_heads: int, seqlen: int, block_m: int, block
                               grid, fixed, causal)
 
 
-def stream_k_segments(block: int, grid: int, tiles: int, n_kv: int) -> list:
-    """Stream-K (not built; bench/NOTES.md "Hopper forward"): block `block` of `grid` takes the (tile, K / V tile)
-    pairs [block W, (block + 1) W) of the tiles x n_kv pairs in tile order, W = ceil(tiles n_kv / grid), as segments
-    (tile, first, end) of K / V tiles [first, end) -- a closed form per segment k, so that a producer and its
-    consumers could derive each from the block index alone."""
-    total = tiles * n_kv
-    w = -(-total // grid)
-    start, end = block * w, min(total, (block + 1) * w)
-    out, k = [], 0
-    while True:
-        t = start // n_kv + k
-        if t * n_kv >= end:
-            return out
-        out.append((t, start % n_kv if k == 0 else 0, min(n_kv, end - t * n_kv)))
-        k += 1
-
-
-def stream_k_spread(tiles: int, n_kv: int, grid: int, fixed: float = 1.0, merge: float = 0.5) -> float:
-    """The largest block's work under stream_k_segments over the mean work of the tiles without it (each tile its
-    n_kv K / V tiles plus `fixed`): a block pays `fixed` per segment and `merge` per segment that is part of a tile."""
-    worst = 0.0
-    for b in range(grid):
-        segs = stream_k_segments(b, grid, tiles, n_kv)
-        work = sum(e - f + fixed + (merge if e - f < n_kv else 0.0) for _, f, e in segs)
-        worst = max(worst, work)
-    return worst / (tiles * (n_kv + fixed) / grid)
-
-
 def points(causal: bool = True):
     """(head dim, seqlen, batch, heads, tile) of the FA2-grid points (causal or not) where the persistent form is
     configured."""
@@ -125,12 +98,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-causal", dest="causal", action="store_false", help="the points without a mask")
     args = ap.parse_args(argv)
     c = args.causal
-    from cuflash._configs import sm90_persist_dynamic, sm90_persist_walk
+    from cuflash._configs import (sm90_persist_dynamic, sm90_persist_walk, sm90_stream_k, stream_k_eligible,
+                                  stream_k_spread)
 
     print(f"largest block's work / mean, {'causal' if c else 'no mask'}, {args.sms} SMs, {args.fixed:g} K/V tiles of fixed work per Q tile "
           "(* the fixed walk grid_order 'auto' weighs; 'auto': the walk it takes)")
     print(f"{'hdim':>4} {'seqlen':>6} {'b x h':>8} {'tile':>9} {'tiles':>6} {'qtile':>7} {'bh':>7} {'qtile dyn':>9} "
-          f"{'bh dyn':>7} {'group dyn':>9} {'auto':>16}" + ("" if c else f" {'stream-K':>8}"))
+          f"{'bh dyn':>7} {'group dyn':>9} {'auto':>16}" + ("" if c else f" {'stream-K':>9}"))
     for d, s, b, h, tile in points(c):
         tiles = -(-s // tile.block_m) * b * h
         grid = min(tiles, args.sms * tile.min_blocks)
@@ -149,13 +123,15 @@ def main(argv=None) -> int:
         else:
             v = fixed_spread(auto, b * h, s, tile.block_m, tile.block_n, grid, args.fixed, causal=c)
             cells.append(f"{auto} {v:.3f}")
-        if not c and s % tile.block_m == 0:  # (stream-K modelled for whole tiles only)
-            cells.append(f"{stream_k_spread(tiles, -(-s // tile.block_n), grid, args.fixed):.3f}")
+        if not c and stream_k_eligible(False, False, tiles, -(-s // tile.block_n), grid):
+            sk = stream_k_spread(b * h, s, s, tile.block_m, tile.block_n, grid, args.fixed)
+            taken = sm90_stream_k(b * h, s, s, tile.block_m, tile.block_n, grid, auto, group)
+            cells.append(f"{sk:.3f}" + ("*" if taken else " "))
         elif not c:
             cells.append("-")
         print(f"{d:>4} {s:>6} {f'{b} x {h}':>8} {f'{tile.block_m}x{tile.block_n}':>9} {tiles:>6} {cells[0]:>7} "
               f"{cells[1]:>7} {cells[2]:>9} {cells[3]:>7} {cells[4]:>9} {cells[5]:>16}" +
-              ("" if c else f" {cells[6]:>8}"))
+              ("" if c else f" {cells[6]:>9}"))
     return 0
 
 

@@ -170,6 +170,10 @@ def install_fakes(record=False):
 
     _tma._encode_fn = encode
     _fwd_sm90._cc.clear()
+    from cuflash import _walk
+
+    # stream-K's workspace: a stand-in address, made once per stream as the real one (no device memory here)
+    _walk._alloc_zeroed_flags = lambda device, stream, nbytes: types.SimpleNamespace(ptr=0x7000)
     props = dict(multiProcessorCount=132, sharedMemPerMultiprocessor=233472, maxThreadsPerMultiProcessor=2048,
                  regsPerMultiprocessor=65536, sharedMemPerBlockOptin=232448, reservedSharedMemPerBlock=1024)
     runtime.getDeviceProperties = lambda dev: props

@@ -7,13 +7,15 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --persist
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --persist --quick
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --bands
+    compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --stream-k
 
 (--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
 tiles, each with its three tile walks, grid_order "qtile" and "bh" in fixed waves and "dynamic" (tiles handed out
 by a counter), on grids of fewer tiles than blocks and of several tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
 soft-capped causal band), on shapes whose Q tiles' warpgroups see different KV tiles -- sq < sk, sq > sk (rows that
-see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; with --quick float16 only,
-there and with --persist)
+see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; --stream-k: the
+persistent variants walking by stream-K without a mask, tiles split between blocks; with --quick float16 only, there
+and with --persist)
 
 and, with --errors, where the error of each case lies (max abs error per 64-row band and 64-column chunk), to
 locate a wrong layout or a missed stage. Exit status 1 when a case misses the error rule's bound (conftest.py).
@@ -97,6 +99,17 @@ def main(argv):
                         for order in ("qtile", "bh", "dynamic"):
                             for b, sq, sk, h, hk in shapes:
                                 bad += not _case(b, sq, sk, h, hk, d, dtype, causal, errors, (tile, order))
+        print(f"{bad} failed")
+        return 1 if bad else 0
+    if "--stream-k" in argv:
+        # stream-K (grid_order "stream_k", no mask): 144 / 168 tiles of 128 rows and 192 of 192 rows on 132 blocks --
+        # ranges across tile boundaries, tiles split between two blocks, ragged last tiles (warpgroups without rows)
+        for dtype in ("float16",) if quick else ("float16", "bfloat16"):
+            for d in sorted(SM90_FWD_PERSIST_VARIANTS):
+                shapes = [(2, 1000, 1500, 16, 4)] if d == 64 else [(2, 1000, 1500, 9, 3), (3, 777, 901, 8, 2)]
+                for tile in sm90_fwd_persist_tiles(d).values():
+                    for b, sq, sk, h, hk in shapes:
+                        bad += not _case(b, sq, sk, h, hk, d, dtype, False, errors, (tile, "stream_k"))
         print(f"{bad} failed")
         return 1 if bad else 0
     if "--bands" in argv:

@@ -16,7 +16,8 @@ struct FwdParams {
   const void* v;          // [b, sk, hk, d]
   void* o;                // [b, sq, h, d]
   float* lse;             // [b, h, sq] fp32, natural log (may be null: not written); packed: [h, total_q]
-  float* o_accum;         // split-KV only: [splits, b, h, sq, d] fp32 partial outputs
+  float* o_accum;         // split-KV: [splits, b, h, sq, d] fp32 partial outputs; the Hopper forward's persistent
+                          // form: stream-K's workspace (flash_fwd_sm90.cu), null: no stream-K
   float* lse_accum;       // split-KV only: [splits, b, h, sq] fp32 partial LSE
   const int* seqlens_k;   // optional [b] int32: valid keys per batch element before this call's append
                           // (KV cache); keys seen = min(seqlens_k[b] + seqlen_k_new, seqlen_k); null: seqlen_k

@@ -611,23 +611,22 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         named_bar_sync(4 + cw, 128);
         const float4* src = SK::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
         const float4 ml = __ldcg(src + DF * 128);
-        float cs[2], co[2];
         const float mb[2] = {ml.x, ml.y}, lb[2] = {ml.z, ml.w};
+        float c[2][2];  // per row h: this block's state's weight c[h][0], the next block's c[h][1]
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float m = fmaxf(softmax.row_max[0][h], mb[h]), base = exp_base(m);
-          cs[h] = exp2_approx(softmax.row_max[0][h] - base);
-          co[h] = exp2_approx(mb[h] - base);
+        for (int h = 0; h < 2; ++h) {  // (the thread-partial l's merge as the row's l would: the same weights)
+          float m;
+          softmax.row_sum[0][h] = merge_partials<2>([&](int i) { return i ? mb[h] : softmax.row_max[0][h]; },
+                                                    [&](int i) { return i ? lb[h] : softmax.row_sum[0][h]; }, c[h], m);
           softmax.row_max[0][h] = m;
-          softmax.row_sum[0][h] = softmax.row_sum[0][h] * cs[h] + lb[h] * co[h];
         }
 #pragma unroll
         for (int df = 0; df < DF; ++df) {
           const float4 o = __ldcg(src + df * 128);
-          acc_o[0][df][0] = acc_o[0][df][0] * cs[0] + o.x * co[0];
-          acc_o[0][df][1] = acc_o[0][df][1] * cs[0] + o.y * co[0];
-          acc_o[0][df][2] = acc_o[0][df][2] * cs[1] + o.z * co[1];
-          acc_o[0][df][3] = acc_o[0][df][3] * cs[1] + o.w * co[1];
+          acc_o[0][df][0] = acc_o[0][df][0] * c[0][0] + o.x * c[0][1];
+          acc_o[0][df][1] = acc_o[0][df][1] * c[0][0] + o.y * c[0][1];
+          acc_o[0][df][2] = acc_o[0][df][2] * c[1][0] + o.z * c[1][1];
+          acc_o[0][df][3] = acc_o[0][df][3] * c[1][0] + o.w * c[1][1];
         }
       }
     }

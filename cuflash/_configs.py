@@ -512,23 +512,28 @@ SM90_SK_MAX_GRID = 256
 SM90_SK_MERGE = 0.5  # a split tile's merge and its second prologue, in K / V tiles, in the list model
 
 
+def stream_k_max_kv(tiles: int, grid: int) -> int:
+    """The most K / V tiles per Q tile a stream-K launch of `tiles` Q tiles on `grid` blocks takes: the pairs past the
+    whole waves times the grid stay below 2^31 (Sm90FwdStreamK::segment's unsigned arithmetic)."""
+    rest = tiles - (tiles // grid - 1) * grid
+    return (2 ** 31 - 1) // (rest * grid)
+
+
 def stream_k_eligible(causal: bool, packed: bool, tiles: int, n_kv: int, grid: int) -> bool:
     """Whether a persistent launch can walk by stream-K: no mask, fixed lengths, keys, more tiles than blocks and a
-    part-empty last wave, a grid the flags cover, and segment arithmetic within 32 bits (Sm90FwdStreamK::segment)."""
+    part-empty last wave, a grid the flags cover, and segment arithmetic within 32 bits (stream_k_max_kv)."""
     if causal or packed or n_kv <= 0 or tiles <= grid or tiles % grid == 0 or grid > SM90_SK_MAX_GRID:
         return False
-    rest = tiles - (tiles // grid - 1) * grid
-    return rest * n_kv * grid < 2 ** 31
+    return n_kv <= stream_k_max_kv(tiles, grid)
 
 
-def stream_k_segment(block: int, grid: int, tiles: int, n_kv: int, j: int, fixed_tile=None) -> tuple:
+def stream_k_segment(block: int, grid: int, tiles: int, n_kv: int, j: int) -> tuple:
     """Segment j of block `block` under stream-K, as the kernel derives it (Sm90FwdStreamK::segment): (tile, first,
-    end) -- K / V visits [first, end) of the tile in the walk's order; tile >= `tiles`: the block's walk is over.
-    fixed_tile(k) is the fixed walk's tile of wave k for this block (default: Sm90FwdTiles::tile's alternation)."""
+    end) -- K / V visits [first, end) of the tile in the walk's order; tile >= `tiles`: the block's walk is over. The
+    whole waves are the fixed walk's (Sm90FwdTiles::tile's alternation)."""
     waves = tiles // grid - 1
     if j < waves:
-        t = fixed_tile(j) if fixed_tile else j * grid + (grid - 1 - block if j % 2 else block)
-        return t, 0, n_kv
+        return j * grid + (grid - 1 - block if j % 2 else block), 0, n_kv
     dp = waves * grid
     s = (tiles - dp) * n_kv
     lo, hi = s * block // grid, s * (block + 1) // grid

@@ -23,7 +23,7 @@ from dataclasses import replace
 from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
 from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_dynamic,
-                       sm90_persist_walk, sm90_fwd_tile, stream_k_eligible)
+                       sm90_persist_walk, sm90_fwd_tile, stream_k_eligible, stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
@@ -175,13 +175,6 @@ def persistent_grid(grid, tile, device: int) -> tuple:
     return (max(1, min(tiles, sm_count(device) * tile.min_blocks)), 1, 1)
 
 
-def sk_max_keys(tiles: int, block_n: int, grid: int) -> int:
-    """The largest key count at which a stream-K launch of `tiles` Q tiles on `grid` blocks stays within the kernel's
-    32-bit segment arithmetic (cuflash._configs.stream_k_eligible)."""
-    rest = tiles - (tiles // grid - 1) * grid
-    return (2 ** 31 - 1) // (rest * grid) * block_n
-
-
 def sk_bytes(lau, grid, headdim: int) -> int:
     """Stream-K's workspace for a launch of `lau` (1 + nwg warpgroups) on `grid` at a call's head dim."""
     return _walk.sk_bytes(grid[0], lau.threads // 128 - 1, kernel_headdim(headdim, SM90_HEADDIMS))
@@ -314,7 +307,7 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=Non
     p.sk = None
     if fields["walk_slot"] == _walk.STREAM_K:  # (its workspace put in per call)
         block_m, block_n = maps[0].box[1], maps[1].box[1]
-        p.sk = (sk_bytes(lau, grid, d), block_n, sk_max_keys(-(-sq // block_m) * b * h, block_n, grid[0]))
+        p.sk = (sk_bytes(lau, grid, d), block_n, stream_k_max_kv(-(-sq // block_m) * b * h, grid[0]) * block_n)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **dict(fields, walk_slot=-1))
     p.add_launch(lau, grid)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import struct
 import threading
 
+from ._configs import SM90_SK_MAX_GRID
 from ._params import FWD_PARAMS
 
 SLOTS = 8192  # SM90_WALK_SLOTS in cuda_src/flash_fwd_sm90.cu
 DYNAMIC = -2  # launch_setup's walk_slot for a launch whose slot is taken per call (the kernel reads < 0 as fixed)
 STREAM_K = -3  # launch_setup's walk_slot for a stream-K launch: fixed waves, o_accum the workspace put in per call
-SK_FLAG_BYTES = 4 * 1024  # SM90_SK_FLAGS in cuda_src/flash_fwd_sm90.cu
+SK_FLAG_BYTES = 4 * 4 * SM90_SK_MAX_GRID  # SM90_SK_FLAGS ints in cuda_src/flash_fwd_sm90.cu: 4 per block
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
 SLOT_OFFSET = FWD_PARAMS.offsets()["walk_slot"][0]  # the field's byte offset in a packed FwdParams
 put_slot = struct.Struct("<q").pack_into  # put_slot(buffer, SLOT_OFFSET, slot)
@@ -80,7 +81,6 @@ def slot(device: int, stream: int) -> int:
     if s is None:
         s = _stream_slots[key] = _new_slot()
     return s
-
 
 
 def sk_bytes(grid: int, nwg: int, headdim: int) -> int:

@@ -45,6 +45,12 @@
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
+//   PERSIST       the persistent form ("atomic" and "seqpar", no visiting order): a grid of at most one block per
+//                 SM, block bid walking the tiles k G + bid of that linear order (Sm90BwdTiles: every other wave
+//                 reversed). Each role carries its stage ring, dS^T buffers and dQ hand-offs from tile to tile;
+//                 the producer issues the next tile's first Q / dO stage as soon as its stage is free and its K / V
+//                 once both consumers have passed the last products that read them (kv_empty), so the next tile's
+//                 loads run under this tile's last iteration and dK / dV stores, and no block is launched per tile.
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV
@@ -89,6 +95,18 @@ __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
 // other, and inside a group KV tile by KV tile (tile 0 of each pair, then tile 1, ...): under the causal mask the
 // longest blocks start first, so the grid's last blocks are short ones, while the blocks running at once share the Q
 // and dO of about GROUP heads in L2 as the launch's order does (bench/diag/bwd_grid_model.py: tile-major/G).
+// sm90_bwd_block_at: the same for linear index `lin` of a grid of (n KV tiles, ny KV heads, pairs / ny batch).
+template <int GROUP>
+__device__ __forceinline__ int3 sm90_bwd_block_at(int lin, int n, int ny, int pairs) {
+  if constexpr (GROUP == 0) {
+    const int pair = lin / n;
+    return make_int3(lin - pair * n, pair % ny, pair / ny);
+  } else {
+    const int g = lin / (GROUP * n), size = min(GROUP, pairs - g * GROUP), r = lin - g * GROUP * n;
+    const int pair = g * GROUP + r % size;
+    return make_int3(r / size, pair % ny, pair / ny);
+  }
+}
 template <int ORDER, int GROUP>
 __device__ __forceinline__ int3 sm90_bwd_block() {
   if constexpr (GROUP == 0) {
@@ -102,6 +120,21 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
     return make_int3(r / size, pair % (int)gridDim.y, pair / (int)gridDim.y);
   }
 }
+
+// The persistent form (the kernel's PERSIST): a grid of G <= the SM count blocks over the launch's tiles (KV tiles,
+// KV heads, batch) in sm90_bwd_block's linear order; block bid takes tile k G + bid of wave k for even k and
+// k G + G - 1 - bid for odd k, so that under the causal mask (the grouped order: longest KV tiles first) a block's
+// heavy and light tiles alternate. x < 0: the block's walk is over.
+template <int GROUP, int BLOCK_N>
+struct Sm90BwdTiles {
+  const BwdParams& p;  // the counts are read from the parameters at each step (constant bank: no registers held)
+  __device__ __forceinline__ int3 at(int k) const {
+    const int n = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N, ny = (int)(p.nheads / p.heads_per_kv);
+    const int pairs = ny * (int)p.batch, G = (int)gridDim.x, bid = (int)blockIdx.x;
+    const int lin = k * G + (k & 1 ? G - 1 - bid : bid);
+    return lin < n * pairs ? sm90_bwd_block_at<GROUP>(lin, n, ny, pairs) : make_int3(-1, 0, 0);
+  }
+};
 
 // The band of visible keys a KV tile's Q tiles are found from (attn/block.cuh): the causal diagonal and the window's
 // edges only, so that the value modifiers are read by the consumers alone.
@@ -122,7 +155,7 @@ __device__ __forceinline__ int2 sm90_bwd_q_tiles(const M& band, const SeqInfo& s
                    max(0, q_block_end<BLOCK_M>(band, n0 + BLOCK_N, (si.seqlen_q + BLOCK_M - 1) / BLOCK_M) - m_begin));
 }
 
-template <int D, int BLOCK_M, int STAGES>
+template <int D, int BLOCK_M, int STAGES, bool PERSIST = false>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
   static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
@@ -140,7 +173,7 @@ struct Sm90BwdLayout {
   static constexpr int LSE_OFF = DQ_OFF + DQ_BYTES;
   static constexpr int DELTA_OFF = LSE_OFF + STAGES * BLOCK_M * 4;
   static constexpr int BAR_OFF = DELTA_OFF + STAGES * BLOCK_M * 4;
-  static constexpr int BARS = 3 + 2 * STAGES;  // K/V; full, empty per stage; dq_full, dq_empty
+  static constexpr int BARS = 3 + 2 * STAGES + PERSIST;  // K/V; full, empty per stage; dq_full, dq_empty; kv_empty
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;  // + the slack that aligns the base to 1024 bytes
 };
 
@@ -180,22 +213,30 @@ struct QTileWalk {
 // The producer thread (layout L: Sm90BwdLayout or Sm90BwdSplitLayout): K_j and V_j once, then for every (query head,
 // Q tile) of the block, once stage s is free, Q_i and dO_i by TMA and the rows' lse_log2 and D by bulk copy, all
 // completing on full[s].
-template <class L, int BLOCK_M, int STAGES, int ORDER, bool ROT = false>
+// PERSIST (the persistent form): the block's tile j (of those with work), whose iterations follow it0 earlier ones in
+// the stage ring; K and V are loaded once the consumers have released tile j - 1's (kv_empty), after the first Q
+// tile's loads, which only wait for their stage.
+template <class L, int BLOCK_M, int STAGES, int ORDER, bool ROT = false, bool PERSIST = false>
 __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdMaps& maps, unsigned char* sm,
                                               uint64_t* bar_kv, uint64_t* full, uint64_t* empty, int n0, int kv_head,
-                                              int batch, int group, int m_begin, int num_m, int rot) {
+                                              int batch, int group, int m_begin, int num_m, int rot, int it0 = 0,
+                                              uint64_t* kv_empty = nullptr, int j = 0) {
   constexpr int BLOCK_N = L::BLOCK_N, CH = L::CH;
-  mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
+  auto load_kv = [&]() {
+    if constexpr (PERSIST) mbar_wait(kv_empty, (j & 1) ^ 1);
+    mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
 #pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
-    tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
-  }
+    for (int c = 0; c < CH; ++c) {
+      tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
+      tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
+    }
+  };
+  if constexpr (!PERSIST) load_kv();
   const int total = group * num_m;
   QTileWalk<ROT> walk;
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
-    const int s = it % STAGES, ph = (it / STAGES) & 1;
+    const int s = (it0 + it) % STAGES, ph = ((it0 + it) / STAGES) & 1;
     const int2 hm = walk.next(num_m, rot);
     const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y) * BLOCK_M;
     mbar_wait(&empty[s], ph ^ 1);
@@ -208,14 +249,91 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
     const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
     bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
     bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
+    if constexpr (PERSIST) {
+      if (it == 0) load_kv();
+    }
+  }
+}
+
+// The dQ writer (one lane of the producer warpgroup) over one tile's `total` iterations, which follow it0 earlier
+// ones of the block: each staged dQ tile handed to the TMA unit as one bulk operation -- a reduction into the
+// accumulator ("atomic"), the same in KV-tile order ("ordered": not in the persistent form) or a store into the KV
+// tile's own buffer ("seqpar").
+template <class L, int D, int BLOCK_M, int BLOCK_N, int ORDER, bool PERSIST, class M>
+__device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& band, uint64_t* dq_full,
+                                                  uint64_t* dq_empty, float* dq_stage, int n_block, int kv_head,
+                                                  int batch, int group, int m_begin, int num_m, int total, int it0) {
+  const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
+  const bool ordered = !PERSIST && strategy == DQ_ORDERED;
+  const int64_t ws_rows = bwd_ws_rows(p, false);
+  int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
+  const uint32_t src = smem_addr(dq_stage);
+  int h = 0, m = 0;
+#pragma unroll 1
+  for (int it = 0; it < total; ++it) {
+    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
+    if (++m == num_m) {
+      m = 0;
+      ++h;
+    }
+    const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
+    float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
+    mbar_wait(dq_full, (it0 + it) & 1);
+    if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
+      // this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
+      // see keys before kv_block_end's tile, the same band q_block_begin reads)
+      const int turn =
+          ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+      while (ld_acquire_gpu(sem + row / 64) != turn) {
+      }
+      fence_proxy_async_global();
+    }
+    if (strategy == DQ_SEQPAR)
+      bulk_store_f32(dst, src, L::DQ_BYTES);
+    else
+      bulk_reduce_add_f32(dst, src, L::DQ_BYTES);
+    bulk_commit_group();
+    if (ordered) {  // added (not only read) before the next KV tile may add
+      bulk_wait_group<0>();
+      fence_proxy_async_global();
+      red_release_gpu_add(sem + row / 64, 1);
+    } else {
+      bulk_wait_group_read<0>();
+    }
+    mbar_arrive(dq_empty);
+  }
+}
+
+// A block's tiles (KV tile, KV head, batch), each as fn(tile, its Q tiles [x, x + y) -- those that see the KV tile;
+// a tile's iterations are (query head, Q tile) --, the iterations of the block's tiles before it, the number of its
+// tiles with work before it): the launch's one (blk1, qr1), or the persistent form's walk (Sm90BwdTiles).
+template <bool PERSIST, int GROUP, int BLOCK_M, int BLOCK_N, class M, class F>
+__device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const SeqInfo& si, const M& band, int group,
+                                                   const int3& blk1, const int2& qr1, F&& fn) {
+  if constexpr (PERSIST) {
+    const Sm90BwdTiles<GROUP, BLOCK_N> tiles{p};
+    int it0 = 0, j = 0;
+#pragma unroll 1
+    for (int k = 0;; ++k) {
+      const int3 blk = tiles.at(k);
+      if (blk.x < 0) break;
+      const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, blk.x * BLOCK_N);
+      fn(blk, qr, it0, j);
+      if (qr.y > 0) {
+        it0 += group * qr.y;
+        ++j;
+      }
+    }
+  } else {
+    fn(blk1, qr1, 0, 0);
   }
 }
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
-  using L = Sm90BwdLayout<D, BLOCK_M, STAGES>;
+  using L = Sm90BwdLayout<D, BLOCK_M, STAGES, PERSIST>;
   constexpr int BLOCK_N = L::BLOCK_N, DP = L::DP, CH = L::CH;
   constexpr bool SPLIT_M = BLOCK_M == 128;  // dQ: each consumer takes 64 Q rows (else 64 columns) of the tile
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
@@ -234,6 +352,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
+  static_assert(!PERSIST || ORDER == DQ_ORDER_PLAIN, "PERSIST: atomic and seqpar");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -242,20 +361,18 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* empty = full + STAGES;
   uint64_t* dq_full = empty + STAGES;
   uint64_t* dq_empty = dq_full + 1;
+  uint64_t* kv_empty = dq_empty + 1;  // PERSIST: the consumers are done with the tile's K and V
   float* dq_stage = reinterpret_cast<float*>(sm + L::DQ_OFF);
 
-  const int3 blk = sm90_bwd_block<ORDER, GROUP>();
-  const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
-  const int n0 = n_block * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  // Q tiles [m_begin, m_begin + num_m) see this KV tile; iterations: (query head, Q tile)
   const Mask<CAUSAL, MOD> band = sm90_bwd_band<CAUSAL, MOD>(p, si);
-  const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0);
-  const int m_begin = qr.x, num_m = qr.y;
-  const int total = group * num_m;
+  // the launch's tile and its Q tiles (one block per tile)
+  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<ORDER, GROUP>();
+  const int n0_1 = blk1.x * BLOCK_N;
+  const int2 qr1 = PERSIST ? make_int2(0, 0) : sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0_1);
+  const int total1 = group * qr1.y;  // its iterations
   const int wg = threadIdx.x / 128;
-
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 1);
 #pragma unroll
@@ -265,53 +382,37 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init(dq_full, 256);  // every consumer thread has staged its part of the dQ tile
     mbar_init(dq_empty, 1);   // the writer has read the staged tile
+    if constexpr (PERSIST) mbar_init(kv_empty, 256);  // every consumer thread, after its tile's last products
     fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
-    if (threadIdx.x == 0 && total > 0) {
-      sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch, group, m_begin,
-                                               num_m, 0);
-    } else if (threadIdx.x == 32 && total > 0) {  // the dQ writer
-      const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
-      const int64_t ws_rows = bwd_ws_rows(p, false);
-      int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
-      const uint32_t src = smem_addr(dq_stage);
-      int h = 0, m = 0;
-#pragma unroll 1
-      for (int it = 0; it < total; ++it) {
-        const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
-        if (++m == num_m) {
-          m = 0;
-          ++h;
-        }
-        const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
-        float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
-        mbar_wait(dq_full, it & 1);
-        if (strategy == DQ_ORDERED) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
-          // this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
-          // see keys before kv_block_end's tile, the same band q_block_begin reads)
-          const int turn =
-              ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
-          while (ld_acquire_gpu(sem + row / 64) != turn) {
-          }
-          fence_proxy_async_global();
-        }
-        if (strategy == DQ_SEQPAR)
-          bulk_store_f32(dst, src, L::DQ_BYTES);
-        else
-          bulk_reduce_add_f32(dst, src, L::DQ_BYTES);
-        bulk_commit_group();
-        if (strategy == DQ_ORDERED) {  // added (not only read) before the next KV tile may add
-          bulk_wait_group<0>();
-          fence_proxy_async_global();
-          red_release_gpu_add(sem + row / 64, 1);
-        } else {
-          bulk_wait_group_read<0>();
-        }
-        mbar_arrive(dq_empty);
+    if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
+      if constexpr (PERSIST) {
+        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+              if (qr.y > 0)
+                sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, false, true>(p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N,
+                                                                      blk.y, blk.z, group, qr.x, qr.y, 0, it0,
+                                                                      kv_empty, j);
+            });
+      } else {
+        sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x,
+                                                 qr1.y, 0);
+      }
+    } else if (threadIdx.x == 32 && (PERSIST || total1 > 0)) {  // the dQ writer
+      if constexpr (PERSIST) {
+        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int) {
+              sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, true>(p, band, dq_full, dq_empty, dq_stage, blk.x,
+                                                                     blk.y, blk.z, group, qr.x, qr.y, group * qr.y,
+                                                                     it0);
+            });
+      } else {
+        sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, false>(p, band, dq_full, dq_empty, dq_stage, blk1.x, blk1.y,
+                                                                blk1.z, group, qr1.x, qr1.y, total1, 0);
       }
     }
     return;
@@ -319,7 +420,7 @@ __global__ void __launch_bounds__(384, 1)
 
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
-  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
+  const Mask<CAUSAL, MOD> mask_kv1 = si.mask<CAUSAL, MOD>(p, blk1.z, blk1.y * group);  // (the launch's tile)
   // consumer index: keys [n0 + 64 cw, +64). Above head dim 64 it is taken from lane 0 so the compiler knows it
   // is warp-uniform and keeps the wgmma descriptors in uniform registers; at 64 the score-modifier kernels
   // would then spill, so it stays a plain register there.
@@ -327,7 +428,7 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform (the bulk copies' addresses)
   const int g = lane / 4, t = lane % 4;
-  const int key_w = n0 + 64 * cw + 16 * warp;  // the warp's first key: its fragments hold keys key_w + g (+ 8)
+  const int key_w1 = n0_1 + 64 * cw + 16 * warp;
   const float scale_log2 = (float)p.scale_log2;
   const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
   const uint32_t q_base = smem_addr(sm + L::Q_OFF), do_base = smem_addr(sm + L::DO_OFF);
@@ -338,191 +439,203 @@ __global__ void __launch_bounds__(384, 1)
   const int dq_f0 = SPLIT_M ? 0 : 8 * cw;
   float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;
 
-  float acc_dk[DF][4], acc_dv[DF][4];
-  zero_frags(acc_dk);
-  zero_frags(acc_dv);
+  sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+    const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
+    const int n0 = n_block * BLOCK_N, m_begin = qr.x, num_m = qr.y, total = group * num_m;
+    const Mask<CAUSAL, MOD> mask_kv = PERSIST ? si.mask<CAUSAL, MOD>(p, batch, kv_head * group) : mask_kv1;
+    // the warp's first key: its fragments hold keys key_w + g (+ 8)
+    const int key_w = PERSIST ? n0 + 64 * cw + 16 * warp : key_w1;
+    float acc_dk[DF][4], acc_dv[DF][4];
+    zero_frags(acc_dk);
+    zero_frags(acc_dv);
 
-  if (total > 0) mbar_wait(bar_kv, 0);
-  int h = 0, m = 0;
-  for (int it = 0; it < total; ++it) {
-    const int s = it % STAGES, ph = (it / STAGES) & 1;
-    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
-    if (++m == num_m) {
-      m = 0;
-      ++h;
-    }
-    const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
-    const uint32_t ka = k_base + cw * 64 * 128, va = v_base + cw * 64 * 128;  // this consumer's 64 keys
-    const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
-    const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
-    mbar_wait(&full[s], ph);
+    if (total > 0) mbar_wait(bar_kv, j & 1);
+    int h = 0, m = 0;
+    for (int it = 0; it < total; ++it) {
+      const int gi = it0 + it;  // the iteration's place in the block's stage ring, dS^T buffers and dQ hand-offs
+      const int s = gi % STAGES, ph = (gi / STAGES) & 1;
+      const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
+      if (++m == num_m) {
+        m = 0;
+        ++h;
+      }
+      const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
+      const uint32_t ka = k_base + cw * 64 * 128, va = v_base + cw * 64 * 128;  // this consumer's 64 keys
+      const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
+      const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
+      mbar_wait(&full[s], ph);
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T, two groups.
-    float acc_s[MF][4], acc_dp[MF][4];
-    wgmma_fence();
-    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_s, ka, qs);
-    wgmma_commit();
-    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_dp, va, dos);
-    wgmma_commit();
-    wgmma_wait<1>();  // S^T done (dP^T may still run)
-    reg_fence(acc_s);
+      // S^T = K_w Q^T and dP^T = V_w dO^T, two groups.
+      float acc_s[MF][4], acc_dp[MF][4];
+      wgmma_fence();
+      wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_s, ka, qs);
+      wgmma_commit();
+      wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc_dp, va, dos);
+      wgmma_commit();
+      wgmma_wait<1>();  // S^T done (dP^T may still run)
+      reg_fence(acc_s);
 
-    // P^T, masked where some element of this consumer's [64 keys, BLOCK_M] tile is hidden (warpgroup-uniform).
-    const Mask<CAUSAL, MOD> mask =
-        MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
-    const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0 + 64 * cw, n0 + 64 * cw + 63);
-    if constexpr (MOD != MOD_NONE) {
-      if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
-    }
-    uint32_t pa[KM][4];
-    // With the soft-cap (MOD_SCORE, uniform): P goes straight into the A fragments, and the soft-cap's derivative
-    // 1 - tanh^2 of each element (softcap_grad_of: from its value, no MUFU) is kept until dS: in acc_s at DP = 128;
-    // at DP = 64 (BLOCK_M = 128: 64 elements per thread, whose registers do not fit beside pa, dP^T, dK and dV) as
-    // 32 fp16 pairs in the rows of the dS^T buffer that this warp's dS^T overwrites later (its 16 rows of each
-    // 64-query chunk: 4 KB, a word per lane per row; values in [0, 1]: 2^-12 absolute, below the 16-bit dS they
-    // multiply). Element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g +
-    // 8 (e / 2); its pair is word 2 nf + e / 2.
-    constexpr bool CAP_PACKED = SPLIT_M;
-    static_assert(!CAP_PACKED || 2 * MF == 16 * (BLOCK_M / 64), "the derivative's words: 16 rows per 64-query chunk");
-    bool cap = false;
-    unsigned char* ds_buf = nullptr;  // MOD_SCORE: the dS^T buffer (its layout: see the dS^T stores below)
-    if constexpr (MOD != MOD_NONE) {
-      cap = mask.softcap();
-      ds_buf = sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
-    }
-    auto cap_word = [&](int w) {
-      return reinterpret_cast<uint32_t*>(ds_buf + (64 * cw + 16 * warp) * 128) + lane + (w / 16) * (BLOCK_N * 32) +
-             (w % 16) * 32;
-    };
-    if (cap) {
-      const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
+      // P^T, masked where some element of this consumer's [64 keys, BLOCK_M] tile is hidden (warpgroup-uniform).
+      const Mask<CAUSAL, MOD> mask =
+          MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
+      const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0 + 64 * cw, n0 + 64 * cw + 63);
+      if constexpr (MOD != MOD_NONE) {
+        if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
+      }
+      uint32_t pa[KM][4];
+      // With the soft-cap (MOD_SCORE, uniform): P goes straight into the A fragments, and the soft-cap's derivative
+      // 1 - tanh^2 of each element (softcap_grad_of: from its value, no MUFU) is kept until dS: in acc_s at DP = 128;
+      // at DP = 64 (BLOCK_M = 128: 64 elements per thread, whose registers do not fit beside pa, dP^T, dK and dV) as
+      // 32 fp16 pairs in the rows of the dS^T buffer that this warp's dS^T overwrites later (its 16 rows of each
+      // 64-query chunk: 4 KB, a word per lane per row; values in [0, 1]: 2^-12 absolute, below the 16-bit dS they
+      // multiply). Element e of block nf: row m0 + 8 nf + 2t + e % 2, key key_w + g +
+      // 8 (e / 2); its pair is word 2 nf + e / 2.
+      constexpr bool CAP_PACKED = SPLIT_M;
+      static_assert(!CAP_PACKED || 2 * MF == 16 * (BLOCK_M / 64), "the derivative's words: 16 rows per 64-query chunk");
+      bool cap = false;
+      unsigned char* ds_buf = nullptr;  // MOD_SCORE: the dS^T buffer (its layout: see the dS^T stores below)
+      if constexpr (MOD != MOD_NONE) {
+        cap = mask.softcap();
+        ds_buf = sm + L::DS_OFF + (gi % 2) * L::DS_BYTES;
+      }
+      auto cap_word = [&](int w) {
+        return reinterpret_cast<uint32_t*>(ds_buf + (64 * cw + 16 * warp) * 128) + lane + (w / 16) * (BLOCK_N * 32) +
+               (w % 16) * 32;
+      };
+      if (cap) {
+        const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
+#pragma unroll
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+          float pv[4], dv[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = acc_s[nf][e];
+            pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+            dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
+            if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
+          }
+          pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
+          pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+          if constexpr (CAP_PACKED) {
+            *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
+            *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = acc_s[nf][e];
+            if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+            acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+          }
+        }
+        frags_to_a<T>(acc_s, pa);
+      }
+
+      // dV += P^T dO.
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < KM; ++k)
+        Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T done (dV may still run)
+      reg_fence(acc_dp);
+
+      // dS^T = P^T (dP^T - D), P from its 16-bit copy (the values dV uses).
 #pragma unroll
       for (int nf = 0; nf < MF; ++nf) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-        float pv[4], dv[4];
+        const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
+        const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
+        acc_dp[nf][0] = p01.x * (acc_dp[nf][0] - dl.x);
+        acc_dp[nf][1] = p01.y * (acc_dp[nf][1] - dl.y);
+        acc_dp[nf][2] = p23.x * (acc_dp[nf][2] - dl.x);
+        acc_dp[nf][3] = p23.y * (acc_dp[nf][3] - dl.y);
+      }
+      if (cap) {  // the soft-cap's derivative, kept in acc_s or in smem (above)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = acc_s[nf][e];
-          pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
-          dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
-          if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
-        }
-        pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
-        pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
-        if constexpr (CAP_PACKED) {
-          *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
-          *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
+        for (int nf = 0; nf < MF; ++nf) {
+          if constexpr (CAP_PACKED) {
+            const float2 d01 = unpack2<__half>(*cap_word(2 * nf)), d23 = unpack2<__half>(*cap_word(2 * nf + 1));
+            acc_dp[nf][0] *= d01.x;
+            acc_dp[nf][1] *= d01.y;
+            acc_dp[nf][2] *= d23.x;
+            acc_dp[nf][3] *= d23.y;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[nf][e] *= acc_s[nf][e];
+          }
         }
       }
-    } else {
+      uint32_t dsa[KM][4];
+      frags_to_a<T>(acc_dp, dsa);
+      // dS^T -> smem buffer gi % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
+      // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g. Over the soft-cap
+      // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of tile
+      // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1.
+      if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
+      {
+        unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (gi % 2) * L::DS_BYTES;
 #pragma unroll
-      for (int nf = 0; nf < MF; ++nf) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+        for (int k = 0; k < KM; ++k) {
+          unsigned char* chunk = dsb + (k / 4) * BLOCK_N * 128;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = acc_s[nf][e];
-          if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
-          acc_s[nf][e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+          for (int e = 0; e < 4; ++e) {
+            const int r = 64 * cw + 16 * warp + g + 8 * (e % 2), piece = (2 * (k % 4) + e / 2) ^ g;
+            *reinterpret_cast<uint32_t*>(chunk + r * 128 + piece * 16 + 4 * t) = dsa[k][e];
+          }
         }
       }
-      frags_to_a<T>(acc_s, pa);
-    }
+      // dK += dS^T Q.
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < KM; ++k)
+        Wgmma<DP>::template rs<T, 1>(acc_dk, dsa[k], smem_desc(qs + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+      wgmma_commit();
+      fence_proxy_async_shared();  // the dS^T stores, before wgmma (the async proxy) reads them
+      named_bar_sync(1, 256);      // both consumers' dS^T are in smem
 
-    // dV += P^T dO.
-    wgmma_fence();
+      // dQ = dS K: A = dS [queries, keys] read MN-major from dS^T, B = K [keys, D] MN-major; 64 x 64 per consumer.
+      float acc_dq[8][4];
+      {
+        const uint32_t da = ds_base + (gi % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
+        const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);
 #pragma unroll
-    for (int k = 0; k < KM; ++k)
-      Wgmma<DP>::template rs<T, 1>(acc_dv, pa[k], smem_desc(dos + k * 16 * 128, BLOCK_M * 128, 1024), 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T done (dV may still run)
-    reg_fence(acc_dp);
-
-    // dS^T = P^T (dP^T - D), P from its 16-bit copy (the values dV uses).
-#pragma unroll
-    for (int nf = 0; nf < MF; ++nf) {
-      const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
-      const float2 p01 = unpack2<T>(pa[nf / 2][(nf % 2) * 2]), p23 = unpack2<T>(pa[nf / 2][(nf % 2) * 2 + 1]);
-      acc_dp[nf][0] = p01.x * (acc_dp[nf][0] - dl.x);
-      acc_dp[nf][1] = p01.y * (acc_dp[nf][1] - dl.y);
-      acc_dp[nf][2] = p23.x * (acc_dp[nf][2] - dl.x);
-      acc_dp[nf][3] = p23.y * (acc_dp[nf][3] - dl.y);
-    }
-    if (cap) {  // the soft-cap's derivative, kept in acc_s or in smem (above)
-#pragma unroll
-      for (int nf = 0; nf < MF; ++nf) {
-        if constexpr (CAP_PACKED) {
-          const float2 d01 = unpack2<__half>(*cap_word(2 * nf)), d23 = unpack2<__half>(*cap_word(2 * nf + 1));
-          acc_dp[nf][0] *= d01.x;
-          acc_dp[nf][1] *= d01.y;
-          acc_dp[nf][2] *= d23.x;
-          acc_dp[nf][3] *= d23.y;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_dp[nf][e] *= acc_s[nf][e];
-        }
+        for (int k = 0; k < KN; ++k)
+          Wgmma<64>::template ss<T, 1, 1>(acc_dq, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+                                          smem_desc(db + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
       }
-    }
-    uint32_t dsa[KM][4];
-    frags_to_a<T>(acc_dp, dsa);
-    // dS^T -> smem buffer it % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
-    // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g. Over the soft-cap
-    // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of tile
-    // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1.
-    if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
-    {
-      unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (it % 2) * L::DS_BYTES;
-#pragma unroll
-      for (int k = 0; k < KM; ++k) {
-        unsigned char* chunk = dsb + (k / 4) * BLOCK_N * 128;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 64 * cw + 16 * warp + g + 8 * (e % 2), piece = (2 * (k % 4) + e / 2) ^ g;
-          *reinterpret_cast<uint32_t*>(chunk + r * 128 + piece * 16 + 4 * t) = dsa[k][e];
-        }
+      wgmma_commit();
+      wgmma_wait<0>();  // dV, dK, dQ done: Q_i, dO_i, the P and dS fragments are free
+      reg_fence(acc_dq);
+      reg_fence(acc_dk);
+      reg_fence(acc_dv);
+      reg_fence(pa);
+      reg_fence(dsa);
+      mbar_arrive(&empty[s]);
+      if constexpr (PERSIST) {
+        if (it == total - 1) mbar_arrive(kv_empty);  // K and V are free for the block's next tile
       }
+
+      // dQ -> the staging, once the writer has read the previous tile; then hand it over.
+      mbar_wait(dq_empty, (gi & 1) ^ 1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (dq_f0 + j < D / 8)
+          *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
+              make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+      fence_proxy_async_shared();  // the stores, before the writer's bulk operation (the async proxy) reads them
+      mbar_arrive(dq_full);
     }
-    // dK += dS^T Q.
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < KM; ++k)
-      Wgmma<DP>::template rs<T, 1>(acc_dk, dsa[k], smem_desc(qs + k * 16 * 128, BLOCK_M * 128, 1024), 1);
-    wgmma_commit();
-    fence_proxy_async_shared();  // the dS^T stores, before wgmma (the async proxy) reads them
-    named_bar_sync(1, 256);      // both consumers' dS^T are in smem
 
-    // dQ = dS K: A = dS [queries, keys] read MN-major from dS^T, B = K [keys, D] MN-major; 64 x 64 per consumer.
-    float acc_dq[8][4];
-    {
-      const uint32_t da = ds_base + (it % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
-      const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);
-#pragma unroll
-      for (int k = 0; k < KN; ++k)
-        Wgmma<64>::template ss<T, 1, 1>(acc_dq, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
-                                        smem_desc(db + k * 16 * 128, BLOCK_N * 128, 1024), k > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();  // dV, dK, dQ done: Q_i, dO_i, the P and dS fragments are free
-    reg_fence(acc_dq);
-    reg_fence(acc_dk);
-    reg_fence(acc_dv);
-    reg_fence(pa);
-    reg_fence(dsa);
-    mbar_arrive(&empty[s]);
-
-    // dQ -> the staging, once the writer has read the previous tile; then hand it over.
-    mbar_wait(dq_empty, (it & 1) ^ 1);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (dq_f0 + j < D / 8)
-        *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
-            make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
-    fence_proxy_async_shared();  // the stores, before the writer's bulk operation (the async proxy) reads them
-    mbar_arrive(dq_full);
-  }
-
-  // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
-  store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
-                       reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+    // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
+    store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
+                         reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ctypes
 
-from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER,
-                       SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_spec, sm90_bwd_tile)
+from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
+                       SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
+                       sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -82,24 +83,53 @@ CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
 # The dispatch order of the causal "atomic" and "seqpar" kernels: None, cuflash._configs.sm90_bwd_causal_group's; a
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
+# The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
+# while CAUSAL_GROUP is set); True / False force it where it can run (head dims SM90_BWD_PERSIST_HEADDIMS, "atomic" / "seqpar", no modifiers) or off (a diagnostic or a
+# test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
+# test: a few blocks walk many tiles each).
+PERSIST = None
+PERSIST_MAX_GRID = None
+
+
+def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
+    """Whether the main kernel of a call of kernel head dim d takes the persistent form (PERSIST, else the
+    configuration)."""
+    if mod or strategy not in ("atomic", "seqpar") or seqlen_k is None or d not in SM90_BWD_PERSIST_HEADDIMS:
+        return False
+    if PERSIST is None and causal and CAUSAL_GROUP is not None:  # a dispatch order asked for: one block per tile
+        return False
+    return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k) if PERSIST is None else bool(PERSIST)
+
+
+def main_grid(persistent, n_blocks, kv_heads, batch, device):
+    """The main kernel's grid: (KV tiles, KV heads, batch), or for the persistent form at most one block per SM."""
+    if not persistent:
+        return (n_blocks, kv_heads, batch)
+    from ._launch import sm_count
+
+    g = min(n_blocks * kv_heads * batch, sm_count(device))
+    return (g if PERSIST_MAX_GRID is None else max(1, min(g, PERSIST_MAX_GRID)), 1, 1)
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
-    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs) of an eligible call; strategy:
-    the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); seqlen_k: the keys per
-    sequence (None: packed sequences), which the dispatch order's choice reads (CAUSAL_GROUP)."""
+    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent) of an eligible call;
+    strategy: the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); seqlen_k: the
+    keys per sequence (None: packed sequences), which the dispatch order's and the persistent form's choices read."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
     group = 0
     if causal and not mod and order == DQ_ORDER_PLAIN:
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
+    persistent = persistent_form(d, causal, mod, strategy, seqlen_k)
+    if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
+        tile, group = sm90_bwd_persist_tile(d), 0
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
             attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
-    return spec, tile.block_n, maps
+    return spec, tile.block_n, maps, persistent
 
 
 def run_plan(plan, dp, qp, kp, vp, op, lp):

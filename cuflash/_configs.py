@@ -689,7 +689,8 @@ class Sm90BwdTile:
     """Tile of the warp-specialized sm_90a backward (cuda_src/flash_bwd_sm90.cu): 1 producer warpgroup + 2 consumer
     warpgroups of 64 keys each (block_n = 128 keys per block), block_m query rows per Q / dO stage; split: the
     column-split form (flash_bwd_sm90_split_kernel, head dim 256): block_n = 64 keys, the consumers each holding dK
-    and dV of half the columns, block_m = 64."""
+    and dV of half the columns, block_m = 64; persistent: the kernel's PERSIST (a grid of at most one block per SM
+    walking the tiles, each tile's K / V load under the previous tile's epilogue; not in the column-split form)."""
 
     block_m: int
     stages: int = 2
@@ -698,6 +699,7 @@ class Sm90BwdTile:
     block_n: int = 128  # (fixed by the kernel: two consumers of 64 keys; 64 in the column-split form)
     threads: int = 384
     split: bool = False
+    persistent: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -729,7 +731,7 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
     if tile.split:  # K, V; stages x (Q, dO); 2 P^T and 2 dS^T buffers; stages x (lse_log2, D); the mbarriers
         return (2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 4 * bn * bm * ELEM_BYTES + 2 * st * bm * 4 + (1 + 2 * st) * 8 + 1024
     return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + bm * headdim * 4 + 2 * st * bm * 4
-            + (3 + 2 * st) * 8 + 1024)
+            + (3 + 2 * st + tile.persistent) * 8 + 1024)
 
 
 # The sm90 backward's visiting orders (cuda_src/attn/bwd.cuh: DqOrder): PLAIN for every strategy; dq_strategy
@@ -779,6 +781,9 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
+    if tile.persistent and (tile.split or order):
+        raise ValueError(f"the persistent form is of the 128-key kernel with order 0; got split={tile.split!r}, "
+                         f"order={order!r}")
     if tile.split:
         if order:
             raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
@@ -786,21 +791,51 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
-    tail = (f", {mod}, {order}, {group}" if group else f", {mod}, {order}" if order else
-            (f", {mod}" if _mod_checked(causal, mod) else ""))
+    tail = (f", {mod}, {order}, {group}, true" if tile.persistent else f", {mod}, {order}, {group}" if group else
+            f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
     return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
 
 
+# The persistent form (Sm90BwdTile.persistent) of the plain and causal kernels without modifiers, at these kernel head
+# dims; sm90_bwd_persistent says which calls take it.
+SM90_BWD_PERSIST_HEADDIMS = (64, 128)
+# (kernel head dim, causal) -> the most keys per sequence a call may have to take the persistent form (the per-tile
+# set-up it hides is worth less as the blocks get longer); pairs not listed keep one block per tile. Measured in GPU
+# time against one block per tile (python -m bench.diag.bwd_persist_probe, bench/results/bwd-persist-probe.log): at
+# 2k 1.005-1.032x (the causal head dim 64 points 1.031-1.032x), at 4k 0.981-1.018x (causal head dim 64 1.009-1.018x),
+# from 8k 0.97-1.01x (its consumers hold 232 registers, not 240) and under the causal mask at 16k 0.67-0.69x (its
+# static walk: bench/diag/bwd_grid_model.py, persistent_overhead).
+SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
+
+
+def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
+    """The persistent form of the head dim's tile. Its producer warpgroup walks the tiles (the loads' thread and the
+    dQ writer), which does not fit 24 registers (88-140 B of spills): 40, and the consumers 232."""
+    return replace(sm90_bwd_tile(headdim), persistent=True, regs_mma=232, regs_load=40)
+
+
+def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen_k: int | None) -> bool:
+    """Whether a call of this kernel head dim takes the persistent form: no modifiers, order 0, fixed lengths, at
+    most SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys."""
+    limit = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal)))
+    return (limit is not None and headdim in SM90_BWD_PERSIST_HEADDIMS and not mod and not order
+            and seqlen_k is not None and seqlen_k <= limit)
+
+
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and the
-    grouped causal kernels (sm90_bwd_causal_group)."""
+    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
+    grouped causal kernels (sm90_bwd_causal_group) and the persistent forms of the plain and causal kernels (in the
+    launch's order: bench/diag/bwd_grid_model.py, persistent_overhead, puts the grouped order's static walk at up to
+    1.7x the ideal under the causal mask)."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
+    persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
+               for c in (False, True)]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
-             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)])
+             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist)
 
 
 @dataclass(frozen=True)
@@ -1325,6 +1360,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
                         if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences)
                             out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))
+                        if not m and SM90_BWD_PERSIST_MAX_SEQLEN_K.get((d, c)) is not None:  # the persistent form
+                            out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)))
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),

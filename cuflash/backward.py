@@ -176,9 +176,10 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "'seqpar' there, and its dQ buffers do not fit the free memory")
         return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
                           packed, "sm80")
+    persistent = False
     if path == "sm90":
-        main_spec, block_n, maps = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                         sk if packed is None else None)
+        main_spec, block_n, maps, persistent = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
+                                                                     sk if packed is None else None)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}
@@ -212,7 +213,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     conv_threads = rows * (d // 4) // BWD_CONVERT_SLOTS  # convert: 16-byte slots of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:
-        p.add_launch(main, (1 if strategy == "loop" else n_blocks, hk, b))
+        p.add_launch(main, _bwd_sm90.main_grid(persistent, 1 if strategy == "loop" else n_blocks, hk, b, dev))
     else:  # x over every sequence's KV tiles ("loop": one block per (KV head, sequence))
         p.add_launch(main, (1, hk, b) if strategy == "loop" else (packed.kv_tiles(tile.block_n), hk, 1))
     p.add_launch(conv, (-(-conv_threads // conv.threads), 1, 1))

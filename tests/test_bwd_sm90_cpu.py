@@ -97,6 +97,22 @@ for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 
                     ("longest grouped", (1, 64, 8192, 2, 2, 128))):
     rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
     res["default " + name] = rec[1][0]
+# the persistent form (cuflash._bwd_sm90.PERSIST forced on; PERSIST_MAX_GRID): the kernel and grid it launches
+_bwd_sm90.PERSIST = True
+for cap in (None, 5):
+    _bwd_sm90.PERSIST_MAX_GRID = cap
+    bwd_mod._PLANS.clear()
+    for name, shape, kw in (("d128", (2, 300, 777, 8, 2, 128), {}), ("d128 causal", (2, 300, 777, 8, 2, 128),
+                                                                       dict(causal=True)),
+                            ("d48 seqpar", (2, 300, 777, 8, 2, 48), dict(dq_strategy="seqpar")),
+                            ("many tiles", (4, 64, 8000, 8, 8, 64), {}),
+                            ("ordered", (2, 300, 777, 8, 2, 128), dict(deterministic=True)),
+                            ("window", (2, 300, 777, 8, 2, 128), dict(window_size=(100, 0))),
+                            ("d96", (2, 300, 777, 8, 2, 96), {}), ("d256", (2, 300, 777, 8, 2, 256), {})):
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
+        res[f"persist {cap} {name}"] = rec[1][:2]
+_bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = None, None
+bwd_mod._PLANS.clear()
 """
 
 
@@ -128,11 +144,17 @@ def test_auto_takes_the_sm90_backward_where_it_can(res, d, causal, dt):
     threads = rows * kd // 4 // _configs.BWD_CONVERT_SLOTS
     assert rec[2][1] == [-(-threads // _configs.BWD_CONVERT_THREADS), 1, 1]
     if d > _configs.SM80_ONLY_MAX_HEADDIM and kd in _configs.SM90_BWD_HEADDIMS:
-        spec = _configs.sm90_bwd_spec(dt, kd, causal, group=_configs.sm90_bwd_causal_group(kd, 777) if causal else 0)
-        assert rec[1][0] == spec.name
         bn = 64 if kd == 256 else 128  # the column-split kernel's KV tile at head dim 256
+        if _configs.sm90_bwd_persistent(kd, causal, 0, 0, 777):  # the persistent form (777 keys: configured for it)
+            spec = _configs.sm90_bwd_spec(dt, kd, causal, _configs.sm90_bwd_persist_tile(kd))
+            assert rec[1][1] == [-(-777 // bn) * 2 * 2, 1, 1]  # every tile on its own SM (fewer than 132)
+        else:
+            spec = _configs.sm90_bwd_spec(dt, kd, causal,
+                                          group=_configs.sm90_bwd_causal_group(kd, 777) if causal else 0)
+            assert rec[1][1] == [-(-777 // bn), 2, 2]  # (KV tiles, KV heads, batch)
+        assert rec[1][0] == spec.name
+        assert (kd in (64, 128)) == spec.name.endswith(", true>")
         assert _configs.sm90_bwd_tile(kd).block_n == bn and ("split" in spec.name) == (kd == 256)
-        assert rec[1][1] == [-(-777 // bn), 2, 2]  # (KV tiles, KV heads, batch)
         assert rec[2][0] == _configs.bwd_convert_spec(dt, kd, causal, bn).name
         # one parameter block for the three kernels; the main kernel's maps after it: q, k, v, dout, whose boxes are
         # 64 columns by the tile's rows, their dims the inputs' (head dim, seqlen, heads, batch)
@@ -280,10 +302,11 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
     assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][1] == [-(-777 // 128), 2, 2]
-    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic": the default group's)
+    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic" at 777 keys: the persistent form)
     assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
+    assert _configs.sm90_bwd_persistent(128, True, 0, 0, 777)  # (777 keys: the persistent form, in launch order)
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True,
-                                                                group=_configs.sm90_bwd_causal_group(128, 777)).name
+                                                                    _configs.sm90_bwd_persist_tile(128)).name
     with pytest.raises(ValueError, match="order"):
         _configs.sm90_bwd_spec("float16", 128, False, order=_configs.DQ_ORDER_KV_DESC)
 
@@ -356,14 +379,16 @@ def test_group_kernels(res):
     assert res["group atomic"] == res["group seqpar"] == spec.name
     ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER)
     assert res["group ordered"] == ordered.name
-    assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False).name
+    # non-causal calls have no dispatch order to take: at 777 keys the persistent form, as configured
+    assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False,
+                                                             _configs.sm90_bwd_persist_tile(128)).name
     assert "bwd_sm90" in res["group window"] and not res["group window"].endswith(", 8>")
     g = _configs.SM90_BWD_CAUSAL_GROUP
     assert g > 1 and 128 in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS and 64 not in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS
     grouped = _configs.sm90_bwd_spec("float16", 128, True, group=g).name
-    assert res["atomic causal"][1][0] == res["default longest grouped"] == grouped
+    assert res["default longest grouped"] == grouped  # (at 777 keys the persistent form: test_persistent_form_launches)
     assert res["default long"] == _configs.sm90_bwd_spec("float16", 128, True).name
-    assert res["default d64"] == _configs.sm90_bwd_spec("float16", 64, True).name
+    assert res["default d64"] == _configs.sm90_bwd_spec("float16", 64, True, _configs.sm90_bwd_persist_tile(64)).name
 
 
 def test_default_group_rule():
@@ -408,3 +433,97 @@ def test_order_probe_model(capsys):
         assert bp.predicted(d, s, b, h, hk, b * hk) >= 1.0
     with pytest.raises(ValueError, match="groups"):
         bp.main(["--model", "--groups", "0"])
+
+
+@pytest.mark.parametrize("cap", [None, 5])
+def test_persistent_form_launches(res, cap):
+    """Forced on, the persistent form runs the plain and causal calls of head dims 48-128 (kernel head dims 64 and 128;
+    causal in the launch's order, not the grouped one) and "seqpar" on its kernel over min(tiles, SMs, the cap)
+    blocks of a 1-d grid; "ordered", the modifiers, head dim 96 and the column-split kernel keep one block per tile."""
+    sms = 132  # the stand-in device's
+    lim = sms if cap is None else cap
+    for name, d, causal, tiles in (("d128", 128, False, 7 * 2 * 2), ("d128 causal", 128, True, 7 * 2 * 2),
+                                   ("d48 seqpar", 64, False, 7 * 2 * 2), ("many tiles", 64, False, 63 * 8 * 4)):
+        spec = _configs.sm90_bwd_spec("float16", d, causal, _configs.sm90_bwd_persist_tile(d))
+        assert res[f"persist {cap} {name}"] == [spec.name, [min(tiles, lim), 1, 1]], name
+        assert spec.name.endswith(", 0, 0, 0, true>") and spec in _configs.sm90_bwd_specs()
+    for name, d in (("ordered", 128), ("window", 128), ("d96", 96), ("d256", 256)):
+        kernel, grid = res[f"persist {cap} {name}"]
+        assert not kernel.endswith(", true>") and grid == [-(-777 // _configs.sm90_bwd_tile(d).block_n), 2, 2], name
+
+
+def test_persistent_form_layout_and_rule():
+    """Its shared memory holds one more mbarrier (kv_empty); its producer takes 40 registers and the consumers 232
+    (the launch allocation's 168 x 384 shared out); the configuration's rule takes it only where a key limit is set
+    for (head dim, causal), for plain calls of fixed lengths; the tile of the column-split kernel has none."""
+    for d in _configs.SM90_BWD_PERSIST_HEADDIMS:
+        t, p = _configs.sm90_bwd_tile(d), _configs.sm90_bwd_persist_tile(d)
+        assert _configs.sm90_bwd_smem_bytes(d, p) == _configs.sm90_bwd_smem_bytes(d, t) + 8
+        assert 128 * (p.regs_load + 2 * p.regs_mma) <= 65536 // (384 * 8) * 8 * 384
+        for causal in (False, True):
+            lim = _configs.SM90_BWD_PERSIST_MAX_SEQLEN_K.get((d, causal))
+            assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024)
+            assert not _configs.sm90_bwd_persistent(d, causal, 0, _configs.DQ_ORDER_KV_DESC, 1024)
+            assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, None)
+            if lim is None:
+                assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, 1)
+            else:
+                assert _configs.sm90_bwd_persistent(d, causal, 0, 0, lim)
+                assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, lim + 1)
+    with pytest.raises(ValueError, match="persistent"):
+        _configs.sm90_bwd_spec("float16", 256, False, _configs.sm90_bwd_persist_tile(256))
+    with pytest.raises(ValueError, match="persistent"):
+        _configs.sm90_bwd_spec("float16", 128, True, _configs.sm90_bwd_persist_tile(128),
+                               order=_configs.DQ_ORDER_KV_DESC)
+
+
+@pytest.mark.parametrize("n,hk,b", [(1, 1, 1), (7, 5, 3), (16, 16, 8), (17, 1, 3), (128, 2, 1)])
+@pytest.mark.parametrize("grid", [1, 3, 132, 1000])
+@pytest.mark.parametrize("group", [0, 4])
+def test_persistent_walk(n, hk, b, grid, group):
+    """The persistent form's walk (bench/diag/bwd_grid_model.persistent_tiles, the Python form of Sm90BwdTiles):
+    over the blocks of a grid of min(grid, tiles), every tile exactly once; block bid's first tile is the launch's
+    block bid, and its tiles alternate between waves taken forwards and backwards."""
+    from bench.diag.bwd_grid_model import grouped_block, persistent_tiles
+
+    count = n * hk * b
+    g = min(grid, count)
+    walks = [persistent_tiles(bid, g, n, hk, b, group) for bid in range(g)]
+    assert sorted(t for w in walks for t in w) == sorted((j, h, z) for j in range(n) for h in range(hk)
+                                                         for z in range(b))
+    order = [grouped_block(lin, n, hk, b, group) if group else (lin % n, lin // n % hk, lin // (n * hk))
+             for lin in range(count)]
+    for bid, w in enumerate(walks):
+        assert w[0] == order[bid]
+        assert all(t == order[k * g + (g - 1 - bid if k & 1 else bid)] for k, t in enumerate(w))
+        assert len(w) in (count // g, -(-count // g))
+
+
+def test_persistent_kernels_compile():
+    """The persistent kernels (both dtypes, head dims 64 and 128, plain and causal) compile for sm_90a with no spill,
+    no local memory and no ptxas performance note under both NVRTCs (40 registers for the producer warpgroup, which
+    walks the tiles: at 24 it spilled 88-140 B)."""
+    from conftest import compile_problems
+
+    specs = [_configs.sm90_bwd_spec(dt, d, c, _configs.sm90_bwd_persist_tile(d)) for dt in _configs.DTYPES
+             for d in _configs.SM90_BWD_PERSIST_HEADDIMS for c in (False, True)]
+    assert compile_problems(specs) == []
+
+
+def test_persist_probe_model(capsys):
+    """bench/diag/bwd_persist_probe.py --model (CPU): both makespans per point; without a mask the two are the same
+    list schedule, and under the causal mask at 16k with head dim 128 the persistent form's static walk is predicted
+    far from the ideal (which is why the configuration stops at 2048 keys there)."""
+    from bench.diag import bwd_persist_probe as pp
+
+    assert pp.main(["--model"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + sum(p[0] == "float16" for p in pp.points())
+    for dt, d, s, b, h, hk, c in pp.points():
+        one, per = pp.model(d, s, b, h, hk, c)
+        assert one >= 1.0 and per >= 1.0
+        if not c:
+            assert abs(one - per) < 1e-12
+    assert pp.model(128, 16384, 1, 16, 16, True)[1] > 1.4
+    for (d, c), lim in _configs.SM90_BWD_PERSIST_MAX_SEQLEN_K.items():
+        assert d in _configs.SM90_BWD_PERSIST_HEADDIMS and pp.model(d, lim, 16384 // lim, 2048 // d, 2048 // d, c)[1] < 1.05

@@ -165,6 +165,77 @@ def test_grouped_dispatch_causal(causal_group, dq_strategy, b, sq, sk, h, hk, d)
     assert [p.launches[1][0] for p in plans] == [get_launcher(spec, q.device.index).ptr]
 
 
+@pytest.fixture(params=[None, 3], ids=["grid-sms", "grid-3"])
+def persistent(request, monkeypatch):
+    """The persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of one block per SM, or of 3 blocks that
+    walk every tile between them; fresh plans for each."""
+    monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", request.param)
+    bwd_mod._PLANS.clear()
+    yield request.param
+    bwd_mod._PLANS.clear()
+
+
+def _main_launch(dout, q, k, v, out, lse, causal, dq_strategy):
+    """The (kernel, grid) of the plan's main kernel for this call (made again: "seqpar" plans are not kept)."""
+    plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, causal, dq_strategy, False, None,
+                              "auto", None, backend="sm90")
+    return plan.launches[1][0], tuple(plan.launches[1][1:4])
+
+
+# ragged tails, seqlen_q != seqlen_k both ways (causal: rows that see no key), GQA / MQA, padded head dims (48 and 120
+# run the 64 and 128 kernels), more tiles than the grid's blocks (3 x 17 KV tiles; 2 x 8 x 17), a single tile
+PERSIST_CASES = [(2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64), (1, 700, 130, 4, 2, 120), (1, 1, 1, 1, 1, 64),
+                 (3, 1100, 2100, 8, 1, 128), (2, 256, 2100, 8, 8, 48), (1, 129, 257, 6, 3, 128)]
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", PERSIST_CASES)
+def test_persistent_form(persistent, dq_strategy, causal, b, sq, sk, h, hk, d):
+    """The persistent form (the kernel's PERSIST) against the float64 reference; its plan launches the persistent
+    kernel on min(tiles, SMs, the cap) blocks; with "seqpar" its gradients are bitwise those of one block per tile
+    (each KV tile stores its own dQ partial and the same products run in the same order, so a stage, buffer or
+    hand-off taken out of turn from one tile to the next would show)."""
+    import torch
+
+    from cuflash._launch import sm_count
+
+    (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, "bfloat16" if d == 120 else "float16", causal,
+                                           dq_strategy=dq_strategy)
+    kd = _configs.kernel_headdim(d)
+    name, grid = _main_launch(dout, q, k, v, out, lse, causal, dq_strategy)
+    spec = _configs.sm90_bwd_spec(str(q.dtype).split(".")[1], kd, causal, _configs.sm90_bwd_persist_tile(kd))
+    assert name == get_launcher(spec, q.device.index).ptr
+    tiles = -(-sk // 128) * hk * b
+    cap = persistent or sm_count(q.device.index)
+    assert grid == (min(tiles, sm_count(q.device.index), cap), 1, 1)
+    if dq_strategy == "seqpar":
+        _bwd_sm90.PERSIST = False
+        bwd_mod._PLANS.clear()
+        one = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy="seqpar", backend="sm90")
+        assert _main_launch(dout, q, k, v, out, lse, causal, "seqpar")[1] == (-(-sk // 128), hk, b)
+        assert all(torch.equal(a, o) for a, o in zip(got, one))
+
+
+def test_persistent_form_is_not_taken_where_it_cannot_run(monkeypatch):
+    """Forced on, the persistent form still leaves "ordered", the score modifiers, head dim 96 and the column-split
+    kernel (256) to the kernels of one block per tile (the plan's grid: KV tiles, KV heads, batch)."""
+    import torch
+
+    monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
+    for d, kw in ((64, dict(dq_strategy="ordered", deterministic=True)), (128, dict(window_size=(100, 0))),
+                  (96, {}), (256, {})):
+        q, k, v = torch_inputs((1, 300, 4, d), (1, 300, 4, d), "float16")
+        win = kw.get("window_size", (-1, -1))
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, window_size=win, return_attn_probs=True)
+        bwd_mod._PLANS.clear()
+        cuflash.flash_attn_backward(torch.randn_like(out), q, k, v, out, lse, backend="sm90", **kw)
+        (plan,) = bwd_mod._PLANS.values()
+        assert plan.launches[1][1:4] == (-(-300 // _configs.sm90_bwd_tile(d).block_n), 4, 1), (d, kw)
+    bwd_mod._PLANS.clear()
+
+
 def test_ordered_causal_more_kv_tiles_than_sms(causal_order):
     """133 KV tiles of one head (more blocks than the H200's 132 SMs hold at once): every block's wait is on one
     that started before it, so the grid finishes; the gradients match the atomic strategy's to fp32 rounding."""

@@ -47,6 +47,33 @@ def grouped_block(lin, n_tiles, kv_heads, batch, group):
     return r // size, pair % kv_heads, pair // kv_heads
 
 
+def persistent_tiles(bid, grid, n_tiles, kv_heads, batch, group=0):
+    """The persistent form's tiles (KV tile, KV head, batch) of block `bid` of `grid` in its order (cuda_src/
+    flash_bwd_sm90.cu, Sm90BwdTiles, in Python): wave k's linear index k grid + bid, for odd k k grid + grid - 1 - bid,
+    mapped as the launch's blocks (GROUP = `group`: grouped_block; 0: the KV tile fastest), until one is past the
+    last."""
+    count, out, k = n_tiles * kv_heads * batch, [], 0
+    while True:
+        lin = k * grid + (grid - 1 - bid if k & 1 else bid)
+        if lin >= count:
+            return out
+        if group:
+            out.append(grouped_block(lin, n_tiles, kv_heads, batch, group))
+        else:
+            pair = lin // n_tiles
+            out.append((lin - pair * n_tiles, pair % kv_heads, pair // kv_heads))
+        k += 1
+
+
+def persistent_overhead(seqlen, heads, batch, block_m, causal, group=0, sms=SMS):
+    """Makespan / ideal of the persistent form: each block's tiles fixed by persistent_tiles (no dynamic balance)."""
+    lengths = block_lengths(seqlen, block_m, causal)
+    n = len(lengths)
+    grid = min(sms, n * heads * batch)
+    loads = [sum(lengths[j] for j, _, _ in persistent_tiles(bid, grid, n, heads, batch, group)) for bid in range(grid)]
+    return max(loads) / (sum(loads) / sms)
+
+
 def overhead(seqlen, heads, batch, block_m, causal, order):
     """Makespan / ideal for one dispatch order ("head-major", "tile-major" or "tile-major/G")."""
     lengths = block_lengths(seqlen, block_m, causal)

@@ -35,16 +35,9 @@ def predicted(d, s, b, h, hk, group):
 
 
 def _plan(views, group):
-    from cuflash import _bwd_sm90, backward as bwd_mod
+    from .ordered_probe import plan_call
 
-    old = _bwd_sm90.CAUSAL_GROUP
-    try:
-        _bwd_sm90.CAUSAL_GROUP = group
-        plan = bwd_mod._make_plan(*views, None, True, "atomic", False, None, "auto", None, backend="sm90")
-    finally:
-        _bwd_sm90.CAUSAL_GROUP = old
-    ptrs = tuple(a.ptr for a in views)
-    return lambda: plan.run(*ptrs)
+    return plan_call(views, True, "atomic", CAUSAL_GROUP=group)
 
 
 def run_point(dt, d, s, b, h, hk, rounds, groups):

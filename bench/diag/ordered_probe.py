@@ -36,19 +36,27 @@ def points(quick=False, headdims=(64, 128)):
     return out
 
 
-def _plan(views, causal, strategy, order):
+def plan_call(views, causal, strategy, **knobs):
+    """A call of one sm90 backward plan (cuflash.backward._make_plan) of the validated views, made with the
+    cuflash._bwd_sm90 module knobs `knobs` (CAUSAL_ORDER, CAUSAL_GROUP, PERSIST, ...) set for the plan's making and
+    put back after."""
     from cuflash import _bwd_sm90, backward as bwd_mod
 
-    old = _bwd_sm90.CAUSAL_ORDER
+    old = {k: getattr(_bwd_sm90, k) for k in knobs}
     try:
-        if order is not None:
-            _bwd_sm90.CAUSAL_ORDER = order
+        for k, v in knobs.items():
+            setattr(_bwd_sm90, k, v)
         plan = bwd_mod._make_plan(*views, None, causal, strategy, strategy == "ordered", None, "auto", None,
                                   backend="sm90")
     finally:
-        _bwd_sm90.CAUSAL_ORDER = old
+        for k, v in old.items():
+            setattr(_bwd_sm90, k, v)
     ptrs = tuple(a.ptr for a in views)
     return lambda: plan.run(*ptrs)
+
+
+def _plan(views, causal, strategy, order):
+    return plan_call(views, causal, strategy, **({} if order is None else dict(CAUSAL_ORDER=order)))
 
 
 def causal_problem(dt, d, s, b, h, hk):
@@ -104,7 +112,7 @@ def run_points(argv, pts, run, default_rounds):
         print(pt, {k: round(v, 3) if v else v for k, v in ms.items()}, flush=True)
     if "--json" in argv:
         with open(argv[argv.index("--json") + 1], "w") as f:
-            json.dump([dict(dtype=p[0], d=p[1], seqlen=p[2], batch=p[3], heads=p[4], kv_heads=p[5], ms=m, ok=ok)
+            json.dump([dict(zip(("dtype", "d", "seqlen", "batch", "heads", "kv_heads", "causal"), p), ms=m, ok=ok)
                        for p, m, ok in rows], f, indent=1)
     return rows, all_ok
 

@@ -7,6 +7,9 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_bwd_check --quick
     ... [--dq atomic,ordered,seqpar] [--causal-only] [--headdims 256]   (a subset: those dQ strategies, the causal
                                                                           cases only, those head dims)
+    ... --persistent N      the persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of at most N
+                            blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
+                            and "seqpar", no modifiers; the other cases take their usual kernels)
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
@@ -66,6 +69,10 @@ def main(argv):
     causals = (True,) if "--causal-only" in argv else (False, True)
     dims = [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if "--headdims" in argv else (64, 96, 128,
                                                                                                           256)
+    if "--persistent" in argv:
+        from cuflash import _bwd_sm90
+
+        _bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--persistent") + 1])
     failed = 0
     for dtype in dtypes:
         for d in dims:

@@ -84,6 +84,22 @@ def run_point(dt, d, s, b, h, hk, causal, rounds):
     return {name: ms for name, (ms, _) in timed.items()}, ok
 
 
+def table(rows):
+    """Print the probe's table of rows ((dtype, d, seqlen, batch, heads, kv heads, causal), {name: ms}, ok)."""
+    print("\nbackward (atomic), GPU time per call (queued), ms: one block per tile, persistent, cuDNN; the persistent "
+          "form's speed over the one-tile kernel's (one-tile ms / persistent ms; model: one-tile makespan / "
+          "persistent makespan); each against cuDNN (cuDNN ms / cuflash ms)")
+    print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} {'causal':>6} | {'tile':>7} {'persist':>7} {'cudnn':>7} | "
+          f"{'t / p':>6} {'(model)':>7} | {'cuDNN/t':>7} {'cuDNN/p':>7} | check")
+    for (dt, d, s, b, h, hk, c), ms, ok in rows:
+        t, p, cd = ms.get("tile"), ms.get("persist"), ms.get("cudnn")
+        one, per = model(d, s, b, h, hk, c)
+        f = lambda x: f"{x:>7.3f}" if x else f"{'-':>7}"  # noqa: E731
+        r = lambda a, b_: f"{a / b_:>7.3f}" if a and b_ else f"{'-':>7}"  # noqa: E731
+        print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} {str(c):>6} | {f(t)} {f(p)} {f(cd)} | {r(t, p)[1:]} "
+              f"{one / per:>7.3f} | {r(cd, t)} {r(cd, p)} | {'ok' if ok else 'FAIL'}")
+
+
 def main(argv):
     quick = "--quick" in argv
     seqlens = (tuple(int(x) for x in argv[argv.index("--seqlens") + 1].split(",")) if "--seqlens" in argv
@@ -101,17 +117,7 @@ def main(argv):
     rows, all_ok = run_points(argv, pts, run_point, default_rounds=3)
     if rows is None:
         return 2
-    print("\nbackward (atomic), GPU time per call (queued), ms: one block per tile, persistent, cuDNN; the persistent "
-          "form's speed over the one-tile kernel's (model: one-tile / persistent makespan); each vs cuDNN")
-    print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} {'causal':>6} | {'tile':>7} {'persist':>7} {'cudnn':>7} | "
-          f"{'p / t':>6} {'(model)':>7} | {'t/cuDNN':>7} {'p/cuDNN':>7} | check")
-    for (dt, d, s, b, h, hk, c), ms, ok in rows:
-        t, p, cd = ms.get("tile"), ms.get("persist"), ms.get("cudnn")
-        one, per = model(d, s, b, h, hk, c)
-        f = lambda x: f"{x:>7.3f}" if x else f"{'-':>7}"  # noqa: E731
-        r = lambda a, b_: f"{a / b_:>7.3f}" if a and b_ else f"{'-':>7}"  # noqa: E731
-        print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} {str(c):>6} | {f(t)} {f(p)} {f(cd)} | {r(t, p)[1:]} "
-              f"{per / one:>7.3f} | {r(cd, t)} {r(cd, p)} | {'ok' if ok else 'FAIL'}")
+    table(rows)
     return 0 if all_ok else 1
 
 

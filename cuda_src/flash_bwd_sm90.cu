@@ -663,7 +663,9 @@ __global__ void __launch_bounds__(384, 1)
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
 // they are wgmma operands in both orientations. The buffer of iteration it is it % 2: its last readers, iteration
 // it - 2's products, completed before both consumers passed iteration it - 1's barriers.
-template <int D, int STAGES>
+// PERSIST: the persistent form, as the 128-key kernel's (the iterations counted over the block's tiles, kv_empty
+// before the next tile's K and V).
+template <int D, int STAGES, bool PERSIST = false>
 struct Sm90BwdSplitLayout {
   static constexpr int BLOCK_N = 64, BLOCK_M = 64;
   static constexpr int DP = (D + 63) / 64 * 64;
@@ -680,15 +682,15 @@ struct Sm90BwdSplitLayout {
   static constexpr int LSE_OFF = DS_OFF + 2 * PS_BYTES;
   static constexpr int DELTA_OFF = LSE_OFF + STAGES * BLOCK_M * 4;
   static constexpr int BAR_OFF = DELTA_OFF + STAGES * BLOCK_M * 4;
-  static constexpr int BARS = 1 + 2 * STAGES;  // K/V; full, empty per stage
+  static constexpr int BARS = 1 + 2 * STAGES + PERSIST;  // K/V; full, empty per stage; kv_empty
   static constexpr int BYTES = BAR_OFF + BARS * 8 + 1024;
 };
 
 template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int MOD = MOD_NONE,
-          int GROUP = 0>
+          int GROUP = 0, bool PERSIST = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
-  using L = Sm90BwdSplitLayout<D, STAGES>;
+  using L = Sm90BwdSplitLayout<D, STAGES, PERSIST>;
   constexpr int BLOCK_N = L::BLOCK_N, BLOCK_M = L::BLOCK_M, DP = L::DP;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
@@ -708,16 +710,22 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* bar_kv = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);
   uint64_t* full = bar_kv + 1;
   uint64_t* empty = full + STAGES;
+  uint64_t* kv_empty = empty + STAGES;  // PERSIST: the consumers are done with the tile's K and V
 
-  const int3 blk = sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>();
-  const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
-  const int n0 = n_block * BLOCK_N;
+  // the launch's tile (one block per tile; PERSIST: Sm90BwdTiles' walk, each role in sm90_bwd_for_tiles)
+  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>();
+  const int n0_1 = blk1.x * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(sm90_bwd_band<CAUSAL, MOD>(p, si), si, n0);  // its Q tiles
-  const int m_begin = qr.x, num_m = qr.y;
-  const int total = group * num_m;
-  const int rot = CAUSAL || MOD != MOD_NONE || num_m == 0 ? 0 : n_block % num_m;
+  const Mask<CAUSAL, MOD> band = sm90_bwd_band<CAUSAL, MOD>(p, si);
+  const int2 qr1 = PERSIST ? make_int2(0, 0) : sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0_1);  // its Q tiles
+  const int total1 = group * qr1.y;
+  // a tile's first Q tile, plain non-causal: its KV tile's index modulo its Q tiles, so that the blocks of one head
+  // add into different accumulator tiles at a time
+  auto rot_of = [&](int n_block, int num_m) {
+    return CAUSAL || MOD != MOD_NONE || num_m == 0 ? 0 : n_block % num_m;
+  };
+  const int rot1 = rot_of(blk1.x, qr1.y);
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -727,162 +735,187 @@ __global__ void __launch_bounds__(384, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 256);
     }
+    if constexpr (PERSIST) mbar_init(kv_empty, 256);  // every consumer thread, after its tile's last products
     fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
-    if (threadIdx.x == 0 && total > 0)
-      sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(p, maps, sm, bar_kv, full, empty, n0, kv_head, batch,
-                                                                  group, m_begin, num_m, rot);
+    if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
+      if constexpr (PERSIST) {
+        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+              if (qr.y > 0)
+                sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, true>(
+                    p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N, blk.y, blk.z, group, qr.x, qr.y,
+                    rot_of(blk.x, qr.y), it0, kv_empty, j);
+            });
+      } else {
+        sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(
+            p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x, qr1.y, rot1);
+      }
+    }
     return;
   }
 
   // ------------------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<REGS_MMA>();
-  const Mask<CAUSAL, MOD> mask_kv = si.mask<CAUSAL, MOD>(p, batch, kv_head * group);
+  const Mask<CAUSAL, MOD> mask_kv1 = si.mask<CAUSAL, MOD>(p, blk1.z, blk1.y * group);
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform: the role and the columns [HD cw, +HD)
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int g = lane / 4, t = lane % 4;
-  const int key_w = n0 + 16 * warp;  // the warp's rows of S^T / dP^T: keys key_w + g (+ 8)
+  const int key_w1 = n0_1 + 16 * warp;
   const float scale_log2 = (float)p.scale_log2;
   const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
   const uint32_t q_base = smem_addr(sm + L::Q_OFF), do_base = smem_addr(sm + L::DO_OFF);
   const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
 
-  float acc_dk[HF][4], acc_dv[HF][4];
-  zero_frags(acc_dk);
-  zero_frags(acc_dv);
+  sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+    const int n_block = blk.x, kv_head = blk.y, batch = blk.z, m_begin = qr.x, num_m = qr.y;
+    const int n0 = n_block * BLOCK_N, total = group * num_m;
+    const int rot = PERSIST ? rot_of(n_block, num_m) : rot1;
+    const Mask<CAUSAL, MOD> mask_kv = PERSIST ? si.mask<CAUSAL, MOD>(p, batch, kv_head * group) : mask_kv1;
+    const int key_w = PERSIST ? n0 + 16 * warp : key_w1;  // the warp's rows of S^T / dP^T: keys key_w + g (+ 8)
+    float acc_dk[HF][4], acc_dv[HF][4];
+    zero_frags(acc_dk);
+    zero_frags(acc_dv);
 
-  if (total > 0) mbar_wait(bar_kv, 0);
-  QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
-  for (int it = 0; it < total; ++it) {
-    const int s = it % STAGES, ph = (it / STAGES) & 1;
-    const int2 hm = walk.next(num_m, rot);
-    const int hq = kv_head * group + hm.x, m0 = (m_begin + hm.y) * BLOCK_M;
-    const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
-    const uint32_t pt = pt_base + (it % 2) * L::PS_BYTES, ds = ds_base + (it % 2) * L::PS_BYTES;
-    unsigned char* const pt_buf = sm + L::PT_OFF + (it % 2) * L::PS_BYTES;
-    unsigned char* const ds_buf = sm + L::DS_OFF + (it % 2) * L::PS_BYTES;
-    mbar_wait(&full[s], ph);
+    if (total > 0) mbar_wait(bar_kv, j & 1);
+    QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
+    for (int it = 0; it < total; ++it) {
+      const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers
+      const int s = gi % STAGES, ph = (gi / STAGES) & 1;
+      const int2 hm = walk.next(num_m, rot);
+      const int hq = kv_head * group + hm.x, m0 = (m_begin + hm.y) * BLOCK_M;
+      const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
+      const uint32_t pt = pt_base + (gi % 2) * L::PS_BYTES, ds = ds_base + (gi % 2) * L::PS_BYTES;
+      unsigned char* const pt_buf = sm + L::PT_OFF + (gi % 2) * L::PS_BYTES;
+      unsigned char* const ds_buf = sm + L::DS_OFF + (gi % 2) * L::PS_BYTES;
+      mbar_wait(&full[s], ph);
 
-    // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1): [64 keys, 64 queries].
-    float acc[MF][4];
-    wgmma_fence();
-    wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc, cw ? v_base : k_base, cw ? dos : qs);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(acc);
-    // The word of fragment element pair (nf, h) (h = e / 2: rows g, g + 8) in a P^T / dS^T buffer: row r = 16 warp
-    // + g + 8 h (a key), queries 8 nf + 2t, + 1 (16-byte piece nf, swizzled by r % 8 = g).
-    auto word = [&](unsigned char* buf, int nf, int h) {
-      return reinterpret_cast<uint32_t*>(buf + (16 * warp + g + 8 * h) * 128 + ((nf ^ g) * 16) + 4 * t);
-    };
-    const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
-    const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
-    // With the soft-cap (MOD_SCORE, uniform), consumer 0 also keeps each element's derivative 1 - tanh^2
-    // (softcap_grad_of: from its value, no MUFU) as 16-bit pairs in the dS^T buffer, at the words consumer 1's thread
-    // of the same warp and lane reads and then overwrites with dS^T (values in [0, 1]: 2^-12 absolute, below the
-    // 16-bit dS they multiply).
-    const Mask<CAUSAL, MOD> mask =
-        MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
-    bool cap = false;
-    if constexpr (MOD != MOD_NONE) cap = mask.softcap();
-    if (cw == 0) {  // P^T, masked where some element of the [64 keys, 64 rows] tile is hidden (uniform)
-      const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
-      if constexpr (MOD != MOD_NONE) {
-        if (need_mask) mask.apply_t(acc, key_w, m0, lane);
-      }
-      const float dist0 = MOD != MOD_NONE ? mask.dist_of(m0 + 2 * t, key_w + g) : 0.f;
-#pragma unroll
-      for (int nf = 0; nf < MF; ++nf) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
-        float pv[4], dv[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = acc[nf][e];
-          if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
-          pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
-          if constexpr (MOD != MOD_NONE) dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
+      // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1): [64 keys, 64 queries].
+      float acc[MF][4];
+      wgmma_fence();
+      wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc, cw ? v_base : k_base, cw ? dos : qs);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(acc);
+      // The word of fragment element pair (nf, h) (h = e / 2: rows g, g + 8) in a P^T / dS^T buffer: row r = 16 warp
+      // + g + 8 h (a key), queries 8 nf + 2t, + 1 (16-byte piece nf, swizzled by r % 8 = g).
+      auto word = [&](unsigned char* buf, int nf, int h) {
+        return reinterpret_cast<uint32_t*>(buf + (16 * warp + g + 8 * h) * 128 + ((nf ^ g) * 16) + 4 * t);
+      };
+      const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
+      const float* dl_s = reinterpret_cast<const float*>(sm + L::DELTA_OFF) + s * BLOCK_M;
+      // With the soft-cap (MOD_SCORE, uniform), consumer 0 also keeps each element's derivative 1 - tanh^2
+      // (softcap_grad_of: from its value, no MUFU) as 16-bit pairs in the dS^T buffer, at the words consumer 1's thread
+      // of the same warp and lane reads and then overwrites with dS^T (values in [0, 1]: 2^-12 absolute, below the
+      // 16-bit dS they multiply).
+      const Mask<CAUSAL, MOD> mask =
+          MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
+      bool cap = false;
+      if constexpr (MOD != MOD_NONE) cap = mask.softcap();
+      if (cw == 0) {  // P^T, masked where some element of the [64 keys, 64 rows] tile is hidden (uniform)
+        const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0, n0 + BLOCK_N - 1);
+        if constexpr (MOD != MOD_NONE) {
+          if (need_mask) mask.apply_t(acc, key_w, m0, lane);
         }
-        *word(pt_buf, nf, 0) = pack2<T>(pv[0], pv[1]);
-        *word(pt_buf, nf, 1) = pack2<T>(pv[2], pv[3]);
-        if (cap) {
-          *word(ds_buf, nf, 0) = pack2<__half>(dv[0], dv[1]);
-          *word(ds_buf, nf, 1) = pack2<__half>(dv[2], dv[3]);
+        const float dist0 = MOD != MOD_NONE ? mask.dist_of(m0 + 2 * t, key_w + g) : 0.f;
+#pragma unroll
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+          float pv[4], dv[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = acc[nf][e];
+            if (MOD == MOD_NONE && need_mask) x = mask.score_t(x, key_w, m0, nf, e, lane);
+            pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+            if constexpr (MOD != MOD_NONE)
+              dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
+          }
+          *word(pt_buf, nf, 0) = pack2<T>(pv[0], pv[1]);
+          *word(pt_buf, nf, 1) = pack2<T>(pv[2], pv[3]);
+          if (cap) {
+            *word(ds_buf, nf, 0) = pack2<__half>(dv[0], dv[1]);
+            *word(ds_buf, nf, 1) = pack2<__half>(dv[2], dv[3]);
+          }
         }
+        fence_proxy_async_shared();  // the P^T stores, before wgmma (the async proxy) reads them
       }
-      fence_proxy_async_shared();  // the P^T stores, before wgmma (the async proxy) reads them
-    }
-    named_bar_sync(1, 256);  // P^T in smem (and dP^T in consumer 1's registers)
+      named_bar_sync(1, 256);  // P^T in smem (and dP^T in consumer 1's registers)
 
-    // dV_c += P^T dO_c.
-    wgmma_fence();
+      // dV_c += P^T dO_c.
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < KM; ++k)
-      Wgmma<HD>::template ss<T, 0, 1>(acc_dv, smem_desc(pt + k * 32, 16, 1024),
-                                      smem_desc(dos + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
-    wgmma_commit();
+      for (int k = 0; k < KM; ++k)
+        Wgmma<HD>::template ss<T, 0, 1>(acc_dv, smem_desc(pt + k * 32, 16, 1024),
+                                        smem_desc(dos + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+      wgmma_commit();
 
-    if (cw == 1) {  // dS^T = P^T (dP^T - D) (times the soft-cap's derivative), under dV's products
+      if (cw == 1) {  // dS^T = P^T (dP^T - D) (times the soft-cap's derivative), under dV's products
 #pragma unroll
-      for (int nf = 0; nf < MF; ++nf) {
-        const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
-        const float2 p01 = unpack2<T>(*word(pt_buf, nf, 0)), p23 = unpack2<T>(*word(pt_buf, nf, 1));
-        float2 c01 = make_float2(1.f, 1.f), c23 = c01;
-        if (cap) {
-          c01 = unpack2<__half>(*word(ds_buf, nf, 0));
-          c23 = unpack2<__half>(*word(ds_buf, nf, 1));
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 dl = *reinterpret_cast<const float2*>(dl_s + nf * 8 + 2 * t);
+          const float2 p01 = unpack2<T>(*word(pt_buf, nf, 0)), p23 = unpack2<T>(*word(pt_buf, nf, 1));
+          float2 c01 = make_float2(1.f, 1.f), c23 = c01;
+          if (cap) {
+            c01 = unpack2<__half>(*word(ds_buf, nf, 0));
+            c23 = unpack2<__half>(*word(ds_buf, nf, 1));
+          }
+          *word(ds_buf, nf, 0) = pack2<T>(p01.x * (acc[nf][0] - dl.x) * c01.x, p01.y * (acc[nf][1] - dl.y) * c01.y);
+          *word(ds_buf, nf, 1) = pack2<T>(p23.x * (acc[nf][2] - dl.x) * c23.x, p23.y * (acc[nf][3] - dl.y) * c23.y);
         }
-        *word(ds_buf, nf, 0) = pack2<T>(p01.x * (acc[nf][0] - dl.x) * c01.x, p01.y * (acc[nf][1] - dl.y) * c01.y);
-        *word(ds_buf, nf, 1) = pack2<T>(p23.x * (acc[nf][2] - dl.x) * c23.x, p23.y * (acc[nf][3] - dl.y) * c23.y);
+        fence_proxy_async_shared();
       }
-      fence_proxy_async_shared();
+      named_bar_sync(2, 256);  // dS^T in smem
+
+      // dQ_c = dS K_c (A = dS^T read MN-major, B = K's columns of c, MN-major), then dK_c += dS^T Q_c: dQ's
+      // reductions are issued while dK's products run.
+      float acc_dq[HF][4];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < KN; ++k)
+        Wgmma<HD>::template ss<T, 1, 1>(acc_dq, smem_desc(ds + k * 16 * 128, BLOCK_N * 128, 1024),
+                                        smem_desc(k_base + 2 * cw * BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024),
+                                        k > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int k = 0; k < KM; ++k)
+        Wgmma<HD>::template ss<T, 0, 1>(acc_dk, smem_desc(ds + k * 32, 16, 1024),
+                                        smem_desc(qs + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV, dQ done (dK may still run)
+      reg_fence(acc_dq);
+
+      // dQ_c: this warp's 16 rows, n8 blocks [HF cw, HF cw + HF) of the accumulator (attn/bwd.cuh's layout); one
+      // 16-byte reduction (RED.E.ADD.F32x4) per thread and fragment, or with "seqpar" a 16-byte store into this KV
+      // tile's buffer.
+      float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
+#pragma unroll
+      for (int j = 0; j < HF; ++j) {
+        float4* dst = reinterpret_cast<float4*>(band_dq + 128 * j);
+        const float4 v = make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+        if (seqpar)
+          *dst = v;
+        else
+          atomicAdd(dst, v);
+      }
+      wgmma_wait<0>();  // dK done: stage s, the P^T and dS^T buffers are free
+      reg_fence(acc_dk);
+      reg_fence(acc_dv);
+      mbar_arrive(&empty[s]);
+      if constexpr (PERSIST) {
+        if (it == total - 1) mbar_arrive(kv_empty);  // K and V are free for the block's next tile
+      }
     }
-    named_bar_sync(2, 256);  // dS^T in smem
 
-    // dQ_c = dS K_c (A = dS^T read MN-major, B = K's columns of c, MN-major), then dK_c += dS^T Q_c: dQ's
-    // reductions are issued while dK's products run.
-    float acc_dq[HF][4];
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < KN; ++k)
-      Wgmma<HD>::template ss<T, 1, 1>(acc_dq, smem_desc(ds + k * 16 * 128, BLOCK_N * 128, 1024),
-                                      smem_desc(k_base + 2 * cw * BLOCK_N * 128 + k * 16 * 128, BLOCK_N * 128, 1024),
-                                      k > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int k = 0; k < KM; ++k)
-      Wgmma<HD>::template ss<T, 0, 1>(acc_dk, smem_desc(ds + k * 32, 16, 1024),
-                                      smem_desc(qs + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV, dQ done (dK may still run)
-    reg_fence(acc_dq);
-
-    // dQ_c: this warp's 16 rows, n8 blocks [HF cw, HF cw + HF) of the accumulator (attn/bwd.cuh's layout); one
-    // 16-byte reduction (RED.E.ADD.F32x4) per thread and fragment, or with "seqpar" a 16-byte store into this KV
-    // tile's buffer.
-    float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
-#pragma unroll
-    for (int j = 0; j < HF; ++j) {
-      float4* dst = reinterpret_cast<float4*>(band_dq + 128 * j);
-      const float4 v = make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
-      if (seqpar)
-        *dst = v;
-      else
-        atomicAdd(dst, v);
-    }
-    wgmma_wait<0>();  // dK done: stage s, the P^T and dS^T buffers are free
-    reg_fence(acc_dk);
-    reg_fence(acc_dv);
-    mbar_arrive(&empty[s]);
-  }
-
-  // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim.
-  store_dkdv<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
+    // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim.
+    store_dkdv<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
+  });
 }
 
 }  // namespace cuflash

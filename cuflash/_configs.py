@@ -729,7 +729,8 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
     dp = -(-headdim // 64) * 64
     bm, bn, st = tile.block_m, tile.block_n, tile.stages
     if tile.split:  # K, V; stages x (Q, dO); 2 P^T and 2 dS^T buffers; stages x (lse_log2, D); the mbarriers
-        return (2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 4 * bn * bm * ELEM_BYTES + 2 * st * bm * 4 + (1 + 2 * st) * 8 + 1024
+        return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 4 * bn * bm * ELEM_BYTES + 2 * st * bm * 4
+                + (1 + 2 * st + tile.persistent) * 8 + 1024)
     return ((2 * bn + 2 * st * bm) * dp * ELEM_BYTES + 2 * bn * bm * ELEM_BYTES + bm * headdim * 4 + 2 * st * bm * 4
             + (3 + 2 * st + tile.persistent) * 8 + 1024)
 
@@ -781,13 +782,13 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
-    if tile.persistent and (tile.split or order):
-        raise ValueError(f"the persistent form is of the 128-key kernel with order 0; got split={tile.split!r}, "
-                         f"order={order!r}")
+    if tile.persistent and order:
+        raise ValueError(f"the persistent form has order 0 (no \"ordered\"); got order={order!r}")
     if tile.split:
         if order:
             raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
-        tail = f", {mod}, {group}" if group else (f", {mod}" if _mod_checked(causal, mod) else "")
+        tail = (f", {mod}, {group}, true" if tile.persistent else f", {mod}, {group}" if group else
+                (f", {mod}" if _mod_checked(causal, mod) else ""))
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -800,19 +801,24 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
 
 # The persistent form (Sm90BwdTile.persistent) of the plain and causal kernels without modifiers, at these kernel head
 # dims; sm90_bwd_persistent says which calls take it.
-SM90_BWD_PERSIST_HEADDIMS = (64, 128)
-# (kernel head dim, causal) -> the most keys per sequence a call may have to take the persistent form (the per-tile
-# set-up it hides is worth less as the blocks get longer); pairs not listed keep one block per tile. Measured in GPU
-# time against one block per tile (python -m bench.diag.bwd_persist_probe, bench/results/bwd-persist-probe.log): at
-# 2k 1.005-1.032x (the causal head dim 64 points 1.031-1.032x), at 4k 0.981-1.018x (causal head dim 64 1.009-1.018x),
-# from 8k 0.97-1.01x (its consumers hold 232 registers, not 240) and under the causal mask at 16k 0.67-0.69x (its
-# static walk: bench/diag/bwd_grid_model.py, persistent_overhead).
-SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
+SM90_BWD_PERSIST_HEADDIMS = (64, 128, 256)
+# (kernel head dim, causal) -> the most keys per sequence a call may have to take the persistent form; pairs not
+# listed keep one block per tile. Measured in GPU time against one block per tile (python -m
+# bench.diag.bwd_persist_probe, bench/results/bwd-persist-probe.log), head dims 64 / 128: 1.01-1.07x at 512-1k,
+# 0.99-1.04x at 2k (causal head dim 64 1.03-1.04x), 0.98-1.02x at 4k (causal head dim 64 1.01-1.02x), 0.97-1.01x from
+# 8k (the per-tile set-up it hides weighs less as blocks get longer; its consumers hold 232 registers, not 240);
+# head dim 256 (the column-split kernel, fp16): 1.01-1.05x at every length without a mask (512-16k) and 1.01-1.04x
+# causal at 512-4k. Under the causal mask from 8k (16k at head dims 64 / 128) its static walk leaves the blocks
+# unequal: 0.63-0.72x (bench/diag/bwd_grid_model.py, persistent_overhead). The limits are the longest measured lengths
+# where it measured ahead.
+SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
+                                       (256, False): 16384, (256, True): 4096}
 
 
 def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
-    """The persistent form of the head dim's tile. Its producer warpgroup walks the tiles (the loads' thread and the
-    dQ writer), which does not fit 24 registers (88-140 B of spills): 40, and the consumers 232."""
+    """The persistent form of the head dim's tile. Its producer warpgroup walks the tiles (in the 128-key kernel the
+    loads' thread and the dQ writer), which does not fit 24 registers (72-140 B of spills): 40, and the consumers
+    232."""
     return replace(sm90_bwd_tile(headdim), persistent=True, regs_mma=232, regs_load=40)
 
 

@@ -183,10 +183,12 @@ def _main_launch(dout, q, k, v, out, lse, causal, dq_strategy):
     return plan.launches[1][0], tuple(plan.launches[1][1:4])
 
 
-# ragged tails, seqlen_q != seqlen_k both ways (causal: rows that see no key), GQA / MQA, padded head dims (48 and 120
-# run the 64 and 128 kernels), more tiles than the grid's blocks (3 x 17 KV tiles; 2 x 8 x 17), a single tile
+# ragged tails, seqlen_q != seqlen_k both ways (causal: rows that see no key), GQA / MQA, padded head dims (48, 120
+# and 200 run the 64, 128 and 256 kernels), more tiles than the grid's blocks (3 x 17 KV tiles; 2 x 8 x 17; the
+# column-split kernel's 64-key tiles: 2 x 2 x 33), a single tile
 PERSIST_CASES = [(2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64), (1, 700, 130, 4, 2, 120), (1, 1, 1, 1, 1, 64),
-                 (3, 1100, 2100, 8, 1, 128), (2, 256, 2100, 8, 8, 48), (1, 129, 257, 6, 3, 128)]
+                 (3, 1100, 2100, 8, 1, 128), (2, 256, 2100, 8, 8, 48), (1, 129, 257, 6, 3, 128),
+                 (2, 300, 2100, 4, 2, 256), (1, 77, 130, 3, 1, 200), (1, 1, 1, 1, 1, 256)]
 
 
 @pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
@@ -207,25 +209,25 @@ def test_persistent_form(persistent, dq_strategy, causal, b, sq, sk, h, hk, d):
     name, grid = _main_launch(dout, q, k, v, out, lse, causal, dq_strategy)
     spec = _configs.sm90_bwd_spec(str(q.dtype).split(".")[1], kd, causal, _configs.sm90_bwd_persist_tile(kd))
     assert name == get_launcher(spec, q.device.index).ptr
-    tiles = -(-sk // 128) * hk * b
+    tiles = -(-sk // _configs.sm90_bwd_tile(kd).block_n) * hk * b
     cap = persistent or sm_count(q.device.index)
     assert grid == (min(tiles, sm_count(q.device.index), cap), 1, 1)
     if dq_strategy == "seqpar":
         _bwd_sm90.PERSIST = False
         bwd_mod._PLANS.clear()
         one = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy="seqpar", backend="sm90")
-        assert _main_launch(dout, q, k, v, out, lse, causal, "seqpar")[1] == (-(-sk // 128), hk, b)
+        assert _main_launch(dout, q, k, v, out, lse, causal, "seqpar")[1] == (tiles // hk // b, hk, b)
         assert all(torch.equal(a, o) for a, o in zip(got, one))
 
 
 def test_persistent_form_is_not_taken_where_it_cannot_run(monkeypatch):
-    """Forced on, the persistent form still leaves "ordered", the score modifiers, head dim 96 and the column-split
-    kernel (256) to the kernels of one block per tile (the plan's grid: KV tiles, KV heads, batch)."""
+    """Forced on, the persistent form still leaves "ordered", the score modifiers (also in the column-split kernel) and
+    head dim 96 to the kernels of one block per tile (the plan's grid: KV tiles, KV heads, batch)."""
     import torch
 
     monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
     for d, kw in ((64, dict(dq_strategy="ordered", deterministic=True)), (128, dict(window_size=(100, 0))),
-                  (96, {}), (256, {})):
+                  (96, {}), (256, dict(window_size=(100, 0)))):
         q, k, v = torch_inputs((1, 300, 4, d), (1, 300, 4, d), "float16")
         win = kw.get("window_size", (-1, -1))
         out, lse, _ = cuflash.flash_attn_func(q, k, v, window_size=win, return_attn_probs=True)

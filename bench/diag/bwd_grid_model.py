@@ -30,10 +30,10 @@ def makespan(lengths, sms=SMS):
     return max(free)
 
 
-def block_lengths(seqlen, block_m, causal):
-    """Q tiles per KV tile j (seqlen_q = seqlen_k)."""
-    n, m = -(-seqlen // BLOCK_N), -(-seqlen // block_m)
-    return [m - (j * BLOCK_N) // block_m if causal else m for j in range(n)]
+def block_lengths(seqlen, block_m, causal, block_n=BLOCK_N):
+    """Q tiles per KV tile j of block_n keys (seqlen_q = seqlen_k)."""
+    n, m = -(-seqlen // block_n), -(-seqlen // block_m)
+    return [m - (j * block_n) // block_m if causal else m for j in range(n)]
 
 
 def grouped_block(lin, n_tiles, kv_heads, batch, group):
@@ -65,18 +65,18 @@ def persistent_tiles(bid, grid, n_tiles, kv_heads, batch, group=0):
         k += 1
 
 
-def persistent_overhead(seqlen, heads, batch, block_m, causal, group=0, sms=SMS):
+def persistent_overhead(seqlen, heads, batch, block_m, causal, group=0, sms=SMS, block_n=BLOCK_N):
     """Makespan / ideal of the persistent form: each block's tiles fixed by persistent_tiles (no dynamic balance)."""
-    lengths = block_lengths(seqlen, block_m, causal)
+    lengths = block_lengths(seqlen, block_m, causal, block_n)
     n = len(lengths)
     grid = min(sms, n * heads * batch)
     loads = [sum(lengths[j] for j, _, _ in persistent_tiles(bid, grid, n, heads, batch, group)) for bid in range(grid)]
     return max(loads) / (sum(loads) / sms)
 
 
-def overhead(seqlen, heads, batch, block_m, causal, order):
+def overhead(seqlen, heads, batch, block_m, causal, order, block_n=BLOCK_N):
     """Makespan / ideal for one dispatch order ("head-major", "tile-major" or "tile-major/G")."""
-    lengths = block_lengths(seqlen, block_m, causal)
+    lengths = block_lengths(seqlen, block_m, causal, block_n)
     pairs = batch * heads
     if order == "head-major":
         seq = [x for _ in range(pairs) for x in lengths]

@@ -5,7 +5,8 @@ cuflash._configs.sm90_bwd_causal_group takes it), with SDPA's cuDNN backward, ti
 the FA2 grid (batch 16k / seqlen, 2048 / d heads; head dims 64 and 128, fp16 and bf16, causal and not) and two GQA
 points:
 
-    python -m bench.diag.bwd_persist_probe [--rounds N] [--quick] [--seqlens 2048,4096] [--json FILE]
+    python -m bench.diag.bwd_persist_probe [--rounds N] [--quick] [--seqlens 2048,4096] [--headdims 64,128]
+                                           [--dtypes float16] [--json FILE]
     python -m bench.diag.bwd_persist_probe --model      (CPU: bench/diag/bwd_grid_model.py's tails, no GPU)
 
 Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly; cuDNN through
@@ -23,14 +24,14 @@ import sys
 SEQLENS = (2048, 4096, 8192, 16384)
 
 
-def points(quick=False, seqlens=SEQLENS):
-    """(dtype, head dim, seqlen, batch, heads, kv heads, causal) of the FA2 grid at head dims 64 and 128, and GQA 64 / 8
-    heads at 8k (--quick: fp16, 2k and 8k, no GQA)."""
-    dts = ("float16",) if quick else ("float16", "bfloat16")
+def points(quick=False, seqlens=SEQLENS, headdims=(64, 128), dtypes=("float16", "bfloat16")):
+    """(dtype, head dim, seqlen, batch, heads, kv heads, causal) of the FA2 grid at the head dims, and GQA 64 / 8
+    heads at 8k with head dim 128 (--quick: fp16, 2k and 8k, no GQA)."""
+    dts = ("float16",) if quick else dtypes
     ss = (2048, 8192) if quick else seqlens
-    pts = [(dt, d, s, 16384 // s, 2048 // d, 2048 // d, c) for dt in dts for d in (64, 128) for s in ss
+    pts = [(dt, d, s, 16384 // s, 2048 // d, 2048 // d, c) for dt in dts for d in headdims for s in ss
            for c in (False, True)]
-    if not quick:
+    if not quick and 128 in headdims:
         pts += [("float16", 128, 8192, 2, 64, 8, c) for c in (False, True)]
     return pts
 
@@ -41,10 +42,10 @@ def model(d, s, b, h, hk, causal):
 
     from .bwd_grid_model import overhead, persistent_overhead
 
-    bm = SM90_BWD_TILES[d].block_m
+    bm, bn = SM90_BWD_TILES[d].block_m, SM90_BWD_TILES[d].block_n
     g = sm90_bwd_causal_group(d, s) if causal else 0
-    one = overhead(s, hk, b, bm, causal, f"tile-major/{g}" if g else "head-major")
-    return one, persistent_overhead(s, hk, b, bm, causal)
+    one = overhead(s, hk, b, bm, causal, f"tile-major/{g}" if g else "head-major", block_n=bn)
+    return one, persistent_overhead(s, hk, b, bm, causal, block_n=bn)
 
 
 def run_point(dt, d, s, b, h, hk, causal, rounds):
@@ -104,7 +105,10 @@ def main(argv):
     quick = "--quick" in argv
     seqlens = (tuple(int(x) for x in argv[argv.index("--seqlens") + 1].split(",")) if "--seqlens" in argv
                else SEQLENS)
-    pts = points(quick, seqlens)
+    arg = lambda name, default: (tuple(argv[argv.index(name) + 1].split(",")) if name in argv  # noqa: E731
+                                 else default)
+    pts = points(quick, seqlens, tuple(int(x) for x in arg("--headdims", (64, 128))),
+                 arg("--dtypes", ("float16", "bfloat16")))
     if "--model" in argv:
         print("model: makespan / ideal, one block per tile (configured order) and the persistent form")
         for dt, d, s, b, h, hk, c in pts:

@@ -7,6 +7,10 @@ outside SM90_BWD_HEADDIMS' range, dropout, packed sequences, dq_strategy="loop",
 tile (both select sm80 kernels), empty sequences, views whose base or strides are not 16-byte aligned (TMA), and at
 the head dims of the column-split kernel (256) dq_strategy="ordered".
 
+The main kernel runs one block per (KV tile, KV head, batch), or in its persistent form (`persistent_form`:
+cuflash._configs.sm90_bwd_persistent, head dims 64, 128 and 256 up to a key count per head dim and mask) on a 1-d grid
+of at most one block per SM (`main_grid`).
+
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
 maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector, the forward's

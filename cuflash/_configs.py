@@ -806,10 +806,11 @@ SM90_BWD_PERSIST_HEADDIMS = (64, 128, 256)
 # listed keep one block per tile. Measured in GPU time against one block per tile (python -m
 # bench.diag.bwd_persist_probe, bench/results/bwd-persist-probe.log), head dims 64 / 128: 1.01-1.07x at 512-1k,
 # 0.99-1.04x at 2k (causal head dim 64 1.03-1.04x), 0.98-1.02x at 4k (causal head dim 64 1.01-1.02x), 0.97-1.01x from
-# 8k (the per-tile set-up it hides weighs less as blocks get longer; its consumers hold 232 registers, not 240);
+# 8k (head dim 64 causal 16k 0.93-0.98x; the per-tile set-up it hides weighs less as blocks get longer, and its
+# consumers hold 232 registers, not 240);
 # head dim 256 (the column-split kernel, fp16): 1.01-1.05x at every length without a mask (512-16k) and 1.01-1.04x
-# causal at 512-4k. Under the causal mask from 8k (16k at head dims 64 / 128) its static walk leaves the blocks
-# unequal: 0.63-0.72x (bench/diag/bwd_grid_model.py, persistent_overhead). The limits are the longest measured lengths
+# causal at 512-4k. Under the causal mask at head dim 256 from 8k and at head dim 128 at 16k its static walk leaves
+# the blocks unequal: 0.63-0.72x (bench/diag/bwd_grid_model.py, persistent_overhead). The limits are the longest measured lengths
 # where it measured ahead.
 SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                                        (256, False): 16384, (256, True): 4096}

@@ -95,18 +95,6 @@ __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
 // other, and inside a group KV tile by KV tile (tile 0 of each pair, then tile 1, ...): under the causal mask the
 // longest blocks start first, so the grid's last blocks are short ones, while the blocks running at once share the Q
 // and dO of about GROUP heads in L2 as the launch's order does (bench/diag/bwd_grid_model.py: tile-major/G).
-// sm90_bwd_block_at: the same for linear index `lin` of a grid of (n KV tiles, ny KV heads, pairs / ny batch).
-template <int GROUP>
-__device__ __forceinline__ int3 sm90_bwd_block_at(int lin, int n, int ny, int pairs) {
-  if constexpr (GROUP == 0) {
-    const int pair = lin / n;
-    return make_int3(lin - pair * n, pair % ny, pair / ny);
-  } else {
-    const int g = lin / (GROUP * n), size = min(GROUP, pairs - g * GROUP), r = lin - g * GROUP * n;
-    const int pair = g * GROUP + r % size;
-    return make_int3(r / size, pair % ny, pair / ny);
-  }
-}
 template <int ORDER, int GROUP>
 __device__ __forceinline__ int3 sm90_bwd_block() {
   if constexpr (GROUP == 0) {
@@ -122,17 +110,17 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
 }
 
 // The persistent form (the kernel's PERSIST): a grid of G <= the SM count blocks over the launch's tiles (KV tiles,
-// KV heads, batch) in sm90_bwd_block's linear order; block bid takes tile k G + bid of wave k for even k and
-// k G + G - 1 - bid for odd k, so that under the causal mask (the grouped order: longest KV tiles first) a block's
-// heavy and light tiles alternate. x < 0: the block's walk is over.
-template <int GROUP, int BLOCK_N>
+// KV heads, batch) in the launch's linear order (the KV tile fastest); block bid takes tile k G + bid of wave k for
+// even k and k G + G - 1 - bid for odd k, so that under the causal mask a block's long and short tiles alternate.
+// x < 0: the block's walk is over.
+template <int BLOCK_N>
 struct Sm90BwdTiles {
   const BwdParams& p;  // the counts are read from the parameters at each step (constant bank: no registers held)
   __device__ __forceinline__ int3 at(int k) const {
     const int n = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N, ny = (int)(p.nheads / p.heads_per_kv);
-    const int pairs = ny * (int)p.batch, G = (int)gridDim.x, bid = (int)blockIdx.x;
-    const int lin = k * G + (k & 1 ? G - 1 - bid : bid);
-    return lin < n * pairs ? sm90_bwd_block_at<GROUP>(lin, n, ny, pairs) : make_int3(-1, 0, 0);
+    const int G = (int)gridDim.x, bid = (int)blockIdx.x;
+    const int lin = k * G + (k & 1 ? G - 1 - bid : bid), pair = lin / n;
+    return lin < n * ny * (int)p.batch ? make_int3(lin - pair * n, pair % ny, pair / ny) : make_int3(-1, 0, 0);
   }
 };
 
@@ -307,11 +295,11 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
 // A block's tiles (KV tile, KV head, batch), each as fn(tile, its Q tiles [x, x + y) -- those that see the KV tile;
 // a tile's iterations are (query head, Q tile) --, the iterations of the block's tiles before it, the number of its
 // tiles with work before it): the launch's one (blk1, qr1), or the persistent form's walk (Sm90BwdTiles).
-template <bool PERSIST, int GROUP, int BLOCK_M, int BLOCK_N, class M, class F>
+template <bool PERSIST, int BLOCK_M, int BLOCK_N, class M, class F>
 __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const SeqInfo& si, const M& band, int group,
                                                    const int3& blk1, const int2& qr1, F&& fn) {
   if constexpr (PERSIST) {
-    const Sm90BwdTiles<GROUP, BLOCK_N> tiles{p};
+    const Sm90BwdTiles<BLOCK_N> tiles{p};
     int it0 = 0, j = 0;
 #pragma unroll 1
     for (int k = 0;; ++k) {
@@ -352,7 +340,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
-  static_assert(!PERSIST || ORDER == DQ_ORDER_PLAIN, "PERSIST: atomic and seqpar");
+  static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -391,12 +379,12 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
               if (qr.y > 0)
                 sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, false, true>(p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N,
                                                                       blk.y, blk.z, group, qr.x, qr.y, 0, it0,
-                                                                      kv_empty, j);
+                                                                      kv_empty, tile_j);
             });
       } else {
         sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x,
@@ -404,7 +392,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     } else if (threadIdx.x == 32 && (PERSIST || total1 > 0)) {  // the dQ writer
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
+        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
             p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int) {
               sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, true>(p, band, dq_full, dq_empty, dq_stage, blk.x,
                                                                      blk.y, blk.z, group, qr.x, qr.y, group * qr.y,
@@ -439,8 +427,8 @@ __global__ void __launch_bounds__(384, 1)
   const int dq_f0 = SPLIT_M ? 0 : 8 * cw;
   float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;
 
-  sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
-      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+  sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
     const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
     const int n0 = n_block * BLOCK_N, m_begin = qr.x, num_m = qr.y, total = group * num_m;
     const Mask<CAUSAL, MOD> mask_kv = PERSIST ? si.mask<CAUSAL, MOD>(p, batch, kv_head * group) : mask_kv1;
@@ -450,7 +438,7 @@ __global__ void __launch_bounds__(384, 1)
     zero_frags(acc_dk);
     zero_frags(acc_dv);
 
-    if (total > 0) mbar_wait(bar_kv, j & 1);
+    if (total > 0) mbar_wait(bar_kv, tile_j & 1);
     int h = 0, m = 0;
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring, dS^T buffers and dQ hand-offs
@@ -575,8 +563,8 @@ __global__ void __launch_bounds__(384, 1)
       frags_to_a<T>(acc_dp, dsa);
       // dS^T -> smem buffer gi % 2, rows = keys (this consumer's 64 from row 64 cw), 64-query chunks, swizzled: the
       // lane's words of k16 step k are queries 16 k + 2t (+ 8), rows 16 warp + g (+ 8); r % 8 == g. Over the soft-cap
-      // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of tile
-      // it - 2, the buffer's last readers, completed before the named barrier of tile it - 1.
+      // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of
+      // iteration gi - 2, the buffer's last readers, completed before the named barrier of iteration gi - 1.
       if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
       {
         unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (gi % 2) * L::DS_BYTES;
@@ -702,7 +690,8 @@ __global__ void __launch_bounds__(384, 1)
                     REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
-  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE)), "GROUP: the causal kernels only");
+  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && !PERSIST)),
+                "GROUP: the causal kernels only (the persistent form walks the launch's order)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -744,12 +733,12 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
               if (qr.y > 0)
                 sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, true>(
                     p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N, blk.y, blk.z, group, qr.x, qr.y,
-                    rot_of(blk.x, qr.y), it0, kv_empty, j);
+                    rot_of(blk.x, qr.y), it0, kv_empty, tile_j);
             });
       } else {
         sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(
@@ -773,8 +762,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
 
-  sm90_bwd_for_tiles<PERSIST, GROUP, BLOCK_M, BLOCK_N>(
-      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int j) {
+  sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
     const int n_block = blk.x, kv_head = blk.y, batch = blk.z, m_begin = qr.x, num_m = qr.y;
     const int n0 = n_block * BLOCK_N, total = group * num_m;
     const int rot = PERSIST ? rot_of(n_block, num_m) : rot1;
@@ -784,7 +773,7 @@ __global__ void __launch_bounds__(384, 1)
     zero_frags(acc_dk);
     zero_frags(acc_dv);
 
-    if (total > 0) mbar_wait(bar_kv, j & 1);
+    if (total > 0) mbar_wait(bar_kv, tile_j & 1);
     QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers

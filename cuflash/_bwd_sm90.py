@@ -88,8 +88,8 @@ CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
 # The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
-# while CAUSAL_GROUP is set); True / False force it where it can run (head dims SM90_BWD_PERSIST_HEADDIMS, "atomic" / "seqpar", no modifiers) or off (a diagnostic or a
-# test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
+# while CAUSAL_GROUP is set); True / False force it where it can run (head dims SM90_BWD_PERSIST_HEADDIMS, "atomic" /
+# "seqpar", no modifiers) or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
 # test: a few blocks walk many tiles each).
 PERSIST = None
 PERSIST_MAX_GRID = None

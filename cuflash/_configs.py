@@ -782,8 +782,9 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
-    if tile.persistent and order:
-        raise ValueError(f"the persistent form has order 0 (no \"ordered\"); got order={order!r}")
+    if tile.persistent and (order or group):
+        raise ValueError(f"the persistent form walks the launch's order (no \"ordered\", no group); got "
+                         f"order={order!r}, group={group!r}")
     if tile.split:
         if order:
             raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
@@ -807,11 +808,10 @@ SM90_BWD_PERSIST_HEADDIMS = (64, 128, 256)
 # bench.diag.bwd_persist_probe, bench/results/bwd-persist-probe.log), head dims 64 / 128: 1.01-1.07x at 512-1k,
 # 0.99-1.04x at 2k (causal head dim 64 1.03-1.04x), 0.98-1.02x at 4k (causal head dim 64 1.01-1.02x), 0.97-1.01x from
 # 8k (head dim 64 causal 16k 0.93-0.98x; the per-tile set-up it hides weighs less as blocks get longer, and its
-# consumers hold 232 registers, not 240);
-# head dim 256 (the column-split kernel, fp16): 1.01-1.05x at every length without a mask (512-16k) and 1.01-1.04x
-# causal at 512-4k. Under the causal mask at head dim 256 from 8k and at head dim 128 at 16k its static walk leaves
-# the blocks unequal: 0.63-0.72x (bench/diag/bwd_grid_model.py, persistent_overhead). The limits are the longest measured lengths
-# where it measured ahead.
+# consumers hold 232 registers, not 240); head dim 256 (the column-split kernel, fp16): 1.01-1.05x at every length
+# without a mask (512-16k) and 1.01-1.04x causal at 512-4k. Under the causal mask at head dim 256 from 8k and at head
+# dim 128 at 16k its static walk leaves the blocks unequal: 0.63-0.72x (bench/diag/bwd_grid_model.py,
+# persistent_overhead). The limits are the longest measured lengths where it measured ahead.
 SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                                        (256, False): 16384, (256, True): 4096}
 
@@ -833,9 +833,9 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
 
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
-    grouped causal kernels (sm90_bwd_causal_group) and the persistent forms of the plain and causal kernels (in the
-    launch's order: bench/diag/bwd_grid_model.py, persistent_overhead, puts the grouped order's static walk at up to
-    1.7x the ideal under the causal mask)."""
+    grouped causal kernels (sm90_bwd_causal_group) and the persistent forms of the plain and causal kernels (which
+    walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
+    call far more unequal)."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
     persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
                for c in (False, True)]

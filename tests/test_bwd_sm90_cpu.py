@@ -302,7 +302,8 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
     assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][1] == [-(-777 // 128), 2, 2]
-    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic" at 777 keys: the persistent form)
+    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic" at 777 keys: the
+    # persistent form)
     assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
     assert _configs.sm90_bwd_persistent(128, True, 0, 0, 777)  # (777 keys: the persistent form, in launch order)
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True,
@@ -471,27 +472,25 @@ def test_persistent_form_layout_and_rule():
             else:
                 assert _configs.sm90_bwd_persistent(d, causal, 0, 0, lim)
                 assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, lim + 1)
-    with pytest.raises(ValueError, match="persistent"):
-        _configs.sm90_bwd_spec("float16", 128, True, _configs.sm90_bwd_persist_tile(128),
-                               order=_configs.DQ_ORDER_KV_DESC)
+    for kw in (dict(order=_configs.DQ_ORDER_KV_DESC), dict(group=_configs.SM90_BWD_CAUSAL_GROUP)):
+        with pytest.raises(ValueError, match="persistent"):
+            _configs.sm90_bwd_spec("float16", 128, True, _configs.sm90_bwd_persist_tile(128), **kw)
 
 
 @pytest.mark.parametrize("n,hk,b", [(1, 1, 1), (7, 5, 3), (16, 16, 8), (17, 1, 3), (128, 2, 1)])
 @pytest.mark.parametrize("grid", [1, 3, 132, 1000])
-@pytest.mark.parametrize("group", [0, 4])
-def test_persistent_walk(n, hk, b, grid, group):
+def test_persistent_walk(n, hk, b, grid):
     """The persistent form's walk (bench/diag/bwd_grid_model.persistent_tiles, the Python form of Sm90BwdTiles):
     over the blocks of a grid of min(grid, tiles), every tile exactly once; block bid's first tile is the launch's
     block bid, and its tiles alternate between waves taken forwards and backwards."""
-    from bench.diag.bwd_grid_model import grouped_block, persistent_tiles
+    from bench.diag.bwd_grid_model import persistent_tiles
 
     count = n * hk * b
     g = min(grid, count)
-    walks = [persistent_tiles(bid, g, n, hk, b, group) for bid in range(g)]
+    walks = [persistent_tiles(bid, g, n, hk, b) for bid in range(g)]
     assert sorted(t for w in walks for t in w) == sorted((j, h, z) for j in range(n) for h in range(hk)
                                                          for z in range(b))
-    order = [grouped_block(lin, n, hk, b, group) if group else (lin % n, lin // n % hk, lin // (n * hk))
-             for lin in range(count)]
+    order = [(lin % n, lin // n % hk, lin // (n * hk)) for lin in range(count)]  # the launch's (KV tile fastest)
     for bid, w in enumerate(walks):
         assert w[0] == order[bid]
         assert all(t == order[k * g + (g - 1 - bid if k & 1 else bid)] for k, t in enumerate(w))
@@ -525,4 +524,5 @@ def test_persist_probe_model(capsys):
             assert abs(one - per) < 1e-12
     assert pp.model(128, 16384, 1, 16, 16, True)[1] > 1.4
     for (d, c), lim in _configs.SM90_BWD_PERSIST_MAX_SEQLEN_K.items():
-        assert d in _configs.SM90_BWD_PERSIST_HEADDIMS and pp.model(d, lim, 16384 // lim, 2048 // d, 2048 // d, c)[1] < 1.05
+        assert d in _configs.SM90_BWD_PERSIST_HEADDIMS
+        assert pp.model(d, lim, 16384 // lim, 2048 // d, 2048 // d, c)[1] < 1.05

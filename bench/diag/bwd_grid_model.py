@@ -47,30 +47,26 @@ def grouped_block(lin, n_tiles, kv_heads, batch, group):
     return r // size, pair % kv_heads, pair // kv_heads
 
 
-def persistent_tiles(bid, grid, n_tiles, kv_heads, batch, group=0):
+def persistent_tiles(bid, grid, n_tiles, kv_heads, batch):
     """The persistent form's tiles (KV tile, KV head, batch) of block `bid` of `grid` in its order (cuda_src/
     flash_bwd_sm90.cu, Sm90BwdTiles, in Python): wave k's linear index k grid + bid, for odd k k grid + grid - 1 - bid,
-    mapped as the launch's blocks (GROUP = `group`: grouped_block; 0: the KV tile fastest), until one is past the
-    last."""
+    mapped as the launch's blocks (the KV tile fastest), until one is past the last."""
     count, out, k = n_tiles * kv_heads * batch, [], 0
     while True:
         lin = k * grid + (grid - 1 - bid if k & 1 else bid)
         if lin >= count:
             return out
-        if group:
-            out.append(grouped_block(lin, n_tiles, kv_heads, batch, group))
-        else:
-            pair = lin // n_tiles
-            out.append((lin - pair * n_tiles, pair % kv_heads, pair // kv_heads))
+        pair = lin // n_tiles
+        out.append((lin - pair * n_tiles, pair % kv_heads, pair // kv_heads))
         k += 1
 
 
-def persistent_overhead(seqlen, heads, batch, block_m, causal, group=0, sms=SMS, block_n=BLOCK_N):
+def persistent_overhead(seqlen, heads, batch, block_m, causal, sms=SMS, block_n=BLOCK_N):
     """Makespan / ideal of the persistent form: each block's tiles fixed by persistent_tiles (no dynamic balance)."""
     lengths = block_lengths(seqlen, block_m, causal, block_n)
     n = len(lengths)
     grid = min(sms, n * heads * batch)
-    loads = [sum(lengths[j] for j, _, _ in persistent_tiles(bid, grid, n, heads, batch, group)) for bid in range(grid)]
+    loads = [sum(lengths[j] for j, _, _ in persistent_tiles(bid, grid, n, heads, batch)) for bid in range(grid)]
     return max(loads) / (sum(loads) / sms)
 
 

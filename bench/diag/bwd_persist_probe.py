@@ -37,7 +37,8 @@ def points(quick=False, seqlens=SEQLENS, headdims=(64, 128), dtypes=("float16", 
 
 
 def model(d, s, b, h, hk, causal):
-    """(one-tile makespan / ideal in the configured dispatch order, the persistent form's), bench/diag/bwd_grid_model."""
+    """(one-tile makespan / ideal in the configured dispatch order, the persistent form's): bench/diag/
+    bwd_grid_model."""
     from cuflash._configs import SM90_BWD_TILES, sm90_bwd_causal_group
 
     from .bwd_grid_model import overhead, persistent_overhead

@@ -122,6 +122,54 @@ struct Sm90BwdTiles {
     const int lin = k * G + (k & 1 ? G - 1 - bid : bid), pair = lin / n;
     return lin < n * ny * (int)p.batch ? make_int3(lin - pair * n, pair % ny, pair / ny) : make_int3(-1, 0, 0);
   }
+  // the launch's tile count, and its tile `lin` in the linear order
+  __device__ __forceinline__ int count() const {
+    return ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N * (int)(p.nheads / p.heads_per_kv) * (int)p.batch;
+  }
+  __device__ __forceinline__ int3 of(int lin) const {
+    const int n = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N, ny = (int)(p.nheads / p.heads_per_kv), pair = lin / n;
+    return make_int3(lin - pair * n, pair % ny, pair / ny);
+  }
+};
+
+// Stream-K (the kernel's SK: the persistent form without a mask, so every tile has the same n_it iterations). The
+// first C / G - 1 waves of the C tiles go out whole, as the fixed walk's; the iterations of the remaining tiles
+// (between G and 2G - 1 of them) are cut into G equal ranges in tile order, block b taking range b, so that the
+// blocks' work differs by a partial tile's epilogue rather than by a whole tile (the fixed walk's part-empty last
+// wave). Each range holds at least n_it iterations, so a tile has at most two parts: its head [0, i), the last
+// segment of block b, and its tail [i, n_it), the first segment past the whole waves of block b + 1. The tail's
+// block stores its partial dK, dV (fp32, unscaled) in its slot of the workspace and raises its flag; the head's
+// block, which reaches the end of its range last, waits for the flag, adds the partial to its own and stores the
+// tile's dK, dV (a fixed order of the two sums: deterministic). The workspace (p.sk_workspace, cuflash/_walk.py):
+// an int flag per block (every launch leaves them zero), then from byte SM90_BWD_SK_DATA_OFFSET one slot per block of
+// 256 consumer threads x 2 DF float4s, thread-major. p.sk_workspace null (a launch captured into a CUDA graph): every
+// tile whole, the fixed walk's waves.
+constexpr int SM90_BWD_SK_DATA_OFFSET = 4096;  // cuflash/_walk.py: SK_FLAG_BYTES
+enum Sm90BwdPart { PART_WHOLE = 0, PART_TAIL = 1, PART_HEAD = 2 };
+struct Sm90BwdSeg {
+  int lin, i0, i1;  // the tile (-1: none), its iterations [i0, i1)
+};
+struct Sm90BwdStreamK {
+  // segment s past the whole waves of this block, over `count` tiles of n_it iterations (64-bit: no host rule)
+  __device__ __forceinline__ static Sm90BwdSeg segment(int count, int n_it, int s) {
+    const int G = (int)gridDim.x, b = (int)blockIdx.x;
+    const int dp = (count / G - 1) * G;
+    const int64_t u = (int64_t)(count - dp) * n_it;
+    const int64_t lo = u * b / G, hi = u * (b + 1) / G;
+    const int tt = (int)(lo / n_it) + s;
+    const int64_t t0 = (int64_t)tt * n_it, start = max(lo, t0);
+    if (start >= hi) return Sm90BwdSeg{-1, 0, 0};
+    return Sm90BwdSeg{dp + tt, (int)(start - t0), (int)(min(hi - t0, (int64_t)n_it))};
+  }
+  __device__ __forceinline__ static int* flag(const BwdParams& p, int block) {
+    return reinterpret_cast<int*>(p.sk_workspace) + block;
+  }
+  // consumer thread c's first float4 of block `block`'s slot (its fragment f at + f * 256)
+  template <int DF>
+  __device__ __forceinline__ static float4* part(const BwdParams& p, int block, int c) {
+    return reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p.sk_workspace) + SM90_BWD_SK_DATA_OFFSET) +
+           (size_t)block * 2 * DF * 256 + c;
+  }
 };
 
 // The band of visible keys a KV tile's Q tiles are found from (attn/block.cuh): the causal diagonal and the window's
@@ -203,12 +251,12 @@ struct QTileWalk {
 // completing on full[s].
 // PERSIST (the persistent form): the block's tile j (of those with work), whose iterations follow it0 earlier ones in
 // the stage ring; K and V are loaded once the consumers have released tile j - 1's (kv_empty), after the first Q
-// tile's loads, which only wait for their stage.
+// tile's loads, which only wait for their stage. [i0, i1): a stream-K segment's iterations (i1 < 0: all).
 template <class L, int BLOCK_M, int STAGES, int ORDER, bool ROT = false, bool PERSIST = false>
 __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdMaps& maps, unsigned char* sm,
                                               uint64_t* bar_kv, uint64_t* full, uint64_t* empty, int n0, int kv_head,
                                               int batch, int group, int m_begin, int num_m, int rot, int it0 = 0,
-                                              uint64_t* kv_empty = nullptr, int j = 0) {
+                                              uint64_t* kv_empty = nullptr, int j = 0, int i0 = 0, int i1 = -1) {
   constexpr int BLOCK_N = L::BLOCK_N, CH = L::CH;
   auto load_kv = [&]() {
     if constexpr (PERSIST) mbar_wait(kv_empty, (j & 1) ^ 1);
@@ -220,8 +268,10 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
     }
   };
   if constexpr (!PERSIST) load_kv();
-  const int total = group * num_m;
+  const int total = i1 < 0 ? group * num_m : i1 - i0;  // (i0, i1: a stream-K segment's iterations)
   QTileWalk<ROT> walk;
+  walk.h = i0 / num_m;
+  walk.m = i0 - walk.h * num_m;
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
     const int s = (it0 + it) % STAGES, ph = ((it0 + it) / STAGES) & 1;
@@ -243,20 +293,21 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
   }
 }
 
-// The dQ writer (one lane of the producer warpgroup) over one tile's `total` iterations, which follow it0 earlier
-// ones of the block: each staged dQ tile handed to the TMA unit as one bulk operation -- a reduction into the
+// The dQ writer (one lane of the producer warpgroup) over `total` iterations of one tile from its iteration i0, which
+// follow it0 earlier ones of the block: each staged dQ tile handed to the TMA unit as one bulk operation -- a reduction into the
 // accumulator ("atomic"), the same in KV-tile order ("ordered": not in the persistent form) or a store into the KV
 // tile's own buffer ("seqpar").
 template <class L, int D, int BLOCK_M, int BLOCK_N, int ORDER, bool PERSIST, class M>
 __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& band, uint64_t* dq_full,
                                                   uint64_t* dq_empty, float* dq_stage, int n_block, int kv_head,
-                                                  int batch, int group, int m_begin, int num_m, int total, int it0) {
+                                                  int batch, int group, int m_begin, int num_m, int total, int it0,
+                                                  int i0 = 0) {
   const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
   const bool ordered = !PERSIST && strategy == DQ_ORDERED;
   const int64_t ws_rows = bwd_ws_rows(p, false);
   int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
   const uint32_t src = smem_addr(dq_stage);
-  int h = 0, m = 0;
+  int h = i0 / num_m, m = i0 - h * num_m;  // (i0: a stream-K segment's first iteration)
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
     const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
@@ -294,31 +345,51 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
 
 // A block's tiles (KV tile, KV head, batch), each as fn(tile, its Q tiles [x, x + y) -- those that see the KV tile;
 // a tile's iterations are (query head, Q tile) --, the iterations of the block's tiles before it, the number of its
-// tiles with work before it): the launch's one (blk1, qr1), or the persistent form's walk (Sm90BwdTiles).
-template <bool PERSIST, int BLOCK_M, int BLOCK_N, class M, class F>
+// tiles with work before it, the iterations [i0, i1) of the tile the block runs, which part of the tile that is
+// (Sm90BwdPart)): the launch's one (blk1, qr1), or the persistent form's walk (Sm90BwdTiles), with SK its stream-K
+// segments past the whole waves (Sm90BwdStreamK).
+template <bool PERSIST, bool SK, int BLOCK_M, int BLOCK_N, class M, class F>
 __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const SeqInfo& si, const M& band, int group,
                                                    const int3& blk1, const int2& qr1, F&& fn) {
   if constexpr (PERSIST) {
     const Sm90BwdTiles<BLOCK_N> tiles{p};
     int it0 = 0, j = 0;
+    // SK with a workspace: C / G - 1 whole waves, then the segments (every tile's Q tiles alike: no mask)
+    const bool sk = SK && p.sk_workspace != nullptr;
+    const int waves = sk ? tiles.count() / (int)gridDim.x - 1 : 0;
 #pragma unroll 1
-    for (int k = 0;; ++k) {
+    for (int k = 0; !sk || k < waves; ++k) {
       const int3 blk = tiles.at(k);
       if (blk.x < 0) break;
       const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, blk.x * BLOCK_N);
-      fn(blk, qr, it0, j);
+      fn(blk, qr, it0, j, 0, group * qr.y, PART_WHOLE);
       if (qr.y > 0) {
         it0 += group * qr.y;
         ++j;
       }
     }
+    if constexpr (SK) {
+      if (sk) {
+        const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, 0);
+        const int n_it = group * qr.y, count = tiles.count();
+#pragma unroll 1
+        for (int s = 0;; ++s) {
+          const Sm90BwdSeg sg = Sm90BwdStreamK::segment(count, n_it, s);
+          if (sg.lin < 0) break;
+          fn(tiles.of(sg.lin), qr, it0, j, sg.i0, sg.i1,
+             sg.i0 > 0 ? PART_TAIL : sg.i1 < n_it ? PART_HEAD : PART_WHOLE);
+          it0 += sg.i1 - sg.i0;
+          ++j;
+        }
+      }
+    }
   } else {
-    fn(blk1, qr1, 0, 0);
+    fn(blk1, qr1, 0, 0, 0, group * qr1.y, PART_WHOLE);
   }
 }
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false, bool SK = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES, PERSIST>;
@@ -341,6 +412,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
+  static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -379,12 +451,13 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
+        sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1,
+            [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int) {
               if (qr.y > 0)
                 sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, false, true>(p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N,
                                                                       blk.y, blk.z, group, qr.x, qr.y, 0, it0,
-                                                                      kv_empty, tile_j);
+                                                                      kv_empty, tile_j, i0, i1);
             });
       } else {
         sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x,
@@ -392,11 +465,11 @@ __global__ void __launch_bounds__(384, 1)
       }
     } else if (threadIdx.x == 32 && (PERSIST || total1 > 0)) {  // the dQ writer
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int) {
+        sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int, int i0, int i1, int) {
               sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, true>(p, band, dq_full, dq_empty, dq_stage, blk.x,
-                                                                     blk.y, blk.z, group, qr.x, qr.y, group * qr.y,
-                                                                     it0);
+                                                                     blk.y, blk.z, group, qr.x, qr.y, i1 - i0, it0,
+                                                                     i0);
             });
       } else {
         sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, false>(p, band, dq_full, dq_empty, dq_stage, blk1.x, blk1.y,
@@ -427,10 +500,11 @@ __global__ void __launch_bounds__(384, 1)
   const int dq_f0 = SPLIT_M ? 0 : 8 * cw;
   float* dq_band = dq_stage + (row_q / 16) * 16 * D + 4 * lane;
 
-  sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
-      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
+  sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1,
+      [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int part) {
     const int n_block = blk.x, kv_head = blk.y, batch = blk.z;
-    const int n0 = n_block * BLOCK_N, m_begin = qr.x, num_m = qr.y, total = group * num_m;
+    const int n0 = n_block * BLOCK_N, m_begin = qr.x, num_m = qr.y, total = i1 - i0;
     const Mask<CAUSAL, MOD> mask_kv = PERSIST ? si.mask<CAUSAL, MOD>(p, batch, kv_head * group) : mask_kv1;
     // the warp's first key: its fragments hold keys key_w + g (+ 8)
     const int key_w = PERSIST ? n0 + 64 * cw + 16 * warp : key_w1;
@@ -439,7 +513,7 @@ __global__ void __launch_bounds__(384, 1)
     zero_frags(acc_dv);
 
     if (total > 0) mbar_wait(bar_kv, tile_j & 1);
-    int h = 0, m = 0;
+    int h = i0 / num_m, m = i0 - h * num_m;
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring, dS^T buffers and dQ hand-offs
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
@@ -620,6 +694,42 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(dq_full);
     }
 
+    if constexpr (SK) {  // a stream-K part (Sm90BwdStreamK): the tail's partial to the workspace, or merged into the head
+      const int c = threadIdx.x - 128;
+      if (part == PART_TAIL) {
+        float4* dst = Sm90BwdStreamK::part<DF>(p, (int)blockIdx.x, c);
+#pragma unroll
+        for (int f = 0; f < DF; ++f) {
+          __stcg(dst + f * 256, make_float4(acc_dk[f][0], acc_dk[f][1], acc_dk[f][2], acc_dk[f][3]));
+          __stcg(dst + (DF + f) * 256, make_float4(acc_dv[f][0], acc_dv[f][1], acc_dv[f][2], acc_dv[f][3]));
+        }
+        named_bar_sync(1, 256);  // every consumer thread's stores before the release (cumulative through the barrier)
+        if (c == 0) red_release_gpu_add(Sm90BwdStreamK::flag(p, (int)blockIdx.x), 1);
+        return;
+      }
+      if (part == PART_HEAD) {
+        if (c == 0) {
+          int* fl = Sm90BwdStreamK::flag(p, (int)blockIdx.x + 1);
+          while (ld_acquire_gpu(fl) == 0) {
+          }
+          *fl = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
+        }
+        named_bar_sync(1, 256);
+        const float4* src = Sm90BwdStreamK::part<DF>(p, (int)blockIdx.x + 1, c);
+#pragma unroll
+        for (int f = 0; f < DF; ++f) {
+          const float4 a = __ldcg(src + f * 256), b = __ldcg(src + (DF + f) * 256);
+          acc_dk[f][0] += a.x;
+          acc_dk[f][1] += a.y;
+          acc_dk[f][2] += a.z;
+          acc_dk[f][3] += a.w;
+          acc_dv[f][0] += b.x;
+          acc_dv[f][1] += b.y;
+          acc_dv[f][2] += b.z;
+          acc_dv[f][3] += b.w;
+        }
+      }
+    }
     // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
     store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
                          reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
@@ -733,8 +843,8 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
+        sm90_bwd_for_tiles<PERSIST, false, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j, int, int, int) {
               if (qr.y > 0)
                 sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, true>(
                     p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N, blk.y, blk.z, group, qr.x, qr.y,
@@ -762,8 +872,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
 
-  sm90_bwd_for_tiles<PERSIST, BLOCK_M, BLOCK_N>(
-      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j) {
+  sm90_bwd_for_tiles<PERSIST, false, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j, int, int, int) {
     const int n_block = blk.x, kv_head = blk.y, batch = blk.z, m_begin = qr.x, num_m = qr.y;
     const int n0 = n_block * BLOCK_N, total = group * num_m;
     const int rot = PERSIST ? rot_of(n_block, num_m) : rot1;

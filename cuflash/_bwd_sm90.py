@@ -9,7 +9,8 @@ the head dims of the column-split kernel (256) dq_strategy="ordered".
 
 The main kernel runs one block per (KV tile, KV head, batch), or in its persistent form (`persistent_form`:
 cuflash._configs.sm90_bwd_persistent, head dims 64, 128 and 256 up to a key count per head dim and mask) on a 1-d grid
-of at most one block per SM (`main_grid`).
+of at most one block per SM (`main_grid`), which without a mask may walk its last waves by stream-K (`stream_k_form`:
+cuflash._configs.sm90_bwd_stream_k; its workspace per (device, stream), cuflash._walk).
 
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import ctypes
 
+from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
                        SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
-                       sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_tile)
+                       sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
+                       sm90_bwd_stream_k_tile, sm90_bwd_tile)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -33,6 +36,7 @@ from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 # Sm90BwdMaps (q, k, v, dout) at the forward's offset in the same per-thread parameter buffer (_fwd_sm90._scratch)
 ARGS_BYTES = 4 * MAP_BYTES
 assert BWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
+SK_WS_OFFSET = BWD_PARAMS.offsets()["sk_workspace"][0]  # stream-K's workspace pointer, put in per call
 
 
 def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_partition="auto",
@@ -93,6 +97,9 @@ CAUSAL_GROUP = None
 # test: a few blocks walk many tiles each).
 PERSIST = None
 PERSIST_MAX_GRID = None
+# Stream-K (cuflash._configs.sm90_bwd_stream_k): None, the configuration's choice (none while PERSIST is False); True /
+# False force it where it can run (sm90_bwd_stream_k_eligible, "atomic" / "seqpar": the persistent form then too) or off.
+STREAM_K = None
 
 
 def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
@@ -103,6 +110,16 @@ def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
     if PERSIST is None and causal and CAUSAL_GROUP is not None:  # a dispatch order asked for: one block per tile
         return False
     return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k) if PERSIST is None else bool(PERSIST)
+
+
+def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid) -> bool:
+    """Whether the main kernel of a call takes the stream-K form (STREAM_K, else the configuration) on a persistent
+    grid of `grid` blocks over `tiles` tiles."""
+    if strategy not in ("atomic", "seqpar") or not sm90_bwd_stream_k_eligible(d, causal, mod, seqlen_k, tiles, grid):
+        return False
+    if STREAM_K is None:
+        return PERSIST is not False and sm90_bwd_stream_k(d, causal, mod, seqlen_k, tiles, grid)
+    return bool(STREAM_K)
 
 
 def main_grid(persistent, n_blocks, kv_heads, batch, device):
@@ -116,9 +133,10 @@ def main_grid(persistent, n_blocks, kv_heads, batch, device):
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
-    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent) of an eligible call;
-    strategy: the dQ strategy's name ("ordered" with the causal mask: the kernel of CAUSAL_ORDER); seqlen_k: the
-    keys per sequence (None: packed sequences), which the dispatch order's and the persistent form's choices read."""
+    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
+    workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered" with the causal mask:
+    the kernel of CAUSAL_ORDER); seqlen_k: the keys per sequence (None: packed sequences), which the dispatch order's
+    and the persistent and stream-K forms' choices read."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = CAUSAL_ORDER if strategy == "ordered" and causal else DQ_ORDER_PLAIN
@@ -126,23 +144,33 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     if causal and not mod and order == DQ_ORDER_PLAIN:
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k)
+    sk = 0
+    if seqlen_k is not None and not tile.split:
+        n_blocks, hk, b = -(-seqlen_k // tile.block_n), ka.shape[2], ka.shape[0]
+        grid = main_grid(True, n_blocks, hk, b, qa.device)[0]
+        if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid):
+            persistent, sk = True, _walk.bwd_sk_bytes(grid, d)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
-        tile, group = sm90_bwd_persist_tile(d), 0
+        tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
             attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
-    return spec, tile.block_n, maps, persistent
+    return spec, tile.block_n, maps, persistent, sk
 
 
 def run_plan(plan, dp, qp, kp, vp, op, lp):
-    """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv)."""
+    """One call of a cuflash.backward._BwdPlan whose main kernel is the sm90 one (plan.maps set): (dq, dk, dv). A
+    stream-K plan (plan.sk: its workspace's bytes) puts in the stream's workspace (cuflash._walk.sk_workspace: none
+    while the stream is captured, and the kernel then walks whole tiles)."""
     (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = plan.outs()
     o_lse, o_delta, o_acc = plan.ws_off
     mb = memo_args(plan.encoded, plan.maps, (qp, kp, vp, dp))
     buf, base, argv, _ = _scratch()
     plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *plan.rest)
+    if plan.sk:
+        _walk.put_ptr(buf, SK_WS_OFFSET, _walk.sk_workspace(plan.device, stream, plan.sk))
     ctypes.memmove(base + MAPS_OFFSET, mb, ARGS_BYTES)
     plan.launch_packed(stream, argv)
     return dq, dk, dv

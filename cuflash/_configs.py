@@ -690,7 +690,9 @@ class Sm90BwdTile:
     warpgroups of 64 keys each (block_n = 128 keys per block), block_m query rows per Q / dO stage; split: the
     column-split form (flash_bwd_sm90_split_kernel, head dim 256): block_n = 64 keys, the consumers each holding dK
     and dV of half the columns, block_m = 64; persistent: the kernel's PERSIST (a grid of at most one block per SM
-    walking the tiles, each tile's K / V load under the previous tile's epilogue; not in the column-split form)."""
+    walking the tiles, each tile's K / V load under the previous tile's epilogue); stream_k: the kernel's SK (the
+    persistent form without a mask, the last waves' iterations cut into one equal range per block: Sm90BwdStreamK;
+    the 128-key kernel)."""
 
     block_m: int
     stages: int = 2
@@ -700,6 +702,7 @@ class Sm90BwdTile:
     threads: int = 384
     split: bool = False
     persistent: bool = False
+    stream_k: bool = False
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -785,6 +788,9 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if tile.persistent and (order or group):
         raise ValueError(f"the persistent form walks the launch's order (no \"ordered\", no group); got "
                          f"order={order!r}, group={group!r}")
+    if tile.stream_k and (not tile.persistent or tile.split or causal or mod):
+        raise ValueError(f"stream-K is a persistent form of the 128-key kernel without a mask; got causal={causal!r}, "
+                         f"mod={mod!r}, persistent={tile.persistent!r}, split={tile.split!r}")
     if tile.split:
         if order:
             raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
@@ -793,7 +799,8 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
-    tail = (f", {mod}, {order}, {group}, true" if tile.persistent else f", {mod}, {order}, {group}" if group else
+    tail = (f", {mod}, {order}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
+            f", {mod}, {order}, {group}" if group else
             f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
             f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
@@ -831,14 +838,48 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
             and seqlen_k is not None and seqlen_k <= limit)
 
 
+# Stream-K (Sm90BwdTile.stream_k, the kernel's SK; cuda_src/flash_bwd_sm90.cu Sm90BwdStreamK): the persistent form of
+# the 128-key kernel without a mask, its last waves' (query head, Q tile) iterations cut into one equal range per
+# block, so that the part-empty last wave of a tile count that is no multiple of the grid (the FA2 grid at head dims
+# 64 and 128: 4096 and 2048 tiles on 132 SMs, 3.1% of the time in the list model) is spread over every block; a tile
+# split between two blocks is finished by the one that began it, adding the other's partial dK, dV from the
+# workspace (cuflash/_walk.py). The walk is the forward's (stream_k_segment, with a tile's iterations for its K / V
+# tiles), in 64-bit arithmetic. SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per sequence where
+# calls take it (none listed: only where forced, cuflash._bwd_sm90.STREAM_K).
+SM90_BWD_SK_HEADDIMS = (64, 128)
+SM90_BWD_SK_SEQLEN_K: dict = {}
+SM90_BWD_SK_MAX_GRID = 4 * SM90_SK_MAX_GRID  # one int flag per block in the workspace's flags (the forward's 4 KB)
+
+
+def sm90_bwd_stream_k_eligible(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int,
+                               grid: int) -> bool:
+    """Whether a backward launch can take stream-K: kernel head dim 64 or 128, no mask, fixed lengths, more tiles than
+    blocks and a part-empty last wave, a grid the flags cover."""
+    return (headdim in SM90_BWD_SK_HEADDIMS and not causal and not mod and seqlen_k is not None and tiles > grid
+            and tiles % grid != 0 and grid <= SM90_BWD_SK_MAX_GRID)
+
+
+def sm90_bwd_stream_k(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int) -> bool:
+    """Whether the configuration takes stream-K for such a launch (SM90_BWD_SK_SEQLEN_K)."""
+    rng = SM90_BWD_SK_SEQLEN_K.get(headdim)
+    return (rng is not None and sm90_bwd_stream_k_eligible(headdim, causal, mod, seqlen_k, tiles, grid)
+            and rng[0] <= seqlen_k <= rng[1])
+
+
+def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
+    """The stream-K form of the head dim's persistent tile (the same registers and shared memory)."""
+    return replace(sm90_bwd_persist_tile(headdim), stream_k=True)
+
+
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
-    grouped causal kernels (sm90_bwd_causal_group) and the persistent forms of the plain and causal kernels (which
+    grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
-    call far more unequal)."""
+    call far more unequal) and the stream-K forms of the plain 128-key kernels."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
     persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
                for c in (False, True)]
+    persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_stream_k_tile(d)) for dt in DTYPES for d in SM90_BWD_SK_HEADDIMS]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
@@ -1369,6 +1410,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                             out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))
                         if not m and SM90_BWD_PERSIST_MAX_SEQLEN_K.get((d, c)) is not None:  # the persistent form
                             out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)))
+                        if not m and not c and SM90_BWD_SK_SEQLEN_K.get(d) is not None:  # stream-K
+                            out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_stream_k_tile(d)))
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),

@@ -155,7 +155,7 @@ BWD_PARAMS = ParamBlock("BwdParams", (
            "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
-    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,
+    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS, ("sk_workspace", POINTER),
 ))
 # struct V1FwdParams (FlashAttention-1 forward).
 V1_FWD_PARAMS = ParamBlock("V1FwdParams", (

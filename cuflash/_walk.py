@@ -12,7 +12,8 @@ counter. A stream destroyed while such a launch is still queued on it and a new 
 would share its slot; CUDA reuses handles, so that is possible in principle and not guarded against. The per-thread
 default stream has one handle for every thread's own stream: its launches are keyed by the thread as well.
 
-Stream-K's workspace (`sk_workspace`): a flag per (block, consumer warpgroup) and each one's partial state. Every
+Stream-K's workspace (`sk_workspace`): a flag per (block, consumer warpgroup) and each one's partial state (the
+Hopper backward's stream-K: a flag per block and its partial dK, dV; `bwd_sk_bytes`). Every
 launch leaves the flags zero, so a (device, stream) keeps one workspace, zeroed once, stream-ordered, when it is made
 (or outgrown: the old one is kept, as launches queued before may still use it). A launch captured into a CUDA graph
 takes no stream-K (the kernel walks in fixed waves; `sk_workspace` returns 0): a workspace of its own for each
@@ -81,6 +82,14 @@ def slot(device: int, stream: int) -> int:
     if s is None:
         s = _stream_slots[key] = _new_slot()
     return s
+
+
+def bwd_sk_bytes(grid: int, headdim: int) -> int:
+    """The Hopper backward's stream-K workspace at a grid of `grid` blocks and a kernel head dim (cuda_src/
+    flash_bwd_sm90.cu, Sm90BwdStreamK): the flags (one int per block, in the forward's SK_FLAG_BYTES), then per block
+    256 consumer threads' partial dK and dV, 2 x DP / 8 float4."""
+    dp = -(-headdim // 64) * 64
+    return SK_FLAG_BYTES + grid * 2 * (dp // 8) * 256 * 16
 
 
 def sk_bytes(grid: int, nwg: int, headdim: int) -> int:

@@ -104,7 +104,7 @@ class _BwdPlan(HostPlan):
     dv and one fp32 workspace (lse_log2, delta, dQ accumulator) and launches preprocess, main and dQ-convert
     kernels with one parameter block."""
 
-    __slots__ = ("outs", "ws_off", "strategy", "backend", "maps", "encoded")
+    __slots__ = ("outs", "ws_off", "strategy", "backend", "maps", "encoded", "sk")
 
     def run(self, dp, qp, kp, vp, op, lp, *cu):
         """cu: a packed plan's (cu_seqlens_q, cu_seqlens_k) pointers."""
@@ -176,13 +176,13 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "'seqpar' there, and its dQ buffers do not fit the free memory")
         return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
                           packed, "sm80")
-    persistent = False
+    persistent, sk_bytes = False, 0
     if path == "sm90":
-        main_spec, block_n, maps, persistent = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                                     sk if packed is None else None)
+        main_spec, block_n, maps, persistent, sk_bytes = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
+                                                                               sk if packed is None else None)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
-    p.strategy, p.backend, p.maps, p.encoded = strategy, path, maps, {}
+    p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, {}, sk_bytes
     sems = rows // 64 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh)
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d) + sems,), float32=True))
@@ -195,7 +195,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         **contiguous_fields("dv", c4(dkv_shape)),
         batch=b, nheads=h, heads_per_kv=h // hk, seqlen_q=sq, seqlen_k=sk, seqlen_q_pad=sq_pad,
         dq_strategy=DQ_STRATEGIES[strategy], num_dq_splits=splits, softmax_scale=softmax_scale,
-        **mod_fields(mods, softmax_scale, hd))
+        **mod_fields(mods, softmax_scale, hd), sk_workspace=0)
     dynamic = ("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv")
     if packed is None:
         p.bind(BWD_PARAMS, dynamic, cu_seqlens_q=0, cu_seqlens_k=0, **fields)

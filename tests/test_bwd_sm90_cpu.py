@@ -97,23 +97,33 @@ for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 
                     ("longest grouped", (1, 64, 8192, 2, 2, 128))):
     rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
     res["default " + name] = rec[1][0]
-# the persistent form (cuflash._bwd_sm90.PERSIST forced on; PERSIST_MAX_GRID): the kernel and grid it launches
-_bwd_sm90.PERSIST = True
-for cap in (None, 5):
-    _bwd_sm90.PERSIST_MAX_GRID = cap
+# the persistent form and stream-K forced on (cuflash._bwd_sm90.PERSIST, STREAM_K; PERSIST_MAX_GRID): the kernel, grid
+# and parameter bytes (stream-K's workspace pointer is put in per call) of each call's main kernel
+from cuflash import _walk
+_walk.sk_workspace = lambda device, stream, nbytes: 0x7000_0000 + nbytes  # (a fake address that names the size)
+FORCED = {"d128": ((2, 300, 777, 8, 2, 128), {}), "d128 causal": ((2, 300, 777, 8, 2, 128), dict(causal=True)),
+          "d48 seqpar": ((2, 300, 777, 8, 2, 48), dict(dq_strategy="seqpar")), "many tiles": ((4, 64, 8000, 8, 8, 64), {}),
+          "whole waves": ((4, 64, 8000, 8, 8, 64), dict(dq_strategy="seqpar")),
+          "ordered": ((2, 300, 777, 8, 2, 128), dict(deterministic=True)),
+          "window": ((2, 300, 777, 8, 2, 128), dict(window_size=(100, 0))), "d96": ((2, 300, 777, 8, 2, 96), {}),
+          "d256": ((2, 300, 777, 8, 2, 256), {}), "d256 window": ((2, 300, 777, 8, 2, 256), dict(window_size=(100, 0)))}
+def forced(knob, prefix, names, grids=None):
+    setattr(_bwd_sm90, knob, True)
+    for cap in (None, 5):
+        for name in names:
+            shape, kw = FORCED[name]
+            _bwd_sm90.PERSIST_MAX_GRID = (grids or {}).get((name, cap), cap)
+            bwd_mod._PLANS.clear()
+            rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
+            res[f"{prefix} {cap} {name}"] = rec[1]
+    setattr(_bwd_sm90, knob, None)
+    _bwd_sm90.PERSIST_MAX_GRID = None
     bwd_mod._PLANS.clear()
-    for name, shape, kw in (("d128", (2, 300, 777, 8, 2, 128), {}), ("d128 causal", (2, 300, 777, 8, 2, 128),
-                                                                       dict(causal=True)),
-                            ("d48 seqpar", (2, 300, 777, 8, 2, 48), dict(dq_strategy="seqpar")),
-                            ("many tiles", (4, 64, 8000, 8, 8, 64), {}),
-                            ("ordered", (2, 300, 777, 8, 2, 128), dict(deterministic=True)),
-                            ("window", (2, 300, 777, 8, 2, 128), dict(window_size=(100, 0))),
-                            ("d96", (2, 300, 777, 8, 2, 96), {}), ("d256", (2, 300, 777, 8, 2, 256), {}),
-                            ("d256 window", (2, 300, 777, 8, 2, 256), dict(window_size=(100, 0)))):
-        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
-        res[f"persist {cap} {name}"] = rec[1][:2]
-_bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = None, None
-bwd_mod._PLANS.clear()
+forced("PERSIST", "persist", ("d128", "d128 causal", "d48 seqpar", "many tiles", "ordered", "window", "d96", "d256",
+                              "d256 window"))
+# (2016 tiles in whole waves of 126 or 4 blocks: "whole waves")
+forced("STREAM_K", "sk", ("d128", "d128 causal", "d48 seqpar", "many tiles", "whole waves", "window", "d96", "d256"),
+       {("whole waves", None): 126, ("whole waves", 5): 4})
 """
 
 
@@ -447,10 +457,10 @@ def test_persistent_form_launches(res, cap):
                                    ("d48 seqpar", 64, False, 7 * 2 * 2), ("many tiles", 64, False, 63 * 8 * 4),
                                    ("d256", 256, False, 13 * 2 * 2)):
         spec = _configs.sm90_bwd_spec("float16", d, causal, _configs.sm90_bwd_persist_tile(d))
-        assert res[f"persist {cap} {name}"] == [spec.name, [min(tiles, lim), 1, 1]], name
+        assert res[f"persist {cap} {name}"][:2] == [spec.name, [min(tiles, lim), 1, 1]], name
         assert spec.name.endswith(", 0, 0, true>") and spec in _configs.sm90_bwd_specs()
     for name, d in (("ordered", 128), ("window", 128), ("d96", 96), ("d256 window", 256)):
-        kernel, grid = res[f"persist {cap} {name}"]
+        kernel, grid = res[f"persist {cap} {name}"][:2]
         assert not kernel.endswith(", true>") and grid == [-(-777 // _configs.sm90_bwd_tile(d).block_n), 2, 2], name
 
 
@@ -526,3 +536,136 @@ def test_persist_probe_model(capsys):
     for (d, c), lim in _configs.SM90_BWD_PERSIST_MAX_SEQLEN_K.items():
         assert d in _configs.SM90_BWD_PERSIST_HEADDIMS
         assert pp.model(d, lim, 16384 // lim, 2048 // d, 2048 // d, c)[1] < 1.05
+
+
+@pytest.mark.parametrize("cap", [None, 5])
+def test_stream_k_launches(res, cap):
+    """Forced on, stream-K runs the plain calls of kernel head dims 64 and 128 ("atomic" and "seqpar") whose tile
+    count is above the grid's and no multiple of it, on the persistent grid, with the stream's workspace
+    (cuflash._walk.bwd_sk_bytes for that grid) in the parameter block's sk_workspace; the causal mask, the modifiers,
+    head dims 96 and 256, and tile counts that fill whole waves keep their configured kernels, with no workspace."""
+    from cuflash import _walk
+    from cuflash._bwd_sm90 import SK_WS_OFFSET
+
+    sms = 132
+    lim = sms if cap is None else cap
+    for name, d, tiles in (("d128", 128, 7 * 2 * 2), ("d48 seqpar", 64, 7 * 2 * 2), ("many tiles", 64, 63 * 8 * 4)):
+        kernel, grid, raw = res[f"sk {cap} {name}"]
+        g = min(tiles, lim)
+        on = tiles > g and tiles % g
+        tile = _configs.sm90_bwd_stream_k_tile(d) if on else _configs.sm90_bwd_persist_tile(d)
+        assert [kernel, grid] == [_configs.sm90_bwd_spec("float16", d, False, tile).name, [g, 1, 1]], name
+        ws = struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0]
+        assert ws == (0x7000_0000 + _walk.bwd_sk_bytes(g, d) if on else 0), name
+    assert res[f"sk {cap} d128"][0].endswith("true, true>") == (cap == 5)  # 28 tiles: on 5 blocks, not on 132
+    kernel, grid, raw = res[f"sk {cap} whole waves"]
+    assert [kernel, grid] == [_configs.sm90_bwd_spec("float16", 64, False).name, [63, 8, 4]]  # (8000 keys: one
+    # block per tile, as configured without stream-K)
+    assert struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0] == 0
+    for name in ("d128 causal", "window", "d96", "d256"):
+        kernel, grid, raw = res[f"sk {cap} {name}"]
+        assert not kernel.endswith("true, true>"), name
+        assert struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0] == 0, name
+
+
+@pytest.mark.parametrize("count,n_it,grid", [(2048, 32, 132), (4096, 1, 132), (272, 9, 132), (9, 22, 5), (4, 22, 3),
+                                              (34, 32, 5), (2016, 1, 132), (2049, 3, 2), (7, 4, 5), (1000, 4096, 132)])
+def test_stream_k_walk(count, n_it, grid):
+    """The stream-K walk (the forward's stream_k_segment, the Python form of Sm90BwdStreamK::segment with a tile's
+    iterations for its K / V tiles): every (tile, iteration) once over the blocks; the first C / G - 1 waves whole;
+    every tile in one or two parts, a part [i, n_it) with i > 0 (a tail) only as a block's first segment past the
+    whole waves and a part [0, i) with i < n_it (a head) only as its last, the head of a tile on block b and its tail
+    on block b + 1 -- the flag block b waits for; the blocks' iterations differ by at most one tile's plus one."""
+    if count <= grid or count % grid == 0:
+        pytest.skip("not a stream-K launch")
+    waves = count // grid - 1
+    seen, parts, work = {}, {}, []
+    for b in range(grid):
+        segs = _configs.stream_k_segments(b, grid, count, n_it)
+        assert [s[0] for s in segs[:waves]] == [k * grid + (grid - 1 - b if k % 2 else b) for k in range(waves)]
+        assert all(s[1:] == (0, n_it) for s in segs[:waves])
+        sk = segs[waves:]
+        for i, (t, i0, i1) in enumerate(sk):
+            assert 0 <= i0 < i1 <= n_it
+            if i0 > 0:
+                assert i == 0
+            if i1 < n_it:
+                assert i == len(sk) - 1
+            parts.setdefault(t, []).append((b, i0, i1))
+        for t, i0, i1 in segs:
+            for it in range(i0, i1):
+                assert (t, it) not in seen
+                seen[(t, it)] = b
+        work.append(sum(i1 - i0 for _, i0, i1 in sk))
+    assert len(seen) == count * n_it
+    for t, ps in parts.items():
+        assert len(ps) <= 2
+        if len(ps) == 2:
+            (b0, h0, h1), (b1, t0, t1) = sorted(ps)
+            assert b1 == b0 + 1 and h0 == 0 and h1 == t0 and t1 == n_it
+    assert max(work) - min(work) <= 1
+
+
+def test_stream_k_layout_and_rule():
+    """The workspace: the forward's flag bytes (SM90_BWD_SK_DATA_OFFSET in the kernel), one int flag per block for up
+    to SM90_BWD_SK_MAX_GRID blocks, then 2 x DP / 8 float4 per consumer thread and block; the rule takes head dims 64
+    and 128 without a mask where the tile count leaves a part-empty last wave, and the configuration only within
+    SM90_BWD_SK_SEQLEN_K; the spec refuses the forms it has no kernel for."""
+    import re
+    from dataclasses import replace
+    from pathlib import Path
+
+    from cuflash import _walk
+
+    src = (Path(_configs.__file__).parent.parent / "cuda_src" / "flash_bwd_sm90.cu").read_text()
+    assert int(re.search(r"constexpr int SM90_BWD_SK_DATA_OFFSET = (\d+);", src).group(1)) == _walk.SK_FLAG_BYTES
+    assert 4 * _configs.SM90_BWD_SK_MAX_GRID <= _walk.SK_FLAG_BYTES
+    assert _walk.bwd_sk_bytes(132, 128) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 16 * 16
+    assert _walk.bwd_sk_bytes(132, 64) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 8 * 16
+    el = _configs.sm90_bwd_stream_k_eligible
+    assert el(128, False, 0, 2048, 2048, 132) and el(64, False, 0, 2048, 4096, 132)
+    assert not el(128, True, 0, 2048, 2048, 132) and not el(128, False, _configs.MOD_SCORE, 2048, 2048, 132)
+    assert not el(96, False, 0, 2048, 2048, 132) and not el(256, False, 0, 2048, 2048, 132)
+    assert not el(128, False, 0, None, 2048, 132) and not el(128, False, 0, 2048, 2112, 132)
+    assert not el(128, False, 0, 2048, 100, 132) and not el(128, False, 0, 2048, 1 << 20, 1 + 4 * 256)
+    for d in _configs.SM90_BWD_SK_HEADDIMS:
+        rng = _configs.SM90_BWD_SK_SEQLEN_K.get(d)
+        for n in (512, 1024, 2048, 4096, 8192, 16384):
+            assert _configs.sm90_bwd_stream_k(d, False, 0, n, 2048, 132) == (rng is not None and rng[0] <= n <= rng[1])
+        assert not _configs.sm90_bwd_stream_k(d, False, 0, 2048, 2112, 132)
+        t = _configs.sm90_bwd_stream_k_tile(d)
+        assert t.persistent and t.stream_k and _configs.sm90_bwd_smem_bytes(d, t) == _configs.sm90_bwd_smem_bytes(
+            d, _configs.sm90_bwd_persist_tile(d))
+        plain = _configs.sm90_bwd_spec("bfloat16", d, False, _configs.sm90_bwd_persist_tile(d)).name
+        assert _configs.sm90_bwd_spec("bfloat16", d, False, t).name == plain[:-1] + ", true>"
+        assert _configs.sm90_bwd_spec("bfloat16", d, False, t) in _configs.sm90_bwd_specs()
+        with pytest.raises(ValueError, match="stream-K"):
+            _configs.sm90_bwd_spec("float16", d, True, t)
+        with pytest.raises(ValueError, match="stream-K"):
+            _configs.sm90_bwd_spec("float16", d, False, t, mod=_configs.MOD_SCORE)
+    with pytest.raises(ValueError, match="stream-K"):
+        _configs.sm90_bwd_spec("float16", 128, False, replace(_configs.sm90_bwd_tile(128), stream_k=True))
+
+
+def test_stream_k_kernels_compile():
+    """The stream-K kernels (both dtypes, head dims 64 and 128) compile for sm_90a with no spill, no local memory and
+    no ptxas performance note under both NVRTCs (the persistent form's 40 / 232 registers)."""
+    from conftest import compile_problems
+
+    specs = [_configs.sm90_bwd_spec(dt, d, False, _configs.sm90_bwd_stream_k_tile(d)) for dt in _configs.DTYPES
+             for d in _configs.SM90_BWD_SK_HEADDIMS]
+    assert compile_problems(specs) == []
+
+
+def test_stream_k_model():
+    """bench/diag/bwd_grid_model.stream_k_overhead (the probe's model column for stream-K): on the FA2 grid without a
+    mask the fixed walk's part-empty last wave (1.031) shrinks to within 1.2% of the ideal from 1k, and a tile count
+    that fills whole waves keeps the fixed walk's figure."""
+    from bench.diag import bwd_persist_probe as pp
+    from bench.diag.bwd_grid_model import persistent_overhead, stream_k_overhead
+
+    for d, bm, h in ((128, 64, 16), (64, 128, 32)):
+        for s in (1024, 2048, 4096, 8192, 16384):
+            fixed, sk = persistent_overhead(s, h, 16384 // s, bm, False), stream_k_overhead(s, h, 16384 // s, bm)
+            assert abs(fixed - 1.03125) < 1e-9 and 1.0 <= sk < 1.012 and sk == pp.sk_model(d, s, 16384 // s, h)
+    assert stream_k_overhead(2048, 33, 4, 64) == persistent_overhead(2048, 33, 4, 64, False)  # 2112 tiles: 16 waves

@@ -170,6 +170,7 @@ def persistent(request, monkeypatch):
     """The persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of one block per SM, or of 3 blocks that
     walk every tile between them; fresh plans for each."""
     monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
+    monkeypatch.setattr(_bwd_sm90, "STREAM_K", False)  # (the fixed walk: test_stream_k_form takes the other)
     monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", request.param)
     bwd_mod._PLANS.clear()
     yield request.param
@@ -235,6 +236,104 @@ def test_persistent_form_is_not_taken_where_it_cannot_run(monkeypatch):
         cuflash.flash_attn_backward(torch.randn_like(out), q, k, v, out, lse, backend="sm90", **kw)
         (plan,) = bwd_mod._PLANS.values()
         assert plan.launches[1][1:4] == (-(-300 // _configs.sm90_bwd_tile(d).block_n), 4, 1), (d, kw)
+    bwd_mod._PLANS.clear()
+
+
+@pytest.fixture(params=[None, 5, 3], ids=["grid-sms", "grid-5", "grid-3"])
+def stream_k(request, monkeypatch):
+    """Stream-K forced on (cuflash._bwd_sm90.STREAM_K) with a grid of one block per SM, or of 5 or 3 blocks, so that
+    small problems have more tiles than blocks; fresh plans for each."""
+    monkeypatch.setattr(_bwd_sm90, "STREAM_K", True)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", request.param)
+    bwd_mod._PLANS.clear()
+    yield request.param
+    bwd_mod._PLANS.clear()
+
+
+# Without a mask: ragged tails, seqlen_q > and < seqlen_k, one query row, GQA / MQA (8 query heads per KV head: a
+# tile's iterations run over several heads, and a split can fall inside one), padded head dims 48 and 120, one
+# iteration per tile (the parts are whole tiles), more tiles than SMs (272 and 2016 tiles on the full grid), and
+# tile counts that are a multiple of the grid (9 on 3 blocks: the fixed walk's kernel).
+SK_CASES = [(2, 300, 2100, 4, 2, 128), (3, 1100, 2100, 8, 1, 128), (2, 256, 2100, 8, 8, 48), (1, 700, 130, 4, 2, 120),
+            (1, 129, 257, 6, 3, 128), (4, 64, 8000, 8, 8, 64), (1, 1, 1000, 2, 1, 64), (2, 1000, 300, 4, 4, 128),
+            (1, 2000, 700, 8, 1, 64)]
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", SK_CASES)
+def test_stream_k_form(stream_k, dq_strategy, b, sq, sk, h, hk, d):
+    """The stream-K form (the kernel's SK) against the float64 reference wherever it can run (more tiles than blocks,
+    a part-empty last wave), the fixed walk's persistent kernel elsewhere; with "seqpar" bitwise equal over repeats
+    (a split tile's two parts are added in one order), and equal to the fixed walk within fp32 rounding."""
+    import torch
+
+    from cuflash._launch import sm_count
+
+    dtype = "bfloat16" if d == 120 else "float16"
+    (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, dtype, False, dq_strategy=dq_strategy)
+    kd = _configs.kernel_headdim(d)
+    name, grid = _main_launch(dout, q, k, v, out, lse, False, dq_strategy)
+    tiles = -(-sk // _configs.sm90_bwd_tile(kd).block_n) * hk * b
+    g = min(tiles, sm_count(q.device.index), stream_k or tiles)
+    assert grid == (g, 1, 1)
+    sk_on = tiles > g and tiles % g != 0
+    tile = _configs.sm90_bwd_stream_k_tile(kd) if sk_on else _configs.sm90_bwd_persist_tile(kd)
+    assert name == get_launcher(_configs.sm90_bwd_spec(dtype, kd, False, tile), q.device.index).ptr
+    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy=dq_strategy, backend="sm90")
+    _bwd_sm90.STREAM_K = False
+    bwd_mod._PLANS.clear()
+    fixed = cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy=dq_strategy, backend="sm90")
+    torch.cuda.synchronize()
+    if dq_strategy == "seqpar":
+        assert all(torch.equal(a, o) for a, o in zip(got, again))
+        if not sk_on:
+            assert all(torch.equal(a, o) for a, o in zip(got, fixed))
+    for nm, a, o in zip(("dq", "dk", "dv"), got, fixed):
+        err = (a.float() - o.float()).abs().max().item()
+        assert err <= 2 ** -7 * max(o.float().abs().max().item(), 1e-3), (nm, err)
+
+
+def test_stream_k_graph_capture_walks_whole_tiles(monkeypatch):
+    """Captured into a CUDA graph, a stream-K plan takes no workspace and its kernel walks whole tiles: the replay on
+    new inputs matches the reference and, with "seqpar", is bitwise the fixed walk's eager call; eager calls on the
+    same stream before and after the capture still take stream-K (and leave the flags zero: the second one matches)."""
+    import torch
+
+    monkeypatch.setattr(_bwd_sm90, "STREAM_K", True)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", 5)
+    bwd_mod._PLANS.clear()
+    shape_q, shape_k = (2, 1000, 4, 128), (2, 2100, 2, 128)  # 34 tiles on 5 blocks
+    (q, k, v, out, lse, dout), first = check(2, 1000, 2100, 4, 2, 128, "float16", False, dq_strategy="seqpar")
+    static = [dout, q, k, v, out, lse]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cuflash.flash_attn_backward(*static, dq_strategy="seqpar", backend="sm90")  # (warm: the plan and workspace)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = cuflash.flash_attn_backward(*static, dq_strategy="seqpar", backend="sm90")
+    q2, k2, v2 = torch_inputs(shape_q, shape_k, "float16")
+    out2, lse2, _ = cuflash.flash_attn_func(q2, k2, v2, return_attn_probs=True)
+    fresh = [torch.randn_like(out2), q2, k2, v2, out2, lse2]
+    for dst, src in zip(static, fresh):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    scale = 128 ** -0.5
+    ref = reference.attention_backward(*(to_np(x) for x in fresh[:4]), scale, False)
+    lowp = lowp_grads(q2, k2, v2, fresh[0], scale, False)
+    for name, ours, lp, r in zip(("dq", "dk", "dv"), got, lowp, ref):
+        assert_close_to_ref(name + " stream-K graph", ours, lp, r, factor=3.0)
+    eager = cuflash.flash_attn_backward(*fresh, dq_strategy="seqpar", backend="sm90")
+    again = cuflash.flash_attn_backward(*fresh, dq_strategy="seqpar", backend="sm90")
+    _bwd_sm90.STREAM_K = False
+    bwd_mod._PLANS.clear()
+    fixed = cuflash.flash_attn_backward(*fresh, dq_strategy="seqpar", backend="sm90")
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, o) for a, o in zip(got, fixed))
+    assert all(torch.equal(a, o) for a, o in zip(eager, again))
+    assert not all(torch.equal(a, o) for a, o in zip(eager, fixed))  # (the eager calls split tiles: other sums)
     bwd_mod._PLANS.clear()
 
 

@@ -70,6 +70,26 @@ def persistent_overhead(seqlen, heads, batch, block_m, causal, sms=SMS, block_n=
     return max(loads) / (sum(loads) / sms)
 
 
+# stream-K's cost per split part in the model, in Q-tile iterations: the tail's partial dK, dV stored (2 x 64 KB at
+# head dim 128) or the head's wait and load of it, against an iteration's ~2.5 us at head dim 128 (FA2 grid, 2k)
+SK_PART = 1.0
+
+
+def stream_k_overhead(seqlen, heads, batch, block_m, sms=SMS, block_n=BLOCK_N, part=SK_PART):
+    """Makespan / ideal of the persistent form walking its last waves by stream-K (no mask; cuflash._configs.
+    stream_k_segments, the kernel's Sm90BwdStreamK): each block's iterations plus `part` per split part it runs."""
+    from cuflash._configs import stream_k_segments
+
+    n_it = block_lengths(seqlen, block_m, False, block_n)[0]
+    count = -(-seqlen // block_n) * heads * batch
+    grid = min(sms, count)
+    if count % grid == 0:
+        return persistent_overhead(seqlen, heads, batch, block_m, False, sms, block_n)
+    loads = [sum(i1 - i0 + (part if i1 - i0 < n_it else 0) for _, i0, i1 in stream_k_segments(b, grid, count, n_it))
+             for b in range(grid)]
+    return max(loads) / (count * n_it / sms)
+
+
 def overhead(seqlen, heads, batch, block_m, causal, order, block_n=BLOCK_N):
     """Makespan / ideal for one dispatch order ("head-major", "tile-major" or "tile-major/G")."""
     lengths = block_lengths(seqlen, block_m, causal, block_n)

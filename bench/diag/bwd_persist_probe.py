@@ -6,7 +6,7 @@ the FA2 grid (batch 16k / seqlen, 2048 / d heads; head dims 64 and 128, fp16 and
 points:
 
     python -m bench.diag.bwd_persist_probe [--rounds N] [--quick] [--seqlens 2048,4096] [--headdims 64,128]
-                                           [--dtypes float16] [--json FILE]
+                                           [--dtypes float16] [--stream-k] [--json FILE]
     python -m bench.diag.bwd_persist_probe --model      (CPU: bench/diag/bwd_grid_model.py's tails, no GPU)
 
 Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly; cuDNN through
@@ -16,12 +16,15 @@ the persistent form's gradients must match the one-tile kernel's to fp32 roundin
 another order); a failure prints FAIL and sets exit status 1. The table gives ms and the persistent form's speed as a
 fraction of the one-tile kernel's (one-tile ms / persistent ms), and each against cuDNN (cuDNN ms / cuflash ms), with
 the model's makespan over the ideal for both (the persistent form's static walk against the hardware's dispatch as
-blocks finish)."""
+blocks finish). --stream-k: the points without a mask only, and a third variant, the persistent form walking its last
+waves by stream-K (cuflash._bwd_sm90.STREAM_K; Sm90BwdStreamK), checked and timed as the others (columns "sk", its
+speed over the one-tile kernel's and over the fixed walk's, and against cuDNN); "persist" is then the fixed walk."""
 from __future__ import annotations
 
 import sys
 
 SEQLENS = (2048, 4096, 8192, 16384)
+STREAM_K = [False]  # --stream-k
 
 
 def points(quick=False, seqlens=SEQLENS, headdims=(64, 128), dtypes=("float16", "bfloat16")):
@@ -49,6 +52,15 @@ def model(d, s, b, h, hk, causal):
     return one, persistent_overhead(s, hk, b, bm, causal, block_n=bn)
 
 
+def sk_model(d, s, b, hk):
+    """The stream-K walk's makespan / ideal (bench/diag/bwd_grid_model.stream_k_overhead)."""
+    from cuflash._configs import SM90_BWD_TILES
+
+    from .bwd_grid_model import stream_k_overhead
+
+    return stream_k_overhead(s, hk, b, SM90_BWD_TILES[d].block_m, block_n=SM90_BWD_TILES[d].block_n)
+
+
 def run_point(dt, d, s, b, h, hk, causal, rounds):
     import torch
 
@@ -65,14 +77,20 @@ def run_point(dt, d, s, b, h, hk, causal, rounds):
     dout = torch.randn_like(out)
     views = check_backward_inputs(dout, q, k, v, out, lse)
     fns = {"tile": plan_call(views, causal, "atomic", PERSIST=False),
-           "persist": plan_call(views, causal, "atomic", PERSIST=True)}
+           "persist": plan_call(views, causal, "atomic", PERSIST=True, STREAM_K=False)}
+    if STREAM_K[0] and not causal:
+        fns["sk"] = plan_call(views, causal, "atomic", PERSIST=True, STREAM_K=True)
     ref = [x.float() for x in fns["tile"]()]
-    got = fns["persist"]()
-    torch.cuda.synchronize()
-    ok = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(got, ref))
-    if not ok:
-        print(f"FAIL {dt} d{d} s{s} h{h}/{hk} causal={causal}: the persistent form's gradients differ", flush=True)
-    del ref, got
+    ok = True
+    for name in [n for n in fns if n != "tile"]:
+        got = fns[name]()
+        torch.cuda.synchronize()
+        good = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(got, ref))
+        if not good:
+            print(f"FAIL {dt} d{d} s{s} h{h}/{hk} causal={causal}: the {name} form's gradients differ", flush=True)
+        ok &= good
+        del got
+    del ref
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     dot = dout.transpose(1, 2).contiguous()
     try:
@@ -93,13 +111,23 @@ def table(rows):
           "persistent makespan); each against cuDNN (cuDNN ms / cuflash ms)")
     print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} {'causal':>6} | {'tile':>7} {'persist':>7} {'cudnn':>7} | "
           f"{'t / p':>6} {'(model)':>7} | {'cuDNN/t':>7} {'cuDNN/p':>7} | check")
+    f = lambda x: f"{x:>7.3f}" if x else f"{'-':>7}"  # noqa: E731
+    r = lambda a, b_: f"{a / b_:>7.3f}" if a and b_ else f"{'-':>7}"  # noqa: E731
     for (dt, d, s, b, h, hk, c), ms, ok in rows:
         t, p, cd = ms.get("tile"), ms.get("persist"), ms.get("cudnn")
         one, per = model(d, s, b, h, hk, c)
-        f = lambda x: f"{x:>7.3f}" if x else f"{'-':>7}"  # noqa: E731
-        r = lambda a, b_: f"{a / b_:>7.3f}" if a and b_ else f"{'-':>7}"  # noqa: E731
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} {str(c):>6} | {f(t)} {f(p)} {f(cd)} | {r(t, p)[1:]} "
               f"{one / per:>7.3f} | {r(cd, t)} {r(cd, p)} | {'ok' if ok else 'FAIL'}")
+    if any("sk" in ms for _, ms, _ in rows):
+        print("\nstream-K (the persistent form, its last waves by stream-K), ms; its speed over the one-tile kernel's "
+              "(one-tile ms / sk ms) and over the fixed walk's (persist ms / sk ms); against cuDNN (cuDNN ms / sk ms)")
+        print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'sk':>7} | {'t / sk':>7} {'p / sk':>7} "
+              f"{'(model)':>7} | {'cuDNN/sk':>8}")
+        for (dt, d, s, b, h, hk, c), ms, ok in rows:
+            if "sk" in ms:
+                t, p, k, cd = ms.get("tile"), ms.get("persist"), ms["sk"], ms.get("cudnn")
+                print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {f(k)} | {r(t, k)} {r(p, k)} "
+                      f"{model(d, s, b, h, hk, False)[1] / sk_model(d, s, b, hk):>7.3f} | {r(cd, k):>8}")
 
 
 def main(argv):
@@ -119,6 +147,9 @@ def main(argv):
         return 0
     from .ordered_probe import run_points
 
+    if "--stream-k" in argv:
+        STREAM_K[0] = True
+        pts = [pt for pt in pts if not pt[-1]]
     rows, all_ok = run_points(argv, pts, run_point, default_rounds=3)
     if rows is None:
         return 2

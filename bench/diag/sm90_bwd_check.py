@@ -10,6 +10,8 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     ... --persistent N      the persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of at most N
                             blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
                             and "seqpar", no modifiers; the other cases take their usual kernels)
+    ... --stream-k N        stream-K forced on (cuflash._bwd_sm90.STREAM_K) with a grid of at most N blocks, on cases
+                            without a mask whose tile counts (4 and 10) leave the last wave part-empty at N = 3
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
@@ -69,6 +71,11 @@ def main(argv):
     causals = (True,) if "--causal-only" in argv else (False, True)
     dims = [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if "--headdims" in argv else (64, 96, 128,
                                                                                                           256)
+    if "--stream-k" in argv:
+        from cuflash import _bwd_sm90
+
+        _bwd_sm90.STREAM_K, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--stream-k") + 1])
+        cases, causals = [(1, 77, 200, 2, 2), (1, 300, 520, 4, 2), (2, 130, 640, 4, 1)], (False,)
     if "--persistent" in argv:
         from cuflash import _bwd_sm90
 

@@ -114,6 +114,7 @@ struct BwdParams {
   int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
   int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
   double dropout_scale;               // 1 / (1 - p)
+  void* sk_workspace;  // the Hopper backward's stream-K form: its flags and partial dK, dV (cuflash/_walk.py); null: none
 };
 
 }  // namespace cuflash

@@ -461,234 +461,249 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     }
   };
 
-  // The tile (and KV visits) of the index a Q buffer comes with: the tile itself, or, stream-K, the segment's index,
-  // from which the tile and its visits are derived as the producer derived them.
-  auto seg_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int v) {
-    if constexpr (SK)
-      if (p.o_accum) return Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, v);
-    return Sm90FwdSeg{v, 0, 0x7fffffff};
-  };
-
+  // Stream-K (SK with a workspace): the producer hands out segment indices, whole tiles for the first waves.
+  const bool sk = SK && p.o_accum != nullptr;
   const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
   int kv = 0, qi = 0;
-  for (;;) {
-    const int qb = qi % 2, qph = (qi / 2) & 1;
-    ++qi;
-    mbar_wait(&bar_q[qb], qph);  // buffer qb's Q and its tile index
-    const int v = __shfl_sync(0xffffffffu, tile_of[qb], 0);  // (through lane 0: warp-uniform, as cw)
-    const Sm90FwdSeg sg = seg_of(tiles, v);
-    const int t = sg.t;
-    if (t >= tiles.count) break;
-    const Work wl = work_of(tiles, t);
-    const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
-    const int row_wg = wl.m0 + cw * 64, row_w = row_wg + warp * 16;
-    unsigned char* q_tile = sm + L::Q_OFF + qb * L::Q_BYTES + cw * 64 * 128;  // the warpgroup's rows of buffer qb
-    const uint32_t q_base = smem_addr(q_tile);
-    auto mask_and_max = [&](OnlineSoftmax<1>& softmax, int n) {
-      if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
-        mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
-      else
-        mask.clear_shift(shift);
-      return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
+  // The walk, as one loop over the Q buffers' tiles; stream-K takes it twice: the whole tiles of its first C / G - 1
+  // waves, then its segments (`parts`: a segment may be part of a tile). So the whole tiles' loop has none of the
+  // parts' branches in its code: compiled into every tile's code, those brought divergence guards and per-thread
+  // copies of uniform values that cost every tile (bench/NOTES.md, "Hopper forward").
+  auto walk = [&](bool parts) {
+    // The tile (and KV visits) of the index a Q buffer comes with: the tile itself, or, stream-K, the segment's index,
+    // from which the tile and its visits are derived as the producer derived them.
+    auto seg_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int v) {
+      if constexpr (SK) {
+        if (parts) return Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, v);
+        if (sk) return Sm90FwdSeg{tiles.tile(v), 0, 0x7fffffff};
+      }
+      return Sm90FwdSeg{v, 0, 0x7fffffff};
     };
-    zero_frags(acc_o[0]);
-    OnlineSoftmax<1> softmax;
-    // (a stream-K part: the visits [i0, i1) of the tile's, as a tile of its own whose last KV tile is n_end - 1)
-    const int n_end = wl.n_end - sg.i0, n_iters = min(sg.i1, wl.n_iters) - sg.i0;
-    // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
-    // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
-    // all of them for a warpgroup past its element's last row, as without a mask. The warpgroup takes their turns
-    // and releases their stages (once loaded) without a product; its first product is the first tile its rows see.
-    int skip = 0;
-    if constexpr (CAUSAL)
-      skip = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters).lead;
-    else if (row_wg >= wl.si.seqlen_q)
-      skip = n_iters;
-    if (n_iters > 0) {
-      for (int it = 0; it < skip; ++it) {
-        const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
-        mbar_wait(&full_k[st], ph);
-        turn_begin();
-        turn_end();
-        if (it == 0) release_previous(qb, qi);
-        mbar_arrive(&empty_k[st]);
-        mbar_wait(&full_v[st], ph);
-        mbar_arrive(&empty_v[st]);
+    const int waves = tiles.count / (int)gridDim.x - 1;  // (stream-K's whole tiles: its first steps)
+    for (int step = 0; !sk || parts || step < waves; ++step) {
+      const int qb = qi % 2, qph = (qi / 2) & 1;
+      ++qi;
+      mbar_wait(&bar_q[qb], qph);  // buffer qb's Q and its tile index
+      const int v = __shfl_sync(0xffffffffu, tile_of[qb], 0);  // (through lane 0: warp-uniform, as cw)
+      const Sm90FwdSeg sg = seg_of(tiles, v);
+      const int t = sg.t;
+      if (t >= tiles.count) break;
+      const Work wl = work_of(tiles, t);
+      const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
+      const int row_wg = wl.m0 + cw * 64, row_w = row_wg + warp * 16;
+      unsigned char* q_tile = sm + L::Q_OFF + qb * L::Q_BYTES + cw * 64 * 128;  // the warpgroup's rows of buffer qb
+      const uint32_t q_base = smem_addr(q_tile);
+      auto mask_and_max = [&](OnlineSoftmax<1>& softmax, int n) {
+        if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
+          mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
+        else
+          mask.clear_shift(shift);
+        return softmax.update_max(acc_s, scale_log2, mask.shift_arg(shift));
+      };
+      zero_frags(acc_o[0]);
+      OnlineSoftmax<1> softmax;
+      // (a stream-K part: the visits [i0, i1) of the tile's, as a tile of its own whose last KV tile is n_end - 1)
+      const int n_end = wl.n_end - sg.i0, n_iters = min(sg.i1, wl.n_iters) - sg.i0;
+      // Causal: the tile's first KV tiles (visited last first) past the keys of this warpgroup's last row are hidden
+      // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
+      // all of them for a warpgroup past its element's last row, as without a mask. The warpgroup takes their turns
+      // and releases their stages (once loaded) without a product; its first product is the first tile its rows see.
+      int skip = 0;
+      if constexpr (CAUSAL)
+        skip = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters).lead;
+      else if (row_wg >= wl.si.seqlen_q)
+        skip = n_iters;
+      if (n_iters > 0) {
+        for (int it = 0; it < skip; ++it) {
+          const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
+          mbar_wait(&full_k[st], ph);
+          turn_begin();
+          turn_end();
+          if (it == 0) release_previous(qb, qi);
+          mbar_arrive(&empty_k[st]);
+          mbar_wait(&full_v[st], ph);
+          mbar_arrive(&empty_v[st]);
+        }
       }
-    }
-    if (n_iters > skip) {
-      // KV tile `skip`: S alone.
-      const int st0 = (kv + skip) % STAGES, ph0 = ((kv + skip) / STAGES) & 1;
-      mbar_wait(&full_k[st0], ph0);
-      turn_begin();
-      wgmma_fence();
-      issue_qk(q_base, st0);
-      wgmma_commit();
-      turn_end();
-      if (skip == 0) release_previous(qb, qi);
-      wgmma_wait<0>();
-      reg_fence(acc_s[0]);
-      mbar_arrive(&empty_k[st0]);
-      {
-        mask_and_max(softmax, n_end - 1 - skip);
-        float alpha[1][2];
-        softmax.rescale_sum(alpha);
-        softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-#pragma unroll
-        for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
-      }
-      // KV tiles skip + 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
-      for (int it = skip + 1; it < n_iters; ++it) {
-        const int n = n_end - 1 - it, ph = ((kv + it) / STAGES) & 1, pph = ((kv + it - 1) / STAGES) & 1;
-        // (stage indices through lane 0, warp-uniform: the descriptors they offset stay in uniform registers)
-        const int st = __shfl_sync(0xffffffffu, (kv + it) % STAGES, 0);
-        const int pst = __shfl_sync(0xffffffffu, (kv + it - 1) % STAGES, 0);
-        mbar_wait(&full_k[st], ph);
-        mbar_wait(&full_v[pst], pph);
+      if (n_iters > skip) {
+        // KV tile `skip`: S alone.
+        const int st0 = (kv + skip) % STAGES, ph0 = ((kv + skip) / STAGES) & 1;
+        mbar_wait(&full_k[st0], ph0);
         turn_begin();
         wgmma_fence();
-        issue_qk(q_base, st);
-        wgmma_commit();
-        issue_pv(pst);
+        issue_qk(q_base, st0);
         wgmma_commit();
         turn_end();
-        wgmma_wait<1>();
+        if (skip == 0) release_previous(qb, qi);
+        wgmma_wait<0>();
         reg_fence(acc_s[0]);
-        mbar_arrive(&empty_k[st]);
-        const bool moved = __any_sync(0xffffffffu, mask_and_max(softmax, n));
-        float alpha[1][2];
-        softmax.rescale_sum(alpha);
-        softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
-        wait_pv_rescale(moved, scale_log2, acc_o, p_frag, alpha);
-        mbar_arrive(&empty_v[pst]);
-#pragma unroll
-        for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
+        mbar_arrive(&empty_k[st0]);
+        {
+          mask_and_max(softmax, n_end - 1 - skip);
+          float alpha[1][2];
+          softmax.rescale_sum(alpha);
+          softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+  #pragma unroll
+          for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
+        }
+        // KV tiles skip + 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
+        for (int it = skip + 1; it < n_iters; ++it) {
+          const int n = n_end - 1 - it, ph = ((kv + it) / STAGES) & 1, pph = ((kv + it - 1) / STAGES) & 1;
+          // (stage indices through lane 0, warp-uniform: the descriptors they offset stay in uniform registers)
+          const int st = __shfl_sync(0xffffffffu, (kv + it) % STAGES, 0);
+          const int pst = __shfl_sync(0xffffffffu, (kv + it - 1) % STAGES, 0);
+          mbar_wait(&full_k[st], ph);
+          mbar_wait(&full_v[pst], pph);
+          turn_begin();
+          wgmma_fence();
+          issue_qk(q_base, st);
+          wgmma_commit();
+          issue_pv(pst);
+          wgmma_commit();
+          turn_end();
+          wgmma_wait<1>();
+          reg_fence(acc_s[0]);
+          mbar_arrive(&empty_k[st]);
+          const bool moved = __any_sync(0xffffffffu, mask_and_max(softmax, n));
+          float alpha[1][2];
+          softmax.rescale_sum(alpha);
+          softmax.exp_and_sum(acc_s, scale_log2, mask.shift_arg(shift));
+          wait_pv_rescale(moved, scale_log2, acc_o, p_frag, alpha);
+          mbar_arrive(&empty_v[pst]);
+  #pragma unroll
+          for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
+        }
+        // The last O += P V.
+        const int lst = (kv + n_iters - 1) % STAGES, lph = ((kv + n_iters - 1) / STAGES) & 1;
+        mbar_wait(&full_v[lst], lph);
+        turn_begin();
+        wgmma_fence();
+        issue_pv(lst);
+        wgmma_commit();
+        turn_end();  // (the last consumer: the next tile's first turn)
+        wgmma_wait<0>();
+        reg_fence(acc_o[0]);
+        mbar_arrive(&empty_v[lst]);
+      } else if (n_iters > 0) {  // every KV tile hidden: the last turn, empty
+        turn_begin();
+        turn_end();
+      } else {
+        release_previous(qb, qi);
       }
-      // The last O += P V.
-      const int lst = (kv + n_iters - 1) % STAGES, lph = ((kv + n_iters - 1) / STAGES) & 1;
-      mbar_wait(&full_v[lst], lph);
-      turn_begin();
-      wgmma_fence();
-      issue_pv(lst);
-      wgmma_commit();
-      turn_end();  // (the last consumer: the next tile's first turn)
-      wgmma_wait<0>();
-      reg_fence(acc_o[0]);
-      mbar_arrive(&empty_v[lst]);
-    } else if (n_iters > 0) {  // every KV tile hidden: the last turn, empty
-      turn_begin();
-      turn_end();
-    } else {
-      release_previous(qb, qi);
-    }
-    kv += n_iters;
+      kv += n_iters;
 
-    // (the segment and the tile's coordinates taken again from v rather than held in registers through the main loop)
-    const Sm90FwdSeg se = seg_of(tiles, opaque(v));
-    const Work w = work_of(tiles, se.t);
-    if constexpr (SK) {
-      if (se.i0 > 0) {  // stream-K, the remainder of a tile the block before began: the state to the workspace
-        using SK = Sm90FwdStreamK<BLOCK_N>;
-        float4* dst = SK::template part<NWG, DF>(p, (int)blockIdx.x, cw, tid);
-#pragma unroll
-        for (int df = 0; df < DF; ++df)
-          __stcg(dst + df * 128, make_float4(acc_o[0][df][0], acc_o[0][df][1], acc_o[0][df][2], acc_o[0][df][3]));
-        __stcg(dst + DF * 128, make_float4(softmax.row_max[0][0], softmax.row_max[0][1], softmax.row_sum[0][0],
-                                           softmax.row_sum[0][1]));
-        named_bar_sync(4 + cw, 128);  // every thread's stores before the release (cumulative through the barrier)
-        if (tid == 0) red_release_gpu_add(SK::flag(p, (int)blockIdx.x, cw), 1);
-        if (tid != 0) mbar_arrive(&empty_q[qb]);  // (tid 0: at the next segment's first product, release_previous)
-        continue;
-      }
-      if (se.i1 < w.n_iters) {  // stream-K, the beginning of a tile the next block ends: its state merged into this one's
-        using SK = Sm90FwdStreamK<BLOCK_N>;
-        if (tid == 0) {
-          int* f = SK::flag(p, (int)blockIdx.x + 1, cw);
-          while (ld_acquire_gpu(f) == 0) {
+      // (the segment and the tile's coordinates taken again from v rather than held in registers through the main loop)
+      const Sm90FwdSeg se = seg_of(tiles, opaque(v));
+      const Work w = work_of(tiles, se.t);
+      if (SK && parts) {
+        if (se.i0 > 0) {  // stream-K, the remainder of a tile the block before began: the state to the workspace
+          using SK = Sm90FwdStreamK<BLOCK_N>;
+          float4* dst = SK::template part<NWG, DF>(p, (int)blockIdx.x, cw, tid);
+  #pragma unroll
+          for (int df = 0; df < DF; ++df)
+            __stcg(dst + df * 128, make_float4(acc_o[0][df][0], acc_o[0][df][1], acc_o[0][df][2], acc_o[0][df][3]));
+          __stcg(dst + DF * 128, make_float4(softmax.row_max[0][0], softmax.row_max[0][1], softmax.row_sum[0][0],
+                                             softmax.row_sum[0][1]));
+          named_bar_sync(4 + cw, 128);  // every thread's stores before the release (cumulative through the barrier)
+          if (tid == 0) red_release_gpu_add(SK::flag(p, (int)blockIdx.x, cw), 1);
+          if (tid != 0) mbar_arrive(&empty_q[qb]);  // (tid 0: at the next segment's first product, release_previous)
+          continue;
+        }
+        if (se.i1 < w.n_iters) {  // stream-K, the beginning of a tile the next block ends: its state merged in
+          using SK = Sm90FwdStreamK<BLOCK_N>;
+          if (tid == 0) {
+            int* f = SK::flag(p, (int)blockIdx.x + 1, cw);
+            while (ld_acquire_gpu(f) == 0) {
+            }
+            *f = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
           }
-          *f = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
-        }
-        named_bar_sync(4 + cw, 128);
-        const float4* src = SK::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
-        const float4 ml = __ldcg(src + DF * 128);
-        const float mb[2] = {ml.x, ml.y}, lb[2] = {ml.z, ml.w};
-        float c[2][2];  // per row h: this block's state's weight c[h][0], the next block's c[h][1]
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // (the thread-partial l's merge as the row's l would: the same weights)
-          float m;
-          softmax.row_sum[0][h] = merge_partials<2>([&](int i) { return i ? mb[h] : softmax.row_max[0][h]; },
-                                                    [&](int i) { return i ? lb[h] : softmax.row_sum[0][h]; }, c[h], m);
-          softmax.row_max[0][h] = m;
-        }
-#pragma unroll
-        for (int df = 0; df < DF; ++df) {
-          const float4 o = __ldcg(src + df * 128);
-          acc_o[0][df][0] = acc_o[0][df][0] * c[0][0] + o.x * c[0][1];
-          acc_o[0][df][1] = acc_o[0][df][1] * c[0][0] + o.y * c[0][1];
-          acc_o[0][df][2] = acc_o[0][df][2] * c[1][0] + o.z * c[1][1];
-          acc_o[0][df][3] = acc_o[0][df][3] * c[1][0] + o.w * c[1][1];
+          named_bar_sync(4 + cw, 128);
+          const float4* src = SK::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
+          const float4 ml = __ldcg(src + DF * 128);
+          const float mb[2] = {ml.x, ml.y}, lb[2] = {ml.z, ml.w};
+          float c[2][2];  // per row h: this block's state's weight c[h][0], the next block's c[h][1]
+  #pragma unroll
+          for (int h = 0; h < 2; ++h) {  // (the thread-partial l's merge as the row's l would: the same weights)
+            float m;
+            softmax.row_sum[0][h] = merge_partials<2>([&](int i) { return i ? mb[h] : softmax.row_max[0][h]; },
+                                                      [&](int i) { return i ? lb[h] : softmax.row_sum[0][h]; }, c[h],
+                                                      m);
+            softmax.row_max[0][h] = m;
+          }
+  #pragma unroll
+          for (int df = 0; df < DF; ++df) {
+            const float4 o = __ldcg(src + df * 128);
+            acc_o[0][df][0] = acc_o[0][df][0] * c[0][0] + o.x * c[0][1];
+            acc_o[0][df][1] = acc_o[0][df][1] * c[0][0] + o.y * c[0][1];
+            acc_o[0][df][2] = acc_o[0][df][2] * c[1][0] + o.z * c[1][1];
+            acc_o[0][df][3] = acc_o[0][df][3] * c[1][0] + o.w * c[1][1];
+          }
         }
       }
-    }
 
-    // Epilogue, as the kernel's: O / l -> the warpgroup's rows of Q buffer qb -> the TMA store or 16-byte stores.
-    const int seqlen_q = w.si.seqlen_q;
-    float lse[1][2];
-    softmax.finalize(acc_o, lse);
-    const int g = lane / 4, tq = lane % 4;
-    if (p.lse && tq == 0) {
-      const int64_t row0 = lse_row0(p, w.si, w.blk.batch, w.blk.head, varlen);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row_w + g + 8 * h;
-        if (row < seqlen_q) p.lse[row0 + row] = lse[0][h];
-      }
-    }
-    named_bar_sync(4 + cw, 128);
-#pragma unroll
-    for (int df = 0; df < DF; ++df) {
-      if (df * 8 >= D) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + g + 8 * h;
-        *reinterpret_cast<uint32_t*>(q_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
-                                     tq * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
-      }
-    }
-    bool stored = false;
-    if constexpr (O_TMA) {
-      if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
-        fence_proxy_async_shared();
-        named_bar_sync(4 + cw, 128);
-        if (tid == 0 && row_wg < seqlen_q) {
-#pragma unroll
-          for (int c = 0; c < CH; ++c)
-            if (c * 64 < p.head_dim)
-              tma_store_4d(&maps.o, q_tile + c * BLOCK_M * 128, c * 64, w.si.q_start + row_wg, w.blk.head,
-                           varlen ? 0 : w.blk.batch);
-          bulk_commit_group();  // (its reads waited for by release_previous)
+      // Epilogue, as the kernel's: O / l -> the warpgroup's rows of Q buffer qb -> the TMA store or 16-byte stores.
+      const int seqlen_q = w.si.seqlen_q;
+      float lse[1][2];
+      softmax.finalize(acc_o, lse);
+      const int g = lane / 4, tq = lane % 4;
+      if (p.lse && tq == 0) {
+        const int64_t row0 = lse_row0(p, w.si, w.blk.batch, w.blk.head, varlen);
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_w + g + 8 * h;
+          if (row < seqlen_q) p.lse[row0 + row] = lse[0][h];
         }
-        stored = true;
       }
-    }
-    if (!stored) {
       named_bar_sync(4 + cw, 128);
-      T* o_ptr = reinterpret_cast<T*>(p.o) + w.si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride,
-                                                           w.blk.batch, w.blk.head);
-      constexpr int PIECES = D / 8;
-#pragma unroll
-      for (int i = tid; i < 64 * PIECES; i += 128) {
-        const int r = i / PIECES, pc = i % PIECES;
-        const int row = row_wg + r;
-        if (row < seqlen_q && pc * 8 < p.head_dim)
-          *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) =
-              *reinterpret_cast<const uint4*>(q_tile + (pc / 8) * BLOCK_M * 128 + r * 128 +
-                                              (((pc % 8) ^ (r % 8)) * 16));
+  #pragma unroll
+      for (int df = 0; df < DF; ++df) {
+        if (df * 8 >= D) continue;
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + g + 8 * h;
+          *reinterpret_cast<uint32_t*>(q_tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) +
+                                       tq * 4) = pack2<T>(acc_o[0][df][2 * h], acc_o[0][df][2 * h + 1]);
+        }
       }
+      bool stored = false;
+      if constexpr (O_TMA) {
+        if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
+          fence_proxy_async_shared();
+          named_bar_sync(4 + cw, 128);
+          if (tid == 0 && row_wg < seqlen_q) {
+  #pragma unroll
+            for (int c = 0; c < CH; ++c)
+              if (c * 64 < p.head_dim)
+                tma_store_4d(&maps.o, q_tile + c * BLOCK_M * 128, c * 64, w.si.q_start + row_wg, w.blk.head,
+                             varlen ? 0 : w.blk.batch);
+            bulk_commit_group();  // (its reads waited for by release_previous)
+          }
+          stored = true;
+        }
+      }
+      if (!stored) {
+        named_bar_sync(4 + cw, 128);
+        T* o_ptr = reinterpret_cast<T*>(p.o) + w.si.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride,
+                                                             w.blk.batch, w.blk.head);
+        constexpr int PIECES = D / 8;
+  #pragma unroll
+        for (int i = tid; i < 64 * PIECES; i += 128) {
+          const int r = i / PIECES, pc = i % PIECES;
+          const int row = row_wg + r;
+          if (row < seqlen_q && pc * 8 < p.head_dim)
+            *reinterpret_cast<uint4*>(o_ptr + (int64_t)row * p.o_row_stride + pc * 8) =
+                *reinterpret_cast<const uint4*>(q_tile + (pc / 8) * BLOCK_M * 128 + r * 128 +
+                                                (((pc % 8) ^ (r % 8)) * 16));
+        }
+      }
+      // Buffer qb is free once its O is stored: each thread arrives after its own reads of it (the 16-byte stores'
+      // loads, in program order before the arrive's release); tid 0 after the TMA store's reads (release_previous).
+      if (tid != 0) mbar_arrive(&empty_q[qb]);
     }
-    // Buffer qb is free once its O is stored: each thread arrives after its own reads of it (the 16-byte stores'
-    // loads, in program order before the arrive's release); tid 0 after the TMA store's reads (release_previous).
-    if (tid != 0) mbar_arrive(&empty_q[qb]);
+  };
+  walk(false);
+  if constexpr (SK) {
+    if (sk) walk(true);
   }
   if (tid == 0) bulk_wait_group_read<0>();  // the last store's smem source read before the block exits
   if (PINGPONG && cw == 0) named_bar_sync(1, 256);  // the opening the last consumer left after the last tile

@@ -152,10 +152,10 @@ NO_WALK = dict(walk_group=0, walk_slot=-1)
 # struct BwdParams (V2 backward: preprocess, main, dQ convert).
 BWD_PARAMS = ParamBlock("BwdParams", (
     *_ptrs("q", "k", "v", "o", "dout", "lse", "lse_log2", "delta", "dq_accum", "dq", "dk", "dv", "cu_seqlens_q",
-           "cu_seqlens_k", "alibi_slopes"),
+           "cu_seqlens_k", "alibi_slopes", "sk_workspace"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
-    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS, ("sk_workspace", POINTER),
+    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,
 ))
 # struct V1FwdParams (FlashAttention-1 forward).
 V1_FWD_PARAMS = ParamBlock("V1FwdParams", (

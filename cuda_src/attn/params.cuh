@@ -89,6 +89,7 @@ struct BwdParams {
   const int* cu_seqlens_q;  // varlen: as FwdParams'; the fp32 row buffers are then [h, sq_pad] with element b's
   const int* cu_seqlens_k;  // rows from 128 (cu_q[b] / 128 + b) (attn/seqlen.cuh: varlen_pad_start)
   const float* alibi_slopes;  // MOD_SCORE: as FwdParams::alibi_slopes
+  void* sk_workspace;  // the Hopper backward's stream-K form: its flags and partial dK, dV (cuflash/_walk.py); null: none
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -114,7 +115,6 @@ struct BwdParams {
   int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
   int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
   double dropout_scale;               // 1 / (1 - p)
-  void* sk_workspace;  // the Hopper backward's stream-K form: its flags and partial dK, dV (cuflash/_walk.py); null: none
 };
 
 }  // namespace cuflash

@@ -676,18 +676,20 @@ __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_com
 //   3. the split groups' sums by shuffles; split group 0 writes O (columns below head_dim), lane 0 the LSE
 // Results: the same weights as flash_decode_combine_kernel, summed in another order (rounding-level differences).
 // PDL as that kernel: grid_dependency_wait before every read of the partials and every write.
+// MAXS: the most splits it takes: COMBINE_ROWS_MAX_SPLITS, or 16 at head dims up to 128 (cuflash/_configs.py:
+// COMBINE_ROWS_WIDE_SPLITS; a lane's 16 float4 loads in flight in 96 registers at head dim 128).
 constexpr int COMBINE_ROWS_MAX_SPLITS = 8;
 constexpr int COMBINE_ROWS_WARPS = 8;
 
-template <typename T, int D>
-__global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2) flash_decode_combine_rows_kernel(const __grid_constant__ FwdParams p) {
+template <typename T, int D, int MAXS = COMBINE_ROWS_MAX_SPLITS>
+__global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2)
+    flash_decode_combine_rows_kernel(const __grid_constant__ FwdParams p) {
   constexpr int CG = D / 4;                       // float4 column groups of a row
   constexpr int CPL = CG > 32 ? CG / 32 : 1;      // column groups per lane
   constexpr int LCG = CG / CPL;                   // lanes of one split group
   constexpr int SGW = 32 / LCG;                   // split groups of the warp
-  constexpr int PG = COMBINE_ROWS_MAX_SPLITS / SGW;  // splits per lane
-  static_assert(D % 4 == 0 && CG % CPL == 0 && LCG <= 32 && COMBINE_ROWS_MAX_SPLITS % SGW == 0 &&
-                    (SGW == 1 || (LCG & (LCG - 1)) == 0),
+  constexpr int PG = MAXS / SGW;                  // splits per lane
+  static_assert(D % 4 == 0 && CG % CPL == 0 && LCG <= 32 && MAXS % SGW == 0 && (SGW == 1 || (LCG & (LCG - 1)) == 0),
                 "combine rows shapes");
   const int lane = threadIdx.x % 32;
   const int64_t rows = p.batch * p.nheads * p.seqlen_q;
@@ -699,16 +701,16 @@ __global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2) flash_decode_combi
   if (row >= rows) return;  // (warp-uniform)
 
   // 1. Every lane: every split's LSE (the warp's loads of one address: one request each), max, sum, weights.
-  float lse_s[COMBINE_ROWS_MAX_SPLITS], mx = -INFINITY;
+  float lse_s[MAXS], mx = -INFINITY;
 #pragma unroll
-  for (int s = 0; s < COMBINE_ROWS_MAX_SPLITS; ++s) {
+  for (int s = 0; s < MAXS; ++s) {
     lse_s[s] = s < n ? p.lse_accum[s * rows + row] : -INFINITY;
     mx = fmaxf(mx, lse_s[s]);
   }
   const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = exp(-inf) = 0, no inf - inf
   float sum = 0.f;
 #pragma unroll
-  for (int s = 0; s < COMBINE_ROWS_MAX_SPLITS; ++s) {
+  for (int s = 0; s < MAXS; ++s) {
     lse_s[s] = __expf(lse_s[s] - base);  // e_s
     sum += lse_s[s];
   }

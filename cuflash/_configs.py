@@ -1012,14 +1012,37 @@ def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
 
 
 # The decode kernel's combine for at most COMBINE_ROWS_MAX_SPLITS splits (flash_decode_combine_rows_kernel): one warp
-# per output row, COMBINE_ROWS_WARPS rows per block (many rows of few splits: MQA and GQA at large batch).
+# per output row, COMBINE_ROWS_WARPS rows per block (many rows of few splits: MQA and GQA at large batch). Its wide
+# form (the kernel's MAXS = COMBINE_ROWS_WIDE_SPLITS) takes up to 16 splits at head dims up to
+# COMBINE_ROWS_WIDE_MAX_HEADDIM (a lane's 16 float4 loads in flight in 96 registers at head dim 128; at 256 ptxas
+# interleaves them with the sums); combine "rows" reaches it, "auto" keeps the block combine above 8 splits.
 COMBINE_ROWS_MAX_SPLITS = 8
+COMBINE_ROWS_WIDE_SPLITS = 16
+COMBINE_ROWS_WIDE_MAX_HEADDIM = 128
 COMBINE_ROWS_WARPS = 8
 
 
-def decode_combine_rows_spec(dtype: str, headdim: int) -> KernelSpec:
-    return KernelSpec("flash_decode.cu", f"cuflash::flash_decode_combine_rows_kernel<{CTYPE[dtype]}, {headdim}>",
+def combine_rows_max_splits(headdim: int) -> int:
+    """The most splits the rows combine takes at a kernel head dim (its wide form where it has one)."""
+    return COMBINE_ROWS_WIDE_SPLITS if headdim <= COMBINE_ROWS_WIDE_MAX_HEADDIM else COMBINE_ROWS_MAX_SPLITS
+
+
+def decode_combine_rows_spec(dtype: str, headdim: int, splits: int = COMBINE_ROWS_MAX_SPLITS) -> KernelSpec:
+    """The rows combine for `splits` splits: its form of COMBINE_ROWS_MAX_SPLITS up to that many, else the wide
+    one."""
+    if not 1 <= splits <= combine_rows_max_splits(headdim):
+        raise ValueError(f"the rows combine takes at most {combine_rows_max_splits(headdim)} splits at head dim "
+                         f"{headdim}; got {splits}")
+    tail = "" if splits <= COMBINE_ROWS_MAX_SPLITS else f", {COMBINE_ROWS_WIDE_SPLITS}"
+    return KernelSpec("flash_decode.cu",
+                      f"cuflash::flash_decode_combine_rows_kernel<{CTYPE[dtype]}, {headdim}{tail}>",
                       32 * COMBINE_ROWS_WARPS, 0)
+
+
+def decode_combine_rows_specs(dtype: str, headdim: int) -> list:
+    """The rows combine's kernels of a head dim: its form of 8 splits and, where it has one, the wide form."""
+    return [decode_combine_rows_spec(dtype, headdim, n) for n in dict.fromkeys(
+        (COMBINE_ROWS_MAX_SPLITS, combine_rows_max_splits(headdim)))]
 
 
 APPEND_THREADS = 256
@@ -1422,7 +1445,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
             if backward and not fwd_only:
                 out.append(bwd_preprocess_spec(dt, d))
             if decode and not fwd_only:
-                out += [combine_spec(dt, d), decode_combine_spec(dt, d), decode_combine_rows_spec(dt, d), append_spec(dt)]
+                out += [combine_spec(dt, d), decode_combine_spec(dt, d), *decode_combine_rows_specs(dt, d),
+                        append_spec(dt)]
             if varlen:
                 out.append(gather_spec(dt))
         for h in headdims:  # a head dim that is not a multiple of 8: its UA kernels (the modes' and dropout's)
@@ -1490,7 +1514,7 @@ def all_specs():
             specs.append(fwd_spec(dt, d, False, split=False, mod=MOD_SCORE_DROPOUT))
             specs.append(combine_spec(dt, d))
             specs.append(decode_combine_spec(dt, d))
-            specs.append(decode_combine_rows_spec(dt, d))
+            specs += decode_combine_rows_specs(dt, d)
             specs.append(append_spec(dt))
             specs.append(gather_spec(dt))
             specs.append(bwd_preprocess_spec(dt, d))

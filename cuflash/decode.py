@@ -11,8 +11,9 @@ Two kernels (keyword `kernel`):
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
   directly (one launch); more write fp32 partials for a combine kernel that issues every split's loads at once:
   flash_decode_combine_rows_kernel (one warp per output row) for at most COMBINE_ROWS_MAX_SPLITS splits,
-  flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one, or
-  the split-KV forward's flash_combine_kernel, "warp", for comparison).
+  flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one --
+  "rows" up to 16 splits at head dims up to 128, combine_rows_max_splits -- or the split-KV forward's
+  flash_combine_kernel, "warp", for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -39,7 +40,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 from . import _interop, _launch
 from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
                        DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
-                       combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
+                       combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
@@ -398,9 +399,10 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         if combine == "auto":
             combine = "rows" if num_splits <= COMBINE_ROWS_MAX_SPLITS else "block"
         if combine == "rows":  # one warp per output row (cuda_src/flash_decode.cu); the same parameter block; PDL
-            if num_splits > COMBINE_ROWS_MAX_SPLITS:
-                raise ValueError(f"combine='rows' takes at most {COMBINE_ROWS_MAX_SPLITS} splits; got {num_splits}")
-            p.add_launch(get_launcher(decode_combine_rows_spec(qa.dtype, d), dev),
+            if num_splits > combine_rows_max_splits(d):
+                raise ValueError(f"combine='rows' takes at most {combine_rows_max_splits(d)} splits at head dim {hd}; "
+                                 f"got {num_splits}")
+            p.add_launch(get_launcher(decode_combine_rows_spec(qa.dtype, d, num_splits), dev),
                          (-(-out_rows // COMBINE_ROWS_WARPS), 1, 1), pdl=pdl)
         elif combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter
             # block; PDL: its blocks may be resident before the split kernel drains, they wait for it on the device
@@ -758,7 +760,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
              pdl: bool | None = None, mf: int | None = None) -> _Plan:
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "rows", "block": the
-    decode combines, "rows" for at most COMBINE_ROWS_MAX_SPLITS splits; "warp": the split-KV forward's
+    decode combines, "rows" for at most combine_rows_max_splits(headdim) splits; "warp": the split-KV forward's
     one-warp-per-row combine), the default split count's rule with `split_rule` ("chain", the default; "waves",
     "waves_untrimmed": decode_num_splits), the row fragments per block with `mf` (None: the configured ones; fewer
     give more m-blocks) and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain

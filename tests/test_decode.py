@@ -174,24 +174,25 @@ def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel, hk, num_spli
 
 
 # ------------------------------------------------------------------ the decode combine
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 9, 64, 127, 128])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 9, 16, 64, 127, 128])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 def test_combines_every_split_count(num_splits, d):
-    """flash_decode_combine_rows_kernel (combine "rows", the default up to COMBINE_ROWS_MAX_SPLITS splits),
+    """flash_decode_combine_rows_kernel (combine "rows", the default up to COMBINE_ROWS_MAX_SPLITS splits; forced, its
+    wide form up to 16 at head dims up to 128),
     flash_decode_combine_kernel ("block", the default above) and flash_combine_kernel ("warp") on the same case:
     MQA 32/1 (32 folded rows; two m-blocks at head dim 256), lengths (full, 0, 130: most splits see no key), the
     fp32 partials poisoned with NaN before each launch (an empty split's o is never written and must never be read),
     against the float64 reference."""
     import torch
 
-    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, plan_for, run_plan
+    from cuflash.decode import combine_rows_max_splits, plan_for, run_plan
 
     b, s_cache, h, hk = 3, 4100, 32, 1
     kc, vc = make_cache(b, s_cache, hk, d, "float16")
     seqlens = torch.tensor([4100, 0, 130], dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
     outs = {}
-    for combine in (("rows",) if num_splits <= COMBINE_ROWS_MAX_SPLITS else ()) + ("block", "warp"):
+    for combine in (("rows",) if num_splits <= combine_rows_max_splits(d) else ()) + ("block", "warp"):
         plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits, combine=combine)
         assert plan.num_splits == num_splits
         scratch = (torch.full((num_splits, b, hk, h, d), float("nan"), device="cuda"),
@@ -212,10 +213,11 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     """The rows combine (one warp per output row, COMBINE_ROWS_WARPS rows per block) where the output rows are no
     multiple of a block's (GQA 12/4 at batch 5: 5 x 4 x 3 = 60 rows), with every split count up to its limit,
     ragged lengths (0, 1, a few keys: splits of no key) and the partials poisoned with NaN, against the float64
-    reference; the default combine of these split counts is the rows one."""
+    reference; the default combine of these split counts is the rows one, and forced, its wide form takes 9-16 splits
+    at head dims up to 128."""
     import torch
 
-    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, plan_for, run_plan
+    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, combine_rows_max_splits, plan_for, run_plan
 
     b, s_cache, h, hk = 5, 2000, 12, 4
     kc, vc = make_cache(b, s_cache, hk, d, dtype)
@@ -223,8 +225,9 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=getattr(torch, dtype))
     assert (b * h) % 8 and (b * h) % 32
-    for n in range(2, COMBINE_ROWS_MAX_SPLITS + 1):
-        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n)
+    for n in range(2, combine_rows_max_splits(d) + 1):
+        plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n,
+                        combine="auto" if n <= COMBINE_ROWS_MAX_SPLITS else "rows")
         assert plan.num_splits == n
         scratch = (torch.full((n, b, hk, h // hk, d), float("nan"), device="cuda"),
                    torch.full((n, b, hk, h // hk), float("nan"), device="cuda"))
@@ -232,7 +235,7 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
         check(out, lse, q, kc, vc, lens, False)
         assert (to_np(out)[1] == 0).all()
     with pytest.raises(ValueError, match="combine='rows' takes at most"):
-        plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=COMBINE_ROWS_MAX_SPLITS + 1, combine="rows")
+        plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=combine_rows_max_splits(d) + 1, combine="rows")
 
 
 def test_decode_validation():

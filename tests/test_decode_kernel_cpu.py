@@ -215,6 +215,18 @@ qm = T((64, 1, 32, 128), torch.float16)
 km = T((64, 16384, 1, 128), torch.float16); vm = T((64, 16384, 1, 128), torch.float16)
 call("mqa_b64", qm, km, vm, cache_seqlens=T((64,), torch.int32))
 call("mqa_b64_block", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=9)
+# the rows combine forced (plan_for): its wide form at 16 splits (head dim 128), none at head dim 256
+sl64 = T((64,), torch.int32)
+ho.LAUNCHES.clear()
+decode.run_plan(decode.plan_for(qm, km, vm, cache_seqlens=sl64, num_splits=16, combine="rows"), qm, km, vm,
+                cache_seqlens=sl64)
+res["rows16"] = [[r[0], r[1]] for r in ho.LAUNCHES]
+q256 = T((64, 1, 32, 256), torch.float16); k256 = T((64, 16384, 1, 256), torch.float16)
+try:
+    decode.plan_for(q256, k256, k256, cache_seqlens=sl64, num_splits=16, combine="rows")
+    res["rows16_d256"] = "no error"
+except ValueError as e:
+    res["rows16_d256"] = str(e)
 # misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
 try:
@@ -338,7 +350,8 @@ def test_host_path_speculative_append(host_path):
 
 def test_host_path_combine_by_split_count(host_path):
     """At most COMBINE_ROWS_MAX_SPLITS splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at
-    batch 64 has 2048 rows of 4 splits here), more the block-per-row combine."""
+    batch 64 has 2048 rows of 4 splits here), more the block-per-row combine; combine="rows" forced takes the rows
+    combine's wide form up to 16 splits at head dims up to 128 and refuses more."""
     main, comb = host_path["mqa_b64"]["launches"]
     n = main["p"]["num_splits"]
     assert n == 4 and main["grid"] == [64 * n, 1, 1]  # 64 x 4 = 256 blocks of the 264 slots
@@ -347,6 +360,12 @@ def test_host_path_combine_by_split_count(host_path):
     main, comb = host_path["mqa_b64_block"]["launches"]
     assert main["p"]["num_splits"] == 9 > _configs.COMBINE_ROWS_MAX_SPLITS
     assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["grid"] == [64 * 32, 1, 1]
+    # forced, the rows combine's wide form (up to 16 splits at head dims up to 128)
+    (main, _), (comb, cgrid) = host_path["rows16"]
+    assert main.startswith("cuflash::flash_decode_kernel<__half, 128, ")
+    assert comb == "cuflash::flash_decode_combine_rows_kernel<__half, 128, 16>"
+    assert cgrid == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1]
+    assert "takes at most 8 splits at head dim 256" in host_path["rows16_d256"]
 
 
 def test_host_path_int_seqlens_bf16(host_path):
@@ -548,6 +567,13 @@ def test_decode_combine_matches_the_host():
             assert s.threads <= 1024
             r = _configs.decode_combine_rows_spec(dt, d)
             assert r in specs and r.threads == 32 * _configs.COMBINE_ROWS_WARPS
+            wide = _configs.decode_combine_rows_spec(dt, d, _configs.combine_rows_max_splits(d))
+            assert wide in specs and wide.threads == r.threads
+            assert (wide == r) == (d > _configs.COMBINE_ROWS_WIDE_MAX_HEADDIM)
+            assert _configs.decode_combine_rows_spec(dt, d, 2) == r  # (the form of 8 up to 8 splits)
+            with pytest.raises(ValueError, match="at most"):
+                _configs.decode_combine_rows_spec(dt, d, _configs.combine_rows_max_splits(d) + 1)
+    assert [_configs.combine_rows_max_splits(d) for d in (32, 64, 96, 128, 256)] == [16, 16, 16, 16, 8]
 
 
 def test_decode_probe_table():

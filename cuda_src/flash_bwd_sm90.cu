@@ -113,21 +113,30 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
 // KV heads, batch) in the launch's linear order (the KV tile fastest); block bid takes tile k G + bid of wave k for
 // even k and k G + G - 1 - bid for odd k, so that under the causal mask a block's long and short tiles alternate.
 // x < 0: the block's walk is over.
-template <int BLOCK_N>
+// LEAN (the stream-K kernels, whose producer warpgroup runs on 24 registers): every count read through a volatile move
+// at each use, so that the compiler cannot hoist the counts out of the walk's loops and hold them in registers there
+// (held, they spilled), and in 32-bit arithmetic.
+template <int BLOCK_N, bool LEAN = false>
 struct Sm90BwdTiles {
   const BwdParams& p;  // the counts are read from the parameters at each step (constant bank: no registers held)
+  __device__ __forceinline__ static int v(int x) { return LEAN ? opaque(x) : x; }
+  __device__ __forceinline__ int kv_heads() const {
+    return LEAN ? v((int)p.nheads) / (int)p.heads_per_kv : (int)(p.nheads / p.heads_per_kv);
+  }
   __device__ __forceinline__ int3 at(int k) const {
-    const int n = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N, ny = (int)(p.nheads / p.heads_per_kv);
-    const int G = (int)gridDim.x, bid = (int)blockIdx.x;
+    const int n = (v((int)p.seqlen_k) + BLOCK_N - 1) / BLOCK_N, ny = kv_heads();
+    const int G = v((int)gridDim.x), bid = (int)blockIdx.x;
     const int lin = k * G + (k & 1 ? G - 1 - bid : bid), pair = lin / n;
-    return lin < n * ny * (int)p.batch ? make_int3(lin - pair * n, pair % ny, pair / ny) : make_int3(-1, 0, 0);
+    return lin < n * ny * v((int)p.batch) ? make_int3(lin - pair * n, pair % ny, pair / ny) : make_int3(-1, 0, 0);
   }
-  // the launch's tile count, and its tile `lin` in the linear order
+  // the launch's tile count, its whole waves before stream-K's segments (Sm90BwdStreamK), its tile `lin` in the
+  // linear order
   __device__ __forceinline__ int count() const {
-    return ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N * (int)(p.nheads / p.heads_per_kv) * (int)p.batch;
+    return (v((int)p.seqlen_k) + BLOCK_N - 1) / BLOCK_N * kv_heads() * v((int)p.batch);
   }
+  __device__ __forceinline__ int sk_waves() const { return count() / v((int)gridDim.x) - 1; }
   __device__ __forceinline__ int3 of(int lin) const {
-    const int n = ((int)p.seqlen_k + BLOCK_N - 1) / BLOCK_N, ny = (int)(p.nheads / p.heads_per_kv), pair = lin / n;
+    const int n = (v((int)p.seqlen_k) + BLOCK_N - 1) / BLOCK_N, ny = kv_heads(), pair = lin / n;
     return make_int3(lin - pair * n, pair % ny, pair / ny);
   }
 };
@@ -150,16 +159,20 @@ struct Sm90BwdSeg {
   int lin, i0, i1;  // the tile (-1: none), its iterations [i0, i1)
 };
 struct Sm90BwdStreamK {
-  // segment s past the whole waves of this block, over `count` tiles of n_it iterations (64-bit: no host rule)
-  __device__ __forceinline__ static Sm90BwdSeg segment(int count, int n_it, int s) {
-    const int G = (int)gridDim.x, b = (int)blockIdx.x;
-    const int dp = (count / G - 1) * G;
-    const int64_t u = (int64_t)(count - dp) * n_it;
-    const int64_t lo = u * b / G, hi = u * (b + 1) / G;
-    const int tt = (int)(lo / n_it) + s;
-    const int64_t t0 = (int64_t)tt * n_it, start = max(lo, t0);
+  // Segment s past the whole waves of this block; n_it: every tile's iterations (no mask: group x Q tiles). The
+  // counts come from the parameters at each call (Sm90BwdTiles' LEAN), the ranges in 32 bits: u G < 2^32 is the host's
+  // rule (cuflash/_configs.py, sm90_bwd_stream_k_max_iters).
+  template <int BLOCK_M, int BLOCK_N>
+  __device__ __forceinline__ static Sm90BwdSeg segment(const BwdParams& p, int s, int& n_it) {
+    const Sm90BwdTiles<BLOCK_N, true> tiles{p};
+    const unsigned G = (unsigned)opaque((int)gridDim.x), b = blockIdx.x;
+    const int count = tiles.count(), dp = (count / (int)G - 1) * (int)G;
+    n_it = (opaque((int)p.seqlen_q) + BLOCK_M - 1) / BLOCK_M * opaque((int)p.heads_per_kv);
+    const unsigned u = (unsigned)(count - dp) * (unsigned)n_it;
+    const int lo = (int)(u * b / G), hi = (int)(u * (b + 1) / G);
+    const int tt = lo / n_it + s, t0 = tt * n_it, start = max(lo, t0);
     if (start >= hi) return Sm90BwdSeg{-1, 0, 0};
-    return Sm90BwdSeg{dp + tt, (int)(start - t0), (int)(min(hi - t0, (int64_t)n_it))};
+    return Sm90BwdSeg{dp + tt, start - t0, min(hi - t0, n_it)};
   }
   __device__ __forceinline__ static int* flag(const BwdParams& p, int block) {
     return reinterpret_cast<int*>(p.sk_workspace) + block;
@@ -352,13 +365,12 @@ template <bool PERSIST, bool SK, int BLOCK_M, int BLOCK_N, class M, class F>
 __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const SeqInfo& si, const M& band, int group,
                                                    const int3& blk1, const int2& qr1, F&& fn) {
   if constexpr (PERSIST) {
-    const Sm90BwdTiles<BLOCK_N> tiles{p};
+    const Sm90BwdTiles<BLOCK_N, SK> tiles{p};
     int it0 = 0, j = 0;
     // SK with a workspace: C / G - 1 whole waves, then the segments (every tile's Q tiles alike: no mask)
     const bool sk = SK && p.sk_workspace != nullptr;
-    const int waves = sk ? tiles.count() / (int)gridDim.x - 1 : 0;
 #pragma unroll 1
-    for (int k = 0; !sk || k < waves; ++k) {
+    for (int k = 0; !sk || k < tiles.sk_waves(); ++k) {
       const int3 blk = tiles.at(k);
       if (blk.x < 0) break;
       const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, blk.x * BLOCK_N);
@@ -370,13 +382,12 @@ __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const Seq
     }
     if constexpr (SK) {
       if (sk) {
-        const int2 qr = sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, 0);
-        const int n_it = group * qr.y, count = tiles.count();
 #pragma unroll 1
-        for (int s = 0;; ++s) {
-          const Sm90BwdSeg sg = Sm90BwdStreamK::segment(count, n_it, s);
+        for (;;) {  // segment j - whole waves (each wave gave the block a tile with work): no counter of its own
+          int n_it;
+          const Sm90BwdSeg sg = Sm90BwdStreamK::segment<BLOCK_M, BLOCK_N>(p, j - tiles.sk_waves(), n_it);
           if (sg.lin < 0) break;
-          fn(tiles.of(sg.lin), qr, it0, j, sg.i0, sg.i1,
+          fn(tiles.of(sg.lin), make_int2(0, n_it / group), it0, j, sg.i0, sg.i1,
              sg.i0 > 0 ? PART_TAIL : sg.i1 < n_it ? PART_HEAD : PART_WHOLE);
           it0 += sg.i1 - sg.i0;
           ++j;

@@ -112,13 +112,14 @@ def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
     return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k) if PERSIST is None else bool(PERSIST)
 
 
-def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid) -> bool:
+def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid, iters) -> bool:
     """Whether the main kernel of a call takes the stream-K form (STREAM_K, else the configuration) on a persistent
-    grid of `grid` blocks over `tiles` tiles."""
-    if strategy not in ("atomic", "seqpar") or not sm90_bwd_stream_k_eligible(d, causal, mod, seqlen_k, tiles, grid):
+    grid of `grid` blocks over `tiles` tiles of `iters` iterations."""
+    if strategy not in ("atomic", "seqpar") or not sm90_bwd_stream_k_eligible(d, causal, mod, seqlen_k, tiles, grid,
+                                                                                iters):
         return False
     if STREAM_K is None:
-        return PERSIST is not False and sm90_bwd_stream_k(d, causal, mod, seqlen_k, tiles, grid)
+        return PERSIST is not False and sm90_bwd_stream_k(d, causal, mod, seqlen_k, tiles, grid, iters)
     return bool(STREAM_K)
 
 
@@ -148,7 +149,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     if seqlen_k is not None and not tile.split:
         n_blocks, hk, b = -(-seqlen_k // tile.block_n), ka.shape[2], ka.shape[0]
         grid = main_grid(True, n_blocks, hk, b, qa.device)[0]
-        if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid):
+        iters = qa.shape[2] // hk * -(-qa.shape[1] // tile.block_m)  # (query head, Q tile) pairs of a tile (no mask)
+        if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid, iters):
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0

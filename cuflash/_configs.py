@@ -844,31 +844,44 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
 # 64 and 128: 4096 and 2048 tiles on 132 SMs, 3.1% of the time in the list model) is spread over every block; a tile
 # split between two blocks is finished by the one that began it, adding the other's partial dK, dV from the
 # workspace (cuflash/_walk.py). The walk is the forward's (stream_k_segment, with a tile's iterations for its K / V
-# tiles), in 64-bit arithmetic. SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per sequence where
+# tiles), in 32-bit arithmetic (sm90_bwd_stream_k_max_iters). SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per sequence where
 # calls take it (none listed: only where forced, cuflash._bwd_sm90.STREAM_K).
 SM90_BWD_SK_HEADDIMS = (64, 128)
 SM90_BWD_SK_SEQLEN_K: dict = {}
 SM90_BWD_SK_MAX_GRID = 4 * SM90_SK_MAX_GRID  # one int flag per block in the workspace's flags (the forward's 4 KB)
 
 
-def sm90_bwd_stream_k_eligible(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int,
-                               grid: int) -> bool:
+def sm90_bwd_stream_k_max_iters(tiles: int, grid: int) -> int:
+    """The most iterations per tile a stream-K launch of `tiles` tiles on `grid` blocks takes: the iterations past the
+    whole waves times the grid stay below 2^32 (Sm90BwdStreamK::segment's unsigned arithmetic)."""
+    rest = tiles - (tiles // grid - 1) * grid
+    return (2 ** 32 - 1) // (rest * grid)
+
+
+def sm90_bwd_stream_k_eligible(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int,
+                               iters: int) -> bool:
     """Whether a backward launch can take stream-K: kernel head dim 64 or 128, no mask, fixed lengths, more tiles than
-    blocks and a part-empty last wave, a grid the flags cover."""
+    blocks and a part-empty last wave, a grid the flags cover, and `iters` iterations per tile ((query head, Q tile)
+    pairs) within the segment arithmetic's 32 bits (sm90_bwd_stream_k_max_iters)."""
     return (headdim in SM90_BWD_SK_HEADDIMS and not causal and not mod and seqlen_k is not None and tiles > grid
-            and tiles % grid != 0 and grid <= SM90_BWD_SK_MAX_GRID)
+            and tiles % grid != 0 and grid <= SM90_BWD_SK_MAX_GRID
+            and 0 < iters <= sm90_bwd_stream_k_max_iters(tiles, grid))
 
 
-def sm90_bwd_stream_k(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int) -> bool:
+def sm90_bwd_stream_k(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int,
+                      iters: int) -> bool:
     """Whether the configuration takes stream-K for such a launch (SM90_BWD_SK_SEQLEN_K)."""
     rng = SM90_BWD_SK_SEQLEN_K.get(headdim)
-    return (rng is not None and sm90_bwd_stream_k_eligible(headdim, causal, mod, seqlen_k, tiles, grid)
+    return (rng is not None and sm90_bwd_stream_k_eligible(headdim, causal, mod, seqlen_k, tiles, grid, iters)
             and rng[0] <= seqlen_k <= rng[1])
 
 
 def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
-    """The stream-K form of the head dim's persistent tile (the same registers and shared memory)."""
-    return replace(sm90_bwd_persist_tile(headdim), stream_k=True)
+    """The stream-K form of the head dim's persistent tile: the same shared memory, and the registers of one block
+    per tile (24 for the producer warpgroup, 240 for the consumers): its walk reads every count from the parameters
+    at each use (the kernel's Sm90BwdTiles<BLOCK_N, true>), which is what fits the producer in 24 (reading them once,
+    it spilled 188-212 B; the persistent form's fixed walk 36-72 B)."""
+    return replace(sm90_bwd_persist_tile(headdim), stream_k=True, regs_mma=240, regs_load=24)
 
 
 def sm90_bwd_specs():

@@ -622,22 +622,31 @@ def test_stream_k_layout_and_rule():
     assert 4 * _configs.SM90_BWD_SK_MAX_GRID <= _walk.SK_FLAG_BYTES
     assert _walk.bwd_sk_bytes(132, 128) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 16 * 16
     assert _walk.bwd_sk_bytes(132, 64) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 8 * 16
-    el = _configs.sm90_bwd_stream_k_eligible
+    el = lambda *a: _configs.sm90_bwd_stream_k_eligible(*a, 32)  # noqa: E731 (32 iterations per tile)
     assert el(128, False, 0, 2048, 2048, 132) and el(64, False, 0, 2048, 4096, 132)
     assert not el(128, True, 0, 2048, 2048, 132) and not el(128, False, _configs.MOD_SCORE, 2048, 2048, 132)
     assert not el(96, False, 0, 2048, 2048, 132) and not el(256, False, 0, 2048, 2048, 132)
     assert not el(128, False, 0, None, 2048, 132) and not el(128, False, 0, 2048, 2112, 132)
     assert not el(128, False, 0, 2048, 100, 132) and not el(128, False, 0, 2048, 1 << 20, 1 + 4 * 256)
+    # the segment arithmetic's 32 bits: (tiles past the whole waves) x iterations x grid < 2^32
+    top = _configs.sm90_bwd_stream_k_max_iters(2048, 132)
+    assert top == (2 ** 32 - 1) // (200 * 132) and (200 * top * 132) < 2 ** 32 <= 200 * (top + 1) * 132
+    assert _configs.sm90_bwd_stream_k_eligible(128, False, 0, 2048, 2048, 132, top)
+    assert not _configs.sm90_bwd_stream_k_eligible(128, False, 0, 2048, 2048, 132, top + 1)
+    assert not _configs.sm90_bwd_stream_k_eligible(128, False, 0, 2048, 2048, 132, 0)
     for d in _configs.SM90_BWD_SK_HEADDIMS:
         rng = _configs.SM90_BWD_SK_SEQLEN_K.get(d)
         for n in (512, 1024, 2048, 4096, 8192, 16384):
-            assert _configs.sm90_bwd_stream_k(d, False, 0, n, 2048, 132) == (rng is not None and rng[0] <= n <= rng[1])
-        assert not _configs.sm90_bwd_stream_k(d, False, 0, 2048, 2112, 132)
+            assert _configs.sm90_bwd_stream_k(d, False, 0, n, 2048, 132, 32) == (rng is not None and
+                                                                               rng[0] <= n <= rng[1])
+        assert not _configs.sm90_bwd_stream_k(d, False, 0, 2048, 2112, 132, 32)
         t = _configs.sm90_bwd_stream_k_tile(d)
         assert t.persistent and t.stream_k and _configs.sm90_bwd_smem_bytes(d, t) == _configs.sm90_bwd_smem_bytes(
             d, _configs.sm90_bwd_persist_tile(d))
+        assert (t.regs_load, t.regs_mma) == (24, 240)  # (one block per tile's: the walk reads its counts at each use)
         plain = _configs.sm90_bwd_spec("bfloat16", d, False, _configs.sm90_bwd_persist_tile(d)).name
-        assert _configs.sm90_bwd_spec("bfloat16", d, False, t).name == plain[:-1] + ", true>"
+        assert _configs.sm90_bwd_spec("bfloat16", d, False, t).name == plain.replace(", 232, 40, ", ", 240, 24, ")[
+            :-1] + ", true>"
         assert _configs.sm90_bwd_spec("bfloat16", d, False, t) in _configs.sm90_bwd_specs()
         with pytest.raises(ValueError, match="stream-K"):
             _configs.sm90_bwd_spec("float16", d, True, t)
@@ -649,7 +658,8 @@ def test_stream_k_layout_and_rule():
 
 def test_stream_k_kernels_compile():
     """The stream-K kernels (both dtypes, head dims 64 and 128) compile for sm_90a with no spill, no local memory and
-    no ptxas performance note under both NVRTCs (the persistent form's 40 / 232 registers)."""
+    no ptxas performance note under both NVRTCs, on 24 registers for the producer warpgroup and 240 for the
+    consumers."""
     from conftest import compile_problems
 
     specs = [_configs.sm90_bwd_spec(dt, d, False, _configs.sm90_bwd_stream_k_tile(d)) for dt in _configs.DTYPES

@@ -16,9 +16,11 @@ the persistent form's gradients must match the one-tile kernel's to fp32 roundin
 another order); a failure prints FAIL and sets exit status 1. The table gives ms and the persistent form's speed as a
 fraction of the one-tile kernel's (one-tile ms / persistent ms), and each against cuDNN (cuDNN ms / cuflash ms), with
 the model's makespan over the ideal for both (the persistent form's static walk against the hardware's dispatch as
-blocks finish). --stream-k: the points without a mask only, and a third variant, the persistent form walking its last
-waves by stream-K (cuflash._bwd_sm90.STREAM_K; Sm90BwdStreamK), checked and timed as the others (columns "sk", its
-speed over the one-tile kernel's and over the fixed walk's, and against cuDNN); "persist" is then the fixed walk."""
+blocks finish). --stream-k: the points without a mask only, and two more variants, checked and timed as the others:
+"sk", the persistent form walking its last waves by stream-K (cuflash._bwd_sm90.STREAM_K; Sm90BwdStreamK), and "lean",
+the same kernel given no workspace, so that it walks the fixed walk's whole waves as "persist" does, on the registers
+of one block per tile (24 / 240) instead of the persistent form's 40 / 232 (columns: each one's speed over the
+one-tile kernel's and over the fixed walk's, and against cuDNN); "persist" is then the fixed walk."""
 from __future__ import annotations
 
 import sys
@@ -80,6 +82,9 @@ def run_point(dt, d, s, b, h, hk, causal, rounds):
            "persist": plan_call(views, causal, "atomic", PERSIST=True, STREAM_K=False)}
     if STREAM_K[0] and not causal:
         fns["sk"] = plan_call(views, causal, "atomic", PERSIST=True, STREAM_K=True)
+        if fns["sk"].plan.sk:  # (a launch stream-K can take)
+            fns["lean"] = plan_call(views, causal, "atomic", PERSIST=True, STREAM_K=True)
+            fns["lean"].plan.sk = 0  # no workspace: the kernel's fixed walk
     ref = [x.float() for x in fns["tile"]()]
     ok = True
     for name in [n for n in fns if n != "tile"]:
@@ -119,15 +124,17 @@ def table(rows):
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} {str(c):>6} | {f(t)} {f(p)} {f(cd)} | {r(t, p)[1:]} "
               f"{one / per:>7.3f} | {r(cd, t)} {r(cd, p)} | {'ok' if ok else 'FAIL'}")
     if any("sk" in ms for _, ms, _ in rows):
-        print("\nstream-K (the persistent form, its last waves by stream-K), ms; its speed over the one-tile kernel's "
-              "(one-tile ms / sk ms) and over the fixed walk's (persist ms / sk ms); against cuDNN (cuDNN ms / sk ms)")
-        print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'sk':>7} | {'t / sk':>7} {'p / sk':>7} "
-              f"{'(model)':>7} | {'cuDNN/sk':>8}")
+        print("\nstream-K (the persistent form, its last waves by stream-K) and lean (its kernel with no workspace: the "
+              "fixed walk on 24 / 240 registers), ms; stream-K's speed over the one-tile kernel's (one-tile ms / sk ms) "
+              "and over the fixed walk's (persist ms / sk ms), lean's over the fixed walk's (persist ms / lean ms); "
+              "against cuDNN (cuDNN ms / sk ms)")
+        print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'sk':>7} {'lean':>7} | {'t / sk':>7} {'p / sk':>7} "
+              f"{'(model)':>7} {'p / lean':>8} | {'cuDNN/sk':>8}")
         for (dt, d, s, b, h, hk, c), ms, ok in rows:
             if "sk" in ms:
-                t, p, k, cd = ms.get("tile"), ms.get("persist"), ms["sk"], ms.get("cudnn")
-                print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {f(k)} | {r(t, k)} {r(p, k)} "
-                      f"{model(d, s, b, h, hk, False)[1] / sk_model(d, s, b, hk):>7.3f} | {r(cd, k):>8}")
+                t, p, k, ln, cd = ms.get("tile"), ms.get("persist"), ms["sk"], ms.get("lean"), ms.get("cudnn")
+                print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {f(k)} {f(ln)} | {r(t, k)} {r(p, k)} "
+                      f"{model(d, s, b, h, hk, False)[1] / sk_model(d, s, b, hk):>7.3f} {r(p, ln):>8} | {r(cd, k):>8}")
 
 
 def main(argv):

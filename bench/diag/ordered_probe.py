@@ -39,7 +39,7 @@ def points(quick=False, headdims=(64, 128)):
 def plan_call(views, causal, strategy, **knobs):
     """A call of one sm90 backward plan (cuflash.backward._make_plan) of the validated views, made with the
     cuflash._bwd_sm90 module knobs `knobs` (CAUSAL_ORDER, CAUSAL_GROUP, PERSIST, ...) set for the plan's making and
-    put back after."""
+    put back after; the callable's `plan` is the plan."""
     from cuflash import _bwd_sm90, backward as bwd_mod
 
     old = {k: getattr(_bwd_sm90, k) for k in knobs}
@@ -52,7 +52,9 @@ def plan_call(views, causal, strategy, **knobs):
         for k, v in old.items():
             setattr(_bwd_sm90, k, v)
     ptrs = tuple(a.ptr for a in views)
-    return lambda: plan.run(*ptrs)
+    fn = lambda: plan.run(*ptrs)  # noqa: E731
+    fn.plan = plan  # (for a diagnostic that edits the plan)
+    return fn
 
 
 def _plan(views, causal, strategy, order):

@@ -51,6 +51,11 @@
 //                 the producer issues the next tile's first Q / dO stage as soon as its stage is free and its K / V
 //                 once both consumers have passed the last products that read them (kv_empty), so the next tile's
 //                 loads run under this tile's last iteration and dK / dV stores, and no block is launched per tile.
+//   SK            stream-K (the persistent form without a mask; Sm90BwdStreamK): the last waves' (query head, Q tile)
+//                 iterations in one equal range per block, a tile split between two blocks finished by the one that
+//                 began it from the other's fp32 partial dK, dV in the workspace (BwdParams::sk_workspace; null: the
+//                 fixed walk); its walk reads its counts at each use (Sm90BwdTiles' LEAN), so that its producer fits
+//                 24 registers.
 //
 // "ordered" under the causal mask. The KV tiles that see Q tile m are 0 .. last(m) (a prefix: a block's range
 // begins at its diagonal), so any order in which each Q tile's additions follow one fixed sequence of those KV

@@ -57,11 +57,13 @@ CHECKS = [(3, 4100, 1, 32, 128, "float16", [4100, 0, 130], 0, 1, False),
 def tiles():
     """name -> DecodeTile of the head-dim-128 tiles timed beside the configured one (32 keys x 4 warps x 2 stages,
     135 KB: one block per SM): 16 x 4 x 3 (two blocks per SM), 16 x 4 x 2 (two or three), 16 x 8 x 2 (one block of
-    8 warps)."""
+    8 warps), 16 x 2 x 3 (54 KB, 196 registers at one row fragment: four blocks of 2 warps per SM, the bytes in
+    flight of 16 x 4 x 3 in twice the slots -- 512 unsplit blocks, 8 KV heads at batch 64, in one wave of 528 instead
+    of 1.94 of 264)."""
     from cuflash._configs import DecodeTile
 
     return {"16x4w3": DecodeTile(16, 4, 3, swizzle=True), "16x4w2": DecodeTile(16, 4, 2, swizzle=True),
-            "16x8w2": DecodeTile(16, 8, 2, swizzle=True)}
+            "16x8w2": DecodeTile(16, 8, 2, swizzle=True), "16x2w3": DecodeTile(16, 2, 3, swizzle=True)}
 
 
 def correctness() -> bool:

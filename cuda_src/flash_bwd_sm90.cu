@@ -182,11 +182,11 @@ struct Sm90BwdStreamK {
   __device__ __forceinline__ static int* flag(const BwdParams& p, int block) {
     return reinterpret_cast<int*>(p.sk_workspace) + block;
   }
-  // consumer thread c's first float4 of block `block`'s slot (its fragment f at + f * 256)
-  template <int DF>
+  // consumer thread c's first float4 of block `block`'s slot of 2 NF float4 per thread (its fragment f at + f * 256)
+  template <int NF>
   __device__ __forceinline__ static float4* part(const BwdParams& p, int block, int c) {
     return reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p.sk_workspace) + SM90_BWD_SK_DATA_OFFSET) +
-           (size_t)block * 2 * DF * 256 + c;
+           (size_t)block * 2 * NF * 256 + c;
   }
 };
 
@@ -359,6 +359,50 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     }
     mbar_arrive(dq_empty);
   }
+}
+
+// Stream-K's end of a segment that is part of a tile (Sm90BwdStreamK), in the consumers (NF accumulator fragments of dK
+// and of dV per thread): a tail stores its partial (fp32, unscaled) in the block's slot and raises the block's flag --
+// true: the tile's dK, dV are the head's block's to store; a head waits for the next block's flag, sets it back and
+// adds that block's partial to its own -- false, as for a whole tile: the caller stores dK, dV.
+template <int NF>
+__device__ __forceinline__ bool sm90_bwd_sk_part(const BwdParams& p, int part, float (&acc_dk)[NF][4],
+                                                 float (&acc_dv)[NF][4]) {
+  const int c = threadIdx.x - 128;  // the consumer thread
+  if (part == PART_TAIL) {
+    float4* dst = Sm90BwdStreamK::part<NF>(p, (int)blockIdx.x, c);
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      __stcg(dst + f * 256, make_float4(acc_dk[f][0], acc_dk[f][1], acc_dk[f][2], acc_dk[f][3]));
+      __stcg(dst + (NF + f) * 256, make_float4(acc_dv[f][0], acc_dv[f][1], acc_dv[f][2], acc_dv[f][3]));
+    }
+    named_bar_sync(1, 256);  // every consumer thread's stores before the release (cumulative through the barrier)
+    if (c == 0) red_release_gpu_add(Sm90BwdStreamK::flag(p, (int)blockIdx.x), 1);
+    return true;
+  }
+  if (part == PART_HEAD) {
+    if (c == 0) {
+      int* fl = Sm90BwdStreamK::flag(p, (int)blockIdx.x + 1);
+      while (ld_acquire_gpu(fl) == 0) {
+      }
+      *fl = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
+    }
+    named_bar_sync(1, 256);
+    const float4* src = Sm90BwdStreamK::part<NF>(p, (int)blockIdx.x + 1, c);
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      const float4 a = __ldcg(src + f * 256), b = __ldcg(src + (NF + f) * 256);
+      acc_dk[f][0] += a.x;
+      acc_dk[f][1] += a.y;
+      acc_dk[f][2] += a.z;
+      acc_dk[f][3] += a.w;
+      acc_dv[f][0] += b.x;
+      acc_dv[f][1] += b.y;
+      acc_dv[f][2] += b.z;
+      acc_dv[f][3] += b.w;
+    }
+  }
+  return false;
 }
 
 // A block's tiles (KV tile, KV head, batch), each as fn(tile, its Q tiles [x, x + y) -- those that see the KV tile;
@@ -710,41 +754,8 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(dq_full);
     }
 
-    if constexpr (SK) {  // a stream-K part (Sm90BwdStreamK): the tail's partial to the workspace, or merged into the head
-      const int c = threadIdx.x - 128;
-      if (part == PART_TAIL) {
-        float4* dst = Sm90BwdStreamK::part<DF>(p, (int)blockIdx.x, c);
-#pragma unroll
-        for (int f = 0; f < DF; ++f) {
-          __stcg(dst + f * 256, make_float4(acc_dk[f][0], acc_dk[f][1], acc_dk[f][2], acc_dk[f][3]));
-          __stcg(dst + (DF + f) * 256, make_float4(acc_dv[f][0], acc_dv[f][1], acc_dv[f][2], acc_dv[f][3]));
-        }
-        named_bar_sync(1, 256);  // every consumer thread's stores before the release (cumulative through the barrier)
-        if (c == 0) red_release_gpu_add(Sm90BwdStreamK::flag(p, (int)blockIdx.x), 1);
-        return;
-      }
-      if (part == PART_HEAD) {
-        if (c == 0) {
-          int* fl = Sm90BwdStreamK::flag(p, (int)blockIdx.x + 1);
-          while (ld_acquire_gpu(fl) == 0) {
-          }
-          *fl = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
-        }
-        named_bar_sync(1, 256);
-        const float4* src = Sm90BwdStreamK::part<DF>(p, (int)blockIdx.x + 1, c);
-#pragma unroll
-        for (int f = 0; f < DF; ++f) {
-          const float4 a = __ldcg(src + f * 256), b = __ldcg(src + (DF + f) * 256);
-          acc_dk[f][0] += a.x;
-          acc_dk[f][1] += a.y;
-          acc_dk[f][2] += a.z;
-          acc_dk[f][3] += a.w;
-          acc_dv[f][0] += b.x;
-          acc_dv[f][1] += b.y;
-          acc_dv[f][2] += b.z;
-          acc_dv[f][3] += b.w;
-        }
-      }
+    if constexpr (SK) {
+      if (sm90_bwd_sk_part<DF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }
     // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
     store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
@@ -778,7 +789,7 @@ __global__ void __launch_bounds__(384, 1)
 // they are wgmma operands in both orientations. The buffer of iteration it is it % 2: its last readers, iteration
 // it - 2's products, completed before both consumers passed iteration it - 1's barriers.
 // PERSIST: the persistent form, as the 128-key kernel's (the iterations counted over the block's tiles, kv_empty
-// before the next tile's K and V).
+// before the next tile's K and V); SK: its stream-K form, as the 128-key kernel's.
 template <int D, int STAGES, bool PERSIST = false>
 struct Sm90BwdSplitLayout {
   static constexpr int BLOCK_N = 64, BLOCK_M = 64;
@@ -801,7 +812,7 @@ struct Sm90BwdSplitLayout {
 };
 
 template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int MOD = MOD_NONE,
-          int GROUP = 0, bool PERSIST = false>
+          int GROUP = 0, bool PERSIST = false, bool SK = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdSplitLayout<D, STAGES, PERSIST>;
@@ -819,6 +830,7 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && !PERSIST)),
                 "GROUP: the causal kernels only (the persistent form walks the launch's order)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
+  static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -859,12 +871,13 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
       if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, false, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j, int, int, int) {
+        sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+            p, si, band, group, blk1, qr1,
+            [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int) {
               if (qr.y > 0)
                 sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, true>(
                     p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N, blk.y, blk.z, group, qr.x, qr.y,
-                    rot_of(blk.x, qr.y), it0, kv_empty, tile_j);
+                    rot_of(blk.x, qr.y), it0, kv_empty, tile_j, i0, i1);
             });
       } else {
         sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(
@@ -888,10 +901,11 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
 
-  sm90_bwd_for_tiles<PERSIST, false, BLOCK_M, BLOCK_N>(
-      p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j, int, int, int) {
+  sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+      p, si, band, group, blk1, qr1,
+      [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int part) {
     const int n_block = blk.x, kv_head = blk.y, batch = blk.z, m_begin = qr.x, num_m = qr.y;
-    const int n0 = n_block * BLOCK_N, total = group * num_m;
+    const int n0 = n_block * BLOCK_N, total = i1 - i0;
     const int rot = PERSIST ? rot_of(n_block, num_m) : rot1;
     const Mask<CAUSAL, MOD> mask_kv = PERSIST ? si.mask<CAUSAL, MOD>(p, batch, kv_head * group) : mask_kv1;
     const int key_w = PERSIST ? n0 + 16 * warp : key_w1;  // the warp's rows of S^T / dP^T: keys key_w + g (+ 8)
@@ -901,6 +915,8 @@ __global__ void __launch_bounds__(384, 1)
 
     if (total > 0) mbar_wait(bar_kv, tile_j & 1);
     QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
+    walk.h = i0 / num_m;  // (i0: a stream-K segment's first iteration)
+    walk.m = i0 - walk.h * num_m;
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
@@ -1028,6 +1044,9 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
 
+    if constexpr (SK) {
+      if (sm90_bwd_sk_part<HF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
+    }
     // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim.
     store_dkdv<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
   });

@@ -146,12 +146,12 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k)
     sk = 0
-    if seqlen_k is not None and not tile.split:
+    if seqlen_k is not None:
         n_blocks, hk, b = -(-seqlen_k // tile.block_n), ka.shape[2], ka.shape[0]
         grid = main_grid(True, n_blocks, hk, b, qa.device)[0]
         iters = qa.shape[2] // hk * -(-qa.shape[1] // tile.block_m)  # (query head, Q tile) pairs of a tile (no mask)
         if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid, iters):
-            persistent, sk = True, _walk.bwd_sk_bytes(grid, d)
+            persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)

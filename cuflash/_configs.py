@@ -691,8 +691,7 @@ class Sm90BwdTile:
     column-split form (flash_bwd_sm90_split_kernel, head dim 256): block_n = 64 keys, the consumers each holding dK
     and dV of half the columns, block_m = 64; persistent: the kernel's PERSIST (a grid of at most one block per SM
     walking the tiles, each tile's K / V load under the previous tile's epilogue); stream_k: the kernel's SK (the
-    persistent form without a mask, the last waves' iterations cut into one equal range per block: Sm90BwdStreamK;
-    the 128-key kernel)."""
+    persistent form without a mask, the last waves' iterations cut into one equal range per block: Sm90BwdStreamK)."""
 
     block_m: int
     stages: int = 2
@@ -788,13 +787,14 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     if tile.persistent and (order or group):
         raise ValueError(f"the persistent form walks the launch's order (no \"ordered\", no group); got "
                          f"order={order!r}, group={group!r}")
-    if tile.stream_k and (not tile.persistent or tile.split or causal or mod):
-        raise ValueError(f"stream-K is a persistent form of the 128-key kernel without a mask; got causal={causal!r}, "
-                         f"mod={mod!r}, persistent={tile.persistent!r}, split={tile.split!r}")
+    if tile.stream_k and (not tile.persistent or causal or mod):
+        raise ValueError(f"stream-K is a persistent form without a mask; got causal={causal!r}, mod={mod!r}, "
+                         f"persistent={tile.persistent!r}")
     if tile.split:
         if order:
             raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
-        tail = (f", {mod}, {group}, true" if tile.persistent else f", {mod}, {group}" if group else
+        tail = (f", {mod}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
+                f", {mod}, {group}" if group else
                 (f", {mod}" if _mod_checked(causal, mod) else ""))
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
@@ -838,15 +838,15 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
             and seqlen_k is not None and seqlen_k <= limit)
 
 
-# Stream-K (Sm90BwdTile.stream_k, the kernel's SK; cuda_src/flash_bwd_sm90.cu Sm90BwdStreamK): the persistent form of
-# the 128-key kernel without a mask, its last waves' (query head, Q tile) iterations cut into one equal range per
-# block, so that the part-empty last wave of a tile count that is no multiple of the grid (the FA2 grid at head dims
-# 64 and 128: 4096 and 2048 tiles on 132 SMs, 3.1% of the time in the list model) is spread over every block; a tile
-# split between two blocks is finished by the one that began it, adding the other's partial dK, dV from the
-# workspace (cuflash/_walk.py). The walk is the forward's (stream_k_segment, with a tile's iterations for its K / V
-# tiles), in 32-bit arithmetic (sm90_bwd_stream_k_max_iters). SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per sequence where
-# calls take it (none listed: only where forced, cuflash._bwd_sm90.STREAM_K).
-SM90_BWD_SK_HEADDIMS = (64, 128)
+# Stream-K (Sm90BwdTile.stream_k, the kernels' SK; cuda_src/flash_bwd_sm90.cu Sm90BwdStreamK): the persistent form
+# without a mask, its last waves' (query head, Q tile) iterations cut into one equal range per block, so that the
+# part-empty last wave of a tile count that is no multiple of the grid (the FA2 grid at head dims 64, 128 and 256:
+# 4096, 2048 and 2048 tiles on 132 SMs, 3.1% of the time in the list model) is spread over every block; a tile split
+# between two blocks is finished by the one that began it, adding the other's partial dK, dV from the workspace
+# (cuflash/_walk.py). The walk is the forward's (stream_k_segment, with a tile's iterations for its K / V tiles), in
+# 32-bit arithmetic (sm90_bwd_stream_k_max_iters). SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per
+# sequence where calls take it (none listed: only where forced, cuflash._bwd_sm90.STREAM_K).
+SM90_BWD_SK_HEADDIMS = (64, 128, 256)
 SM90_BWD_SK_SEQLEN_K: dict = {}
 SM90_BWD_SK_MAX_GRID = 4 * SM90_SK_MAX_GRID  # one int flag per block in the workspace's flags (the forward's 4 KB)
 
@@ -860,8 +860,8 @@ def sm90_bwd_stream_k_max_iters(tiles: int, grid: int) -> int:
 
 def sm90_bwd_stream_k_eligible(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int,
                                iters: int) -> bool:
-    """Whether a backward launch can take stream-K: kernel head dim 64 or 128, no mask, fixed lengths, more tiles than
-    blocks and a part-empty last wave, a grid the flags cover, and `iters` iterations per tile ((query head, Q tile)
+    """Whether a backward launch can take stream-K: kernel head dim 64, 128 or 256, no mask, fixed lengths, more tiles
+    than blocks and a part-empty last wave, a grid the flags cover, and `iters` iterations per tile ((query head, Q tile)
     pairs) within the segment arithmetic's 32 bits (sm90_bwd_stream_k_max_iters)."""
     return (headdim in SM90_BWD_SK_HEADDIMS and not causal and not mod and seqlen_k is not None and tiles > grid
             and tiles % grid != 0 and grid <= SM90_BWD_SK_MAX_GRID
@@ -877,18 +877,20 @@ def sm90_bwd_stream_k(headdim: int, causal: bool, mod: int, seqlen_k: int | None
 
 
 def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
-    """The stream-K form of the head dim's persistent tile: the same shared memory, and the registers of one block
-    per tile (24 for the producer warpgroup, 240 for the consumers): its walk reads every count from the parameters
-    at each use (the kernel's Sm90BwdTiles<BLOCK_N, true>), which is what fits the producer in 24 (reading them once,
-    it spilled 188-212 B; the persistent form's fixed walk 36-72 B)."""
-    return replace(sm90_bwd_persist_tile(headdim), stream_k=True, regs_mma=240, regs_load=24)
+    """The stream-K form of the head dim's persistent tile: the same shared memory; in the 128-key kernel the
+    registers of one block per tile (24 for the producer warpgroup, 240 for the consumers): its walk reads every count
+    from the parameters at each use (the kernel's Sm90BwdTiles<BLOCK_N, true>), which is what fits the producer in 24
+    (reading them once, it spilled 188-212 B; the persistent form's fixed walk 36-72 B). The column-split kernel's
+    producer (its rotated Q-tile walk) still spilled 36-48 B at 24: the persistent tile's 40 / 232."""
+    t = replace(sm90_bwd_persist_tile(headdim), stream_k=True)
+    return t if t.split else replace(t, regs_mma=240, regs_load=24)
 
 
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
     grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
-    call far more unequal) and the stream-K forms of the plain 128-key kernels."""
+    call far more unequal) and the stream-K forms of the plain ones."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
     persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
                for c in (False, True)]

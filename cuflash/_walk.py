@@ -84,12 +84,12 @@ def slot(device: int, stream: int) -> int:
     return s
 
 
-def bwd_sk_bytes(grid: int, headdim: int) -> int:
+def bwd_sk_bytes(grid: int, headdim: int, split: bool = False) -> int:
     """The Hopper backward's stream-K workspace at a grid of `grid` blocks and a kernel head dim (cuda_src/
     flash_bwd_sm90.cu, Sm90BwdStreamK): the flags (one int per block, in the forward's SK_FLAG_BYTES), then per block
-    256 consumer threads' partial dK and dV, 2 x DP / 8 float4."""
+    256 consumer threads' partial dK and dV, 2 x DP / 8 float4 (the column-split kernel's, `split`: 2 x DP / 16)."""
     dp = -(-headdim // 64) * 64
-    return SK_FLAG_BYTES + grid * 2 * (dp // 8) * 256 * 16
+    return SK_FLAG_BYTES + grid * 2 * (dp // (16 if split else 8)) * 256 * 16
 
 
 def sk_bytes(grid: int, nwg: int, headdim: int) -> int:

@@ -540,29 +540,31 @@ def test_persist_probe_model(capsys):
 
 @pytest.mark.parametrize("cap", [None, 5])
 def test_stream_k_launches(res, cap):
-    """Forced on, stream-K runs the plain calls of kernel head dims 64 and 128 ("atomic" and "seqpar") whose tile
+    """Forced on, stream-K runs the plain calls of kernel head dims 64, 128 and 256 ("atomic" and "seqpar") whose tile
     count is above the grid's and no multiple of it, on the persistent grid, with the stream's workspace
     (cuflash._walk.bwd_sk_bytes for that grid) in the parameter block's sk_workspace; the causal mask, the modifiers,
-    head dims 96 and 256, and tile counts that fill whole waves keep their configured kernels, with no workspace."""
+    head dim 96, and tile counts that fill whole waves keep their configured kernels, with no workspace."""
     from cuflash import _walk
     from cuflash._bwd_sm90 import SK_WS_OFFSET
 
     sms = 132
     lim = sms if cap is None else cap
-    for name, d, tiles in (("d128", 128, 7 * 2 * 2), ("d48 seqpar", 64, 7 * 2 * 2), ("many tiles", 64, 63 * 8 * 4)):
+    for name, d, tiles in (("d128", 128, 7 * 2 * 2), ("d48 seqpar", 64, 7 * 2 * 2), ("many tiles", 64, 63 * 8 * 4),
+                           ("d256", 256, 13 * 2 * 2)):
         kernel, grid, raw = res[f"sk {cap} {name}"]
         g = min(tiles, lim)
         on = tiles > g and tiles % g
         tile = _configs.sm90_bwd_stream_k_tile(d) if on else _configs.sm90_bwd_persist_tile(d)
         assert [kernel, grid] == [_configs.sm90_bwd_spec("float16", d, False, tile).name, [g, 1, 1]], name
         ws = struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0]
-        assert ws == (0x7000_0000 + _walk.bwd_sk_bytes(g, d) if on else 0), name
+        assert ws == (0x7000_0000 + _walk.bwd_sk_bytes(g, d, tile.split) if on else 0), name
     assert res[f"sk {cap} d128"][0].endswith("true, true>") == (cap == 5)  # 28 tiles: on 5 blocks, not on 132
+    assert res[f"sk {cap} d256"][0].endswith("true, true>") == (cap == 5)  # 52 tiles of 64 keys, likewise
     kernel, grid, raw = res[f"sk {cap} whole waves"]
     assert [kernel, grid] == [_configs.sm90_bwd_spec("float16", 64, False).name, [63, 8, 4]]  # (8000 keys: one
     # block per tile, as configured without stream-K)
     assert struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0] == 0
-    for name in ("d128 causal", "window", "d96", "d256"):
+    for name in ("d128 causal", "window", "d96"):
         kernel, grid, raw = res[f"sk {cap} {name}"]
         assert not kernel.endswith("true, true>"), name
         assert struct.unpack_from("<Q", bytes.fromhex(raw), SK_WS_OFFSET)[0] == 0, name
@@ -622,10 +624,11 @@ def test_stream_k_layout_and_rule():
     assert 4 * _configs.SM90_BWD_SK_MAX_GRID <= _walk.SK_FLAG_BYTES
     assert _walk.bwd_sk_bytes(132, 128) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 16 * 16
     assert _walk.bwd_sk_bytes(132, 64) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 8 * 16
+    assert _walk.bwd_sk_bytes(132, 256, True) == _walk.SK_FLAG_BYTES + 132 * 256 * 2 * 16 * 16  # (half the columns)
     el = lambda *a: _configs.sm90_bwd_stream_k_eligible(*a, 32)  # noqa: E731 (32 iterations per tile)
     assert el(128, False, 0, 2048, 2048, 132) and el(64, False, 0, 2048, 4096, 132)
     assert not el(128, True, 0, 2048, 2048, 132) and not el(128, False, _configs.MOD_SCORE, 2048, 2048, 132)
-    assert not el(96, False, 0, 2048, 2048, 132) and not el(256, False, 0, 2048, 2048, 132)
+    assert not el(96, False, 0, 2048, 2048, 132) and el(256, False, 0, 2048, 2048, 132)
     assert not el(128, False, 0, None, 2048, 132) and not el(128, False, 0, 2048, 2112, 132)
     assert not el(128, False, 0, 2048, 100, 132) and not el(128, False, 0, 2048, 1 << 20, 1 + 4 * 256)
     # the segment arithmetic's 32 bits: (tiles past the whole waves) x iterations x grid < 2^32
@@ -643,10 +646,12 @@ def test_stream_k_layout_and_rule():
         t = _configs.sm90_bwd_stream_k_tile(d)
         assert t.persistent and t.stream_k and _configs.sm90_bwd_smem_bytes(d, t) == _configs.sm90_bwd_smem_bytes(
             d, _configs.sm90_bwd_persist_tile(d))
-        assert (t.regs_load, t.regs_mma) == (24, 240)  # (one block per tile's: the walk reads its counts at each use)
+        # the 128-key kernel on one block per tile's registers (its walk reads its counts at each use), the
+        # column-split one on the persistent form's
+        assert (t.regs_load, t.regs_mma) == ((40, 232) if t.split else (24, 240))
         plain = _configs.sm90_bwd_spec("bfloat16", d, False, _configs.sm90_bwd_persist_tile(d)).name
-        assert _configs.sm90_bwd_spec("bfloat16", d, False, t).name == plain.replace(", 232, 40, ", ", 240, 24, ")[
-            :-1] + ", true>"
+        assert _configs.sm90_bwd_spec("bfloat16", d, False, t).name == plain.replace(
+            ", 232, 40, ", f", {t.regs_mma}, {t.regs_load}, ")[:-1] + ", true>"
         assert _configs.sm90_bwd_spec("bfloat16", d, False, t) in _configs.sm90_bwd_specs()
         with pytest.raises(ValueError, match="stream-K"):
             _configs.sm90_bwd_spec("float16", d, True, t)
@@ -657,9 +662,9 @@ def test_stream_k_layout_and_rule():
 
 
 def test_stream_k_kernels_compile():
-    """The stream-K kernels (both dtypes, head dims 64 and 128) compile for sm_90a with no spill, no local memory and
-    no ptxas performance note under both NVRTCs, on 24 registers for the producer warpgroup and 240 for the
-    consumers."""
+    """The stream-K kernels (both dtypes, head dims 64, 128 and 256) compile for sm_90a with no spill, no local memory
+    and no ptxas performance note under both NVRTCs (the 128-key kernel on 24 registers for the producer warpgroup
+    and 240 for the consumers)."""
     from conftest import compile_problems
 
     specs = [_configs.sm90_bwd_spec(dt, d, False, _configs.sm90_bwd_stream_k_tile(d)) for dt in _configs.DTYPES

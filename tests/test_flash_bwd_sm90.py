@@ -252,12 +252,13 @@ def stream_k(request, monkeypatch):
 
 
 # Without a mask: ragged tails, seqlen_q > and < seqlen_k, one query row, GQA / MQA (8 query heads per KV head: a
-# tile's iterations run over several heads, and a split can fall inside one), padded head dims 48 and 120, one
-# iteration per tile (the parts are whole tiles), more tiles than SMs (272 and 2016 tiles on the full grid), and
-# tile counts that are a multiple of the grid (9 on 3 blocks: the fixed walk's kernel).
+# tile's iterations run over several heads, and a split can fall inside one), padded head dims 48, 120 and 200, one
+# iteration per tile (the parts are whole tiles), more tiles than SMs (272, 2016 and, at head dim 200, 136 tiles on
+# the full grid), tile counts that are a multiple of the grid (9 on 3 blocks: the fixed walk's kernel), and the
+# column-split kernel (head dims 200 and 256: 64-key tiles, the rotated Q-tile walk).
 SK_CASES = [(2, 300, 2100, 4, 2, 128), (3, 1100, 2100, 8, 1, 128), (2, 256, 2100, 8, 8, 48), (1, 700, 130, 4, 2, 120),
             (1, 129, 257, 6, 3, 128), (4, 64, 8000, 8, 8, 64), (1, 1, 1000, 2, 1, 64), (2, 1000, 300, 4, 4, 128),
-            (1, 2000, 700, 8, 1, 64)]
+            (1, 2000, 700, 8, 1, 64), (1, 700, 1000, 4, 2, 256), (2, 130, 4300, 2, 1, 200)]
 
 
 @pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])

@@ -11,7 +11,8 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
                             blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
                             and "seqpar", no modifiers; the other cases take their usual kernels)
     ... --stream-k N        stream-K forced on (cuflash._bwd_sm90.STREAM_K) with a grid of at most N blocks, on cases
-                            without a mask whose tile counts (4 and 10) leave the last wave part-empty at N = 3
+                            without a mask whose tile counts leave the last wave part-empty at N = 3 (two of the
+                            three at each head dim: 4 and 10 tiles of 128 keys, 8 and 20 of 64 at head dim 256)
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.

@@ -146,7 +146,7 @@ struct Sm90BwdTiles {
   }
 };
 
-// Stream-K (the kernel's SK: the persistent form without a mask, so every tile has the same n_it iterations). The
+// Stream-K (the kernels' SK: the persistent form without a mask, so every tile has the same n_it iterations). The
 // first C / G - 1 waves of the C tiles go out whole, as the fixed walk's; the iterations of the remaining tiles
 // (between G and 2G - 1 of them) are cut into G equal ranges in tile order, block b taking range b, so that the
 // blocks' work differs by a partial tile's epilogue rather than by a whole tile (the fixed walk's part-empty last
@@ -156,8 +156,8 @@ struct Sm90BwdTiles {
 // block, which reaches the end of its range last, waits for the flag, adds the partial to its own and stores the
 // tile's dK, dV (a fixed order of the two sums: deterministic). The workspace (p.sk_workspace, cuflash/_walk.py):
 // an int flag per block (every launch leaves them zero), then from byte SM90_BWD_SK_DATA_OFFSET one slot per block of
-// 256 consumer threads x 2 DF float4s, thread-major. p.sk_workspace null (a launch captured into a CUDA graph): every
-// tile whole, the fixed walk's waves.
+// 256 consumer threads x 2 NF float4 (NF: a consumer thread's accumulator fragments of dK, and of dV), thread-major.
+// p.sk_workspace null (a launch captured into a CUDA graph): every tile whole, the fixed walk's waves.
 constexpr int SM90_BWD_SK_DATA_OFFSET = 4096;  // cuflash/_walk.py: SK_FLAG_BYTES
 enum Sm90BwdPart { PART_WHOLE = 0, PART_TAIL = 1, PART_HEAD = 2 };
 struct Sm90BwdSeg {

@@ -448,6 +448,28 @@ __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const Seq
   }
 }
 
+// The loads' thread of either kernel: sm90_bwd_load over the launch's tile (blk1, its Q tiles qr1, its first Q tile
+// rot1), or over the persistent form's walk (rot_of(KV tile, Q tiles): a tile's first Q tile, with ROT).
+template <class L, int BLOCK_M, int STAGES, int ORDER, bool ROT, bool PERSIST, bool SK, class M, class R>
+__device__ __forceinline__ void sm90_bwd_produce(const BwdParams& p, const Sm90BwdMaps& maps, unsigned char* sm,
+                                                 uint64_t* bar_kv, uint64_t* full, uint64_t* empty, uint64_t* kv_empty,
+                                                 const SeqInfo& si, const M& band, int group, const int3& blk1,
+                                                 const int2& qr1, int rot1, R&& rot_of) {
+  constexpr int BLOCK_N = L::BLOCK_N;
+  if constexpr (PERSIST) {
+    sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
+        p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int) {
+          if (qr.y > 0)
+            sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, ROT, true>(p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N,
+                                                                blk.y, blk.z, group, qr.x, qr.y, rot_of(blk.x, qr.y),
+                                                                it0, kv_empty, tile_j, i0, i1);
+        });
+  } else {
+    sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, ROT>(p, maps, sm, bar_kv, full, empty, blk1.x * BLOCK_N, blk1.y, blk1.z,
+                                                  group, qr1.x, qr1.y, rot1);
+  }
+}
+
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
           int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false, bool SK = false>
 __global__ void __launch_bounds__(384, 1)
@@ -510,19 +532,9 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
-      if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1,
-            [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int) {
-              if (qr.y > 0)
-                sm90_bwd_load<L, BLOCK_M, STAGES, ORDER, false, true>(p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N,
-                                                                      blk.y, blk.z, group, qr.x, qr.y, 0, it0,
-                                                                      kv_empty, tile_j, i0, i1);
-            });
-      } else {
-        sm90_bwd_load<L, BLOCK_M, STAGES, ORDER>(p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x,
-                                                 qr1.y, 0);
-      }
+      sm90_bwd_produce<L, BLOCK_M, STAGES, ORDER, false, PERSIST, SK>(p, maps, sm, bar_kv, full, empty, kv_empty, si,
+                                                                     band, group, blk1, qr1, 0,
+                                                                     [](int, int) { return 0; });
     } else if (threadIdx.x == 32 && (PERSIST || total1 > 0)) {  // the dQ writer
       if constexpr (PERSIST) {
         sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
@@ -869,21 +881,9 @@ __global__ void __launch_bounds__(384, 1)
 
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
-    if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
-      if constexpr (PERSIST) {
-        sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
-            p, si, band, group, blk1, qr1,
-            [&](const int3& blk, const int2& qr, int it0, int tile_j, int i0, int i1, int) {
-              if (qr.y > 0)
-                sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, true>(
-                    p, maps, sm, bar_kv, full, empty, blk.x * BLOCK_N, blk.y, blk.z, group, qr.x, qr.y,
-                    rot_of(blk.x, qr.y), it0, kv_empty, tile_j, i0, i1);
-            });
-      } else {
-        sm90_bwd_load<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE>(
-            p, maps, sm, bar_kv, full, empty, n0_1, blk1.y, blk1.z, group, qr1.x, qr1.y, rot1);
-      }
-    }
+    if (threadIdx.x == 0 && (PERSIST || total1 > 0))
+      sm90_bwd_produce<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, PERSIST, SK>(
+          p, maps, sm, bar_kv, full, empty, kv_empty, si, band, group, blk1, qr1, rot1, rot_of);
     return;
   }
 

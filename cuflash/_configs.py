@@ -512,11 +512,17 @@ SM90_SK_MAX_GRID = 256
 SM90_SK_MERGE = 0.5  # a split tile's merge and its second prologue, in K / V tiles, in the list model
 
 
+def stream_k_max_per_tile(tiles: int, grid: int, bits: int) -> int:
+    """The most units (K / V tiles, iterations) per tile a stream-K launch of `tiles` tiles on `grid` blocks takes so
+    that the units past the whole waves times the grid stay below 2^bits (the kernels' 32-bit segment arithmetic)."""
+    rest = tiles - (tiles // grid - 1) * grid
+    return (2 ** bits - 1) // (rest * grid)
+
+
 def stream_k_max_kv(tiles: int, grid: int) -> int:
     """The most K / V tiles per Q tile a stream-K launch of `tiles` Q tiles on `grid` blocks takes: the pairs past the
     whole waves times the grid stay below 2^31 (Sm90FwdStreamK::segment's unsigned arithmetic)."""
-    rest = tiles - (tiles // grid - 1) * grid
-    return (2 ** 31 - 1) // (rest * grid)
+    return stream_k_max_per_tile(tiles, grid, 31)
 
 
 def stream_k_eligible(causal: bool, packed: bool, tiles: int, n_kv: int, grid: int) -> bool:
@@ -854,8 +860,7 @@ SM90_BWD_SK_MAX_GRID = 4 * SM90_SK_MAX_GRID  # one int flag per block in the wor
 def sm90_bwd_stream_k_max_iters(tiles: int, grid: int) -> int:
     """The most iterations per tile a stream-K launch of `tiles` tiles on `grid` blocks takes: the iterations past the
     whole waves times the grid stay below 2^32 (Sm90BwdStreamK::segment's unsigned arithmetic)."""
-    rest = tiles - (tiles // grid - 1) * grid
-    return (2 ** 32 - 1) // (rest * grid)
+    return stream_k_max_per_tile(tiles, grid, 32)
 
 
 def sm90_bwd_stream_k_eligible(headdim: int, causal: bool, mod: int, seqlen_k: int | None, tiles: int, grid: int,

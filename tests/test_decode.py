@@ -238,6 +238,205 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
         plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=combine_rows_max_splits(d) + 1, combine="rows")
 
 
+# ------------------------------------------------------------------ the fused combine
+_TICKETS = "_ZN7cuflash14decode_ticketsE"  # cuflash::decode_tickets (cuda_src/flash_decode.cu)
+
+
+def _tickets(plan):
+    """The ticket array of the module of a fused plan's decode kernel, read back ([slots, groups] uint32)."""
+    from cupy.cuda import driver, runtime
+
+    from cuflash import _configs
+
+    from cuflash import _launch
+
+    fn = plan.launches[0][0]  # the kernel's function handle; its module is the launcher's that holds it
+    lau = [la for la in list(_launch._launchers.values()) if la.ptr == fn][0]
+    got = driver.moduleGetGlobal(lau.raw.module.ptr, _TICKETS)
+    shape = (_configs.DECODE_FUSED_SLOTS, _configs.DECODE_FUSED_GROUPS)
+    ptr, size = got if isinstance(got, tuple) else (got, 4 * shape[0] * shape[1])
+    assert size == 4 * shape[0] * shape[1]
+    host = np.empty(shape, np.uint32)
+    runtime.deviceSynchronize()
+    runtime.memcpy(host.ctypes.data, ptr, host.nbytes, runtime.memcpyDeviceToHost)
+    return host
+
+
+def _fused_and_rows(q, kc, vc, seqlens, n, lens, block_table=None, causal=False, check_ref=True):
+    """The fused plan of n splits against the float64 reference (partials poisoned with NaN) and, where the rows
+    combine takes n splits, against it on the same kernel geometry (one row fragment): the same weights summed in
+    the same order at head dims 128 and 256, so bitwise equal there. Returns (out, lse) of the fused plan."""
+    import torch
+
+    from cuflash._configs import DECODE_FUSED_MF
+    from cuflash.decode import combine_rows_max_splits, plan_for, run_plan
+
+    d = q.shape[3]
+    plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n, combine="fused", block_table=block_table,
+                    causal=causal)
+    assert plan.num_splits == n and len(plan.launches) == 1 and len(plan.fused) == 2
+    assert plan.launches[0] == plan.fused[0]
+    rows = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n, block_table=block_table, causal=causal,
+                    combine="rows", mf=DECODE_FUSED_MF) if n <= combine_rows_max_splits(d) else None
+    res = []
+    for pl in (plan, rows):
+        if pl is None:
+            continue
+        o_elems = pl.lse_accum_offset // 4  # the fp32 partials o_accum, then lse_accum (cuflash.decode._make_plan)
+        scratch = (torch.full((o_elems,), float("nan"), device="cuda"),
+                   torch.full((pl.scratch_elems - o_elems,), float("nan"), device="cuda"))
+        res.append(run_plan(pl, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True, scratch=scratch,
+                            block_table=block_table))
+    out, lse = res[0]
+    if check_ref:
+        check(out, lse, q, kc if block_table is None else _gather_pages(kc, block_table),
+              vc if block_table is None else _gather_pages(vc, block_table), lens, causal)
+    if rows is not None and d in (128, 256):
+        assert torch.equal(out, res[1][0]) and torch.equal(lse, res[1][1])
+    return out, lse
+
+
+def _gather_pages(cache, block_table):
+    """A paged cache [pages, page_size, hk, d] as the contiguous [b, pages per row x page_size, hk, d] it stands for."""
+    b, n = block_table.shape
+    return cache[block_table.long()].reshape(b, n * cache.shape[1], *cache.shape[2:])
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_combine_every_split_count(d, dtype):
+    """The fused combine (combine="fused": the last split block of each row group combines it, one launch) with every
+    split count it takes (2-16), GQA 12/4 at batch 5 (20 row groups of 3 rows), ragged lengths (0, 1, a few keys:
+    splits of no key, and a group all of whose splits are empty), partials poisoned with NaN, against the float64
+    reference and, at head dims 128 and 256, bitwise against the rows combine; twice in a row (its tickets left zero:
+    the same bits again); the ticket array all zero after."""
+    import torch
+
+    from cuflash import _configs
+
+    b, s_cache, h, hk = 5, 2000, 12, 4
+    kc, vc = make_cache(b, s_cache, hk, d, dtype)
+    lens = [2000, 0, 1, 37, 1500]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=getattr(torch, dtype))
+    for n in range(2, _configs.DECODE_FUSED_MAX_SPLITS + 1):
+        out, lse = _fused_and_rows(q, kc, vc, seqlens, n, lens)
+        assert (to_np(out)[1] == 0).all()
+        again, lse2 = _fused_and_rows(q, kc, vc, seqlens, n, lens, check_ref=False)
+        assert torch.equal(out, again) and torch.equal(lse, lse2)
+    from cuflash.decode import plan_for
+
+    assert not _tickets(plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=4, combine="fused")).any()
+    with pytest.raises(ValueError, match="combine='fused' takes 2..16 splits"):
+        plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=17, combine="fused")
+
+
+@pytest.mark.parametrize("case", ["mha_b1", "mqa_b3", "causal_spec", "paged", "groups_64"])
+def test_fused_combine_shapes(case):
+    """The fused combine on the shapes the small decoding steps have: 32 KV heads at batch 1 (32 groups of one row),
+    MQA 32/1 at batch 3 (32 folded rows in two m-blocks of 16: 4 rounds of loads for a last block), causal
+    speculative rows
+    (3 queries), a paged cache (pages of 16 keys), and 64 row groups (the ticket slot's size), every one at 3 and 16
+    splits against the float64 reference."""
+    import torch
+
+    d = 128
+    if case == "mha_b1":
+        b, h, hk, sq, s_cache = 1, 32, 32, 1, 3000
+    elif case == "mqa_b3":
+        b, h, hk, sq, s_cache = 3, 32, 1, 1, 4100
+    elif case == "causal_spec":
+        b, h, hk, sq, s_cache = 2, 8, 2, 3, 1000
+    elif case == "paged":
+        b, h, hk, sq, s_cache = 2, 32, 8, 1, 2048
+    else:
+        b, h, hk, sq, s_cache = 8, 64, 8, 1, 1024
+    lens = [s_cache, 1, 700][:b] + [s_cache // 3] * max(0, b - 3)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.float16)
+    block_table = None
+    if case == "paged":
+        page, per_row = 16, s_cache // 16
+        kc, vc = make_cache(1, b * per_row * page, hk, d, "float16")
+        kc, vc = kc.reshape(b * per_row, page, hk, d), vc.reshape(b * per_row, page, hk, d)
+        block_table = torch.randperm(b * per_row, device="cuda").to(torch.int32).reshape(b, per_row)
+    else:
+        kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    for n in (3, 16):
+        _fused_and_rows(q, kc, vc, seqlens, n, lens, block_table=block_table, causal=case == "causal_spec")
+
+
+def test_fused_combine_without_a_slot(monkeypatch):
+    """With no ticket slot left the fused plan launches its kernel and the combine kernel after it (walk_slot -1 in
+    the block: the kernel writes the partials and exits): the same result, bitwise."""
+    import torch
+
+    from cuflash import _walk
+    from cuflash.decode import plan_for, run_plan
+
+    b, s_cache, h, hk, d = 2, 3000, 32, 8, 128
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    seqlens = torch.tensor([3000, 5], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=6, combine="fused")
+    with_slot = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True)
+    monkeypatch.setattr(_walk, "DECODE_SLOTS", _walk.SlotPool(0))
+    without = run_plan(plan, q, kc, vc, cache_seqlens=seqlens, return_softmax_lse=True)
+    check(without[0], without[1], q, kc, vc, [3000, 5], False)
+    assert torch.equal(with_slot[0], without[0]) and torch.equal(with_slot[1], without[1])
+
+
+def test_fused_combine_streams_and_graph_replay():
+    """Fused launches on two streams at once (a slot each), alternating split counts on each (a group counted to 3,
+    then to 16, on the same tickets), and the plan captured into a CUDA graph after an append (a slot of its own)
+    and replayed after the lengths changed: every output against the float64 reference, the tickets zero after."""
+    import torch
+
+    from cuflash.decode import plan_for, run_plan
+
+    b, s_cache, h, hk, d = 2, 4096, 32, 8, 128
+    kc, vc = make_cache(b, s_cache, hk, d, "float16")
+    lens = [4000, 77]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
+    plans = {n: plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=n, combine="fused") for n in (3, 16)}
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    torch.cuda.synchronize()
+    for i in range(6):
+        s = streams[i % 2]
+        with torch.cuda.stream(s):
+            outs.append(run_plan(plans[(3, 16)[(i // 2) % 2]], q, kc, vc, cache_seqlens=seqlens,
+                                 return_softmax_lse=True))
+    torch.cuda.synchronize()
+    for out, lse in outs:
+        check(out, lse, q, kc, vc, lens, False)
+    # captured: append one key, then attend with the fused combine
+    kn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
+    vn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.float16)
+    plan = plan_for(q, kc, vc, kn, vn, cache_seqlens=seqlens, num_splits=5, combine="fused")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        run_plan(plan, q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens.clone())
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = run_plan(plan, q, kc, vc, kn, vn, cache_seqlens=seqlens)
+    for new in ([10, 4000], [4095, 0]):
+        seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        kn.copy_(torch.randn_like(kn))
+        vn.copy_(torch.randn_like(vn))
+        g.replay()
+        torch.cuda.synchronize()
+        qn, kcn, vcn = to_np(q), to_np(kc), to_np(vc)
+        for i, n in enumerate(new):
+            ro, _ = reference.attention_forward(qn[i:i + 1], kcn[i:i + 1, :n + 1], vcn[i:i + 1, :n + 1], None, False)
+            lp = torch_attention_lowp(q[i:i + 1], kc[i:i + 1, :n + 1], vc[i:i + 1, :n + 1], d ** -0.5, False)
+            assert_close_to_ref("fused replay", out[i:i + 1], lp, ro)
+    assert not _tickets(plans[3]).any()
+
+
 def test_decode_validation():
     import torch
 

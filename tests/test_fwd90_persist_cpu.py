@@ -143,7 +143,7 @@ qa, ka, va = check_qkv(q, k, v)
 plan = _fwd_sm90.make_plan(qa, ka, va, None, True, "auto")
 res["plan walk"] = [plan.walk, [launches(lambda: plan.run(qa.ptr, ka.ptr, va.ptr))[0][0][2] for _ in range(2)],
                     launches(lambda: _fwd_sm90.forward(qa, ka, va, None, True))[0][0][2],
-                    _walk.SLOT_OFFSET, dict(_walk._stream_slots).__len__()]
+                    _walk.SLOT_OFFSET, dict(_walk.FWD_SLOTS.streams).__len__()]
 q, k, v = (T((1, 4224, 4, 128), torch.float16) for _ in range(3))
 qa, ka, va = check_qkv(q, k, v)
 plan = _fwd_sm90.make_plan(qa, ka, va, None, False, "auto")  # 132 Q tiles of the same work: one whole wave, fixed

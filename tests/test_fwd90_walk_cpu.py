@@ -115,27 +115,37 @@ def test_dynamic_walk_rule_on_the_fa2_grid(causal):
                        (128, 2048): 0, (128, 4096): 0, (128, 8192): 0, (128, 16384): 0}
 
 
-def test_kernel_slot_count_matches():
+def test_kernel_slot_counts_match():
     src = (ROOT / "cuda_src" / "flash_fwd_sm90.cu").read_text()
-    assert int(re.search(r"constexpr int SM90_WALK_SLOTS = (\d+);", src).group(1)) == _walk.SLOTS
+    assert int(re.search(r"constexpr int SM90_WALK_SLOTS = (\d+);", src).group(1)) == _walk.SLOTS == _walk.FWD_SLOTS.size
+    src = (ROOT / "cuda_src" / "flash_decode.cu").read_text()
+    for name in ("DECODE_FUSED_SLOTS", "DECODE_FUSED_GROUPS", "DECODE_FUSED_MAX_SPLITS"):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == getattr(_configs, name)
+    assert _walk.DECODE_SLOTS.size == _configs.DECODE_FUSED_SLOTS
 
 
-def test_slots_per_stream_and_per_captured_launch(monkeypatch):
+@pytest.mark.parametrize("pool", ["FWD_SLOTS", "DECODE_SLOTS"])
+def test_slots_per_stream_and_per_captured_launch(monkeypatch, pool):
     """One slot per (device, stream), the same on every call; a launch on a stream being captured takes a new one each
-    time; none left: -1 (the fixed waves)."""
-    monkeypatch.setattr(_walk, "_stream_slots", {})
-    monkeypatch.setattr(_walk, "_taken", [0])
+    time; none left: -1 (the forward's fixed waves, the decode's combine kernel). The two pools count apart."""
+    pool = _walk.SlotPool(getattr(_walk, pool).size)
+    other = _walk.SlotPool(8)
     capturing = set()
     monkeypatch.setattr(_walk, "capturing", lambda stream: stream in capturing)
-    a, b = _walk.slot(0, 111), _walk.slot(0, 222)
-    assert a != b and _walk.slot(0, 111) == a and _walk.slot(1, 111) not in (a, b)
+    a, b = pool.slot(0, 111), pool.slot(0, 222)
+    assert a != b and pool.slot(0, 111) == a and pool.slot(1, 111) not in (a, b)
+    assert other.slot(0, 999) == 0  # (a pool of its own: its first slot whatever the other has handed out)
     capturing.add(333)
-    c1, c2 = _walk.slot(0, 333), _walk.slot(0, 333)
-    assert len({a, b, c1, c2, _walk.slot(1, 111)}) == 5
+    c1, c2 = pool.slot(0, 333), pool.slot(0, 333)
+    assert len({a, b, c1, c2, pool.slot(1, 111)}) == 5
     capturing.clear()
-    assert _walk.slot(0, 333) not in (c1, c2)  # (its eager slot, apart from the captured launches')
-    monkeypatch.setattr(_walk, "_taken", [_walk.SLOTS - 1])
-    assert _walk.slot(0, 444) == _walk.SLOTS - 1 and _walk.slot(0, 555) == -1 and _walk.slot(0, 444) == _walk.SLOTS - 1
+    assert pool.slot(0, 333) not in (c1, c2)  # (its eager slot, apart from the captured launches')
+    pool.taken = pool.size - 1
+    assert pool.slot(0, 444) == pool.size - 1 and pool.slot(0, 555) == -1 and pool.slot(0, 444) == pool.size - 1
+
+
+def test_forward_slot_is_its_pools():
+    assert _walk.slot == _walk.FWD_SLOTS.slot
 
 
 def test_capturing_without_a_gpu_is_false():

@@ -74,6 +74,9 @@
 //   SK                the persistent form without a mask, able to walk by stream-K (Sm90FwdStreamK) when the host
 //                     passes a workspace (p.o_accum); false by default (a kernel of its own: carrying stream-K's code
 //                     measured 1-3% slower on the fixed walk, bench/NOTES.md)
+//   CAP_MAX           MOD_SCORE: on tiles where the soft-cap is the only change (Mask::cap_only), the row max taken
+//                     of the raw scores and capped once (OnlineSoftmax::update_max_capped) rather than of the capped
+//                     scores after Mask::apply; false by default (a variant: Sm90FwdTile.cap_max)
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -718,7 +721,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
           bool PINGPONG, int SMEM_BYTES, int MOD = MOD_NONE, bool O_TMA = false, int MINB = 1, bool PERSIST = false,
-          bool SK = false>
+          bool SK = false, bool CAP_MAX = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p,
                           const __grid_constant__ typename Sm90FwdMapsOf<O_TMA>::type maps) {
@@ -740,6 +743,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
                 "host smem size must match the layout");
   static_assert(!PERSIST || MOD == MOD_NONE, "the persistent form takes no score modifier");
   static_assert(!SK || (PERSIST && !CAUSAL), "stream-K: the persistent form without a mask");
+  static_assert(!CAP_MAX || (MOD & MOD_SCORE), "the capped-max form: the modifier kernels");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -860,6 +864,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
   // The masked scores of tile n (only where some element is hidden or a value modifier is on: warpgroup-uniform),
   // then the new row max.
   auto mask_and_max = [&](int n) {
+    if constexpr (CAP_MAX) {  // the soft-cap's max from the raw scores on the tiles where it is the only change
+      if (mask.cap_only(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1)) {
+        mask.clear_shift(shift);
+        return softmax.update_max_capped(acc_s, scale_log2, mask.cap_pre);
+      }
+    }
     if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
       mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
     else

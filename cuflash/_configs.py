@@ -253,6 +253,7 @@ class Sm90FwdTile:
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
     persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
     stream_k: bool = False  # the kernel's SK: the persistent form able to walk by stream-K (no mask; a kernel of its own)
+    cap_max: bool = False  # the kernel's CAP_MAX (MOD_SCORE): the soft-cap's row max from the raw scores (a variant)
 
     def __post_init__(self):
         # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
@@ -653,14 +654,17 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
         raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
     if tile.stream_k and causal:
         raise ValueError(f"tile {tile}: stream-K takes no causal mask")
+    if tile.cap_max and not mod & MOD_SCORE:
+        raise ValueError(f"tile {tile}: the capped-max form is a modifier kernel's (mod {mod})")
     b = lambda x: "true" if x else "false"  # noqa: E731
     # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
-    # O_TMA false, MINB 1, PERSIST false): the configured kernels keep their names
+    # O_TMA false, MINB 1, PERSIST false, SK false, CAP_MAX false): the configured kernels keep their names
     pers = tile.persistent
-    minb = tile.min_blocks != 1 or pers
+    minb = tile.min_blocks != 1 or pers or tile.cap_max
     tail = (f"{', %d' % mod if _mod_checked(causal, mod) or tile.o_tma or minb else ''}"
             f"{', %s' % b(tile.o_tma) if tile.o_tma or minb else ''}{', %d' % tile.min_blocks if minb else ''}"
-            f"{', true' if pers else ''}{', true' if tile.stream_k else ''}")
+            f"{', %s' % b(pers) if pers or tile.cap_max else ''}"
+            f"{', %s' % b(tile.stream_k) if tile.stream_k or tile.cap_max else ''}{', true' if tile.cap_max else ''}")
     name = (f"cuflash::flash_fwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_n}, {tile.nwg}, {tile.stages}, "
             f"{b(causal)}, {tile.regs_mma}, {tile.regs_load}, {b(tile.pingpong)}, {smem}{tail}>")
     return KernelSpec("flash_fwd_sm90.cu", name, tile.threads, smem, 90, "a")
@@ -687,6 +691,19 @@ def sm90_fwd_specs():
                         if u.persistent and not c and m == MOD_NONE:
                             out.append(sm90_fwd_spec(dt, d, c, replace(u, stream_k=True), m))
     return list(dict.fromkeys(out))
+
+
+# The capped-max form (Sm90FwdTile.cap_max) of the modifier kernels at these head dims: a variant, launched by the
+# diagnostics (bench/diag/softcap_check.py) through a tile override, not by a call's configuration.
+SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
+
+
+def sm90_fwd_variant_specs():
+    """The Hopper forward's variants the diagnostics launch: the capped-max form of each configured modifier tile at
+    SM90_FWD_CAP_MAX_HEADDIMS."""
+    return list(dict.fromkeys(sm90_fwd_spec(dt, d, False, replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=True),
+                                            MOD_SCORE)
+                              for dt in DTYPES for d in SM90_FWD_CAP_MAX_HEADDIMS for n in SM90_FWD_KEY_BOUNDS))
 
 
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)
@@ -1583,6 +1600,7 @@ def all_specs():
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
+    specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
     return list(dict.fromkeys(specs))

@@ -449,8 +449,9 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
             p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
-        if fused:  # one kernel per call; both where the call finds no slot
+        if fused:  # one kernel per call; both where the call finds no slot (plan.pdl: of the one-kernel launch)
             p.fused, p.launches = p.launches, p.launches[:1]
+            p.pdl = any(ex is not None for *_, ex in p.launches)
     else:  # one split: the kernel writes out (and the LSE) itself
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)

@@ -252,7 +252,9 @@ def _tickets(plan):
 
     fn = plan.launches[0][0]  # the kernel's function handle; its module is the launcher's that holds it
     lau = [la for la in list(_launch._launchers.values()) if la.ptr == fn][0]
-    got = driver.moduleGetGlobal(lau.raw.module.ptr, _TICKETS)
+    # (a decode kernel is a cupy.RawKernel: its module is its Function's; an sm_90a cubin kernel holds .module)
+    module = getattr(lau.raw, "module", None) or lau.raw.kernel.module
+    got = driver.moduleGetGlobal(module.ptr, _TICKETS)
     shape = (_configs.DECODE_FUSED_SLOTS, _configs.DECODE_FUSED_GROUPS)
     ptr, size = got if isinstance(got, tuple) else (got, 4 * shape[0] * shape[1])
     assert size == 4 * shape[0] * shape[1]

@@ -112,6 +112,35 @@ def test_forward_modifiers_long(dtype, backend, opt, sq, sk):
     check_forward(q, k, v, out, lse, 128 ** -0.5, causal, window, cap, alibi, f"{backend} {opt}")
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 30.0, None), (True, (-1, -1), 30.0, None),
+                                                     (False, (300, 0), 5.0, None), (True, (-1, -1), 30.0, "head"),
+                                                     (False, (-1, -1), 0.0, "head")],
+                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
+def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
+    """The Hopper forward's capped-max form (Sm90FwdTile.cap_max: on tiles where the soft-cap is the only change,
+    the row max of the raw scores capped once) against the float64 reference, with large logits (inputs x3): the
+    soft-cap alone, causal (diagonal tiles take Mask::apply), a window, with ALiBi (no tile takes the form) and
+    ALiBi alone, GQA 4/2, ragged tails and seqlen_q != seqlen_k both ways."""
+    from dataclasses import replace
+
+    from cuflash import _configs, _fwd_sm90
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    needs_backend("sm90", d)
+    b, h, hk = 2, 4, 2
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    tile = replace(_configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE), cap_max=True)
+    out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+    check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"capped max {dtype} d{d}")
+
+
 def check_backward(b, sq, sk, h, hk, d, dtype, causal, window, cap, alibi_kind, warp_partition="auto",
                    dq_strategy=None, deterministic=False):
     import torch

@@ -190,3 +190,25 @@ def test_compile_check_flags_ptxas_performance_notes():
                                        "wgmma pipeline in the function 'k'"])
     bad = _compile_check.bad_kernels({"ok": ok, "c7508": c7508, "c7512": c7512})
     assert set(bad) == {"c7508", "c7512"}
+
+
+def test_capped_max_variant_specs():
+    """The capped-max form (Sm90FwdTile.cap_max) of the configured modifier tiles at head dims 64 and 128: among the
+    configurations CI compiles, named as the configured kernel with PERSIST, SK spelled out and CAP_MAX true; refused
+    on a kernel without the modifiers."""
+    from dataclasses import replace
+
+    specs = _configs.sm90_fwd_variant_specs()
+    assert len(specs) == 2 * len(_configs.SM90_FWD_CAP_MAX_HEADDIMS)
+    every = _configs.all_specs()
+    for s in specs:
+        assert s in every and s.name.endswith(", 1, false, false, true>")
+        d = int(s.name.split(", ")[1])
+        base = _configs.sm90_fwd_spec("float16" if "__half" in s.name else "bfloat16", d, False,
+                                      _configs.sm90_fwd_tile(d, False, None, _configs.MOD_SCORE), _configs.MOD_SCORE)
+        assert s.name.startswith(base.name[:-1]) and (s.threads, s.smem) == (base.threads, base.smem)
+    tile = replace(_configs.sm90_fwd_tile(64, False), cap_max=True)
+    with pytest.raises(ValueError, match="capped-max form"):
+        _configs.sm90_fwd_spec("float16", 64, False, tile, 0)
+    src = (Path(cuflash.__file__).parent.parent / "cuda_src" / "flash_fwd_sm90.cu").read_text()
+    assert "bool SK = false, bool CAP_MAX = false>" in src

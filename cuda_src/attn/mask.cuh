@@ -103,6 +103,13 @@ struct Mask {
     return m;
   }
   __device__ __forceinline__ bool softcap() const { return LOCAL && cap_pre != 0.f; }
+  // Rows [i0, i1] x keys [j0, j1] hide no element and the soft-cap is the only value modifier on: every score
+  // becomes tanh(cap_pre s), an increasing function, so the row max of the capped scores is tanh(cap_pre max s) --
+  // the forward's capped-max form (OnlineSoftmax::update_max_capped) takes the max of the raw scores, whose
+  // reduction then does not wait for the per-score tanh.
+  __device__ __forceinline__ bool cap_only(int i0, int i1, int j0, int j1) const {
+    return softcap() && alibi == 0.f && j1 < seqlen_k && j1 <= i0 + diag + right && j0 >= i1 + diag - left;
+  }
 
   __device__ __forceinline__ bool has_alibi() const { return LOCAL && alibi != 0.f; }
   // The modified value of a visible score s of row i, key j (soft-cap, then ALiBi; s itself with MOD_NONE). CAP,

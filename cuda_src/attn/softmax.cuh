@@ -139,6 +139,34 @@ struct OnlineSoftmax {
     return moved_any;
   }
 
+  // update_max on a tile whose scores all become tanh(cap_pre s) (Mask::cap_only: the soft-cap alone, no element
+  // hidden), the soft-cap applied here: each row's max is taken of the raw scores and capped once, tanh(cap_pre
+  // max s) (tanh is increasing; cap_pre > 0), while every score is capped in place. The max's reduction (FMNMX, the
+  // quad's shuffles) then depends on the product alone and runs beside the per-score tanh (MUFU), where update_max
+  // after Mask::apply waits for the last of them. tanh.approx may round two close scores out of order: a score
+  // then lies a rounding above the row's m, which the lazy re-scaling's margin (P <= 2^RESCALE_LOG2) covers.
+  template <int NF>
+  __device__ __forceinline__ bool update_max_capped(float (&s)[MF][NF][4], float scale_log2, float cap_pre) {
+    bool moved_any = false;
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mf][nf][e] = tanh_approx(s[mf][nf][e] * cap_pre);
+        mx = tanh_approx(quad_max(mx) * cap_pre) * scale_log2;
+        const bool moved = mx > row_max[mf][h] + (float)RESCALE_LOG2;
+        row_max_new[mf][h] = moved ? mx : row_max[mf][h];
+        moved_any |= moved;
+      }
+    return moved_any;
+  }
+
   // O and l *= alpha = exp2(m_old - m_new) (1 exactly for rows that did not move; 0 for rows that had seen no
   // key), m = m_new. Called under a warp-uniform branch, only when some row of the warp moved.
   // l_carry (V1: O and l kept normalised in HBM): O holds O / l and l is not in row_sum but in l_carry, the

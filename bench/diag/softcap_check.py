@@ -1,0 +1,119 @@
+"""Diagnostic (GPU, compute capability 9.0): the soft-cap's cost on the Hopper forward, and the capped-max form
+(cuflash._configs.Sm90FwdTile.cap_max: on tiles where the soft-cap is the only change, the row max taken of the raw
+scores and capped once -- OnlineSoftmax::update_max_capped -- so that its reduction does not wait for the per-score
+tanh), with a correctness check of that form first.
+
+    python -m bench.diag.softcap_check [--quick] [--rounds N]
+
+1. Correctness: the capped-max form's out and LSE against the float64 reference (the tests' rule: out within 2x
+   torch's own error in the inputs' dtype + 2^-10 of the reference's scale, LSE within 2e-4), soft-cap 30 on large
+   logits (inputs x3), causal and not, head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
+2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
+   time_rounds, medians of `rounds` rounds, the three timed in turn): the plain kernel, the configured soft-capped
+   kernel ("cap") and the capped-max form ("capmax"), each through _fwd_sm90.forward. The table: ms and the
+   soft-cap's cost over the plain kernel (the aim: <= +10%).
+--quick: seqlen 4k only."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+TOKENS, HIDDEN, CAP = 16384, 2048, 30.0
+
+
+def _call(q, k, v, causal, cap, cap_max):
+    """fn() running the Hopper forward of q, k, v (torch tensors) with soft-cap `cap` (0: the plain kernel), on the
+    configured tile or its capped-max form."""
+    from dataclasses import replace
+
+    from cuflash import _configs, _fwd_sm90
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, (-1, -1), cap, None, None)
+    tile = None
+    if cap_max:
+        tile = replace(_configs.sm90_fwd_tile(q.shape[3], False, k.shape[1], _configs.MOD_SCORE), cap_max=True)
+    return lambda: _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+
+
+def check() -> int:
+    """Prints one line per case; returns the number of failures."""
+    import torch
+
+    from cuflash import reference
+
+    fails = 0
+    b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
+    for d in (64, 128):
+        for dtype in (torch.float16, torch.bfloat16):
+            for causal in (False, True):
+                q = (3 * torch.randn(b, sq, h, d, device="cuda")).to(dtype)
+                k = (3 * torch.randn(b, sk, hk, d, device="cuda")).to(dtype)
+                v = torch.randn(b, sk, hk, d, device="cuda").to(dtype)
+                out, lse = _call(q, k, v, causal, CAP, True)()
+                scale = d ** -0.5
+                to = lambda x: x.detach().double().cpu().numpy()  # noqa: E731
+                ref_o, ref_lse = reference.attention_forward(to(q), to(k), to(v), scale, causal, (-1, -1), CAP, None)
+                kr, vr = (x.repeat_interleave(h // hk, dim=2) for x in (k, v))
+                s = torch.einsum("bqhd,bkhd->bhqk", q, kr).float() * scale
+                s = CAP * torch.tanh(s / CAP)
+                if causal:
+                    keep = torch.ones(sq, sk, device="cuda", dtype=torch.bool).tril(sk - sq)
+                    s = s.masked_fill(~keep, float("-inf"))
+                lowp = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1).to(dtype), vr)
+                ref_t = torch.from_numpy(ref_o).to("cuda")
+                e_o = (out.double() - ref_t).abs().max().item()
+                e_t = (lowp.double() - ref_t).abs().max().item()
+                e_l = (lse.double() - torch.from_numpy(ref_lse).to("cuda")).abs().max().item()
+                floor = 2.0 ** -10 * max(ref_t.abs().max().item(), 1e-3)
+                ok = e_o <= 2 * e_t + floor and e_l <= 2e-4 and not torch.isnan(out).any().item()
+                fails += not ok
+                print(f"{'ok  ' if ok else 'FAIL'} capmax d={d} {str(dtype)[6:]} causal={causal} {b}x{sq}x{sk}: "
+                      f"out {e_o:.2e} (torch {e_t:.2e}) lse {e_l:.1e}", flush=True)
+    return fails
+
+
+def timing(quick: bool, rounds: int) -> None:
+    import torch
+
+    from ..harness import time_rounds
+
+    rows = []
+    for d in (64, 128):
+        h = HIDDEN // d
+        for s in ((4096,) if quick else (4096, 16384)):
+            b = max(1, TOKENS // s)
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
+            for causal in (True, False):
+                fns = {"plain": _call(q, k, v, causal, 0.0, False), "cap": _call(q, k, v, causal, CAP, False),
+                       "capmax": _call(q, k, v, causal, CAP, True)}
+                res = {n: r[0] for n, r in time_rounds(fns, rounds).items()}
+                rows.append((d, s, causal, res))
+                print(f"d={d} s={s} causal={causal}: " + " ".join(f"{n} {ms:.3f} ms" for n, ms in res.items() if ms),
+                      flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    print("\n| hdim | seqlen | causal | plain ms | cap ms | capmax ms | cap cost | capmax cost |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d, s, causal, r in rows:
+        p = r.get("plain")
+        cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in ("plain", "cap", "capmax")]
+        costs = [f"{100 * (r[n] / p - 1):+.1f}%" if p and r.get(n) else "n/a" for n in ("cap", "capmax")]
+        print(f"| {d} | {s} | {causal} | " + " | ".join(cells + costs) + " |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.diag.softcap_check")
+    ap.add_argument("--quick", action="store_true", help="seqlen 4k only")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args(argv)
+    fails = check()
+    timing(a.quick, a.rounds)
+    print(f"correctness: {'all ok' if not fails else f'{fails} FAILED'}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

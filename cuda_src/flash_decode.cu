@@ -278,7 +278,8 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 //             without a slot (none left) takes the combine kernel instead
 //   ordering  every thread's partial stores, a block barrier, then one thread's atom.acq_rel.gpu add on the ticket: the
 //             last block's add reads the count of every other block's release, and its threads read the partials
-//             through L2 (ld.global.cg: the SM's L1 holds no copy of them) after a second barrier
+//             through L2 (ld.global.cg: the SM's L1 holds no copy of them) after a second barrier, the LSEs and the
+//             partial columns in one round trip
 //   limits    at most DECODE_FUSED_MAX_SPLITS splits and DECODE_FUSED_GROUPS row groups per launch (the host's rule,
 //             cuflash/_configs.py: decode_fused_eligible); one block reads a group's n x rows x D x 4 bytes of
 //             partials, one float4 column of every split per thread and round (rows x D / 4 / threads rounds)
@@ -290,32 +291,40 @@ __device__ unsigned int decode_tickets[DECODE_FUSED_SLOTS][DECODE_FUSED_GROUPS];
 // The end of a split block of a fused launch (block-uniform call, every thread; its partial rows stored): count the
 // block on its group's ticket; the last block of the group combines rows [row0, row0 + nrows) of the partials
 // (row0 = (batch x heads + head) x seqlen_q + the m-block's first row, as the combine kernels index them) into o_rows
-// (the m-block's first output row; row stride p.o_row_stride) and lse_rows (null: no LSE asked). smem: at least
-// BLOCK_M x DECODE_FUSED_MAX_SPLITS + 1 floats no thread still reads.
-template <typename T, int D, int NT, int BLOCK_M>
+// (the m-block's first output row; row stride p.o_row_stride) and lse_rows (null: no LSE asked). Each of its threads
+// takes a float4 column of a row and issues the row's n LSE loads and the column's n partial loads at once (one
+// round trip after the ticket: the weights are computed by every thread of the row, from the same loads), then
+// sums as flash_decode_combine_rows_kernel does. smem: an int no thread still reads.
+template <typename T, int D, int NT>
 __device__ __forceinline__ void decode_fused_combine(const FwdParams& p, int group, int64_t row0, int nrows, T* o_rows,
-                                                     float* lse_rows, float* smem) {
+                                                     float* lse_rows, int* smem) {
   constexpr int MAXS = DECODE_FUSED_MAX_SPLITS;
-  float* w = smem;                                                // [BLOCK_M][MAXS] the weights exp(lse_s - lse)
-  int* last = reinterpret_cast<int*>(smem + BLOCK_M * MAXS);     // this block counted last
   const int tid = threadIdx.x, n = (int)p.num_splits;
   __syncthreads();  // every thread's partial stores (and its reads of the shared memory reused here) before the count
   if (tid == 0) {
     unsigned int* ticket = &decode_tickets[(int)p.walk_slot % DECODE_FUSED_SLOTS][group];
     const bool is_last = atom_add_acq_rel_gpu(ticket, 1u) == (unsigned int)(n - 1);
     if (is_last) *ticket = 0u;  // every split has counted; the next launch on the slot starts after this one ends
-    *last = is_last;
+    *smem = is_last;
   }
   __syncthreads();
-  if (!*last) return;
-  const int64_t rows = p.batch * p.nheads * p.seqlen_q;
-  if (tid < nrows) {  // the row's weights and LSE (flash_decode_combine_rows_kernel's arithmetic)
-    float e[MAXS], mx = -INFINITY;
+  if (!*smem) return;
+  const int64_t rows = p.batch * p.nheads * p.seqlen_q, split_stride = rows * D;
+  for (int i = tid; i < nrows * (D / 4); i += NT) {  // a float4 column of a row
+    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+    const float* lse_src = p.lse_accum + row0 + r;
+    const float* o_src = p.o_accum + (row0 + r) * D + c;
+    float e[MAXS];
+    float4 x[MAXS];
 #pragma unroll
-    for (int s = 0; s < MAXS; ++s) {
-      e[s] = s < n ? __ldcg(p.lse_accum + s * rows + row0 + tid) : -INFINITY;
-      mx = fmaxf(mx, e[s]);
+    for (int s = 0; s < MAXS; ++s) {  // (an empty split's o is unwritten: loaded, never added, not even times 0)
+      e[s] = s < n ? __ldcg(lse_src + s * rows) : -INFINITY;
+      x[s] = s < n ? __ldcg(reinterpret_cast<const float4*>(o_src + s * split_stride))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float mx = -INFINITY;  // the row's weights and LSE (flash_decode_combine_rows_kernel's arithmetic)
+#pragma unroll
+    for (int s = 0; s < MAXS; ++s) mx = fmaxf(mx, e[s]);
     const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = 0, no inf - inf
     float sum = 0.f;
 #pragma unroll
@@ -324,37 +333,21 @@ __device__ __forceinline__ void decode_fused_combine(const FwdParams& p, int gro
       sum += e[s];
     }
     const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) w[tid * MAXS + s] = e[s] * inv_sum;
-    if (lse_rows) lse_rows[tid] = sum > 0.f ? base + __logf(sum) : -INFINITY;
-  }
-  __syncthreads();
-  const int64_t split_stride = rows * D;
-  for (int i = tid; i < nrows * (D / 4); i += NT) {  // a float4 column group of a row: every split's load, then sums
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    const float* src = p.o_accum + (row0 + r) * D + c;
-    float wt[MAXS];
-    float4 x[MAXS];
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) {
-      wt[s] = s < n ? w[r * MAXS + s] : 0.f;
-      // (an empty split's o is unwritten: never loaded, never added, not even times 0)
-      x[s] = wt[s] != 0.f ? __ldcg(reinterpret_cast<const float4*>(src + s * split_stride))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < MAXS; ++s) {
-      if (wt[s] != 0.f) {
-        acc.x += wt[s] * x[s].x;
-        acc.y += wt[s] * x[s].y;
-        acc.z += wt[s] * x[s].z;
-        acc.w += wt[s] * x[s].w;
+      const float wt = e[s] * inv_sum;
+      if (wt != 0.f) {
+        acc.x += wt * x[s].x;
+        acc.y += wt * x[s].y;
+        acc.z += wt * x[s].z;
+        acc.w += wt * x[s].w;
       }
     }
     if (c < (int)p.head_dim)
       *reinterpret_cast<uint2*>(o_rows + (int64_t)r * p.o_row_stride + c) =
           make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
+    if (lse_rows && c == 0) lse_rows[r] = sum > 0.f ? base + __logf(sum) : -INFINITY;
   }
 }
 
@@ -426,9 +419,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
     const int64_t row0 = bh * seqlen_q + m0;
     T* o_rows = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, head) +
                 (int64_t)m0 * p.o_row_stride;
-    decode_fused_combine<T, D, NT, BLOCK_M>(p, (int)bh * num_m_blocks + m_block, row0, valid_rows, o_rows,
-                                            p.lse ? p.lse + row0 : nullptr,
-                                            reinterpret_cast<float*>(smem_raw + L::Q_BYTES));
+    decode_fused_combine<T, D, NT>(p, (int)bh * num_m_blocks + m_block, row0, valid_rows, o_rows,
+                                   p.lse ? p.lse + row0 : nullptr, reinterpret_cast<int*>(smem_raw + L::Q_BYTES));
   };
 
   if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's

@@ -654,8 +654,8 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
         raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
     if tile.stream_k and causal:
         raise ValueError(f"tile {tile}: stream-K takes no causal mask")
-    if tile.cap_max and not mod & MOD_SCORE:
-        raise ValueError(f"tile {tile}: the capped-max form is a modifier kernel's (mod {mod})")
+    if tile.cap_max and mod != MOD_SCORE:
+        raise ValueError(f"tile {tile}: the capped-max form is a modifier kernel's, without dropout (mod {mod})")
     b = lambda x: "true" if x else "false"  # noqa: E731
     # the trailing template arguments spelled out only as far as the last one that is not its default (MOD_NONE,
     # O_TMA false, MINB 1, PERSIST false, SK false, CAP_MAX false): the configured kernels keep their names
@@ -700,10 +700,14 @@ SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
 
 def sm90_fwd_variant_specs():
     """The Hopper forward's variants the diagnostics launch: the capped-max form of each configured modifier tile at
-    SM90_FWD_CAP_MAX_HEADDIMS."""
-    return list(dict.fromkeys(sm90_fwd_spec(dt, d, False, replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=True),
-                                            MOD_SCORE)
-                              for dt in DTYPES for d in SM90_FWD_CAP_MAX_HEADDIMS for n in SM90_FWD_KEY_BOUNDS))
+    SM90_FWD_CAP_MAX_HEADDIMS, also without o_tma (an output no tensor map describes)."""
+    out = []
+    for dt in DTYPES:
+        for d in SM90_FWD_CAP_MAX_HEADDIMS:
+            for n in SM90_FWD_KEY_BOUNDS:
+                t = replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=True)
+                out += [sm90_fwd_spec(dt, d, False, u, MOD_SCORE) for u in (t, replace(t, o_tma=False))]
+    return list(dict.fromkeys(out))
 
 
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)

@@ -199,16 +199,20 @@ def test_capped_max_variant_specs():
     from dataclasses import replace
 
     specs = _configs.sm90_fwd_variant_specs()
-    assert len(specs) == 2 * len(_configs.SM90_FWD_CAP_MAX_HEADDIMS)
+    assert len(specs) == 2 * 2 * len(_configs.SM90_FWD_CAP_MAX_HEADDIMS)  # dtypes x (with, without o_tma)
     every = _configs.all_specs()
     for s in specs:
         assert s in every and s.name.endswith(", 1, false, false, true>")
         d = int(s.name.split(", ")[1])
-        base = _configs.sm90_fwd_spec("float16" if "__half" in s.name else "bfloat16", d, False,
-                                      _configs.sm90_fwd_tile(d, False, None, _configs.MOD_SCORE), _configs.MOD_SCORE)
+        tile = _configs.sm90_fwd_tile(d, False, None, _configs.MOD_SCORE)
+        if ", 1, false, 1, false" in s.name:
+            tile = replace(tile, o_tma=False)
+        base = _configs.sm90_fwd_spec("float16" if "__half" in s.name else "bfloat16", d, False, tile,
+                                      _configs.MOD_SCORE)
         assert s.name.startswith(base.name[:-1]) and (s.threads, s.smem) == (base.threads, base.smem)
     tile = replace(_configs.sm90_fwd_tile(64, False), cap_max=True)
-    with pytest.raises(ValueError, match="capped-max form"):
-        _configs.sm90_fwd_spec("float16", 64, False, tile, 0)
+    for mod in (0, _configs.MOD_SCORE_DROPOUT):
+        with pytest.raises(ValueError, match="capped-max form"):
+            _configs.sm90_fwd_spec("float16", 64, False, tile, mod)
     src = (Path(cuflash.__file__).parent.parent / "cuda_src" / "flash_fwd_sm90.cu").read_text()
     assert "bool SK = false, bool CAP_MAX = false>" in src

@@ -143,8 +143,9 @@ struct OnlineSoftmax {
   // hidden), the soft-cap applied here: each row's max is taken of the raw scores and capped once, tanh(cap_pre
   // max s) (tanh is increasing; cap_pre > 0), while every score is capped in place. The max's reduction (FMNMX, the
   // quad's shuffles) then depends on the product alone and runs beside the per-score tanh (MUFU), where update_max
-  // after Mask::apply waits for the last of them. tanh.approx may round two close scores out of order: a score
-  // then lies a rounding above the row's m, which the lazy re-scaling's margin (P <= 2^RESCALE_LOG2) covers.
+  // after Mask::apply waits for the last of them. tanh.approx may round two close scores out of order: a score then
+  // lies above the row's m by scale_log2 times that difference (about |scaled score| log2(e) 2^-10 in log2 units at
+  // tanh.approx's error), a little past the lazy re-scaling's margin (P <= 2^(RESCALE_LOG2 + 0.05) at soft-cap 30).
   template <int NF>
   __device__ __forceinline__ bool update_max_capped(float (&s)[MF][NF][4], float scale_log2, float cap_pre) {
     bool moved_any = false;

@@ -16,7 +16,7 @@ The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
 maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector, the forward's
 (cuflash._fwd_sm90._scratch; the preprocess and convert kernels read only the first entry). A plan keeps the
-encoded maps of recent pointer sets (cuflash._fwd_sm90.memo_args).
+encoded maps of recent pointer sets and of recent pointers per map (cuflash._fwd_sm90.MapMemo, memo_args).
 """
 from __future__ import annotations
 

@@ -8,11 +8,13 @@ empty sequences, and views whose base or strides are not 16-byte aligned (TMA re
 on the sm80 kernels, read in place, never copied.
 
 The kernel takes two parameters: the FwdParams block (the same fields as the sm80 forward, the same grid) and
-Sm90FwdMaps: the three 128-byte tensor maps (cuflash._tma), which embed the base addresses. A memoized plan keeps the encoded maps of the last
-pointer triples it saw, so a repeated call (a benchmark loop, a static-buffer inference step) encodes nothing;
-new pointers cost one cuTensorMapEncodeTiled per tensor. A tile with `o_tma` (the TMA-store epilogue, the
-configured tiles') takes O's map as a fourth (Sm90FwdMapsO): its plans key the encoded maps by the output's
-pointer as well, so a call whose output lands at a new address encodes the four maps again.
+Sm90FwdMaps: the three 128-byte tensor maps (cuflash._tma), which embed the base addresses. A memoized plan keeps the
+encoded maps of recent pointers (MapMemo): each pointer set's bytes (a repeated call -- a benchmark loop, a
+static-buffer inference step -- is one look-up and encodes nothing) and each map's bytes by its own pointer, so a
+set that shares pointers with recent ones encodes only the maps of its new pointers (one cuTensorMapEncodeTiled
+each): the layers of a model call one plan with their own tensors, more sets than the first memo holds, and their
+pointers recur from step to step. A tile with `o_tma` (the TMA-store epilogue, the configured tiles') takes O's
+map as a fourth (Sm90FwdMapsO): a call whose output lands at a new address encodes that map alone.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ BACKENDS = ("auto", "sm80", "sm90")
 MAPS_OFFSET = 512  # byte offset of Sm90FwdMaps in the parameter buffer (64-byte aligned, past FwdParams)
 ARGS_BYTES = 3 * MAP_BYTES  # the maps of q, k, v
 O_ARGS_BYTES = 4 * MAP_BYTES  # and of o (a tile with o_tma: Sm90FwdMapsO)
-MAX_MAP_SETS = 8  # encoded (q, k, v) map triples a plan keeps
+MAX_MAP_SETS = 64  # encoded pointer sets ((q, k, v[, o]) map bytes) a plan keeps
+MAX_MAPS = 512  # encoded single maps a plan keeps (by map and pointer)
 assert FWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + O_ARGS_BYTES <= _MAX_PARAM_BYTES
 
 _tls = threading.local()
@@ -186,16 +189,42 @@ def encode_args(maps, *ptrs: int) -> bytes:
     return b"".join(m.encode(ptr) for m, ptr in zip(maps, ptrs))
 
 
-def memo_args(encoded: dict, maps, ptrs: tuple, key=None) -> bytes:
-    """encode_args of a plan's maps at `ptrs`, from the plan's dict of recent pointer sets (at most MAX_MAP_SETS:
-    a repeated call encodes nothing); `key` (default: ptrs) names the set when the maps themselves vary."""
+class MapMemo:
+    """A plan's encoded tensor maps at recent base addresses: `sets`, each pointer set's bytes (at most
+    MAX_MAP_SETS), and under it `each`, each map's bytes by (map, pointer) (at most MAX_MAPS); each dict is
+    cleared when full."""
+
+    __slots__ = ("sets", "each")
+
+    def __init__(self):
+        self.sets, self.each = {}, {}
+
+    def get(self, key):
+        return self.sets.get(key)
+
+    def encode(self, maps, ptrs: tuple, key) -> bytes:
+        """The set's bytes, encoding only the maps whose (map, pointer) is not kept (cuTensorMapEncodeTiled)."""
+        each, parts = self.each, []
+        for m, ptr in zip(maps, ptrs):
+            b = each.get((m, ptr))
+            if b is None:
+                if len(each) >= MAX_MAPS:
+                    each.clear()
+                b = each[(m, ptr)] = m.encode(ptr)
+            parts.append(b)
+        if len(self.sets) >= MAX_MAP_SETS:
+            self.sets.clear()
+        mb = self.sets[key] = b"".join(parts)
+        return mb
+
+
+def memo_args(encoded: MapMemo, maps, ptrs: tuple, key=None) -> bytes:
+    """encode_args of a plan's maps at `ptrs`, from its MapMemo (a repeated call encodes nothing; a set whose
+    pointers were seen in other sets encodes only the new ones); `key` (default: ptrs) names the set when the maps
+    themselves vary."""
     key = ptrs if key is None else key
-    mb = encoded.get(key)
-    if mb is None:
-        if len(encoded) >= MAX_MAP_SETS:
-            encoded.clear()
-        mb = encoded[key] = encode_args(maps, *ptrs)
-    return mb
+    mb = encoded.sets.get(key)
+    return mb if mb is not None else encoded.encode(maps, ptrs, key)
 
 
 def _scratch():
@@ -311,6 +340,6 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=Non
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **dict(fields, walk_slot=-1))
     p.add_launch(lau, grid)
-    p.maps, p.encoded, p.kv_maps, p.o_tma = maps, {}, {}, len(maps) == 4
+    p.maps, p.encoded, p.kv_maps, p.o_tma = maps, MapMemo(), {}, len(maps) == 4
     p.outs = p.allocator(p.spec((b, sq, h, d)), p.spec((b, h, sq), float32=True))
     return p

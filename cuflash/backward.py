@@ -5,7 +5,7 @@ import warnings
 from typing import Any, Optional, Tuple
 
 from . import _bwd_sm90, _interop, _loader
-from ._fwd_sm90 import check_backend
+from ._fwd_sm90 import MapMemo, check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
                        bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles,
                        kernel_headdim, sm90_bwd_tile, ua_bwd_tile, unaligned)
@@ -182,7 +182,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                                                                                sk if packed is None else None)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
-    p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, {}, sk_bytes
+    p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes
     sems = rows // 64 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh)
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d) + sems,), float32=True))

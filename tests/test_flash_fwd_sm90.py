@@ -54,12 +54,16 @@ def test_fallbacks_to_sm80():
 
 
 def test_changing_pointers_reencode_the_maps():
-    """More distinct (q, k, v) pointer triples than a plan keeps maps for, in one memoized shape, twice over:
-    every call reads its own inputs."""
+    """More distinct (q, k, v) pointer triples than a plan keeps sets of maps for, in one memoized shape, twice over,
+    then triples mixing the tensors of different calls (each map from the plan's single-map memo): every call reads
+    its own inputs."""
     ins = [torch_inputs((1, 200, 2, 64), (1, 333, 2, 64), "float16") for _ in range(_fwd_sm90.MAX_MAP_SETS + 3)]
     for _ in range(2):
         for q, k, v in ins:
             _check(cuflash.flash_attn_func(q, k, v, causal=True, backend="sm90"), q, k, v, True)
+    for a, b, c in ((0, 1, 2), (5, 0, 9), (len(ins) - 1, 3, 0)):
+        q, k, v = ins[a][0], ins[b][1], ins[c][2]
+        _check(cuflash.flash_attn_func(q, k, v, causal=True, backend="sm90"), q, k, v, True)
 
 
 def test_callers_stream():

@@ -216,3 +216,46 @@ def test_capped_max_variant_specs():
             _configs.sm90_fwd_spec("float16", 64, False, tile, mod)
     src = (Path(cuflash.__file__).parent.parent / "cuda_src" / "flash_fwd_sm90.cu").read_text()
     assert "bool SK = false, bool CAP_MAX = false>" in src
+
+
+def test_map_memo_encodes_only_new_pointers():
+    """The memoized plan's tensor maps (cuflash._fwd_sm90.MapMemo), with stand-ins for torch and the driver: the
+    layers of a model (more pointer sets than MAX_MAP_SETS, the same shapes) each called twice over, and each call's
+    output new: on the second pass only O's map is encoded (its output's new address), and every launch carries the
+    maps of its own q, k, v, o; a set mixing pointers seen in other sets encodes nothing but O's."""
+    from conftest import run_with_stand_ins
+
+    res = run_with_stand_ins(r'''
+import struct
+from cuflash import _fwd_sm90, _tma
+from cuflash._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS
+from cuflash._tma import MAP_BYTES
+count = [0]
+enc = _tma._encode_fn
+def counting(*a):
+    count[0] += 1
+    return enc(*a)
+_tma._encode_fn = counting
+layers = [tuple(T((2, 1024, 8, 128), torch.float16) for _ in range(3)) for _ in range(MAX_MAP_SETS + 9)]
+def bases(raw):  # the base address of each map in a launch's parameter bytes (the stand-in map's first 8 bytes)
+    return [struct.unpack_from("<Q", raw, MAPS_OFFSET + i * MAP_BYTES)[0] for i in range(4)]
+passes = []
+for _ in range(2):
+    count[0] = 0
+    ok = True
+    for q, k, v in layers:
+        ho.LAUNCHES.clear()
+        out = cuflash.flash_attn_func(q, k, v, backend="sm90")
+        ok &= bases(ho.LAUNCHES[-1][4]) == [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]
+    passes.append([count[0], ok])
+count[0] = 0
+q, k, v = layers[0][0], layers[1][1], layers[2][2]
+ho.LAUNCHES.clear()
+out = cuflash.flash_attn_func(q, k, v, backend="sm90")
+res["mixed"] = [count[0], bases(ho.LAUNCHES[-1][4]) == [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]]
+res["passes"], res["layers"] = passes, len(layers)
+''')
+    n = res["layers"]
+    first, second = res["passes"]
+    assert first == [n + 3 * n, True] and second == [n, True]  # first: q, k, v and o each; then O's alone
+    assert res["mixed"] == [1, True]

@@ -494,6 +494,8 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     auto seg_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int v) {
       if constexpr (SK) {
         if (parts) return Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, v);
+        // (the whole waves: segment v for v < C / G - 1 is the fixed walk's tile(v), whole -- the producer's
+        // segment() and this must agree; tests/test_fwd90_walk_cpu.py checks the host mirror stream_k_segment)
         if (sk) return Sm90FwdSeg{tiles.tile(v), 0, 0x7fffffff};
       }
       return Sm90FwdSeg{v, 0, 0x7fffffff};
@@ -616,28 +618,28 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       const Work w = work_of(tiles, se.t);
       if (SK && parts) {
         if (se.i0 > 0) {  // stream-K, the remainder of a tile the block before began: the state to the workspace
-          using SK = Sm90FwdStreamK<BLOCK_N>;
-          float4* dst = SK::template part<NWG, DF>(p, (int)blockIdx.x, cw, tid);
+          using SKW = Sm90FwdStreamK<BLOCK_N>;  // (not SK: a template parameter's name is not redeclared)
+          float4* dst = SKW::template part<NWG, DF>(p, (int)blockIdx.x, cw, tid);
   #pragma unroll
           for (int df = 0; df < DF; ++df)
             __stcg(dst + df * 128, make_float4(acc_o[0][df][0], acc_o[0][df][1], acc_o[0][df][2], acc_o[0][df][3]));
           __stcg(dst + DF * 128, make_float4(softmax.row_max[0][0], softmax.row_max[0][1], softmax.row_sum[0][0],
                                              softmax.row_sum[0][1]));
           named_bar_sync(4 + cw, 128);  // every thread's stores before the release (cumulative through the barrier)
-          if (tid == 0) red_release_gpu_add(SK::flag(p, (int)blockIdx.x, cw), 1);
+          if (tid == 0) red_release_gpu_add(SKW::flag(p, (int)blockIdx.x, cw), 1);
           if (tid != 0) mbar_arrive(&empty_q[qb]);  // (tid 0: at the next segment's first product, release_previous)
           continue;
         }
         if (se.i1 < w.n_iters) {  // stream-K, the beginning of a tile the next block ends: its state merged in
-          using SK = Sm90FwdStreamK<BLOCK_N>;
+          using SKW = Sm90FwdStreamK<BLOCK_N>;
           if (tid == 0) {
-            int* f = SK::flag(p, (int)blockIdx.x + 1, cw);
+            int* f = SKW::flag(p, (int)blockIdx.x + 1, cw);
             while (ld_acquire_gpu(f) == 0) {
             }
             *f = 0;  // (read by no one else: the next launch on this workspace starts after this one ends)
           }
           named_bar_sync(4 + cw, 128);
-          const float4* src = SK::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
+          const float4* src = SKW::template part<NWG, DF>(p, (int)blockIdx.x + 1, cw, tid);
           const float4 ml = __ldcg(src + DF * 128);
           const float mb[2] = {ml.x, ml.y}, lb[2] = {ml.z, ml.w};
           float c[2][2];  // per row h: this block's state's weight c[h][0], the next block's c[h][1]

@@ -187,7 +187,7 @@ def _sk_segment(block, grid, tiles, n, j):
                                              (133, 5, 132), (263, 1, 132), (10, 4, 3), (2816, 16, 132)])
 def test_stream_k_segments_cover_every_pair_once(tiles, n_kv, grid):
     """cuflash._configs.stream_k_segment (the kernel's arithmetic, checked against it written out): the whole waves
-    but the last are the fixed walk's tiles, and past them every (tile, K / V tile) pair is covered exactly once, each
+    but the last are the fixed walk's tiles (Sm90FwdTiles::tile, whole), and past them every (tile, K / V tile) pair is covered exactly once, each
     block's pairs one contiguous run of at least a tile's; a block's parts of tiles are at most a tail (its first
     segment past the whole waves, visits [i0, n) with i0 > 0) and a head (its last, [0, i1) with i1 < n), and block
     b's head is the tile whose tail block b + 1 runs, the two ranges meeting at i1: what the kernel's merge assumes."""
@@ -199,6 +199,8 @@ def test_stream_k_segments_cover_every_pair_once(tiles, n_kv, grid):
         assert segs == [_sk_segment(b, grid, tiles, n_kv, j) for j in range(len(segs))]
         assert _sk_segment(b, grid, tiles, n_kv, len(segs))[0] >= tiles
         assert all(e == n_kv and f == 0 for _, f, e in segs[:waves])
+        # the whole waves' tiles are the fixed walk's (Sm90FwdTiles::tile): the consumers' first pass derives them so
+        assert [s[0] for s in segs[:waves]] == [j * grid + (grid - 1 - b if j & 1 else b) for j in range(waves)]
         sk = segs[waves:]
         flat = [t * n_kv + i for t, f, e in sk for i in range(f, e)]
         assert flat == list(range(flat[0], flat[0] + len(flat))) and len(flat) >= n_kv

@@ -41,8 +41,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch, _walk
 from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_FUSED_GROUPS, DECODE_FUSED_MAX_SPLITS,
-                       DECODE_FUSED_MF, DECODE_MAX_MF, DECODE_MAX_SPLITS, DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
-                       combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec,
+                       DECODE_FUSED_MF, DECODE_MAX_MF, DECODE_MAX_SPLITS, DECODE_DEEP_TILES, DECODE_WIDE_TILES,
+                       DecodeTile, append_spec, combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec,
                        decode_fused_eligible, decode_mf, decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim,
                        split_tile, unaligned)
 from ._fwd import folds_gqa, forward

@@ -253,7 +253,7 @@ class Sm90FwdTile:
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
     persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
     stream_k: bool = False  # the kernel's SK: the persistent form able to walk by stream-K (no mask; a kernel of its own)
-    cap_max: bool = False  # the kernel's CAP_MAX (MOD_SCORE): the soft-cap's row max from the raw scores (a variant)
+    cap_max: bool = False  # the kernel's CAP_MAX (MOD_SCORE): the soft-cap's row max from the raw scores
 
     def __post_init__(self):
         # the kernel's static_assert, said before a compile: setmaxnreg moves registers within the launch allocation
@@ -299,7 +299,8 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
     """The sm_90a forward tile of a head dim; with seqlen_k known (the keys a query row may see: seqlen_k, or
     max_seqlen_k of packed sequences) and no modifier (mod), the variant SM90_FWD_SHORT_TILES (at most
     SM90_FWD_SHORT_MAX_SEQLEN_K keys) or SM90_FWD_LONG_TILES (more: the first of its ranges that holds seqlen_k) names
-    for the head dim and mask, if any."""
+    for the head dim and mask, if any; the modifier kernels (mod MOD_SCORE, no dropout) at SM90_FWD_CAP_MAX_HEADDIMS
+    take the capped-max form (cap_max)."""
     if mod == MOD_NONE and seqlen_k is not None:
         if seqlen_k <= SM90_FWD_SHORT_MAX_SEQLEN_K:
             name = SM90_FWD_SHORT_TILES.get((headdim, bool(causal)))
@@ -308,6 +309,8 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
                          if upto is None or seqlen_k <= upto), None)
         if name:
             return replace(SM90_FWD_TILES[headdim], **_sm90_fwd_variant_fields(headdim)[name])
+    if mod == MOD_SCORE and headdim in SM90_FWD_CAP_MAX_HEADDIMS:  # (the soft-cap's capped-max form)
+        return replace(SM90_FWD_TILES[headdim], cap_max=True)
     return SM90_FWD_TILES[headdim]
 
 
@@ -504,13 +507,25 @@ def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seq
 # whole tiles go out as the fixed walk's, and the (tile, K / V tile) pairs of the rest are cut into G equal ranges,
 # a tile split between two blocks merged by the one that began it. It takes the part-empty last wave off calls whose
 # tile count C is no multiple of the grid G: head dim 128 on the FA2 grid (2048 tiles, 15.5 waves of 132) 1.031 ->
-# 1.003-1.017 at 1k-16k in the list model (stream_k_spread). Measured against the fixed walk in GPU time (H200,
-# bench/NOTES.md "Hopper forward"), it gained far less than the model and lost where tiles have few K / V tiles: so
-# grid_order "auto" does not take it; the diagnostic grid_order "stream_k" does (cuflash._fwd_sm90.persist_walk), and
-# sm90_stream_k is where the list model alone would. Its workspace (cuflash/_walk.py) holds one partial state per
+# 1.003-1.017 at 1k-16k in the list model (stream_k_spread). Its first form, measured against the fixed walk in GPU
+# time (H200, bench/NOTES.md "Hopper forward"), gained far less than the model and lost where tiles have few K / V
+# tiles; the form that carries a split tile's state (bench/results/fwd90-tail-sk.log) took 0.973-0.993 of the
+# configured walk's time per tile at head dim 128, 1k-16k keys. grid_order "auto" takes it where
+# SM90_FWD_SK_MIN_SEQLEN_K names the kernel head dim (sm90_fwd_stream_k_auto); the diagnostic grid_order "stream_k"
+# wherever it can run (cuflash._fwd_sm90.persist_walk), and sm90_stream_k is where the list model alone would. Its workspace (cuflash/_walk.py) holds one partial state per
 # (block, consumer warpgroup); SM90_SK_MAX_GRID blocks at most (the kernel's SM90_SK_FLAGS / 4).
 SM90_SK_MAX_GRID = 256
 SM90_SK_MERGE = 0.5  # a split tile's merge and its second prologue, in K / V tiles, in the list model
+# Kernel head dim -> the fewest keys per sequence at which grid_order "auto" walks by stream-K (whole Q tiles only:
+# the measured points; a ragged last Q tile's idle warpgroups are what the walk's equal ranges cost least well).
+SM90_FWD_SK_MIN_SEQLEN_K = {128: 1024}
+
+
+def sm90_fwd_stream_k_auto(headdim: int, seqlen_q: int, seqlen_k: int, block_m: int) -> bool:
+    """Whether grid_order "auto" walks a persistent launch (that stream_k_eligible admits) by stream-K: a kernel head
+    dim SM90_FWD_SK_MIN_SEQLEN_K names, at least that many keys, whole Q tiles."""
+    least = SM90_FWD_SK_MIN_SEQLEN_K.get(headdim)
+    return least is not None and seqlen_k >= least and seqlen_q % block_m == 0
 
 
 def stream_k_max_per_tile(tiles: int, grid: int, bits: int) -> int:
@@ -645,7 +660,7 @@ def _sm90_fwd_variant_fields(headdim: int) -> dict:
 
 def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | None = None, mod: int = 0) -> KernelSpec:
     """The sm_90a forward kernel (min_arch 90, arch_suffix "a": runs on sm_90 only); mod: see fwd_spec."""
-    tile = tile or sm90_fwd_tile(headdim, causal)
+    tile = tile or sm90_fwd_tile(headdim, causal, None, mod)
     smem = sm90_fwd_smem_bytes(headdim, tile)
     if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
         raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
@@ -693,19 +708,22 @@ def sm90_fwd_specs():
     return list(dict.fromkeys(out))
 
 
-# The capped-max form (Sm90FwdTile.cap_max) of the modifier kernels at these head dims: a variant, launched by the
-# diagnostics (bench/diag/softcap_check.py) through a tile override, not by a call's configuration.
+# The modifier kernels (MOD_SCORE, no dropout) at these head dims take the capped-max form (Sm90FwdTile.cap_max):
+# measured against the same tiles without it (H200, fp16, 4k and 16k, causal and not, soft-cap 50;
+# bench/results/softcap-check.log), the soft-cap's cost over the plain kernel went from +40-50% to +30-41% at head
+# dim 64 and from +33-41% to +20-30% at 128. Head dim 256 keeps the form without it (not compiled).
 SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
 
 
 def sm90_fwd_variant_specs():
-    """The Hopper forward's variants the diagnostics launch: the capped-max form of each configured modifier tile at
-    SM90_FWD_CAP_MAX_HEADDIMS, also without o_tma (an output no tensor map describes)."""
+    """The Hopper forward's variants the diagnostics launch: each configured modifier tile at
+    SM90_FWD_CAP_MAX_HEADDIMS without the capped-max form (bench/diag/softcap_check.py's "cap", the tests'
+    comparison), also without o_tma (an output no tensor map describes)."""
     out = []
     for dt in DTYPES:
         for d in SM90_FWD_CAP_MAX_HEADDIMS:
             for n in SM90_FWD_KEY_BOUNDS:
-                t = replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=True)
+                t = replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=False)
                 out += [sm90_fwd_spec(dt, d, False, u, MOD_SCORE) for u in (t, replace(t, o_tma=False))]
     return list(dict.fromkeys(out))
 
@@ -872,9 +890,12 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
 # between two blocks is finished by the one that began it, adding the other's partial dK, dV from the workspace
 # (cuflash/_walk.py). The walk is the forward's (stream_k_segment, with a tile's iterations for its K / V tiles), in
 # 32-bit arithmetic (sm90_bwd_stream_k_max_iters). SM90_BWD_SK_SEQLEN_K: kernel head dim -> (fewest, most) keys per
-# sequence where calls take it (none listed: only where forced, cuflash._bwd_sm90.STREAM_K).
+# sequence where calls take it (elsewhere only where forced, cuflash._bwd_sm90.STREAM_K). Measured against the
+# persistent form's fixed walk in GPU time (H200, FA2 grid, 1k-16k, fp16 and bf16; bench/results/bwd-sk-probe.log):
+# head dim 256 0.969-0.991 of its time (1.009-1.032x the speed) at every point; head dim 128 0.977-1.028 and head dim
+# 64 1.013-1.072 (slower at most points), which stay on the fixed walk.
 SM90_BWD_SK_HEADDIMS = (64, 128, 256)
-SM90_BWD_SK_SEQLEN_K: dict = {}
+SM90_BWD_SK_SEQLEN_K: dict = {256: (1024, 16384)}
 SM90_BWD_SK_MAX_GRID = 4 * SM90_SK_MAX_GRID  # one int flag per block in the workspace's flags (the forward's 4 KB)
 
 

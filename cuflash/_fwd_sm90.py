@@ -24,8 +24,8 @@ from dataclasses import replace
 
 from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_persist_dynamic,
-                       sm90_persist_walk, sm90_fwd_tile, stream_k_eligible, stream_k_max_kv)
+from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_stream_k_auto,
+                       sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk, stream_k_eligible, stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
@@ -145,9 +145,9 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
 
 def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, device) -> tuple:
     """(the walk's FwdParams fields, the one-tile grid order) of a persistent launch. "qtile" and "bh" walk in fixed
-    waves with groups of 1 and of every (batch, head); "auto" takes the dynamic walk where
-    cuflash._configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot
-    there), else sm90_persist_walk's fixed one; "dynamic" (diagnostics) takes it with that function's group, or every
+    waves with groups of 1 and of every (batch, head); "auto" walks by stream-K where it can run and
+    cuflash._configs.sm90_fwd_stream_k_auto takes it, else takes the dynamic walk where sm90_persist_dynamic names a
+    group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot there), else sm90_persist_walk's fixed one; "dynamic" (diagnostics) takes it with that function's group, or every
     (batch, head) where it names none; "stream_k" (diagnostics, cuflash._configs.SM90_SK_MAX_GRID's note) takes
     stream-K wherever it can run (walk_slot _walk.STREAM_K: the caller puts the workspace in o_accum). Packed
     sequences walk "qtile" in fixed waves."""
@@ -156,10 +156,12 @@ def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks
     bhs = b * h
     if grid_order in ("auto", "dynamic", "stream_k"):
         g = persistent_grid((m_blocks * bhs, 1, 1), tile, device)[0]
-        if grid_order == "stream_k":
-            if not stream_k_eligible(bool(causal), False, m_blocks * bhs, -(-sk // tile.block_n), g):
-                raise ValueError("grid_order 'stream_k' needs a persistent launch without a mask whose tiles leave "
-                                 "the last wave part empty")
+        sk_ok = stream_k_eligible(bool(causal), False, m_blocks * bhs, -(-sk // tile.block_n), g)
+        if grid_order == "stream_k" and not sk_ok:
+            raise ValueError("grid_order 'stream_k' needs a persistent launch without a mask whose tiles leave "
+                             "the last wave part empty")
+        if grid_order == "stream_k" or (grid_order == "auto" and sk_ok
+                                        and sm90_fwd_stream_k_auto(d, sq, sk, tile.block_m)):
             return dict(walk_group=1, walk_slot=_walk.STREAM_K), "qtile"
         fixed = sm90_persist_walk(causal, bhs, sq, sk, tile, g)
         group = sm90_persist_dynamic(bhs, h // hk, sq, sk, d, tile.block_m, tile.block_n, g, fixed, bool(causal))

@@ -137,6 +137,36 @@ def test_plan_on_a_stream_and_in_a_cuda_graph():
         assert torch.equal(cap, _run(q, k, v, False, t, grid_order="qtile"))
 
 
+@pytest.mark.parametrize("d,sq,sk,h,hk", [(128, 1024, 1024, 20, 4), (100, 2048, 3000, 9, 9), (128, 1152, 4096, 16, 2)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_configured_calls_take_stream_k(d, sq, sk, h, hk, dtype):
+    """Where the configuration walks by stream-K (cuflash._configs.sm90_fwd_stream_k_auto: kernel head dim 128, at
+    least SM90_FWD_SK_MIN_SEQLEN_K keys, whole Q tiles; 160, 144 and 144 tiles on 132 blocks, head dim 100 on the
+    128 kernel, GQA, seqlen_q != seqlen_k): flash_attn_func's output against the reference, and bitwise the
+    diagnostic grid_order "stream_k"'s on the same tile (so that the call did walk by stream-K); the stream's flags
+    zero after; one row fewer (a ragged last Q tile) walks the fixed waves."""
+    import torch
+
+    import cuflash
+    from cuflash._validate import check_qkv
+
+    b = 1
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype)
+    qa, ka, va = check_qkv(q, k, v)
+    _, _, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, False, "auto", (sq * h * d, h * d, d))
+    assert fields["walk_slot"] == _walk.STREAM_K
+    out = cuflash.flash_attn_func(q, k, v)
+    _check(out, q, k, v, False)
+    t = _configs.sm90_fwd_tile(_configs.kernel_headdim(d, _configs.SM90_HEADDIMS), False, sk)
+    assert torch.equal(out, _sk(q, k, v, t)[0])
+    assert _flags_zero(torch.cuda.current_stream().cuda_stream)
+    q1 = q[:, 1:].contiguous()
+    qa1 = check_qkv(q1, k, v)[0]
+    _, _, fields, _ = _fwd_sm90.launch_setup(qa1, ka, va, None, False, "auto", ((sq - 1) * h * d, h * d, d))
+    assert fields["walk_slot"] != _walk.STREAM_K
+    _check(cuflash.flash_attn_func(q1, k, v), q1, k, v, False)
+
+
 def test_stream_k_where_it_cannot_run_is_a_value_error():
     """grid_order "stream_k" (diagnostics) on a launch it cannot take -- causal, or whole waves -- names why before any
     launch."""

@@ -21,11 +21,13 @@ def test_configured_tiles_stay_one_block_and_keep_their_names():
         assert t.min_blocks == 1
         for causal, mod in _configs.MASK_MODES:
             base = sm90_fwd_spec("float16", d, causal, mod=mod)
-            assert base == sm90_fwd_spec("float16", d, causal, replace(t, min_blocks=1), mod)
-    # (MOD, O_TMA and MINB after SMEM_BYTES: at most 12 commas; only the persistent form's PERSIST is a 13th, and
-    # its stream-K form's SK a 14th)
+            u = sm90_fwd_tile(d, causal, None, mod)
+            assert base == sm90_fwd_spec("float16", d, causal, replace(u, min_blocks=1), mod)
+    # (MOD, O_TMA and MINB after SMEM_BYTES: at most 12 commas; only the persistent form's PERSIST is a 13th, its
+    # stream-K form's SK a 14th, and the modifier kernels' capped-max form PERSIST, SK false and CAP_MAX a 15th)
     assert all(s.name.count(",") <= 12 or (s.name.count(",") == 13 and s.name.endswith(", true>")) or
-               (s.name.count(",") == 14 and s.name.endswith(", true, true>")) for s in _configs.sm90_fwd_specs())
+               (s.name.count(",") == 14 and s.name.endswith(", true, true>")) or
+               (s.name.count(",") == 15 and s.name.endswith(", false, false, true>")) for s in _configs.sm90_fwd_specs())
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)
@@ -146,9 +148,9 @@ def test_key_count_tile_selection():
             assert sm90_fwd_tile(d, causal, n) == want, (d, causal, n)
         assert short.min_blocks > 1 or short.persistent
         assert sm90_fwd_tile(d, causal, None) == base and not base.persistent
-        for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
+        for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):  # (the soft-cap's capped-max form at 64, 128)
             for n in (512, limit + 1, 8192):
-                assert sm90_fwd_tile(d, causal, n, mod) == base
+                assert sm90_fwd_tile(d, causal, n, mod) == replace(base, cap_max=mod == _configs.MOD_SCORE)
     for d, t in ((64, p64), (128, p128), (128, w128)):  # (d64's persistent form: the 16-byte stores)
         assert t.persistent and (t.o_tma or d == 64)
     for d in (96, 256):

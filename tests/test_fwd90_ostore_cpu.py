@@ -75,11 +75,12 @@ def _map_fields(m):
 
 def test_spec_name_shows_the_epilogue():
     for d in _configs.SM90_HEADDIMS:
-        t = _configs.sm90_fwd_tile(d, False)
-        assert t.o_tma  # every configured tile
+        assert _configs.sm90_fwd_tile(d, False).o_tma  # every configured tile
         for causal, mod in _configs.MASK_MODES:
-            v = _configs.sm90_fwd_spec("float16", d, causal, mod=mod)
-            assert v == _configs.sm90_fwd_spec("float16", d, causal, t, mod)
+            t = replace(_configs.sm90_fwd_tile(d, causal, None, mod), cap_max=False)  # (the capped-max form: below)
+            v = _configs.sm90_fwd_spec("float16", d, causal, t, mod)
+            assert _configs.sm90_fwd_spec("float16", d, causal, mod=mod) == _configs.sm90_fwd_spec(
+                "float16", d, causal, _configs.sm90_fwd_tile(d, causal, None, mod), mod)
             base = _configs.sm90_fwd_spec("float16", d, causal, replace(t, o_tma=False), mod)
             assert "true>" not in base.name[-6:]
             # the MOD argument is spelled out (even MOD_NONE) so that O_TMA, after it, can be given
@@ -122,7 +123,8 @@ def test_o_tma_mask_modes_and_memo(res):
     t = _configs.sm90_fwd_tile(128, True, 777)  # 777 keys: causal head dim 128 takes the persistent form
     assert t.o_tma and t.persistent and name == _configs.sm90_fwd_spec("float16", 128, True, t).name
     assert name.endswith(", 0, true, 1, true>")  # MOD_NONE spelled out, then O_TMA, MINB and PERSIST
-    assert res["o_tma window"][0][0][0].endswith(", 1, true>")
+    # a window: MOD_SCORE, then O_TMA, MINB, PERSIST, SK, and at head dim 128 the capped-max form's CAP_MAX
+    assert res["o_tma window"][0][0][0].endswith(", 1, true, 1, false, false, true>")
     r1, r2 = res["o_tma repeat"]
     assert len(_maps(r1[0][2], 4)[3]) == 128 and _map_fields(_maps(r1[0][2], 4)[3])[1] == [64, 300, 8, 2]
     assert _map_fields(_maps(r2[0][2], 4)[3])[1] == [64, 300, 8, 2]

@@ -17,9 +17,9 @@ VARIANTS = [(d, n) for d in sorted(_configs.SM90_FWD_PERSIST_VARIANTS) for n in 
 
 def test_configured_tiles_are_not_persistent_and_keep_their_names():
     for d in _configs.SM90_HEADDIMS:
-        t = sm90_fwd_tile(d, False)
-        assert not t.persistent
+        assert not sm90_fwd_tile(d, False).persistent
         for causal, mod in _configs.MASK_MODES:
+            t = sm90_fwd_tile(d, causal, None, mod)
             assert sm90_fwd_spec("float16", d, causal, mod=mod) == sm90_fwd_spec("float16", d, causal,
                                                                                  replace(t, persistent=False), mod)
     # the persistent kernels compiled ahead of time are those the key-count selection takes: head dims 64 and 128
@@ -121,7 +121,8 @@ rec, _ = launches(lambda: _fwd_sm90.forward(q4, k4, v4, None, True, "bh", tile=t
 res["packed bh"] = [[r[0], list(r[1])] for r in rec]
 for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 8191, 16, True, "auto", "persist"),
                                       (2, 8192, 16, False, "auto", None), (2, 8192, 16, False, "qtile", None),
-                                      (2, 8192, 16, False, "stream_k", None),
+                                      (2, 8192, 16, False, "stream_k", None), (2, 8000, 16, False, "auto", None),
+                                      (2, 8192, 16, False, "bh", None),
                                       (2, 8192, 16, True, "qtile", None),
                                       (1, 300, 2, True, "bh", "persist"), (1, 300, 2, False, "auto", None),
                                       (1, 65536, 16, True, "auto", None), (1, 8192, 2, True, "auto", None)):
@@ -177,7 +178,8 @@ def test_persistent_grid(res, d, b, sq, h):
     tiles = -(-sq // t.block_m) * h * b
     for causal in (False, True):
         (name, grid), = res[f"plan {d} {b} {sq} {causal}"]
-        assert name == sm90_fwd_spec("float16", d, causal, t).name
+        sk = not causal and _configs.sm90_fwd_stream_k_auto(d, sq, sq, t.block_m) and tiles > 132 and tiles % 132
+        assert name == sm90_fwd_spec("float16", d, causal, replace(t, stream_k=bool(sk))).name
         assert grid == [min(tiles, 132 * t.min_blocks), 1, 1]
     (name, grid), = res[f"forward {d} {b} {sq}"]
     assert name == sm90_fwd_spec("float16", d, True, t).name and grid == [min(tiles, 132), 1, 1]
@@ -202,8 +204,10 @@ def test_persistent_packed_grid_ignores_the_walk(res):
 @pytest.mark.parametrize("b,sq,h,causal,order,tile,group,kind", [
     (2, 8192, 16, True, "auto", None, 32, "fixed"),  # 160-key form; "qtile" unbalanced (1.03 vs 1.003): fixed "bh"
     (1, 8191, 16, True, "auto", "persist", 2, "dynamic"),  # fixed "qtile" 1.03 in the list model, dynamic below 1.01
-    (2, 8192, 16, False, "auto", None, 1, "fixed"),  # non-causal: every tile the same work (no stream-K: "auto")
-    (2, 8192, 16, False, "stream_k", None, 1, "sk"),  # 2048 equal tiles, 15.5 waves: stream-K (diagnostics)
+    (2, 8192, 16, False, "auto", None, 1, "sk"),  # 2048 equal tiles, 15.5 waves: stream-K (SM90_FWD_SK_MIN_SEQLEN_K)
+    (2, 8192, 16, False, "stream_k", None, 1, "sk"),  # (forced: the same)
+    (2, 8000, 16, False, "auto", None, 1, "fixed"),  # a ragged last Q tile: not under "auto"
+    (2, 8192, 16, False, "bh", None, 32, "fixed"),  # (an explicit order: fixed)
     (2, 8192, 16, False, "qtile", None, 1, "fixed"),  # (an explicit order: fixed)
     (2, 8192, 16, True, "qtile", None, 1, "fixed"), (1, 300, 2, True, "bh", "persist", 2, "fixed"),  # explicit: fixed
     (1, 300, 2, False, "auto", None, 1, "fixed"),  # 6 tiles: fewer than the grid
@@ -213,8 +217,9 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     """The walk a persistent launch carries (walk_group, walk_slot: the kernel's Sm90FwdTiles / Sm90FwdWalk) under
     "auto": the dynamic walk where _configs.sm90_persist_dynamic names a group (walk_slot _walk.DYNAMIC until the
     launch's slot is put in), else _configs.sm90_persist_walk's fixed one ("bh": every (batch, head) one group;
-    "qtile": groups of one); an explicit order is fixed; "stream_k" (diagnostics): walk_slot _walk.STREAM_K until the
-    workspace is put in. The grid is the persistent one whatever the walk."""
+    "qtile": groups of one), and stream-K where _configs.sm90_fwd_stream_k_auto takes it; an explicit order is fixed;
+    "stream_k" (diagnostics): walk_slot _walk.STREAM_K wherever it can run. Stream-K's slot stays _walk.STREAM_K until
+    the workspace is put in. The grid is the persistent one whatever the walk."""
     from cuflash import _walk
 
     name, got_group, slot, grid = res[f"walk {b} {sq} {h} {causal} {order} {tile}"]

@@ -123,9 +123,10 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     """The Hopper forward's capped-max form (Sm90FwdTile.cap_max: on tiles where the soft-cap is the only change,
     the row max of the raw scores capped once) against the float64 reference, with large logits (inputs x3): the
     soft-cap alone, causal (diagonal tiles take Mask::apply), a window, with ALiBi (no tile takes the form) and
-    ALiBi alone, GQA 4/2, ragged tails and seqlen_q != seqlen_k both ways; and against the configured kernel on the
-    same inputs, to rounding (the same capped scores and, where tanh.approx keeps two scores in order, the same row
-    max: out within 2 units in the last place at its scale, the LSE within 1e-5)."""
+    ALiBi alone, GQA 4/2, ragged tails and seqlen_q != seqlen_k both ways; that a call's configuration takes it at
+    head dims 64 and 128; and against the same tile without it on the same inputs, to rounding (the same capped
+    scores and, where tanh.approx keeps two scores in order, the same row max: out within 2 units in the last place
+    at its scale, the LSE within 1e-5)."""
     from dataclasses import replace
 
     import torch
@@ -140,10 +141,11 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     alibi = make_alibi(akind, b, h)
     qa, ka, va = check_qkv(q, k, v)
     mods = mods_for(qa, ka, causal, window, cap, alibi, None)
-    tile = replace(_configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE), cap_max=True)
-    out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+    tile = _configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE)
+    assert tile.cap_max  # (the configured modifier kernel)
+    out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)
     check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"capped max {dtype} d{d}")
-    out_c, lse_c = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)  # the configured kernel
+    out_c, lse_c = _fwd_sm90.forward(qa, ka, va, None, causal, tile=replace(tile, cap_max=False), mods=mods)
     ulp = 2.0 ** (-10 if dtype == "float16" else -7)
     assert (out.float() - out_c.float()).abs().max().item() <= 2 * ulp * max(1.0, out_c.float().abs().max().item())
     fin = lse_c.isfinite()

@@ -5,6 +5,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,8 @@ def test_tile_fits_the_sm(d):
 def test_tiles_by_key_count():
     """The variants taken by key count (no score modifier): head dim 128 takes the persistent form up to 1024 keys and
     its 160-key stages above without a causal mask; causal, the 128-key persistent form up to 4096 keys, the configured
-    tile up to 8191 and the 160-key persistent form from 8192; with a modifier or no key count, the configured tile.
+    tile up to 8191 and the 160-key persistent form from 8192; with a modifier or no key count, the configured tile
+    (with the modifiers its capped-max form).
     Every variant taken at some count is among the compiled specs, and fits the SM."""
     t128 = _configs.SM90_FWD_TILES[128]
     assert _configs.sm90_fwd_tile(128, False, 1024).persistent
@@ -135,7 +137,7 @@ def test_tiles_by_key_count():
     assert wide.o_tma == t128.o_tma and wide.nwg == t128.nwg
     assert _configs.sm90_fwd_tile(128, True, 8192) == wide == _configs.sm90_fwd_tile(128, True, 1 << 20)
     assert _configs.sm90_fwd_tile(128, True, 8191) == t128 == _configs.sm90_fwd_tile(128, False)
-    assert _configs.sm90_fwd_tile(128, False, 4096, _configs.MOD_SCORE) == t128
+    assert _configs.sm90_fwd_tile(128, False, 4096, _configs.MOD_SCORE) == replace(t128, cap_max=True)
     specs = set(_configs.sm90_fwd_specs())
     for d in _configs.SM90_HEADDIMS:
         for causal in (False, True):
@@ -192,24 +194,34 @@ def test_compile_check_flags_ptxas_performance_notes():
     assert set(bad) == {"c7508", "c7512"}
 
 
-def test_capped_max_variant_specs():
-    """The capped-max form (Sm90FwdTile.cap_max) of the configured modifier tiles at head dims 64 and 128: among the
-    configurations CI compiles, named as the configured kernel with PERSIST, SK spelled out and CAP_MAX true; refused
-    on a kernel without the modifiers."""
+def test_capped_max_form_configured():
+    """The capped-max form (Sm90FwdTile.cap_max) is the configured modifier tile at head dims 64 and 128 (mod
+    MOD_SCORE alone: not with dropout, not at 256), named with PERSIST, SK spelled out and CAP_MAX true; the variant
+    specs are the same tiles without it (the diagnostics' and tests' comparison), named as before it, each among the
+    configurations CI compiles; the form is refused on a kernel without the modifiers."""
     from dataclasses import replace
 
+    every = _configs.all_specs()
+    for d in _configs.SM90_HEADDIMS:
+        for n in _configs.SM90_FWD_KEY_BOUNDS:
+            t = _configs.sm90_fwd_tile(d, False, n, _configs.MOD_SCORE)
+            assert t.cap_max == (d in _configs.SM90_FWD_CAP_MAX_HEADDIMS)
+            assert not _configs.sm90_fwd_tile(d, False, n, _configs.MOD_SCORE_DROPOUT).cap_max
+            assert not _configs.sm90_fwd_tile(d, False, n).cap_max and not _configs.sm90_fwd_tile(d, True, n).cap_max
+            if t.cap_max:
+                for u in (t, replace(t, o_tma=False)):
+                    spec = _configs.sm90_fwd_spec("float16", d, False, u, _configs.MOD_SCORE)
+                    assert spec in every and spec.name.endswith(", 1, false, false, true>")
     specs = _configs.sm90_fwd_variant_specs()
     assert len(specs) == 2 * 2 * len(_configs.SM90_FWD_CAP_MAX_HEADDIMS)  # dtypes x (with, without o_tma)
-    every = _configs.all_specs()
-    for s in specs:
-        assert s in every and s.name.endswith(", 1, false, false, true>")
-        d = int(s.name.split(", ")[1])
-        tile = _configs.sm90_fwd_tile(d, False, None, _configs.MOD_SCORE)
-        if ", 1, false, 1, false" in s.name:
-            tile = replace(tile, o_tma=False)
-        base = _configs.sm90_fwd_spec("float16" if "__half" in s.name else "bfloat16", d, False, tile,
-                                      _configs.MOD_SCORE)
-        assert s.name.startswith(base.name[:-1]) and (s.threads, s.smem) == (base.threads, base.smem)
+    want = set()
+    for dt in _configs.DTYPES:
+        for d in _configs.SM90_FWD_CAP_MAX_HEADDIMS:
+            t = replace(_configs.sm90_fwd_tile(d, False, None, _configs.MOD_SCORE), cap_max=False)
+            for u in (t, replace(t, o_tma=False)):
+                want.add(_configs.sm90_fwd_spec(dt, d, False, u, _configs.MOD_SCORE))
+    assert set(specs) == want and all(s in every and "CAP" not in s.name and not s.name.endswith(
+        ", false, false, true>") for s in specs)
     tile = replace(_configs.sm90_fwd_tile(64, False), cap_max=True)
     for mod in (0, _configs.MOD_SCORE_DROPOUT):
         with pytest.raises(ValueError, match="capped-max form"):

@@ -1,18 +1,19 @@
 """Diagnostic (GPU, compute capability 9.0): the soft-cap's cost on the Hopper forward, and the capped-max form
-(cuflash._configs.Sm90FwdTile.cap_max: on tiles where the soft-cap is the only change, the row max taken of the raw
-scores and capped once -- OnlineSoftmax::update_max_capped -- so that its reduction does not wait for the per-score
-tanh), with a correctness check of that form first.
+(cuflash._configs.Sm90FwdTile.cap_max, the configured modifier kernels' at SM90_FWD_CAP_MAX_HEADDIMS: on tiles where
+the soft-cap is the only change, the row max taken of the raw scores and capped once -- OnlineSoftmax::update_max_capped
+-- so that its reduction does not wait for the per-score tanh) against the same tile without it, with a correctness
+check of that form first.
 
     python -m bench.diag.softcap_check [--quick] [--rounds N]
 
 1. Correctness: the capped-max form's out and LSE against the float64 reference (the tests' rule: out within 2x
-   torch's own error in the inputs' dtype + 2^-10 of the reference's scale, LSE within 2e-4) and against the
-   configured kernel on the same inputs (max |difference| of out and LSE printed), soft-cap 20 on large logits
-   (inputs x3: the tests' case), causal and not, head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
+   torch's own error in the inputs' dtype + 2^-10 of the reference's scale, LSE within 2e-4) and against the form
+   without it on the same inputs (max |difference| of out and LSE printed), soft-cap 20 on large logits (inputs x3:
+   the tests' case), causal and not, head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
 2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
-   time_rounds, medians of `rounds` rounds, the three timed in turn): the plain kernel, the configured soft-capped
-   kernel ("cap") and the capped-max form ("capmax"), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the
-   soft-cap's cost over the plain kernel (the aim: <= +10%).
+   time_rounds, medians of `rounds` rounds, the three timed in turn): the plain kernel, the soft-capped tile without
+   the capped-max form ("cap") and with it ("capmax", the configured kernel), each through _fwd_sm90.forward,
+   soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only."""
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def _call(q, k, v, causal, cap, cap_max):
 
     qa, ka, va = check_qkv(q, k, v)
     mods = mods_for(qa, ka, causal, (-1, -1), cap, None, None)
-    tile = None
-    if cap_max:
-        tile = replace(_configs.sm90_fwd_tile(q.shape[3], False, k.shape[1], _configs.MOD_SCORE), cap_max=True)
+    tile = None  # (the configured tile: the capped-max form at SM90_FWD_CAP_MAX_HEADDIMS)
+    if cap and not cap_max:
+        tile = replace(_configs.sm90_fwd_tile(q.shape[3], False, k.shape[1], _configs.MOD_SCORE), cap_max=False)
     return lambda: _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
 
 
@@ -75,7 +76,7 @@ def check() -> int:
                 ok = e_o <= 2 * e_t + floor and e_l <= 2e-4 and not torch.isnan(out).any().item()
                 fails += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} capmax d={d} {str(dtype)[6:]} causal={causal} {b}x{sq}x{sk}: "
-                      f"out {e_o:.2e} (torch {e_t:.2e}) lse {e_l:.1e}; against the configured kernel: out {d_o:.1e} "
+                      f"out {e_o:.2e} (torch {e_t:.2e}) lse {e_l:.1e}; against the form without it: out {d_o:.1e} "
                       f"lse {d_l:.1e}", flush=True)
     return fails
 

@@ -83,9 +83,6 @@
 //              then query positions of one head: the host does not fold GQA heads into rows)
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
-//   SWZ        the rings' rows unpadded and XOR-swizzled (RingSwizzle, below)
-//   FUSE       the fused combine (decode_fused_combine, below): with splits and a ticket slot, the last split block of
-//              each row group combines the group's partials, so that no combine kernel is launched
 //
 // Programmatic Dependent Launch (sm_90; common/ptx.cuh: grid_dependency_wait / grid_launch_dependents). The host
 // launches this kernel as the dependent of flash_attn_with_kvcache's append kernel, and the combine as this kernel's
@@ -262,97 +259,8 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
   }
 }
 
-// ---- The fused combine: the split launch's last block of each row group combines the group's splits itself.
-//
-// With few rows and few splits (a small decoding step: 32 KV heads at batch 1, or a GQA group of 4 rows), the combine
-// kernel's launch and its wait for the split grid to drain (Programmatic Dependent Launch: griddepcontrol.wait)
-// cost 1.7-2.5 us of a 6-10 us step (bench/NOTES.md, "Decode", the fused combine). When the host gives the launch a
-// ticket slot (p.walk_slot >= 0; cuflash/decode.py, cuflash/_walk.py: DECODE_SLOTS), every split block of a row group
-// (the m-block of a (batch, KV head)) counts itself on the group's ticket once its partial is stored; the block that
-// counts last reads every split's partial back (from L2) and writes O and the LSE, as flash_decode_combine_rows_kernel
-// does (the same weights, summed in the same order at head dims 128 and 256), and sets the ticket back to zero. The
-// other blocks exit. So the launch is one kernel, and the combine of a group overlaps the other groups' splits.
-//   tickets   decode_tickets[slot][group], zero when the module loads and left zero by every launch; the host hands a
-//             slot to each (device, stream) and one of its own to each launch captured into a CUDA graph, so that no
-//             two launches that may run at the same time share one (as the Hopper forward's walk counters); a launch
-//             without a slot (none left) takes the combine kernel instead
-//   ordering  every thread's partial stores, a block barrier, then one thread's atom.acq_rel.gpu add on the ticket: the
-//             last block's add reads the count of every other block's release, and its threads read the partials
-//             through L2 (ld.global.cg: the SM's L1 holds no copy of them) after a second barrier, the LSEs and the
-//             partial columns in one round trip
-//   limits    at most DECODE_FUSED_MAX_SPLITS splits and DECODE_FUSED_GROUPS row groups per launch (the host's rule,
-//             cuflash/_configs.py: decode_fused_eligible); one block reads a group's n x rows x D x 4 bytes of
-//             partials, one float4 column of every split per thread and round (rows x D / 4 / threads rounds)
-constexpr int DECODE_FUSED_SLOTS = 1024;
-constexpr int DECODE_FUSED_GROUPS = 64;
-constexpr int DECODE_FUSED_MAX_SPLITS = 16;
-__device__ unsigned int decode_tickets[DECODE_FUSED_SLOTS][DECODE_FUSED_GROUPS];
-
-// The end of a split block of a fused launch (block-uniform call, every thread; its partial rows stored): count the
-// block on its group's ticket; the last block of the group combines rows [row0, row0 + nrows) of the partials
-// (row0 = (batch x heads + head) x seqlen_q + the m-block's first row, as the combine kernels index them) into o_rows
-// (the m-block's first output row; row stride p.o_row_stride) and lse_rows (null: no LSE asked). Each of its threads
-// takes a float4 column of a row and issues the row's n LSE loads and the column's n partial loads at once (one
-// round trip after the ticket: the weights are computed by every thread of the row, from the same loads), then
-// sums as flash_decode_combine_rows_kernel does. smem: an int no thread still reads.
-template <typename T, int D, int NT>
-__device__ __forceinline__ void decode_fused_combine(const FwdParams& p, int group, int64_t row0, int nrows, T* o_rows,
-                                                     float* lse_rows, int* smem) {
-  constexpr int MAXS = DECODE_FUSED_MAX_SPLITS;
-  const int tid = threadIdx.x, n = (int)p.num_splits;
-  __syncthreads();  // every thread's partial stores (and its reads of the shared memory reused here) before the count
-  if (tid == 0) {
-    unsigned int* ticket = &decode_tickets[(int)p.walk_slot % DECODE_FUSED_SLOTS][group];
-    const bool is_last = atom_add_acq_rel_gpu(ticket, 1u) == (unsigned int)(n - 1);
-    if (is_last) *ticket = 0u;  // every split has counted; the next launch on the slot starts after this one ends
-    *smem = is_last;
-  }
-  __syncthreads();
-  if (!*smem) return;
-  const int64_t rows = p.batch * p.nheads * p.seqlen_q, split_stride = rows * D;
-  for (int i = tid; i < nrows * (D / 4); i += NT) {  // a float4 column of a row
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    const float* lse_src = p.lse_accum + row0 + r;
-    const float* o_src = p.o_accum + (row0 + r) * D + c;
-    float e[MAXS];
-    float4 x[MAXS];
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) {  // (an empty split's o is unwritten: loaded, never added, not even times 0)
-      e[s] = s < n ? __ldcg(lse_src + s * rows) : -INFINITY;
-      x[s] = s < n ? __ldcg(reinterpret_cast<const float4*>(o_src + s * split_stride))
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float mx = -INFINITY;  // the row's weights and LSE (flash_decode_combine_rows_kernel's arithmetic)
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) mx = fmaxf(mx, e[s]);
-    const float base = mx == -INFINITY ? 0.f : mx;  // every split empty: e_s = 0, no inf - inf
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) {
-      e[s] = __expf(e[s] - base);
-      sum += e[s];
-    }
-    const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < MAXS; ++s) {
-      const float wt = e[s] * inv_sum;
-      if (wt != 0.f) {
-        acc.x += wt * x[s].x;
-        acc.y += wt * x[s].y;
-        acc.z += wt * x[s].z;
-        acc.w += wt * x[s].w;
-      }
-    }
-    if (c < (int)p.head_dim)
-      *reinterpret_cast<uint2*>(o_rows + (int64_t)r * p.o_row_stride + c) =
-          make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
-    if (lse_rows && c == 0) lse_rows[r] = sum > 0.f ? base + __logf(sum) : -INFINITY;
-  }
-}
-
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false, bool FUSE = false>
+          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false>
 // (NWARPS * 32, 1): with the thread count alone ptxas held the swizzled d32 kernels at 95-96 registers with 8 B of
 // spills, and d128 with two row fragments causal spilled 36 B at 255; told one block per SM suffices, it spills in
 // none (the footprints keep 1-3 blocks per SM resident: at most 170 registers are needed for 3 blocks of 128).
@@ -413,15 +321,6 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   T* o_row0 = direct ? reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, head) +
                            (int64_t)m0 * p.o_row_stride
                      : nullptr;
-  // The fused combine (decode_fused_combine; a ticket slot with splits): at either exit, once the partial is stored.
-  auto fused_end = [&]() {
-    if (p.o_accum == nullptr || p.walk_slot < 0) return;  // (block-uniform)
-    const int64_t row0 = bh * seqlen_q + m0;
-    T* o_rows = reinterpret_cast<T*>(p.o) + SeqInfo::offset(p.o_batch_stride, p.o_head_stride, batch, head) +
-                (int64_t)m0 * p.o_row_stride;
-    decode_fused_combine<T, D, NT>(p, (int)bh * num_m_blocks + m_block, row0, valid_rows, o_rows,
-                                   p.lse ? p.lse + row0 : nullptr, reinterpret_cast<int*>(smem_raw + L::Q_BYTES));
-  };
 
   if (tile_begin >= tile_end) {  // no key in this split (block-uniform): lse = -inf; o = 0 when direct (a partial's
     // o is not written: both combines skip the o of a split whose lse is -inf, so an empty split costs no o traffic)
@@ -432,7 +331,6 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
         if (c < (int)p.head_dim) *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
       }
     if (lse_row0 && tid < valid_rows) lse_row0[tid] = -INFINITY;
-    if constexpr (FUSE) fused_end();
     return;
   }
 
@@ -634,7 +532,6 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
     }
   }
-  if constexpr (FUSE) fused_end();
 }
 
 // ---- Split-KV combine of the decode kernel's partials (flash_decode_combine_kernel).

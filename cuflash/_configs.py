@@ -1014,18 +1014,14 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
 
 
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0, paged: bool = False, fused: bool = False) -> KernelSpec:
+                mod: int = 0, paged: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table); fused: its form with the fused combine (FUSE)."""
+    paged-cache kernel (its K/V loads look up a block table)."""
     tile = tile or decode_tile(headdim)
     smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    flag = lambda x: "true" if x else "false"  # noqa: E731
-    if fused:
-        tail = f", {mod}, {flag(paged)}, {flag(tile.swizzle)}, true"
-    else:
-        tail = (f", {mod}, {flag(paged)}, true" if tile.swizzle else f", {mod}, true" if paged
-                else f", {mod}" if mod else "")
+    tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
+            else f", {mod}" if mod else "")
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
     return KernelSpec("flash_decode.cu", name, tile.nwarps * 32, smem)
@@ -1034,12 +1030,12 @@ def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: Decod
 def decode_family(dtype: str, headdim: int, causal: bool, mod: int) -> list:
     """The decode kernels of one (dtype, head dim, mask mode): every row-fragment count, contiguous and paged, with
     the configured tile and, where the head dim has one, DECODE_WIDE_TILES' tile; DECODE_DEEP_TILES' tile contiguous
-    only (a paged plan never takes it); each also in its fused-combine form, with DECODE_FUSED_MF row fragments."""
+    only (a paged plan never takes it)."""
     tiles = [(None, (False, True))] + ([(DECODE_WIDE_TILES[headdim], (False, True))]
                                       if headdim in DECODE_WIDE_TILES else [])
     tiles += [(DECODE_DEEP_TILES[headdim], (False,))] if headdim in DECODE_DEEP_TILES else []
-    return [decode_spec(dtype, headdim, causal, mf, t, mod, pg, fused) for fused in (False, True) for t, paged in tiles
-            for pg in paged for mf in (range(1, DECODE_MAX_MF[headdim] + 1) if not fused else (DECODE_FUSED_MF,))]
+    return [decode_spec(dtype, headdim, causal, mf, t, mod, pg) for t, paged in tiles for pg in paged
+            for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 
 def decode_specs():
@@ -1088,24 +1084,6 @@ COMBINE_ROWS_WIDE_MAX_HEADDIM = 128
 COMBINE_ROWS_WARPS = 8
 
 
-# The decode kernel's fused combine (cuda_src/flash_decode.cu: FUSE, decode_fused_combine): the split launch's last
-# block of each row group combines the group's partials, so that no combine kernel is launched. Its tickets are a
-# global of the module: DECODE_FUSED_SLOTS slots (cuflash/_walk.py: DECODE_SLOTS hands them out, one per (device,
-# stream) and one of its own to each launch captured into a CUDA graph) of DECODE_FUSED_GROUPS row groups (a row group:
-# the rows of one block, an m-block of a (batch, KV head)), up to DECODE_FUSED_MAX_SPLITS splits. One block reads a
-# whole group's partials, rows x head dim / 4 float4 columns of every split, in rounds of one column per thread.
-# combine="fused" takes it where the limits allow; "auto" does not (not yet measured on a GPU).
-# Its kernels have one row fragment (DECODE_FUSED_MF: more rows are more m-blocks): with two, the head-dim-128 kernel
-# of the 32-key tile, at 255 registers before, spilled with the tail.
-DECODE_FUSED_MF = 1
-DECODE_FUSED_SLOTS = 1024
-DECODE_FUSED_GROUPS = 64
-DECODE_FUSED_MAX_SPLITS = 16
-
-
-def decode_fused_eligible(groups: int, splits: int) -> bool:
-    """Whether a split launch of `groups` row groups and `splits` splits fits the fused combine's tickets."""
-    return 1 < splits <= DECODE_FUSED_MAX_SPLITS and groups <= DECODE_FUSED_GROUPS
 
 
 def combine_rows_max_splits(headdim: int) -> int:

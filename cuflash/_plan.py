@@ -90,16 +90,14 @@ class HostPlan:
         self.pack(buf, 0, *dynamic, *self.rest)
         self.launch_packed(stream, argv)
 
-    def launch_packed(self, stream: int, argv: int, launches: tuple | None = None) -> None:
-        """Launch every kernel (or those of `launches`, a tuple as `self.launches`) with parameters already packed
-        where `argv` (a void** address) points, on the plan's device."""
+    def launch_packed(self, stream: int, argv: int) -> None:
+        """Launch every kernel with parameters already packed where `argv` (a void** address) points, on the
+        plan's device."""
         launch, get_device, ctx_current = self._driver
-        if launches is None:
-            launches = self.launches
         if not ctx_current():
             ensure_context()
         if get_device() == self.device:
-            for fn, gx, gy, gz, threads, smem, ex in launches:
+            for fn, gx, gy, gz, threads, smem, ex in self.launches:
                 if ex is None:
                     launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
                 else:
@@ -108,25 +106,15 @@ class HostPlan:
             import cupy
 
             with cupy.cuda.Device(self.device):
-                for fn, gx, gy, gz, threads, smem, ex in launches:
+                for fn, gx, gy, gz, threads, smem, ex in self.launches:
                     if ex is None:
                         launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
                     else:
                         ex(stream, argv)
 
-    def launch_patched(self, stream: int, launches: tuple, patch, *dynamic) -> None:
-        """`launch` with the block patched after packing (patch(buffer): per-call fields that are not the leading
-        ones, e.g. a ticket slot) and the kernels of `launches` (a tuple as `self.launches`)."""
-        buf, argv, _ = getattr(_tls, "s", None) or _scratch()
-        self.pack(buf, 0, *dynamic, *self.rest)
-        patch(buf)
-        self.launch_packed(stream, argv, launches)
-
-    def launch_after(self, first: HostPlan, first_values: tuple, stream: int, *dynamic, launches: tuple | None = None,
-                     patch=None) -> None:
+    def launch_after(self, first: HostPlan, first_values: tuple, stream: int, *dynamic) -> None:
         """`first`'s kernels with its own block (first_values: its dynamic fields), then this plan's `launch`,
-        in one device context (the decode path's KV-cache append before attending); `launches`, `patch`: as
-        `launch_patched`'s."""
+        in one device context (the decode path's KV-cache append before attending)."""
         buf, argv, _ = getattr(_tls, "s", None) or _scratch()
         launch, get_device, ctx_current = self._driver
         if not ctx_current():
@@ -145,9 +133,7 @@ class HostPlan:
                 else:
                     ex(stream, argv)
             self.pack(buf, 0, *dynamic, *self.rest)
-            if patch is not None:
-                patch(buf)
-            for fn, gx, gy, gz, threads, smem, ex in (self.launches if launches is None else launches):
+            for fn, gx, gy, gz, threads, smem, ex in self.launches:
                 if ex is None:
                     launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
                 else:

@@ -1,6 +1,5 @@
 """The counters of the Hopper forward's dynamic tile walk: which pair a launch uses (cuda_src/flash_fwd_sm90.cu,
-Sm90FwdWalk); the tickets of the decode kernel's fused combine (cuda_src/flash_decode.cu, decode_fused_combine);
-and the workspace of its stream-K walk (Sm90FwdStreamK).
+Sm90FwdWalk); and the workspace of its stream-K walk (Sm90FwdStreamK).
 
 The persistent form can hand its Q tiles out from a pair of counters in device memory (`sm90_walk_counters`, a
 global of the kernel's module: zero when the module loads, and every launch leaves its pair zero again, so no memset
@@ -12,10 +11,6 @@ a launch walks its tiles in fixed waves (`slot` returns -1): the same tiles in t
 counter. A stream destroyed while such a launch is still queued on it and a new stream created at the same handle
 would share its slot; CUDA reuses handles, so that is possible in principle and not guarded against. The per-thread
 default stream has one handle for every thread's own stream: its launches are keyed by the thread as well.
-
-The decode kernel's fused combine counts a launch's split blocks on tickets of the same kind (`decode_tickets`, a
-global of the decode kernel's module, zero at load and left zero by every launch), handed out the same way from a
-pool of its own (`DECODE_SLOTS`: DECODE_FUSED_SLOTS slots); a launch that finds none left takes the combine kernel.
 
 Stream-K's workspace (`sk_workspace`): a flag per (block, consumer warpgroup) and each one's partial state (the
 Hopper backward's stream-K: a flag per block and its partial dK, dV; `bwd_sk_bytes`). Every
@@ -29,7 +24,7 @@ from __future__ import annotations
 import struct
 import threading
 
-from ._configs import DECODE_FUSED_SLOTS, SM90_SK_MAX_GRID
+from ._configs import SM90_SK_MAX_GRID
 from ._params import FWD_PARAMS
 
 SLOTS = 8192  # SM90_WALK_SLOTS in cuda_src/flash_fwd_sm90.cu
@@ -95,7 +90,6 @@ class SlotPool:
 
 
 FWD_SLOTS = SlotPool(SLOTS)  # the Hopper forward's dynamic walk (-1: the launch walks in fixed waves)
-DECODE_SLOTS = SlotPool(DECODE_FUSED_SLOTS)  # the decode kernel's fused combine (-1: the combine kernel instead)
 slot = FWD_SLOTS.slot
 
 

@@ -13,9 +13,7 @@ Two kernels (keyword `kernel`):
   flash_decode_combine_rows_kernel (one warp per output row) for at most COMBINE_ROWS_MAX_SPLITS splits,
   flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one --
   "rows" up to 16 splits at head dims up to 128, combine_rows_max_splits -- or the split-KV forward's
-  flash_combine_kernel, "warp", for comparison). combine="fused" launches the kernel's fused-combine form
-  instead (FUSE: the last split block of each row group combines the group, no second kernel; a ticket slot per
-  stream or captured launch, cuflash._walk.DECODE_SLOTS; with none left, the rows or block combine after it).
+  flash_combine_kernel, "warp", for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -39,12 +37,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from . import _interop, _launch, _walk
-from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_FUSED_GROUPS, DECODE_FUSED_MAX_SPLITS,
-                       DECODE_FUSED_MF, DECODE_MAX_MF, DECODE_MAX_SPLITS, DECODE_DEEP_TILES, DECODE_WIDE_TILES,
-                       DecodeTile, append_spec, combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec,
-                       decode_fused_eligible, decode_mf, decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim,
-                       split_tile, unaligned)
+from . import _interop, _launch
+from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
+                       DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
+                       combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
+                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import _props, get_launcher, sm_count, smem_per_sm
@@ -57,9 +54,8 @@ from ._validate import (check_backward_headdim, check_block_table, check_bool, c
 
 MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unrolled loads hold this many
 # the decode kernel's combine: "auto" (the default: "rows" up to COMBINE_ROWS_MAX_SPLITS splits, else "block"),
-# "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel, "fused"
-# the kernel's own last split blocks (decode_fused_combine)
-COMBINES = ("auto", "rows", "block", "warp", "fused")
+# "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
+COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
 CHAIN_SLACK = 0.05  # shortest_chain_splits: how much longer than the shortest chain the fewest splits may be
 SPLIT_RULES = ("chain", "waves", "waves_untrimmed")  # decode_num_splits
@@ -263,10 +259,9 @@ class _Plan(HostPlan):
     output allocators, indexed by 2 * return_lse + (scratch is None): out, [lse], [the fp32 partials when split
     and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None. `geometry`: the
     decode kernel's tile and row fragments ("32x4w2 mf2": keys x warps per tile, ring stages, fragments), for
-    benchmark records. `fused`: with the fused combine, the launches of a call that gets no ticket slot (the kernel
-    and a combine kernel after it), else None."""
+    benchmark records."""
 
-    __slots__ = ("outs", "num_splits", "geometry", "scratch_elems", "lse_accum_offset", "append", "fused")
+    __slots__ = ("outs", "num_splits", "geometry", "scratch_elems", "lse_accum_offset", "append")
 
     def run(self, qp, kcp, vcp, knp, vnp, sp, xp, return_lse, scratch):
         """xp: the pointers of (block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin), 0 for None."""
@@ -282,34 +277,13 @@ class _Plan(HostPlan):
         else:
             oa = ptrs[-1]
             la = oa + self.lse_accum_offset
-        if self.fused is None:
-            if self.append is None:
-                self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp)
-            else:  # k, v -> the caches at cache_seqlens (rotated, paged, at the batch index), before attending
-                bt, bi, _, cos, sin = xp
-                self.launch_after(self.append, (kcp, vcp, knp, vnp, sp, bt, bi, cos, sin), stream, qp, kcp, vcp,
-                                  ptrs[0], lp, oa, la, sp, *xp)
-        else:  # the fused combine: the launch's ticket slot in the block, or (none left) the combine kernel after it
-            slot = _walk.DECODE_SLOTS.slot(self.device, stream)
-            launches = self.launches if slot >= 0 else self.fused
-            patch = _slot_patch(slot) if slot >= 0 else _no_patch
-            if self.append is None:
-                self.launch_patched(stream, launches, patch, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp)
-            else:
-                bt, bi, _, cos, sin = xp
-                self.launch_after(self.append, (kcp, vcp, knp, vnp, sp, bt, bi, cos, sin), stream, qp, kcp, vcp,
-                                  ptrs[0], lp, oa, la, sp, *xp, launches=launches, patch=patch)
+        if self.append is None:
+            self.launch(stream, qp, kcp, vcp, ptrs[0], lp, oa, la, sp, *xp)
+        else:  # k, v -> the caches at cache_seqlens (rotated, paged, at the batch index), before attending
+            bt, bi, _, cos, sin = xp
+            self.launch_after(self.append, (kcp, vcp, knp, vnp, sp, bt, bi, cos, sin), stream, qp, kcp, vcp, ptrs[0],
+                              lp, oa, la, sp, *xp)
         return (arrs[0], lse) if return_lse else arrs[0]
-
-
-def _no_patch(buf) -> None:
-    """A block as packed (walk_slot -1: the fused kernel leaves the combine to the kernel after it)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _slot_patch(slot: int):
-    """The block's walk_slot field set to `slot` (the fused combine's tickets)."""
-    return lambda buf: _walk.put_slot(buf, _walk.SLOT_OFFSET, slot)
 
 
 def _append_fields(kca, vca, kna, vna, cache: CacheOptions) -> dict:
@@ -374,10 +348,6 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     dev = qa.device
     if mf is not None and mf not in range(1, DECODE_MAX_MF[d] + 1):
         raise ValueError(f"mf must be 1..{DECODE_MAX_MF[d]} at head dim {d}; got {mf!r}")
-    if combine == "fused":  # (its kernels: DECODE_FUSED_MF row fragments)
-        if mf not in (None, DECODE_FUSED_MF):
-            raise ValueError(f"combine='fused' runs {DECODE_FUSED_MF} row fragment per block; got mf={mf!r}")
-        mf = DECODE_FUSED_MF
     if mf is None:
         mf = decode_auto_mf(qa.dtype, d, causal, mod, paged, b * kheads, rows, mf0, seqlen_k, num_splits, tile,
                             split_rule, sm_count(dev), smem_per_sm(dev))
@@ -414,15 +384,6 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
            batch=b, nheads=kheads, heads_per_kv=heads_per_kv, seqlen_q=rows, seqlen_k=seqlen_k,
            num_splits=num_splits, seqlen_k_new=seqlen_k_new, grid_order=0, **NO_WALK,
            **mod_fields(mods, float(softmax_scale), hd))
-    p.fused = None
-    fused = combine == "fused" and num_splits > 1
-    if fused:  # the kernel's FUSE form (its footprint and residency are the plain form's)
-        groups = b * kheads * m_blocks
-        if not decode_fused_eligible(groups, num_splits):
-            raise ValueError(f"combine='fused' takes 2..{DECODE_FUSED_MAX_SPLITS} splits of at most "
-                             f"{DECODE_FUSED_GROUPS} row groups (batch x KV heads x row blocks); got {num_splits} "
-                             f"splits of {groups}")
-        main = get_launcher(decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged, fused=True), dev)
     # PDL: the decode kernel waits for the append kernel (griddepcontrol.wait before it reads the cache), never for a
     # caller's kernel (it reads q before that wait), so only after the plan's own append
     p.add_launch(main, (blocks, 1, 1), pdl=pdl and kna is not None)
@@ -435,7 +396,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
         out_rows = b * kheads * rows
-        if combine in ("auto", "fused"):  # (fused: the combine of a call that gets no ticket slot)
+        if combine == "auto":
             combine = "rows" if num_splits <= COMBINE_ROWS_MAX_SPLITS else "block"
         if combine == "rows":  # one warp per output row (cuda_src/flash_decode.cu); the same parameter block; PDL
             if num_splits > combine_rows_max_splits(d):
@@ -449,9 +410,6 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
             p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
-        if fused:  # one kernel per call; both where the call finds no slot (plan.pdl: of the one-kernel launch)
-            p.fused, p.launches = p.launches, p.launches[:1]
-            p.pdl = any(ex is not None for *_, ex in p.launches)
     else:  # one split: the kernel writes out (and the LSE) itself
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
@@ -803,8 +761,7 @@ def plan_for(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, softmax_sc
     """The decode kernel's plan of a call, not memoized: benchmarks read num_splits and the launch geometry
     from it, sweep tiles with `tile`, compare combines with `combine` ("auto": the default; "rows", "block": the
     decode combines, "rows" for at most combine_rows_max_splits(headdim) splits; "warp": the split-KV forward's
-    one-warp-per-row combine; "fused": the kernel's last split blocks, up to DECODE_FUSED_MAX_SPLITS splits of
-    DECODE_FUSED_GROUPS row groups), the default split count's rule with `split_rule` ("chain", the default; "waves",
+    one-warp-per-row combine), the default split count's rule with `split_rule` ("chain", the default; "waves",
     "waves_untrimmed": decode_num_splits), the row fragments per block with `mf` (None: the configured ones; fewer
     give more m-blocks) and Programmatic Dependent Launch with `pdl` (None: the CUFLASH_PDL switch; False: plain
     launches; `plan.pdl` says whether the plan uses it) (run it with `run_plan`)."""

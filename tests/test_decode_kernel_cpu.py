@@ -97,9 +97,8 @@ def test_decode_specs_fit_and_name_their_smem():
     assert specs and all(s in _configs.all_specs() for s in specs)
     for s in specs:
         assert s.filename == "flash_decode.cu" and s.name.startswith("cuflash::flash_decode_kernel<")
-        # ..., SMEM_BYTES[, MOD[, PAGED[, SWZ[, FUSE]]]]> (the swizzled ring spells PAGED out, the fused form SWZ)
-        assert re.search(rf", {s.smem}(, [01](, true|, (true|false), true|, (true|false), (true|false), true)?)?>$",
-                         s.name) and s.smem % 16 == 0, s.name
+        # ..., SMEM_BYTES[, MOD[, PAGED[, SWZ]]]> (the swizzled ring spells PAGED out)
+        assert re.search(rf", {s.smem}(, [01](, true|, (true|false), true)?)?>$", s.name) and s.smem % 16 == 0, s.name
         assert s.smem <= SM80_MAX_SMEM, (s.name, s.smem)
     for d, t in _configs.DECODE_KERNEL_TILES.items():
         assert t.block_n % 16 == 0 and t.stages >= 2 and 32 % (d // 8) in (0, 8)  # d96: 24 of 32 lanes load
@@ -228,42 +227,6 @@ try:
     res["rows16_d256"] = "no error"
 except ValueError as e:
     res["rows16_d256"] = str(e)
-# the fused combine forced (plan_for): 32 KV heads at batch 1, 4 splits -> one launch with the stream's ticket slot;
-# no slot left -> the same kernel and the rows combine, walk_slot -1; with an append first; its limits
-from cuflash import _walk
-qh = T((1, 1, 32, 128), torch.float16); kh = T((1, 16384, 32, 128), torch.float16)
-sl1 = T((1,), torch.int32)
-fplan = decode.plan_for(qh, kh, kh, cache_seqlens=sl1, num_splits=4, combine="fused")
-def fused_launches(*args, **kw):
-    ho.LAUNCHES.clear()
-    decode.run_plan(fplan, *args, **kw)
-    return [[r[0], r[1], params(r)["walk_slot"], params(r)["num_splits"]] for r in ho.LAUNCHES]
-res["fused"] = [fused_launches(qh, kh, kh, cache_seqlens=sl1), fused_launches(qh, kh, kh, cache_seqlens=sl1),
-                len(fplan.fused)]
-pool = _walk.DECODE_SLOTS
-_walk.DECODE_SLOTS = _walk.SlotPool(0)
-res["fused_no_slot"] = fused_launches(qh, kh, kh, cache_seqlens=sl1)
-_walk.DECODE_SLOTS = pool
-kh1 = T((1, 1, 32, 128), torch.float16)
-fplan = decode.plan_for(qh, kh, kh, kh1, kh1, cache_seqlens=sl1, num_splits=4, combine="fused")
-res["fused_append"] = fused_launches(qh, kh, kh, kh1, kh1, cache_seqlens=sl1)
-fplan = decode.plan_for(qh, kh, kh, cache_seqlens=sl1, num_splits=1, combine="fused")
-res["fused_one_split"] = fused_launches(qh, kh, kh, cache_seqlens=sl1)
-for tag, args, kw in (("fused_17", (qh, kh, kh), dict(num_splits=17)),
-                      ("fused_groups", (q, kc, vc), dict(num_splits=2)),
-                      ("fused_groups_b64", (T((64, 1, 32, 128), torch.float16), T((64, 1024, 8, 128), torch.float16),
-                                            T((64, 1024, 8, 128), torch.float16)), dict(num_splits=2))):
-    try:
-        decode.plan_for(*args, cache_seqlens=sl1 if args[0] is qh else T((args[0].shape[0],), torch.int32),
-                        combine="fused", **kw)
-        res[tag] = "no error"
-    except ValueError as e:
-        res[tag] = str(e)
-# the small-step probe's plans of 32 KV heads at batch 1 with 16k keys (bench/diag/decode_small_probe.py)
-from bench.diag import decode_small_probe as dsp
-kh16 = T((1, 16384, 32, 128), torch.float16)
-res["probe_plans"] = {k: [v[0].num_splits, len(v[0].launches), v[0].fused is not None]
-                      for k, v in dsp._plans(qh, kh16, kh16, sl1, 1).items()}
 # misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
 try:
@@ -403,38 +366,6 @@ def test_host_path_combine_by_split_count(host_path):
     assert comb == "cuflash::flash_decode_combine_rows_kernel<__half, 128, 16>"
     assert cgrid == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1]
     assert "takes at most 8 splits at head dim 256" in host_path["rows16_d256"]
-
-
-def test_host_path_fused_combine(host_path):
-    """combine="fused": the kernel's FUSE form alone, with the stream's ticket slot (the same on the next call); with
-    no slot left, that kernel with walk_slot -1 and the rows combine after it; after an append, the append kernel
-    and the fused kernel; one split, the plain kernel writing O itself; more than 16 splits or 64 row groups
-    refused."""
-    one, again, n_fallback = host_path["fused"]
-    assert len(one) == 1 and one == again and n_fallback == 2
-    name, grid, slot, splits = one[0]
-    assert name.startswith("cuflash::flash_decode_kernel<__half, 128, ") and name.endswith(", true, true>")
-    assert grid == [32 * 4, 1, 1] and splits == 4 and 0 <= slot < _configs.DECODE_FUSED_SLOTS
-    (kname, _, kslot, _), (cname, cgrid, cslot, _) = host_path["fused_no_slot"]
-    assert kname == name and kslot == cslot == -1
-    assert cname == "cuflash::flash_decode_combine_rows_kernel<__half, 128>" and cgrid == [32 // 8, 1, 1]
-    app, main = host_path["fused_append"]
-    assert app[0].startswith("cuflash::kvcache_append_kernel") and main[0] == name and main[2] == slot
-    (plain,) = host_path["fused_one_split"]
-    assert plain[0].endswith("true>") and not plain[0].endswith(", true, true>") and plain[3] == 1
-    assert "takes 2..16 splits of at most 64 row groups" in host_path["fused_17"]
-    assert host_path["fused_groups"] == "no error"  # GQA 32/8 at batch 2: 16 groups
-    assert "got 2 splits of 512" in host_path["fused_groups_b64"]
-
-
-def test_decode_small_probe_times_the_fused_combine(host_path):
-    """The probe's plans of a split step include the fused combine at the default split count ("fused": one launch,
-    its fallback two) and at twice it, beside the default plan (two launches) and its kernel alone."""
-    got = host_path["probe_plans"]
-    n = got["def"][0]
-    assert n > 1 and got["def"][1:] == [2, False] and got["kernel"][1] == 1
-    assert got["fused"][1:] == [1, True] and got["fused"][0] > 1
-    assert got[f"fused{2 * got['fused'][0]}"][1:] == [1, True] or 2 * got["fused"][0] > _configs.DECODE_FUSED_MAX_SPLITS
 
 
 def test_host_path_int_seqlens_bf16(host_path):

@@ -118,17 +118,12 @@ def test_dynamic_walk_rule_on_the_fa2_grid(causal):
 def test_kernel_slot_counts_match():
     src = (ROOT / "cuda_src" / "flash_fwd_sm90.cu").read_text()
     assert int(re.search(r"constexpr int SM90_WALK_SLOTS = (\d+);", src).group(1)) == _walk.SLOTS == _walk.FWD_SLOTS.size
-    src = (ROOT / "cuda_src" / "flash_decode.cu").read_text()
-    for name in ("DECODE_FUSED_SLOTS", "DECODE_FUSED_GROUPS", "DECODE_FUSED_MAX_SPLITS"):
-        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == getattr(_configs, name)
-    assert _walk.DECODE_SLOTS.size == _configs.DECODE_FUSED_SLOTS
 
 
-@pytest.mark.parametrize("pool", ["FWD_SLOTS", "DECODE_SLOTS"])
-def test_slots_per_stream_and_per_captured_launch(monkeypatch, pool):
+def test_slots_per_stream_and_per_captured_launch(monkeypatch):
     """One slot per (device, stream), the same on every call; a launch on a stream being captured takes a new one each
-    time; none left: -1 (the forward's fixed waves, the decode's combine kernel). The two pools count apart."""
-    pool = _walk.SlotPool(getattr(_walk, pool).size)
+    time; none left: -1 (the forward's fixed waves). Two pools count apart."""
+    pool = _walk.SlotPool(_walk.FWD_SLOTS.size)
     other = _walk.SlotPool(8)
     capturing = set()
     monkeypatch.setattr(_walk, "capturing", lambda stream: stream in capturing)

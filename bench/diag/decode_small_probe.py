@@ -5,7 +5,7 @@ read little -- against cuDNN: split counts, tiles, row fragments and the cache_s
         [--no-check | --check-only]
 
 (a) Correctness of the plans the timing part runs (the default plan, the tiles of TILES, one row fragment per block
-    for 32 folded rows, the fused combine) against the float64 reference per batch element on its own keys (out within 4e-3
+    for 32 folded rows) against the float64 reference per batch element on its own keys (out within 4e-3
     x max(1, max |ref|), LSE within 2e-4, -inf exactly where the reference has it, no NaN; the cache rows past each
     element's keys NaN): MQA and GQA with ragged cache_seqlens (a 0 among them), a paged cache of 16-key pages,
     automatic and forced split counts. Exit status 1 when a case misses.
@@ -25,8 +25,6 @@ read little -- against cuDNN: split counts, tiles, row fragments and the cache_s
                row fragments
       mf1 ...  one row fragment per block where 32 query rows fold into one KV head (MQA): two m-blocks, each half
                the products per key (with the configured tile; with 16x4w3)
-      fused    combine="fused" (the kernel's last split blocks combine, one launch; one row fragment per block) at the
-               default split count, and "fusedN" at twice it, where the fused combine takes them (split plans only)
     Paged cases (--case HK,B,S,PAGE; PAGES by default) time the default plan on the contiguous cache ("contig"),
     then the paged one (def, nN, TILE).
 The table: us per step per plan and, per plan, cuDNN's time over it (>= 1.00: at or below cuDNN's time).
@@ -78,14 +76,9 @@ def correctness() -> bool:
         configs = [("auto", {})] + [(name, dict(tile=t)) for name, t in tiles().items()]
         if h // hk > 16:
             configs += [("mf1", dict(mf=1)), ("mf1 16x4w3", dict(mf=1, tile=tiles()["16x4w3"]))]
-        configs += [("fused", dict(combine="fused"))]
         for name, kw in configs:
             for ns in (0, 1, 5):
-                try:
-                    plan = plan_for(q, kx, vx, cache_seqlens=seqlens, block_table=bt, num_splits=ns, **kw)
-                except ValueError as e:  # (the fused combine's limits at the automatic split count)
-                    print(f"{name} splits={ns or 'auto'}: not run ({e})")
-                    continue
+                plan = plan_for(q, kx, vx, cache_seqlens=seqlens, block_table=bt, num_splits=ns, **kw)
                 out, lse = run_plan(plan, q, kx, vx, cache_seqlens=seqlens, return_softmax_lse=True, block_table=bt)
                 torch.cuda.synchronize()
                 tag = (f"{name} {dt} d{d} b={b} h={h} hk={hk} s={s} lens={lens}{f' paged {ps}' if ps else ''} "
@@ -125,14 +118,6 @@ def _plans(q, kc, vc, seqlens, rows, bt=None):
     if rows > 16:
         plans["mf1"] = (mk(mf=1, tile=decode_tile(D)), seqlens)
         plans["mf1 16x4w3"] = (mk(mf=1, tile=tiles()["16x4w3"]), seqlens)
-    if d.num_splits > 1:
-        for name, n in (("fused", 0), ("fusedN", 2 * d.num_splits)):
-            try:
-                f = mk(combine="fused", num_splits=n)
-            except ValueError:  # (past the fused combine's limits)
-                continue
-            if f.num_splits > 1:
-                plans[name if not n else f"fused{f.num_splits}"] = (f, seqlens)
     return plans
 
 

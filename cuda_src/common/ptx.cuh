@@ -56,16 +56,6 @@ __device__ __forceinline__ float opaque(float x) {
   return x;
 }
 
-// atom (PTX ISA, parallel synchronization): fetch-and-add with acquire-release semantics at GPU scope (sm_70 and
-// later). After a block barrier (bar.sync orders the block's earlier writes before it, cumulatively), one thread's add
-// publishes the block's writes to the thread whose add reads its count; that thread's later reads (and, after another
-// barrier, its block's) see every write published by the adds before it.
-__device__ __forceinline__ unsigned int atom_add_acq_rel_gpu(unsigned int* p, unsigned int v) {
-  unsigned int old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // 9.7.9.25.3.2/3: close the current group of cp.async; wait until at most N groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

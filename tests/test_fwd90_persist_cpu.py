@@ -132,6 +132,12 @@ for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 819
     lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, causal, order, (sq * 256, 256, 128), tile=t)
     res[f"walk {b} {sq} {h} {causal} {order} {tile}"] = [lau.spec.name, fields["walk_group"], fields["walk_slot"],
                                                          list(grid)]
+for d, sq, sk in ((120, 2048, 3000), (120, 2048, 1000), (96, 2048, 3000)):  # kernel head dims 128 and 96
+    q = T((1, sq, 10, d), torch.float16)
+    k, v = (T((1, sk, 2, d), torch.float16) for _ in range(2))
+    qa, ka, va = check_qkv(q, k, v)
+    lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, False, "auto", (sq * 10 * d, 10 * d, d))
+    res[f"walk d{d} {sq} {sk}"] = [lau.spec.name, fields["walk_slot"]]
 for b, sq in ((8, 2048), (4, 4096), (2, 8192), (2, 3000)):  # head dim 64 without a mask: ragged last Q tiles
     q, k, v = (T((b, sq, 32, 64), torch.float16) for _ in range(3))
     qa, ka, va = check_qkv(q, k, v)
@@ -228,6 +234,20 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     assert t.persistent and name == sm90_fwd_spec("float16", 128, causal, t).name
     assert got_group == group and slot == {"dynamic": _walk.DYNAMIC, "sk": _walk.STREAM_K, "fixed": -1}[kind]
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
+
+
+@pytest.mark.parametrize("d,sk,sk_walk", [(120, 3000, True), (120, 1000, False), (96, 3000, False)])
+def test_stream_k_by_kernel_head_dim(res, d, sk, sk_walk):
+    """grid_order "auto" walks by stream-K on the head-dim-128 kernel whatever the call's head dim (120: its columns
+    past 120 zero-filled), from SM90_FWD_SK_MIN_SEQLEN_K keys (1000: below), and not on the head-dim-96 kernel (not in
+    SM90_FWD_SK_MIN_SEQLEN_K); 160 Q tiles of 10 heads on 132 blocks, GQA 10/2."""
+    from cuflash import _walk
+
+    name, slot = res[f"walk d{d} 2048 {sk}"]
+    kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
+    t = replace(sm90_fwd_tile(kd, False, sk), stream_k=sk_walk)
+    assert name == sm90_fwd_spec("float16", kd, False, t).name
+    assert (slot == _walk.STREAM_K) == sk_walk
 
 
 @pytest.mark.parametrize("b,sq,group", [(8, 2048, 16), (4, 4096, 16), (2, 8192, 0), (2, 3000, 0)])

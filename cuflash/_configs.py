@@ -1077,7 +1077,9 @@ def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
 # per output row, COMBINE_ROWS_WARPS rows per block (many rows of few splits: MQA and GQA at large batch). Its wide
 # form (the kernel's MAXS = COMBINE_ROWS_WIDE_SPLITS) takes up to 16 splits at head dims up to
 # COMBINE_ROWS_WIDE_MAX_HEADDIM (a lane's 16 float4 loads in flight in 96 registers at head dim 128; at 256 ptxas
-# interleaves them with the sums); combine "rows" reaches it, "auto" keeps the block combine above 8 splits.
+# interleaves them with the sums); "auto" takes it for 9-16 splits there (measured against the block combine in CUDA-graph
+# replay, bench/results/decode-small-fused.log: MQA at batch 8 with 128k keys, 16 splits, 131.90 against 132.96 us per
+# step; 8 KV heads at batch 1 with 4k keys, 16 splits, 8.24 against 8.41 us), the block combine above.
 COMBINE_ROWS_MAX_SPLITS = 8
 COMBINE_ROWS_WIDE_SPLITS = 16
 COMBINE_ROWS_WIDE_MAX_HEADDIM = 128

@@ -10,10 +10,10 @@ Two kernels (keyword `kernel`):
   warp holds all rows and streams its own keys through a private cp.async ring (no block barrier in the
   KV loop), the warps' (m, l, O) are merged once through shared memory. One split writes the output
   directly (one launch); more write fp32 partials for a combine kernel that issues every split's loads at once:
-  flash_decode_combine_rows_kernel (one warp per output row) for at most COMBINE_ROWS_MAX_SPLITS splits,
-  flash_decode_combine_kernel (one block per output row) for more (`plan_for(..., combine=...)` forces one --
-  "rows" up to 16 splits at head dims up to 128, combine_rows_max_splits -- or the split-KV forward's
-  flash_combine_kernel, "warp", for comparison).
+  flash_decode_combine_rows_kernel (one warp per output row) for at most combine_rows_max_splits(head dim)
+  splits (16 at head dims up to 128, its wide form past 8; 8 at 256), flash_decode_combine_kernel (one block per
+  output row) for more (`plan_for(..., combine=...)` forces one, or the split-KV forward's flash_combine_kernel,
+  "warp", for comparison).
 * "fwd_split": the prefill kernel cut into KV splits (cuda_src/flash_fwd.cu, SPLIT=true), kept for
   comparison (bench/bench_decode.py).
 
@@ -53,7 +53,7 @@ from ._validate import (check_backward_headdim, check_block_table, check_bool, c
                         check_softmax_scale, check_unsupported)
 
 MAX_SPLITS = DECODE_MAX_SPLITS  # the decode combine's shared weights and unrolled loads hold this many
-# the decode kernel's combine: "auto" (the default: "rows" up to COMBINE_ROWS_MAX_SPLITS splits, else "block"),
+# the decode kernel's combine: "auto" (the default: "rows" up to combine_rows_max_splits splits, else "block"),
 # "rows" flash_decode_combine_rows_kernel, "block" flash_decode_combine_kernel, "warp" flash_combine_kernel
 COMBINES = ("auto", "rows", "block", "warp")
 WAVE_EFFICIENCY = 0.95  # num_splits_heuristic: fraction of the best wave efficiency to settle for
@@ -397,7 +397,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         p.outs = (a_out, p.allocator(out, buf), a_lse, p.allocator(out, lse, buf))
         out_rows = b * kheads * rows
         if combine == "auto":
-            combine = "rows" if num_splits <= COMBINE_ROWS_MAX_SPLITS else "block"
+            combine = "rows" if num_splits <= combine_rows_max_splits(d) else "block"
         if combine == "rows":  # one warp per output row (cuda_src/flash_decode.cu); the same parameter block; PDL
             if num_splits > combine_rows_max_splits(d):
                 raise ValueError(f"combine='rows' takes at most {combine_rows_max_splits(d)} splits at head dim {hd}; "

@@ -177,8 +177,8 @@ def test_cuda_graph_capture_and_replay_after_seqlens_change(kernel, hk, num_spli
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 9, 16, 64, 127, 128])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 def test_combines_every_split_count(num_splits, d):
-    """flash_decode_combine_rows_kernel (combine "rows", the default up to COMBINE_ROWS_MAX_SPLITS splits; forced, its
-    wide form up to 16 at head dims up to 128),
+    """flash_decode_combine_rows_kernel (combine "rows", the default up to combine_rows_max_splits splits: its wide
+    form for 9-16 at head dims up to 128),
     flash_decode_combine_kernel ("block", the default above) and flash_combine_kernel ("warp") on the same case:
     MQA 32/1 (32 folded rows; two m-blocks at head dim 256), lengths (full, 0, 130: most splits see no key), the
     fp32 partials poisoned with NaN before each launch (an empty split's o is never written and must never be read),
@@ -213,8 +213,8 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     """The rows combine (one warp per output row, COMBINE_ROWS_WARPS rows per block) where the output rows are no
     multiple of a block's (GQA 12/4 at batch 5: 5 x 4 x 3 = 60 rows), with every split count up to its limit,
     ragged lengths (0, 1, a few keys: splits of no key) and the partials poisoned with NaN, against the float64
-    reference; the default combine of these split counts is the rows one, and forced, its wide form takes 9-16 splits
-    at head dims up to 128."""
+    reference; the default combine of these split counts is the rows one, its wide form for 9-16 splits at head dims
+    up to 128."""
     import torch
 
     from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, combine_rows_max_splits, plan_for, run_plan

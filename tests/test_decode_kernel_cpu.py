@@ -214,7 +214,8 @@ call("int_seqlens", qb, kb, vb, cache_seqlens=700)
 qm = T((64, 1, 32, 128), torch.float16)
 km = T((64, 16384, 1, 128), torch.float16); vm = T((64, 16384, 1, 128), torch.float16)
 call("mqa_b64", qm, km, vm, cache_seqlens=T((64,), torch.int32))
-call("mqa_b64_block", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=9)
+call("mqa_b64_wide", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=9)
+call("mqa_b64_block", qm, km, vm, cache_seqlens=T((64,), torch.int32), num_splits=17)
 # the rows combine forced (plan_for): its wide form at 16 splits (head dim 128), none at head dim 256
 sl64 = T((64,), torch.int32)
 ho.LAUNCHES.clear()
@@ -227,6 +228,7 @@ try:
     res["rows16_d256"] = "no error"
 except ValueError as e:
     res["rows16_d256"] = str(e)
+call("d256_9", q256, k256, k256, cache_seqlens=sl64, num_splits=9)
 # misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
 try:
@@ -296,9 +298,12 @@ def test_host_path_gqa_split(host_path):
     assert r["out_shape"] == [2, 1, 32, 128] and not r["tuple"]
     main, comb = r["launches"]
     assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, false, 2, ")
-    assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["threads"] == 8 * 128 // 4
     p = main["p"]
     n = p["num_splits"]
+    # 9-16 splits at head dim 128: the rows combine's wide form, one warp per output row (batch x KV heads x rows)
+    assert _configs.COMBINE_ROWS_MAX_SPLITS < n <= _configs.combine_rows_max_splits(128)
+    assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128, 16>"
+    assert comb["threads"] == 32 * _configs.COMBINE_ROWS_WARPS
     # fold: 4 rows per KV head, q rows = heads (stride 128), q heads = 4 * 128; out likewise
     assert (p["nheads"], p["seqlen_q"], p["heads_per_kv"]) == (8, 4, 1)
     assert (p["q_row_stride"], p["q_head_stride"], p["q_batch_stride"]) == (128, 512, 32 * 128)
@@ -311,7 +316,7 @@ def test_host_path_gqa_split(host_path):
     assert p["o_accum"] and p["lse_accum"] and p["seqlens_k"] and p["lse"] == 0
     assert p["lse_accum"] - p["o_accum"] == n * 2 * 8 * 4 * 128 * 4  # one scratch buffer: o_accum then lse_accum
     assert comb["p"] == p  # the combine reads the same parameter block
-    assert comb["grid"] == [2 * 8 * 4, 1, 1]  # one block per output row (batch x KV heads x folded rows)
+    assert comb["grid"] == [-(-2 * 8 * 4 // _configs.COMBINE_ROWS_WARPS), 1, 1]
     # the split count holds keys in every split: 4096 keys = 32 block rounds of 128, ceil(32 / n) rounds per split
     assert n == -(-32 // -(-32 // n))
 
@@ -349,17 +354,24 @@ def test_host_path_speculative_append(host_path):
 
 
 def test_host_path_combine_by_split_count(host_path):
-    """At most COMBINE_ROWS_MAX_SPLITS splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at
-    batch 64 has 2048 rows of 4 splits here), more the block-per-row combine; combine="rows" forced takes the rows
-    combine's wide form up to 16 splits at head dims up to 128 and refuses more."""
+    """At most combine_rows_max_splits splits take flash_decode_combine_rows_kernel (one warp per output row: MQA at
+    batch 64 has 2048 rows of 4 splits here), its wide form for 9-16 splits at head dims up to 128, more (or more
+    than 8 at head dim 256) the block-per-row combine; combine="rows" forced refuses more than that."""
     main, comb = host_path["mqa_b64"]["launches"]
     n = main["p"]["num_splits"]
     assert n == 4 and main["grid"] == [64 * n, 1, 1]  # 64 x 4 = 256 blocks of the 264 slots
     assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128>"
     assert comb["grid"] == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1] and comb["threads"] == 256
-    main, comb = host_path["mqa_b64_block"]["launches"]
+    main, comb = host_path["mqa_b64_wide"]["launches"]
     assert main["p"]["num_splits"] == 9 > _configs.COMBINE_ROWS_MAX_SPLITS
+    assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 128, 16>"
+    assert comb["grid"] == [64 * 32 // _configs.COMBINE_ROWS_WARPS, 1, 1]
+    main, comb = host_path["mqa_b64_block"]["launches"]
+    assert main["p"]["num_splits"] == 17 > _configs.combine_rows_max_splits(128)
     assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 128>" and comb["grid"] == [64 * 32, 1, 1]
+    main, comb = host_path["d256_9"]["launches"]
+    assert main["p"]["num_splits"] == 9 > _configs.combine_rows_max_splits(256)
+    assert comb["name"] == "cuflash::flash_decode_combine_kernel<__half, 256>"
     # forced, the rows combine's wide form (up to 16 splits at head dims up to 128)
     (main, _), (comb, cgrid) = host_path["rows16"]
     assert main.startswith("cuflash::flash_decode_kernel<__half, 128, ")

@@ -19,7 +19,7 @@ read little -- against cuDNN: split counts, tiles, row fragments and the cache_s
       static   the default plan without cache_seqlens (the kernel's key count from the shape: no dependent load of
                the length before the first K/V address)
       kernel   the default plan's decode kernel alone, without the combine's launch (split plans only)
-      rows     the default plan with the rows combine's wide form where its 9-16 splits take the block combine
+      block    the default plan with the block combine where its 9-16 splits take the rows combine's wide form
       nN       the default plan at N splits (half and twice the default's, where they exist)
       TILE     a tile of TILES at its own default count (its resident blocks per SM enter the count), the default
                row fragments
@@ -109,7 +109,7 @@ def _plans(q, kc, vc, seqlens, rows, bt=None):
         alone.launches = alone.launches[:1]
         plans["kernel"] = (alone, seqlens)
     if COMBINE_ROWS_MAX_SPLITS < d.num_splits <= combine_rows_max_splits(D):
-        plans["rows"] = (mk(combine="rows"), seqlens)
+        plans["block"] = (mk(combine="block"), seqlens)
     for n in (d.num_splits // 2, d.num_splits * 2):
         if 1 <= n <= min(128, rounds) and n != d.num_splits:
             plans[f"n{n}"] = (mk(num_splits=n), seqlens)

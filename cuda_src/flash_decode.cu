@@ -83,6 +83,7 @@
 //              then query positions of one head: the host does not fold GQA heads into rows)
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
+//   SWZ        the rings' rows unpadded and XOR-swizzled (RingSwizzle, below)
 //
 // Programmatic Dependent Launch (sm_90; common/ptx.cuh: grid_dependency_wait / grid_launch_dependents). The host
 // launches this kernel as the dependent of flash_attn_with_kvcache's append kernel, and the combine as this kernel's

@@ -601,8 +601,8 @@ def stream_k_spread(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int
 @lru_cache(maxsize=256)
 def sm90_stream_k(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, grid: int,
                   fixed_walk: str, dynamic_group: int) -> bool:
-    """Whether the list model alone would take stream-K for a launch stream_k_eligible admits (see SM90_SK_MAX_GRID:
-    grid_order "auto" does not): whole Q tiles only, and its spread at least SM90_WALK_DYNAMIC_MIN_GAIN below that of
+    """Whether the list model alone would take stream-K for a launch stream_k_eligible admits (see SM90_SK_MAX_GRID;
+    grid_order "auto" takes it by sm90_fwd_stream_k_auto, the measured rule, not by this): whole Q tiles only, and its spread at least SM90_WALK_DYNAMIC_MIN_GAIN below that of
     the walk it would replace (the dynamic walk's in `dynamic_group`, or the fixed walk `fixed_walk`). (A ragged last
     Q tile's work per pair is what the model guesses least well -- its idle warpgroups measured dearer than their
     share -- and equal pair counts are unequal work there.)"""
@@ -694,7 +694,8 @@ SM90_FWD_KEY_BOUNDS = (None, SM90_FWD_SHORT_MAX_SEQLEN_K, SM90_FWD_SHORT_MAX_SEQ
 def sm90_fwd_specs():
     """Every kernel the Hopper forward launches: the configured tiles in every mask mode, the variants taken by key
     count (SM90_FWD_SHORT_TILES, SM90_FWD_LONG_TILES), and each of them also without o_tma (an output no tensor map
-    describes); the persistent ones without a mask also as stream-K's (grid_order "stream_k")."""
+    describes); the persistent ones without a mask also as stream-K's (grid_order "auto" where
+    sm90_fwd_stream_k_auto takes it, and the diagnostic "stream_k")."""
     out = []
     for dt in DTYPES:
         for d in SM90_HEADDIMS:

@@ -132,11 +132,11 @@ for b, sq, h, causal, order, tile in ((2, 8192, 16, True, "auto", None), (1, 819
     lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, causal, order, (sq * 256, 256, 128), tile=t)
     res[f"walk {b} {sq} {h} {causal} {order} {tile}"] = [lau.spec.name, fields["walk_group"], fields["walk_slot"],
                                                          list(grid)]
-for d, sq, sk in ((120, 2048, 3000), (120, 2048, 1000), (96, 2048, 3000)):  # kernel head dims 128 and 96
-    q = T((1, sq, 10, d), torch.float16)
+for d, sq, sk, h in ((120, 2048, 3000, 10), (120, 2048, 1000, 10), (64, 1920, 3000, 16)):  # kernels 128 and 64
+    q = T((1, sq, h, d), torch.float16)
     k, v = (T((1, sk, 2, d), torch.float16) for _ in range(2))
     qa, ka, va = check_qkv(q, k, v)
-    lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, False, "auto", (sq * 10 * d, 10 * d, d))
+    lau, grid, fields, _ = _fwd_sm90.launch_setup(qa, ka, va, None, False, "auto", (sq * h * d, h * d, d))
     res[f"walk d{d} {sq} {sk}"] = [lau.spec.name, fields["walk_slot"]]
 for b, sq in ((8, 2048), (4, 4096), (2, 8192), (2, 3000)):  # head dim 64 without a mask: ragged last Q tiles
     q, k, v = (T((b, sq, 32, 64), torch.float16) for _ in range(3))
@@ -236,16 +236,20 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
 
 
-@pytest.mark.parametrize("d,sk,sk_walk", [(120, 3000, True), (120, 1000, False), (96, 3000, False)])
-def test_stream_k_by_kernel_head_dim(res, d, sk, sk_walk):
+@pytest.mark.parametrize("d,sq,sk,sk_walk", [(120, 2048, 3000, True), (120, 2048, 1000, False), (64, 1920, 3000, False)])
+def test_stream_k_by_kernel_head_dim(res, d, sq, sk, sk_walk):
     """grid_order "auto" walks by stream-K on the head-dim-128 kernel whatever the call's head dim (120: its columns
-    past 120 zero-filled), from SM90_FWD_SK_MIN_SEQLEN_K keys (1000: below), and not on the head-dim-96 kernel (not in
-    SM90_FWD_SK_MIN_SEQLEN_K); 160 Q tiles of 10 heads on 132 blocks, GQA 10/2."""
+    past 120 zero-filled), from SM90_FWD_SK_MIN_SEQLEN_K keys (1000: below), and not on the head-dim-64 kernel (not in
+    SM90_FWD_SK_MIN_SEQLEN_K), though its persistent launch could (10 whole Q tiles of 192 rows x 16 heads = 160 on 132
+    blocks: stream_k_eligible); 160 Q tiles of 10 heads at 120, GQA to 2 KV heads."""
     from cuflash import _walk
 
-    name, slot = res[f"walk d{d} 2048 {sk}"]
+    name, slot = res[f"walk d{d} {sq} {sk}"]
     kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
-    t = replace(sm90_fwd_tile(kd, False, sk), stream_k=sk_walk)
+    t = sm90_fwd_tile(kd, False, sk)
+    assert t.persistent and _configs.stream_k_eligible(False, False, -(-sq // t.block_m) * (10 if d == 120 else 16),
+                                                       -(-sk // t.block_n), 132)
+    t = replace(t, stream_k=sk_walk)
     assert name == sm90_fwd_spec("float16", kd, False, t).name
     assert (slot == _walk.STREAM_K) == sk_walk
 

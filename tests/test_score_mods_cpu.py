@@ -122,8 +122,10 @@ def stood_in():
 def test_forward_launches_the_score_kernels(stood_in):
     for backend, kernel in (("sm80", "flash_fwd_kernel<"), ("sm90", "flash_fwd_sm90_kernel<")):
         name, f = stood_in[backend]
-        # MOD_SCORE (1) last, or before O_TMA on the Hopper forward
-        assert kernel in name and name.endswith((", 1>", ", 1, true>")) and ", false, " in name, name
+        # MOD_SCORE (1) last; on the Hopper forward (head dim 64) then O_TMA, MINB, PERSIST and SK, and CAP_MAX true:
+        # the soft-cap's capped-max form, configured for the modifier kernels at head dims 64 and 128
+        ends = (", 1>",) if backend == "sm80" else (", 1, true, 1, false, false, true>",)
+        assert kernel in name and name.endswith(ends) and ", false, " in name, name
         assert (f["window_left"], f["window_right"]) == (16, 0)  # causal: right = 0
         assert f["softcap_pre"] == pytest.approx(64 ** -0.5 / 30.0) and f["scale_log2"] == pytest.approx(30 * LOG2E)
         assert f["alibi_slopes"] != 0 and f["alibi_batch_stride"] == 8 and f["alibi_mul"] == pytest.approx(1 / 30)

@@ -2,8 +2,8 @@
 
     python -m bench.diag.decode_probe [--quick] [--time-limit SECONDS] [--json FILE]
 
-(a) Correctness: flash_attn_with_kvcache's split path ("auto": flash_decode_combine_rows_kernel up to 8 splits,
-    flash_decode_combine_kernel above), the block combine forced ("block") and the previous one (flash_combine_kernel,
+(a) Correctness: flash_attn_with_kvcache's split path ("auto": flash_decode_combine_rows_kernel up to
+    combine_rows_max_splits -- 16 at head dims up to 128, 8 at 256 --, flash_decode_combine_kernel above), the block combine forced ("block") and the previous one (flash_combine_kernel,
     "warp") against the float64 reference on a handful of shapes: MQA 32/1 and GQA 32/8 and
     32/32, ragged cache_seqlens with a 0, a paged cache, num_splits forced to 1, 2, 7, 64 and 128, the fp32
     partials poisoned with NaN before the launch. A row's error bound: 4e-3 x max(1, max |ref|) (fp16), LSE within
@@ -12,8 +12,8 @@
     dim 128, fp16, 32 query heads, q_len 1, for batch 1 and 8 with 1, 8 and 32 KV heads, caches 1k-128k (cases of
     more than MAX_KV_BYTES of K/V, bandwidth-bound, left out):
       old      the wave-efficiency split count before `without_empty_splits` with the one-warp-per-row combine
-      new      the default: the default split count, the default combine (one warp per row up to 8 splits,
-               one block per row above)
+      new      the default: the default split count, the default combine (one warp per row up to 16 splits at
+               head dim 128, one block per row above)
       nS       S splits forced (a few counts around the default), the default combine
       cudnn / flash   SDPA's CUDNN and FLASH backends, enable_gqa=True on the unexpanded caches (cuDNN refusing
                that gets the caches expanded to 32 heads, outside the timing)
@@ -89,7 +89,7 @@ def correctness(quick=False) -> bool:
         q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.float16)
         seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         for ns in splits:
-            for combine in ("auto", "block", "warp"):  # auto: the rows combine up to COMBINE_ROWS_MAX_SPLITS splits
+            for combine in ("auto", "block", "warp"):  # auto: the rows combine up to combine_rows_max_splits
                 plan = plan_for(q, kc, vc, cache_seqlens=seqlens, num_splits=ns, combine=combine)
                 n = plan.num_splits
                 rows = h // hk if hk < h else 1

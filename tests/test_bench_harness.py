@@ -35,6 +35,28 @@ def test_time_rounds_interleaves_and_takes_the_median(monkeypatch):
     assert out == {"a": (2.0, [3.0, 1.0, 2.0]), "b": (20.0, [10.0, 30.0, 20.0])}
 
 
+def test_time_rounds_rotates_the_order(monkeypatch):
+    """rotate=True: round r starts at the r-th provider; each provider's list keeps its own rounds in order."""
+    calls = []
+    times = {"a": iter([1.0, 2.0, 3.0, 4.0]), "b": iter([5.0, 6.0, 7.0, 8.0]), "c": iter([9.0, 10.0, 11.0, 12.0])}
+
+    def fake_time_ms(fn, **kw):
+        name = fn()
+        calls.append(name)
+        return next(times[name])
+
+    monkeypatch.setattr(harness, "time_ms", fake_time_ms)
+    fns = {n: (lambda n=n: n) for n in "abc"}
+    out = harness.time_rounds(fns, rounds=4, rotate=True)
+    assert calls == list("abc" "bca" "cab" "abc")
+    want = {"a": [1.0, 2.0, 3.0, 4.0], "b": [5.0, 6.0, 7.0, 8.0], "c": [9.0, 10.0, 11.0, 12.0]}
+    assert out == {n: (harness.median(v), v) for n, v in want.items()}
+    calls.clear()
+    times.update(a=iter([1.0]), b=iter([2.0]), c=iter([3.0]))
+    harness.time_rounds(fns, rounds=1, rotate=True)
+    assert calls == list("abc")
+
+
 def test_time_ms_counts_the_warm_up_on_the_gpu(monkeypatch):
     """A long kernel gets a few waited-for warm-up calls, not 200 launches queued while the host loop counts its own
     time (torch stood in: each call queues 10 ms of work that synchronize() waits for)."""

@@ -11,9 +11,9 @@ check of that form first.
    without it on the same inputs (max |difference| of out and LSE printed), soft-cap 20 on large logits (inputs x3:
    the tests' case), causal and not, head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
 2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
-   time_rounds, medians of `rounds` rounds, the three timed in turn): the plain kernel, the soft-capped tile without
-   the capped-max form ("cap") and with it ("capmax", the configured kernel), each through _fwd_sm90.forward,
-   soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the plain kernel (the aim: <= +10%).
+   time_rounds, medians of `rounds` rounds, the three timed in turn, each round starting at the next of them): the
+   plain kernel, the soft-capped tile without the capped-max form ("cap") and with it ("capmax", the configured
+   kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only."""
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def timing(quick: bool, rounds: int) -> None:
             for causal in (True, False):
                 fns = {"plain": _call(q, k, v, causal, 0.0, False), "cap": _call(q, k, v, causal, CAP_TIMED, False),
                        "capmax": _call(q, k, v, causal, CAP_TIMED, True)}
-                res = {n: r[0] for n, r in time_rounds(fns, rounds).items()}
+                res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
                 rows.append((d, s, causal, res))
                 print(f"d={d} s={s} causal={causal}: " + " ".join(f"{n} {ms:.3f} ms" for n, ms in res.items() if ms),
                       flush=True)

@@ -140,9 +140,10 @@ def time_rounds(fns: dict, rounds: int = 1, timer=None, log=None, rotate: bool =
     """{name: (median over the rounds, [one value per round])} of timer(fn, **kw) (default: time_ms) for each fn of
     `fns`, timed in turn in each round (A, B, C, A, B, C, ...), so that clock drift between loops lands on every
     provider alike; `rotate`: round r starts at the r-th provider (A, B, C, B, C, A, C, A, B, ...), so that no
-    provider is always first after another's loop (each list stays in round order). A provider that raises RuntimeError (an SDPA backend refusing the case) gets (None, []).
-    log: a label; each timing is then printed as it ends (round, provider, ms, wall seconds it took), so that a point
-    that takes far longer than its kernels shows which provider does."""
+    provider is always first after another's loop (each list stays in round order). A provider that raises RuntimeError
+    (an SDPA backend refusing the case) gets (None, []). log: a label; each timing is then printed as it ends (round,
+    provider, ms, wall seconds it took), so that a point that takes far longer than its kernels shows which provider
+    does."""
     timer = timer or time_ms
     per = {name: [] for name in fns}
     failed = set()

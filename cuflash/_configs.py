@@ -512,8 +512,9 @@ def sm90_persist_dynamic(batch_heads: int, heads_per_kv: int, seqlen_q: int, seq
 # tiles; the form that carries a split tile's state (bench/results/fwd90-tail-sk.log) took 0.973-0.993 of the
 # configured walk's time per tile at head dim 128, 1k-16k keys. grid_order "auto" takes it where
 # SM90_FWD_SK_MIN_SEQLEN_K names the kernel head dim (sm90_fwd_stream_k_auto); the diagnostic grid_order "stream_k"
-# wherever it can run (cuflash._fwd_sm90.persist_walk), and sm90_stream_k is where the list model alone would. Its workspace (cuflash/_walk.py) holds one partial state per
-# (block, consumer warpgroup); SM90_SK_MAX_GRID blocks at most (the kernel's SM90_SK_FLAGS / 4).
+# wherever it can run (cuflash._fwd_sm90.persist_walk), and sm90_stream_k is where the list model alone would. Its
+# workspace (cuflash/_walk.py) holds one partial state per (block, consumer warpgroup); SM90_SK_MAX_GRID blocks at most
+# (the kernel's SM90_SK_FLAGS / 4).
 SM90_SK_MAX_GRID = 256
 SM90_SK_MERGE = 0.5  # a split tile's merge and its second prologue, in K / V tiles, in the list model
 # Kernel head dim -> the fewest keys per sequence at which grid_order "auto" walks by stream-K (whole Q tiles only:
@@ -602,10 +603,11 @@ def stream_k_spread(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int
 def sm90_stream_k(batch_heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, grid: int,
                   fixed_walk: str, dynamic_group: int) -> bool:
     """Whether the list model alone would take stream-K for a launch stream_k_eligible admits (see SM90_SK_MAX_GRID;
-    grid_order "auto" takes it by sm90_fwd_stream_k_auto, the measured rule, not by this): whole Q tiles only, and its spread at least SM90_WALK_DYNAMIC_MIN_GAIN below that of
-    the walk it would replace (the dynamic walk's in `dynamic_group`, or the fixed walk `fixed_walk`). (A ragged last
-    Q tile's work per pair is what the model guesses least well -- its idle warpgroups measured dearer than their
-    share -- and equal pair counts are unequal work there.)"""
+    grid_order "auto" takes it by sm90_fwd_stream_k_auto, the measured rule, not by this): whole Q tiles only, and its
+    spread at least SM90_WALK_DYNAMIC_MIN_GAIN below that of the walk it would replace (the dynamic walk's in
+    `dynamic_group`, or the fixed walk `fixed_walk`). (A ragged last Q tile's work per pair is what the model guesses
+    least well -- its idle warpgroups measured dearer than their share -- and equal pair counts are unequal work
+    there.)"""
     if seqlen_q % block_m:
         return False
     model = (batch_heads, seqlen_q, seqlen_k, block_m, block_n, grid)
@@ -1078,9 +1080,9 @@ def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
 # per output row, COMBINE_ROWS_WARPS rows per block (many rows of few splits: MQA and GQA at large batch). Its wide
 # form (the kernel's MAXS = COMBINE_ROWS_WIDE_SPLITS) takes up to 16 splits at head dims up to
 # COMBINE_ROWS_WIDE_MAX_HEADDIM (a lane's 16 float4 loads in flight in 96 registers at head dim 128; at 256 ptxas
-# interleaves them with the sums); "auto" takes it for 9-16 splits there (measured against the block combine in CUDA-graph
-# replay, bench/results/decode-small-fused.log: MQA at batch 8 with 128k keys, 16 splits, 131.90 against 132.96 us per
-# step; 8 KV heads at batch 1 with 4k keys, 16 splits, 8.24 against 8.41 us), the block combine above.
+# interleaves them with the sums); "auto" takes it for 9-16 splits there (measured against the block combine in
+# CUDA-graph replay, bench/results/decode-small-fused.log: MQA at batch 8 with 128k keys, 16 splits, 131.90 against
+# 132.96 us per step; 8 KV heads at batch 1 with 4k keys, 16 splits, 8.24 against 8.41 us), the block combine above.
 COMBINE_ROWS_MAX_SPLITS = 8
 COMBINE_ROWS_WIDE_SPLITS = 16
 COMBINE_ROWS_WIDE_MAX_HEADDIM = 128

@@ -147,10 +147,10 @@ def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks
     """(the walk's FwdParams fields, the one-tile grid order) of a persistent launch. "qtile" and "bh" walk in fixed
     waves with groups of 1 and of every (batch, head); "auto" walks by stream-K where it can run and
     cuflash._configs.sm90_fwd_stream_k_auto takes it, else takes the dynamic walk where sm90_persist_dynamic names a
-    group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot there), else sm90_persist_walk's fixed one; "dynamic" (diagnostics) takes it with that function's group, or every
-    (batch, head) where it names none; "stream_k" (diagnostics, cuflash._configs.SM90_SK_MAX_GRID's note) takes
-    stream-K wherever it can run (walk_slot _walk.STREAM_K: the caller puts the workspace in o_accum). Packed
-    sequences walk "qtile" in fixed waves."""
+    group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot there), else sm90_persist_walk's fixed one;
+    "dynamic" (diagnostics) takes it with that function's group, or every (batch, head) where it names none; "stream_k"
+    (diagnostics, cuflash._configs.SM90_SK_MAX_GRID's note) takes stream-K wherever it can run (walk_slot
+    _walk.STREAM_K: the caller puts the workspace in o_accum). Packed sequences walk "qtile" in fixed waves."""
     if packed is not None:
         return dict(walk_group=1, walk_slot=-1), "qtile"
     bhs = b * h

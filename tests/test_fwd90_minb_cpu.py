@@ -27,7 +27,8 @@ def test_configured_tiles_stay_one_block_and_keep_their_names():
     # stream-K form's SK a 14th, and the modifier kernels' capped-max form PERSIST, SK false and CAP_MAX a 15th)
     assert all(s.name.count(",") <= 12 or (s.name.count(",") == 13 and s.name.endswith(", true>")) or
                (s.name.count(",") == 14 and s.name.endswith(", true, true>")) or
-               (s.name.count(",") == 15 and s.name.endswith(", false, false, true>")) for s in _configs.sm90_fwd_specs())
+               (s.name.count(",") == 15 and s.name.endswith(", false, false, true>"))
+               for s in _configs.sm90_fwd_specs())
 
 
 @pytest.mark.parametrize("d,name", VARIANTS)

@@ -236,7 +236,8 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
 
 
-@pytest.mark.parametrize("d,sq,sk,sk_walk", [(120, 2048, 3000, True), (120, 2048, 1000, False), (64, 1920, 3000, False)])
+@pytest.mark.parametrize("d,sq,sk,sk_walk",
+                         [(120, 2048, 3000, True), (120, 2048, 1000, False), (64, 1920, 3000, False)])
 def test_stream_k_by_kernel_head_dim(res, d, sq, sk, sk_walk):
     """grid_order "auto" walks by stream-K on the head-dim-128 kernel whatever the call's head dim (120: its columns
     past 120 zero-filled), from SM90_FWD_SK_MIN_SEQLEN_K keys (1000: below), and not on the head-dim-64 kernel (not in

@@ -3,11 +3,12 @@
     python -m bench.diag.decode_probe [--quick] [--time-limit SECONDS] [--json FILE]
 
 (a) Correctness: flash_attn_with_kvcache's split path ("auto": flash_decode_combine_rows_kernel up to
-    combine_rows_max_splits -- 16 at head dims up to 128, 8 at 256 --, flash_decode_combine_kernel above), the block combine forced ("block") and the previous one (flash_combine_kernel,
-    "warp") against the float64 reference on a handful of shapes: MQA 32/1 and GQA 32/8 and
-    32/32, ragged cache_seqlens with a 0, a paged cache, num_splits forced to 1, 2, 7, 64 and 128, the fp32
-    partials poisoned with NaN before the launch. A row's error bound: 4e-3 x max(1, max |ref|) (fp16), LSE within
-    2e-4, -inf exactly where the reference has it (a cache of 0 keys), no NaN. Exit status 1 when a case misses.
+    combine_rows_max_splits -- 16 at head dims up to 128, 8 at 256 --, flash_decode_combine_kernel above), the block
+    combine forced ("block") and the previous one (flash_combine_kernel, "warp") against the float64 reference on a
+    handful of shapes: MQA 32/1 and GQA 32/8 and 32/32, ragged cache_seqlens with a 0, a paged cache, num_splits forced
+    to 1, 2, 7, 64 and 128, the fp32 partials poisoned with NaN before the launch. A row's error bound: 4e-3 x max(1,
+    max |ref|) (fp16), LSE within 2e-4, -inf exactly where the reference has it (a cache of 0 keys), no NaN. Exit status
+    1 when a case misses.
 (b) GPU time per call in CUDA-graph replay (bench.bench_decode.capture_graph: GRAPH_CALLS calls per graph), head
     dim 128, fp16, 32 query heads, q_len 1, for batch 1 and 8 with 1, 8 and 32 KV heads, caches 1k-128k (cases of
     more than MAX_KV_BYTES of K/V, bandwidth-bound, left out):

@@ -13,7 +13,8 @@ check of that form first.
 2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
    time_rounds, medians of `rounds` rounds, the three timed in turn, each round starting at the next of them): the
    plain kernel, the soft-capped tile without the capped-max form ("cap") and with it ("capmax", the configured
-   kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the plain kernel (the aim: <= +10%).
+   kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the
+   plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only."""
 from __future__ import annotations
 

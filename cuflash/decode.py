@@ -38,7 +38,7 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (COMBINE_ROWS_MAX_SPLITS, COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
+from ._configs import (COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
                        DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
                        combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)

@@ -217,7 +217,8 @@ def test_rows_combine_tails_and_empty_splits(d, dtype):
     up to 128."""
     import torch
 
-    from cuflash.decode import COMBINE_ROWS_MAX_SPLITS, combine_rows_max_splits, plan_for, run_plan
+    from cuflash._configs import COMBINE_ROWS_MAX_SPLITS
+    from cuflash.decode import combine_rows_max_splits, plan_for, run_plan
 
     b, s_cache, h, hk = 5, 2000, 12, 4
     kc, vc = make_cache(b, s_cache, hk, d, dtype)

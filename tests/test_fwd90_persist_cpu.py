@@ -236,9 +236,9 @@ def test_persistent_tile_walk(res, b, sq, h, causal, order, tile, group, kind):
     assert grid == [min(-(-sq // t.block_m) * b * h, 132), 1, 1]
 
 
-@pytest.mark.parametrize("d,sq,sk,sk_walk",
-                         [(120, 2048, 3000, True), (120, 2048, 1000, False), (64, 1920, 3000, False)])
-def test_stream_k_by_kernel_head_dim(res, d, sq, sk, sk_walk):
+@pytest.mark.parametrize("d,sq,sk,h,sk_walk",
+                         [(120, 2048, 3000, 10, True), (120, 2048, 1000, 10, False), (64, 1920, 3000, 16, False)])
+def test_stream_k_by_kernel_head_dim(res, d, sq, sk, h, sk_walk):
     """grid_order "auto" walks by stream-K on the head-dim-128 kernel whatever the call's head dim (120: its columns
     past 120 zero-filled), from SM90_FWD_SK_MIN_SEQLEN_K keys (1000: below), and not on the head-dim-64 kernel (not in
     SM90_FWD_SK_MIN_SEQLEN_K), though its persistent launch could (10 whole Q tiles of 192 rows x 16 heads = 160 on 132
@@ -248,8 +248,7 @@ def test_stream_k_by_kernel_head_dim(res, d, sq, sk, sk_walk):
     name, slot = res[f"walk d{d} {sq} {sk}"]
     kd = _configs.kernel_headdim(d, _configs.SM90_HEADDIMS)
     t = sm90_fwd_tile(kd, False, sk)
-    assert t.persistent and _configs.stream_k_eligible(False, False, -(-sq // t.block_m) * (10 if d == 120 else 16),
-                                                       -(-sk // t.block_n), 132)
+    assert t.persistent and _configs.stream_k_eligible(False, False, -(-sq // t.block_m) * h, -(-sk // t.block_n), 132)
     t = replace(t, stream_k=sk_walk)
     assert name == sm90_fwd_spec("float16", kd, False, t).name
     assert (slot == _walk.STREAM_K) == sk_walk

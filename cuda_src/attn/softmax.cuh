@@ -80,14 +80,25 @@ struct OnlineSoftmax {
   // The row's m, l, O and LSE are those of the complete scores.
   // The row's new max from this tile's scores; returns whether it moved (scale_log2 > 0: the host checks it,
   // so max(s) * scale_log2 = max(s * scale_log2)).
-  template <int NF>
-  __device__ __forceinline__ bool row_update_max(const float (&s)[MF][NF][4], float scale_log2, int mf, int h,
-                                                 const float (*shift)[2] = nullptr) {
+  // CAPPED (update_max_capped): the row's scores become tanh(cap_pre s) in place after its lane max is taken of
+  // the raw ones, and the reduced max is capped the same way (s is then a non-const array).
+  template <bool CAPPED = false, typename S>
+  __device__ __forceinline__ bool row_update_max(S& s, float scale_log2, int mf, int h,
+                                                 const float (*shift)[2] = nullptr, float cap_pre = 0.f) {
+    constexpr int NF = sizeof(s[0]) / sizeof(s[0][0]);
     float mx = -INFINITY;
 #pragma unroll
     for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
     if (shift) mx += shift[mf][h];
-    mx = quad_max(mx) * scale_log2;
+    if constexpr (CAPPED) {
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) s[mf][nf][e] = tanh_approx(s[mf][nf][e] * cap_pre);
+      mx = tanh_approx(quad_max(mx) * cap_pre) * scale_log2;
+    } else {
+      mx = quad_max(mx) * scale_log2;
+    }
     const bool moved = mx > row_max[mf][h] + (float)RESCALE_LOG2;
     row_max_new[mf][h] = moved ? mx : row_max[mf][h];
     return moved;
@@ -152,19 +163,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf) mx = fmaxf(mx, fmaxf(s[mf][nf][2 * h], s[mf][nf][2 * h + 1]));
-#pragma unroll
-        for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mf][nf][e] = tanh_approx(s[mf][nf][e] * cap_pre);
-        mx = tanh_approx(quad_max(mx) * cap_pre) * scale_log2;
-        const bool moved = mx > row_max[mf][h] + (float)RESCALE_LOG2;
-        row_max_new[mf][h] = moved ? mx : row_max[mf][h];
-        moved_any |= moved;
-      }
+      for (int h = 0; h < 2; ++h) moved_any |= row_update_max<true>(s, scale_log2, mf, h, nullptr, cap_pre);
     return moved_any;
   }
 

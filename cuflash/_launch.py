@@ -58,6 +58,27 @@ def smem_per_sm(device: int) -> int:
     return _props(device)["sharedMemPerMultiprocessor"]
 
 
+def smem_per_block(device: int) -> int:
+    """The most dynamic shared memory one block may opt in to: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 /
+    sm_89 (RTX 30 / 40) and sm_120."""
+    return _props(device)["sharedMemPerBlockOptin"]
+
+
+def check_smem(spec: KernelSpec, device: int) -> None:
+    """NotImplementedError, before anything is compiled or launched, where the kernel's tile needs more shared memory
+    per block than the device has (README, Caveats: the tiles are sized for A100 / H100-class GPUs)."""
+    limit = smem_per_block(device)
+    if spec.smem > limit:
+        from ._loader import device_cc
+
+        cc = device_cc(device)
+        kernel = spec.name.split("<", 1)[0].removeprefix("cuflash::")
+        raise NotImplementedError(
+            f"this call's kernel ({kernel}, {spec.smem} bytes of shared memory per block) does not fit device "
+            f"{device} (compute capability {cc // 10}.{cc % 10}: at most {limit} bytes per block); its tiles are "
+            f"sized for A100 / H100-class GPUs, and smaller tiles for this GPU are not built")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """Everything needed to compile and launch one kernel instantiation (built in _configs.py)."""
@@ -78,6 +99,7 @@ class Launcher:
     def __init__(self, spec: KernelSpec, device_id: int):
         from . import _loader
 
+        check_smem(spec, device_id)
         raw = _loader.get_function(spec.filename, spec.name, device_id, spec.arch_suffix)
         if spec.smem > 48 * 1024:  # opt in to more than 48 KB of dynamic shared memory
             raw.max_dynamic_shared_size_bytes = spec.smem

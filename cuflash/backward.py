@@ -203,12 +203,12 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         packed.patch(fields, ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
         p.bind(BWD_PARAMS, dynamic + ("cu_seqlens_q", "cu_seqlens_k"), **fields)
     dev = qa.device
-    pre = get_launcher(bwd_preprocess_spec(qa.dtype, d, ua), dev)
-    if path == "sm90":
+    if path == "sm90":  # the main kernel first: the one whose tile may not fit the device (cuflash._launch.check_smem)
         main = get_launcher(main_spec, dev)
     else:
         main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None,
                                      ua=ua), dev)
+    pre = get_launcher(bwd_preprocess_spec(qa.dtype, d, ua), dev)
     conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
     conv_threads = rows * (d // 4) // BWD_CONVERT_SLOTS  # convert: 16-byte slots of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))

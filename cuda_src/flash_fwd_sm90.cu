@@ -289,6 +289,28 @@ __device__ __forceinline__ void stage_o(unsigned char* tile, const float (&acc)[
 // a warpgroup MMA sequence error; a vote over the warpgroup's named barrier in every turn cost 4-15%.) The other arm
 // re-scales every row -- alpha = 1 where a row did not move, the same O bit for bit -- so that the arms differ and
 // ptxas keeps the branch, and so that either arm is right.
+// S = Q K^T of one K stage, issued (commit and wait follow): the warpgroup's 64 Q rows at q_base (KD k16 steps in
+// 64-column chunks of BLOCK_M 128-byte swizzled rows) against the stage's BLOCK_N keys at kb (chunks of BLOCK_N rows).
+template <typename T, int BLOCK_M, int BLOCK_N, int KD, int NF>
+__device__ __forceinline__ void issue_qk_stage(float (&acc_s)[NF][4], uint32_t q_base, uint32_t kb) {
+#pragma unroll
+  for (int k = 0; k < KD; ++k) {
+    const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
+    const uint64_t da = smem_desc(q_base + (k / 4) * BLOCK_M * 128 + off, 16, 1024);
+    const uint64_t db = smem_desc(kb + (k / 4) * BLOCK_N * 128 + off, 16, 1024);
+    Wgmma<BLOCK_N>::template ss<T>(acc_s, da, db, k > 0);
+  }
+}
+
+// O += P V of one V stage, issued: P from registers (one A fragment per k16 step of the stage's BLOCK_N keys), V's
+// BLOCK_N rows of DP columns at vb.
+template <typename T, int BLOCK_N, int DP, int KN, int DF>
+__device__ __forceinline__ void issue_pv_stage(float (&acc_o)[DF][4], const uint32_t (&p_frag)[KN][4], uint32_t vb) {
+#pragma unroll
+  for (int k = 0; k < KN; ++k)
+    Wgmma<DP>::template rs<T, 1>(acc_o, p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
+}
+
 template <int DF, int KN>
 __device__ __forceinline__ void wait_pv_rescale(bool moved, float scale_log2, float (&acc_o)[1][DF][4],
                                                 uint32_t (&p_frag)[KN][4], const float (&alpha)[1][2]) {
@@ -445,21 +467,9 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   // The kernel's issue_qk / issue_pv with this tile's Q buffer (q_base: the warpgroup's rows of it).
   auto issue_qk = [&](uint32_t q_base, int st) {
-    const uint32_t kb = k_base + st * L::KV_BYTES;
-#pragma unroll
-    for (int k = 0; k < KD; ++k) {
-      const uint32_t off = (k % 4) * 32;
-      const uint64_t da = smem_desc(q_base + (k / 4) * BLOCK_M * 128 + off, 16, 1024);
-      const uint64_t db = smem_desc(kb + (k / 4) * BLOCK_N * 128 + off, 16, 1024);
-      Wgmma<BLOCK_N>::template ss<T>(acc_s[0], da, db, k > 0);
-    }
+    issue_qk_stage<T, BLOCK_M, BLOCK_N, KD>(acc_s[0], q_base, k_base + st * L::KV_BYTES);
   };
-  auto issue_pv = [&](int st) {
-    const uint32_t vb = v_base + st * L::KV_BYTES;
-#pragma unroll
-    for (int k = 0; k < KN; ++k)
-      Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
-  };
+  auto issue_pv = [&](int st) { issue_pv_stage<T, BLOCK_N, DP>(acc_o[0], p_frag, v_base + st * L::KV_BYTES); };
   // PINGPONG turns as the kernel's, but continuing across tiles: the last consumer's last turn of a tile opens
   // the next tile's first (a tile without KV tiles has no turns and passes the opening on); consumer 0 takes the
   // opening left over after the last tile.
@@ -839,21 +849,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
 
   // S = Q K^T of the tile in stage st; O += P V of the tile in stage st (issue only: commit and wait follow).
   auto issue_qk = [&](int st) {
-    const uint32_t kb = k_base + st * L::KV_BYTES;
-#pragma unroll
-    for (int k = 0; k < KD; ++k) {
-      const uint32_t off = (k % 4) * 32;  // k16 step within the 64-column chunk k / 4
-      const uint64_t da = smem_desc(q_base + (k / 4) * BLOCK_M * 128 + off, 16, 1024);
-      const uint64_t db = smem_desc(kb + (k / 4) * BLOCK_N * 128 + off, 16, 1024);
-      Wgmma<BLOCK_N>::template ss<T>(acc_s[0], da, db, k > 0);
-    }
+    issue_qk_stage<T, BLOCK_M, BLOCK_N, KD>(acc_s[0], q_base, k_base + st * L::KV_BYTES);
   };
-  auto issue_pv = [&](int st) {
-    const uint32_t vb = v_base + st * L::KV_BYTES;
-#pragma unroll
-    for (int k = 0; k < KN; ++k)
-      Wgmma<DP>::template rs<T, 1>(acc_o[0], p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
-  };
+  auto issue_pv = [&](int st) { issue_pv_stage<T, BLOCK_N, DP>(acc_o[0], p_frag, v_base + st * L::KV_BYTES); };
   // Whose turn it is at the tensor cores (PINGPONG): consumer cw waits on barrier 1 + cw, which the previous
   // consumer arrives at once it has issued its products; the last consumer opens the first turn and, on its
   // last turn, arrives nowhere (every barrier is left complete).

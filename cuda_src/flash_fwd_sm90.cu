@@ -278,17 +278,6 @@ __device__ __forceinline__ void stage_o(unsigned char* tile, const float (&acc)[
   }
 }
 
-// The end of a KV tile's turn, after the softmax of the next S: O += P V completed (O and the P fragments free
-// again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait opens a basic block of its own:
-// ptxas places a wgmma wait as early as its basic block allows, so written in the exponentials' block it came ahead
-// of them in the SASS, and the softmax waited for the product instead of running under it
-// (tests/test_fwd90_sass_cpu.py checks the order). The block boundary is a branch on `scale_log2 > 0`, true at run
-// time (the host takes softmax_scale > 0 only) but not known to the compiler -- warpgroup-uniform, as the wait needs:
-// wgmma.wait_group is .aligned, every thread of the warpgroup executes the same one. (A branch on `moved` itself,
-// warp-uniform only, put the warps of one warpgroup on different waits: compute-sanitizer's synccheck reports that as
-// a warpgroup MMA sequence error; a vote over the warpgroup's named barrier in every turn cost 4-15%.) The other arm
-// re-scales every row -- alpha = 1 where a row did not move, the same O bit for bit -- so that the arms differ and
-// ptxas keeps the branch, and so that either arm is right.
 // S = Q K^T of one K stage, issued (commit and wait follow): the warpgroup's 64 Q rows at q_base (KD k16 steps in
 // 64-column chunks of BLOCK_M 128-byte swizzled rows) against the stage's BLOCK_N keys at kb (chunks of BLOCK_N rows).
 template <typename T, int BLOCK_M, int BLOCK_N, int KD, int NF>
@@ -311,6 +300,17 @@ __device__ __forceinline__ void issue_pv_stage(float (&acc_o)[DF][4], const uint
     Wgmma<DP>::template rs<T, 1>(acc_o, p_frag[k], smem_desc(vb + k * 16 * 128, BLOCK_N * 128, 1024), 1);
 }
 
+// The end of a KV tile's turn, after the softmax of the next S: O += P V completed (O and the P fragments free
+// again), then O re-scaled where a row's max moved (`moved`: warp-uniform). The wait opens a basic block of its own:
+// ptxas places a wgmma wait as early as its basic block allows, so written in the exponentials' block it came ahead
+// of them in the SASS, and the softmax waited for the product instead of running under it
+// (tests/test_fwd90_sass_cpu.py checks the order). The block boundary is a branch on `scale_log2 > 0`, true at run
+// time (the host takes softmax_scale > 0 only) but not known to the compiler -- warpgroup-uniform, as the wait needs:
+// wgmma.wait_group is .aligned, every thread of the warpgroup executes the same one. (A branch on `moved` itself,
+// warp-uniform only, put the warps of one warpgroup on different waits: compute-sanitizer's synccheck reports that as
+// a warpgroup MMA sequence error; a vote over the warpgroup's named barrier in every turn cost 4-15%.) The other arm
+// re-scales every row -- alpha = 1 where a row did not move, the same O bit for bit -- so that the arms differ and
+// ptxas keeps the branch, and so that either arm is right.
 template <int DF, int KN>
 __device__ __forceinline__ void wait_pv_rescale(bool moved, float scale_log2, float (&acc_o)[1][DF][4],
                                                 uint32_t (&p_frag)[KN][4], const float (&alpha)[1][2]) {

@@ -1572,6 +1572,117 @@ def ua_specs():
     return list(dict.fromkeys(specs))
 
 
+# ------------------------------------------------------------------------------ GPUs with less shared memory
+# The tables above are sized for A100 / H100-class shared memory (163 / 227 KB a block). sm_86, sm_89 and sm_120
+# (RTX 30 / 40 / 50) allow SMALL_SMEM_PER_BLOCK; where a configured tile needs more, the host takes the fitted tile
+# below instead (cuflash._launch.smem_per_block; a call with an explicit tile or warp partition keeps it and is
+# refused by cuflash._launch.check_smem). CI compiles every fitted configuration (fitted_specs).
+SMALL_SMEM_PER_BLOCK = 99 * 1024
+
+
+def fit_fwd_tile(headdim: int, tile: FwdTile, limit: int) -> FwdTile | None:
+    """`tile` where its footprint fits `limit` bytes a block; else the tile with its key tiles halved (down to 32
+    keys, the k16 loop fully unrolled, as head dim 128's causal tile) and then its Q tiles halved (down to one m16
+    fragment per warp) until it fits; None where none does (head dim 512)."""
+    t = tile
+    while fwd_smem_bytes(headdim, t) > limit:
+        if t.block_n > 32:
+            t = replace(t, block_n=t.block_n // 2, kunroll=0)
+        elif t.block_m > 16 * t.nwarps:
+            t = replace(t, block_m=t.block_m // 2)
+        else:
+            return None
+    return t
+
+
+# the partitions "auto" falls back to, in order, where its own tile does not fit (their tiles: bwd_tiles)
+BWD_FIT_PARTITIONS = ("q", "kv", "2d")
+# (partition, head dim) whose packed-sequence and UA kernels with the score modifiers spill (the Q-row partition at
+# head dim 128: 4-40 B on sm_80 at every unrolling and with 16-key tiles, under NVRTC 13.0 and 13.5); the fallback
+# does not take them, so such a backward is refused on a 99 KB GPU
+BWD_FIT_PACKED_MOD_SPILLS = {("q", 128)}
+
+
+def fit_bwd_partition(headdim: int, warp_partition: str, arch: int, dtype: str | None, mod: int, varlen: bool,
+                      limit: int) -> tuple | None:
+    """(partition, tile) of the backward of a resolved "auto" partition: that partition where its tile fits
+    `limit` bytes a block, else the first of BWD_FIT_PARTITIONS with a tile at this head dim that fits (and a
+    score-modifier kernel where mod is set; varlen: the packed / UA kernels, BWD_FIT_PACKED_MOD_SPILLS); None where
+    none does (head dim 256 on a 99 KB GPU)."""
+    for part in dict.fromkeys((warp_partition, *BWD_FIT_PARTITIONS)):
+        tiles = bwd_tiles(part, arch, dtype, mod, varlen)
+        if headdim not in tiles or (mod and (part, headdim) in BWD_SCORE_UNSUPPORTED) or (
+                mod and varlen and (part, headdim) in BWD_FIT_PACKED_MOD_SPILLS):
+            continue
+        if bwd_smem_bytes(headdim, tiles[headdim], part) <= limit:
+            return part, tiles[headdim]
+    return None
+
+
+def fit_decode_tile(headdim: int, tile: DecodeTile, mf: int, limit: int) -> DecodeTile | None:
+    """`tile` where the decode kernel's footprint fits `limit` bytes a block; else the head dim's DECODE_WIDE_TILES
+    tile where that fits, else `tile` with fewer ring stages (down to 2), then 16-key warp tiles, then fewer warps
+    (down to 2); None where none fits."""
+    if decode_smem_bytes(headdim, tile, mf) <= limit:
+        return tile
+    wide = DECODE_WIDE_TILES.get(headdim)
+    if wide is not None and decode_smem_bytes(headdim, wide, mf) <= limit:
+        return wide
+    t = tile
+    while decode_smem_bytes(headdim, t, mf) > limit:
+        if t.stages > 2:
+            t = replace(t, stages=t.stages - 1)
+        elif t.block_n > 16:
+            t = replace(t, block_n=t.block_n // 2)
+        elif t.nwarps > 2:
+            t = replace(t, nwarps=t.nwarps // 2)
+        else:
+            return None
+    return t
+
+
+def fitted_specs(limit: int = SMALL_SMEM_PER_BLOCK) -> list:
+    """The kernels a GPU allowing `limit` bytes a block launches in place of configured ones that do not fit it:
+    the V2 forward (plain, split-KV, packed, UA), the backward's fallback partition (main kernel and dQ convert;
+    plain, packed, UA) and the decode kernel (every tile decode_auto_tile may take)."""
+    specs = []
+    for dt in DTYPES:
+        for d in FWD_HEADDIMS:
+            for causal, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
+                for split, varlen in ((False, False), (True, False), (False, True)):
+                    if split and (d not in DECODE_TILES or m & MOD_DROPOUT):
+                        continue
+                    tile = split_tile(d) if split else fwd_tile(d, causal, m)
+                    fit = fit_fwd_tile(d, tile, limit)
+                    if fit is not None and fit != tile:
+                        specs.append(fwd_spec(dt, d, causal, split, fit, mod=m, varlen=varlen))
+            for m in UA_MODS:
+                tile = ua_fwd_tile(d, m)
+                fit = fit_fwd_tile(d, tile, limit)
+                if fit is not None and fit != tile:
+                    specs += [fwd_spec(dt, d, False, False, fit, mod=m, varlen=v, ua=True) for v in (False, True)]
+        for d in HEADDIMS:
+            auto = BWD_AUTO_PARTITION.get(d, "kv")
+            for causal, m in (*MASK_MODES, (False, MOD_SCORE_DROPOUT)):
+                for varlen, ua in ((False, False), (True, False), (False, True), (True, True)):
+                    if ua and (causal or m not in UA_MODS):
+                        continue
+                    fit = fit_bwd_partition(d, auto, 80, dt, m, varlen or ua, limit)
+                    if fit is None or fit[0] == auto:
+                        continue
+                    part, tile = fit
+                    specs.append(bwd_spec(dt, d, causal, tile, part, mod=m, varlen=varlen, ua=ua))
+                    specs.append(bwd_convert_spec(dt, d, causal, tile.block_n, m & MOD_SCORE, ua))
+            for causal, m in MASK_MODES:
+                tiles = [decode_tile(d)] + [t[d] for t in (DECODE_WIDE_TILES, DECODE_DEEP_TILES) if d in t]
+                for mf in range(1, DECODE_MAX_MF[d] + 1):
+                    for tile in tiles:
+                        fit = fit_decode_tile(d, tile, mf, limit)
+                        if fit is not None and fit != tile:
+                            specs += [decode_spec(dt, d, causal, mf, fit, m, paged=pg) for pg in (False, True)]
+    return list(dict.fromkeys(specs))
+
+
 def all_specs():
     """Every kernel configuration the package can launch (CI compiles each for sm_80 and sm_90)."""
     specs = []
@@ -1611,4 +1722,5 @@ def all_specs():
     specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
+    specs += fitted_specs()  # GPUs of 99 KB a block (sm_86 / sm_89 / sm_120): the tiles that fit them
     return list(dict.fromkeys(specs))

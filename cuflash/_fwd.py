@@ -18,11 +18,12 @@ fields packed per call (`_FwdPlan.run_kv`), after checking inline what validatio
 from __future__ import annotations
 
 from . import _interop
-from ._configs import FWD_HEADDIMS, combine_spec, fwd_spec, fwd_tile, kernel_headdim, split_tile, ua_fwd_tile, unaligned
+from ._configs import (FWD_HEADDIMS, combine_spec, fit_fwd_tile, fwd_spec, fwd_tile, kernel_headdim, split_tile,
+                       ua_fwd_tile, unaligned)
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
                         resolve_grid_order)
 from ._interop import desc
-from ._launch import _scratch, _tls, get_launcher
+from ._launch import _scratch, _tls, get_launcher, smem_per_block
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan, remember
@@ -73,9 +74,11 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     split = num_splits > 1
     if ua:
         tile = ua_fwd_tile(d, mod)
+    if tile is None or ua:  # the configured tile, fitted to the device's shared memory per block (99 KB GPUs)
+        tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
+        tile = fit_fwd_tile(d, tile, smem_per_block(qa.device)) or tile
     spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod, varlen=packed is not None, ua=ua)
     lau = get_launcher(spec, qa.device)
-    tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
     # the grid's split index: the KV split (split-KV), or the block's O column slice (tile.o_split > 1)
     num_splits = num_splits if split else tile.o_split
     order, grid = _grid(GRID_ORDERS[resolve_grid_order(grid_order, causal, rows, d)], -(-rows // tile.block_m), kheads,

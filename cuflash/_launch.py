@@ -54,14 +54,26 @@ def sm_count(device: int) -> int:
     return _props(device)["multiProcessorCount"]
 
 
+def _smem_cap() -> int | None:
+    """CUFLASH_SMEM_PER_BLOCK (bytes), when set: the shared memory per block the host plans for, at most the
+    device's (and per SM, that plus the 1 KB a block reserves): a larger GPU then runs the tiles a smaller one takes
+    (cuflash._configs.fit_fwd_tile and the like; their GPU tests run an H200 as a 99 KB GPU this way)."""
+    cap = os.environ.get("CUFLASH_SMEM_PER_BLOCK")
+    return int(cap) if cap else None
+
+
 def smem_per_sm(device: int) -> int:
-    return _props(device)["sharedMemPerMultiprocessor"]
+    cap = _smem_cap()
+    n = _props(device)["sharedMemPerMultiprocessor"]
+    return n if cap is None else min(n, cap + 1024)
 
 
 def smem_per_block(device: int) -> int:
     """The most dynamic shared memory one block may opt in to: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 /
-    sm_89 (RTX 30 / 40) and sm_120."""
-    return _props(device)["sharedMemPerBlockOptin"]
+    sm_89 (RTX 30 / 40) and sm_120 (at most CUFLASH_SMEM_PER_BLOCK where that is set)."""
+    cap = _smem_cap()
+    n = _props(device)["sharedMemPerBlockOptin"]
+    return n if cap is None else min(n, cap)
 
 
 def check_smem(spec: KernelSpec, device: int) -> None:

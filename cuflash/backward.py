@@ -8,9 +8,9 @@ from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import MapMemo, check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
                        bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles,
-                       kernel_headdim, sm90_bwd_tile, ua_bwd_tile, unaligned)
+                       fit_bwd_partition, kernel_headdim, sm90_bwd_tile, ua_bwd_tile, unaligned)
 from ._interop import desc
-from ._launch import get_launcher
+from ._launch import get_launcher, smem_per_block
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for, score_mods
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
@@ -129,6 +129,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     check_warp_partition(warp_partition, d)
     path = _bwd_sm90.resolve_backend(backend, da, qa, ka, va, mods, packed, dq_strategy, warp_partition, tile)
+    fit = warp_partition == "auto" and tile is None  # "auto" may move to a partition whose tile fits the device
     warp_partition = resolve_warp_partition(warp_partition, d)
     # rows that are not 16-byte units (cuflash._configs.unaligned): the UA kernels (the sm80 path; the score
     # modifiers' mode, a plain or causal call as a band; the default partition and its sm_80 tile)
@@ -138,6 +139,13 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     causal, mod = kernel_mode(mods, causal)
     if ua:
         warp_partition, tile = ua_bwd_tile(d, qa.dtype, mod)
+    if path == "sm80" and (fit or ua):  # GPUs of less shared memory a block (99 KB): the first partition whose
+        # tile fits (the UA kernels take the default partition whatever was asked)
+        arch = 80 if ua else _loader.device_cc(qa.device)
+        fitted = fit_bwd_partition(d, warp_partition, arch, qa.dtype, mod, ua or packed is not None,
+                                   smem_per_block(qa.device))
+        if fitted is not None:
+            warp_partition, tile = fitted
     if mod and path == "sm80":
         check_score_partition(warp_partition, d)
     if path == "sm90":  # (the main kernel's spec and maps once the strategy is known)

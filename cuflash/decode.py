@@ -41,10 +41,11 @@ from . import _interop, _launch
 from ._configs import (COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
                        DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
                        combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
-                       decode_spec, decode_tile, fwd_smem_bytes, kernel_headdim, split_tile, unaligned)
+                       decode_spec, decode_tile, fit_decode_tile, fit_fwd_tile, fwd_smem_bytes, kernel_headdim,
+                       split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
-from ._launch import _props, get_launcher, sm_count, smem_per_sm
+from ._launch import _props, _smem_cap, get_launcher, sm_count, smem_per_block, smem_per_sm
 from ._mods import kernel_mode, memo_key, mod_fields, mods_for
 from ._params import APPEND_ARGS, FWD_PARAMS, NO_WALK, stride_fields
 from ._plan import HostPlan, remember
@@ -95,12 +96,14 @@ def kernel_resident_blocks(lau, device: int) -> int:
 
         n = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(lau.ptr, lau.threads, lau.smem))
         if n > 0:
+            if _smem_cap() is not None:  # CUFLASH_SMEM_PER_BLOCK: at most what the planned-for SM holds
+                n = min(n, max(1, smem_per_sm(device) // (lau.smem + 1024)))
             return n
     except Exception:  # noqa: BLE001 - fall back to the formula
         pass
     p = _props(device)
     return resident_blocks(lau.smem, lau.threads, getattr(lau.raw, "num_regs", 0) or 0,
-                           smem_per_sm=p["sharedMemPerMultiprocessor"],
+                           smem_per_sm=smem_per_sm(device),
                            max_threads_per_sm=p.get("maxThreadsPerMultiProcessor", 2048),
                            regs_per_sm=p.get("regsPerMultiprocessor", 65536),
                            reserved_smem=p.get("reservedSharedMemPerBlock", 1024))
@@ -355,6 +358,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     if tile is None:
         tile = decode_auto_tile(qa.dtype, d, causal, mod, paged, b * kheads * m_blocks, mf, sm_count(dev),
                                 smem_per_sm(dev), seqlen_k)
+        tile = fit_decode_tile(d, tile, mf, smem_per_block(dev)) or tile  # GPUs of less shared memory a block
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged)
     main = get_launcher(spec, dev)
     if num_splits == 0:
@@ -740,6 +744,7 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
     tile = split_tile(kernel_headdim(d))
+    tile = fit_fwd_tile(kernel_headdim(d), tile, smem_per_block(qa.device)) or tile
     fold = folds_gqa(sq, h, hk, kernel_mode(mods, causal)[1])
     rows = h // hk if fold else sq
     kheads = hk if fold else h

@@ -90,10 +90,25 @@ def parser():
     return ap
 
 
+def for_device(specs, device: int = 0) -> list:
+    """`specs` as the device launches them: on a GPU of less shared memory per block than some of them take (99 KB:
+    sm_86 / sm_89 / sm_120), those are left out and the fitted kernels it takes instead are added
+    (cuflash._configs.fitted_specs)."""
+    from . import _configs
+    from ._launch import smem_per_block
+    from ._loader import device_cc
+
+    arch, limit = device_cc(device), smem_per_block(device)
+    specs = [s for s in specs if s.min_arch <= arch and (not s.arch_suffix or s.min_arch == arch)]
+    if all(s.smem <= limit for s in specs):
+        return specs
+    return [s for s in specs if s.smem <= limit] + [s for s in _configs.fitted_specs(limit) if s not in specs]
+
+
 def main(argv=None, extra_specs=()):
     """The command line; `extra_specs` are compiled too (e.g. a benchmark's sweep variants)."""
     args = parser().parse_args(argv)
-    specs = select_specs(args)
+    specs = for_device(select_specs(args))
     specs += [s for s in extra_specs if s not in specs]
     compile_specs(specs, args.jobs, args.progress)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ._launch import KernelSpec
+from ._launch import SMALLEST_SMEM_PER_BLOCK, KernelSpec
 
 HEADDIMS = (32, 64, 96, 128, 256)  # the head dims the kernels are compiled for
 FWD_HEADDIMS = HEADDIMS + (512,)  # the V2 forward's (flash_attn_func): 512 has no backward, decode or sm90 kernel
@@ -1577,7 +1577,7 @@ def ua_specs():
 # (RTX 30 / 40 / 50) allow SMALL_SMEM_PER_BLOCK; where a configured tile needs more, the host takes the fitted tile
 # below instead (cuflash._launch.smem_per_block; a call with an explicit tile or warp partition keeps it and is
 # refused by cuflash._launch.check_smem). CI compiles every fitted configuration (fitted_specs).
-SMALL_SMEM_PER_BLOCK = 99 * 1024
+SMALL_SMEM_PER_BLOCK = SMALLEST_SMEM_PER_BLOCK  # a tile within it fits every GPU: no device query (the callers)
 
 
 def fit_fwd_tile(headdim: int, tile: FwdTile, limit: int) -> FwdTile | None:

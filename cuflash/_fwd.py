@@ -18,8 +18,8 @@ fields packed per call (`_FwdPlan.run_kv`), after checking inline what validatio
 from __future__ import annotations
 
 from . import _interop
-from ._configs import (FWD_HEADDIMS, combine_spec, fit_fwd_tile, fwd_spec, fwd_tile, kernel_headdim, split_tile,
-                       ua_fwd_tile, unaligned)
+from ._configs import (FWD_HEADDIMS, SMALL_SMEM_PER_BLOCK, combine_spec, fit_fwd_tile, fwd_smem_bytes, fwd_spec,
+                       fwd_tile, kernel_headdim, split_tile, ua_fwd_tile, unaligned)
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
                         resolve_grid_order)
 from ._interop import desc
@@ -76,7 +76,8 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
         tile = ua_fwd_tile(d, mod)
     if tile is None or ua:  # the configured tile, fitted to the device's shared memory per block (99 KB GPUs)
         tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
-        tile = fit_fwd_tile(d, tile, smem_per_block(qa.device)) or tile
+        if fwd_smem_bytes(d, tile) > SMALL_SMEM_PER_BLOCK:
+            tile = fit_fwd_tile(d, tile, smem_per_block(qa.device)) or tile
     spec = fwd_spec(qa.dtype, d, causal, split=split, tile=tile, mod=mod, varlen=packed is not None, ua=ua)
     lau = get_launcher(spec, qa.device)
     # the grid's split index: the KV split (split-KV), or the block's O column slice (tile.o_split > 1)

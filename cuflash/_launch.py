@@ -54,6 +54,9 @@ def sm_count(device: int) -> int:
     return _props(device)["multiProcessorCount"]
 
 
+SMALLEST_SMEM_PER_BLOCK = 99 * 1024  # the least a GPU cuflash runs on allows a block (sm_86 / sm_89 / sm_120)
+
+
 def _smem_cap() -> int | None:
     """CUFLASH_SMEM_PER_BLOCK (bytes), when set: the shared memory per block the host plans for, at most the
     device's (and per SM, that plus the 1 KB a block reserves): a larger GPU then runs the tiles a smaller one takes

@@ -7,8 +7,9 @@ from typing import Any, Optional, Tuple
 from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import MapMemo, check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
-                       bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_spec, bwd_tile, bwd_tiles,
-                       fit_bwd_partition, kernel_headdim, sm90_bwd_tile, ua_bwd_tile, unaligned)
+                       SMALL_SMEM_PER_BLOCK, bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec,
+                       bwd_smem_bytes, bwd_spec, bwd_tile, bwd_tiles, fit_bwd_partition, kernel_headdim, sm90_bwd_tile,
+                       ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher, smem_per_block
 from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for, score_mods
@@ -141,11 +142,12 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         warp_partition, tile = ua_bwd_tile(d, qa.dtype, mod)
     if path == "sm80" and (fit or ua):  # GPUs of less shared memory a block (99 KB): the first partition whose
         # tile fits (the UA kernels take the default partition whatever was asked)
-        arch = 80 if ua else _loader.device_cc(qa.device)
-        fitted = fit_bwd_partition(d, warp_partition, arch, qa.dtype, mod, ua or packed is not None,
-                                   smem_per_block(qa.device))
-        if fitted is not None:
-            warp_partition, tile = fitted
+        arch, varlen = (80 if ua else _loader.device_cc(qa.device)), ua or packed is not None
+        own = tile or bwd_tile(d, warp_partition, arch, qa.dtype, mod, varlen)
+        if bwd_smem_bytes(d, own, warp_partition) > SMALL_SMEM_PER_BLOCK:
+            fitted = fit_bwd_partition(d, warp_partition, arch, qa.dtype, mod, varlen, smem_per_block(qa.device))
+            if fitted is not None:
+                warp_partition, tile = fitted
     if mod and path == "sm80":
         check_score_partition(warp_partition, d)
     if path == "sm90":  # (the main kernel's spec and maps once the strategy is known)

@@ -38,8 +38,8 @@ import functools
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _interop, _launch
-from ._configs import (COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS,
-                       DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec,
+from ._configs import (COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS, SMALL_SMEM_PER_BLOCK,
+                       DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec, decode_smem_bytes,
                        combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
                        decode_spec, decode_tile, fit_decode_tile, fit_fwd_tile, fwd_smem_bytes, kernel_headdim,
                        split_tile, unaligned)
@@ -358,7 +358,8 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     if tile is None:
         tile = decode_auto_tile(qa.dtype, d, causal, mod, paged, b * kheads * m_blocks, mf, sm_count(dev),
                                 smem_per_sm(dev), seqlen_k)
-        tile = fit_decode_tile(d, tile, mf, smem_per_block(dev)) or tile  # GPUs of less shared memory a block
+        if decode_smem_bytes(d, tile, mf) > SMALL_SMEM_PER_BLOCK:  # GPUs of less shared memory a block
+            tile = fit_decode_tile(d, tile, mf, smem_per_block(dev)) or tile
     spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged)
     main = get_launcher(spec, dev)
     if num_splits == 0:
@@ -744,7 +745,8 @@ def _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 
     vc = vca if seqlen_k == s_cache else _interop.Arr(vca.kind, vca.obj, vca.ptr, (b, seqlen_k, hk, d), vca.strides,
                                                       vca.dtype, vca.device)
     tile = split_tile(kernel_headdim(d))
-    tile = fit_fwd_tile(kernel_headdim(d), tile, smem_per_block(qa.device)) or tile
+    if fwd_smem_bytes(kernel_headdim(d), tile) > SMALL_SMEM_PER_BLOCK:
+        tile = fit_fwd_tile(kernel_headdim(d), tile, smem_per_block(qa.device)) or tile
     fold = folds_gqa(sq, h, hk, kernel_mode(mods, causal)[1])
     rows = h // hk if fold else sq
     kheads = hk if fold else h

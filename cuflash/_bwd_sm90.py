@@ -24,11 +24,11 @@ import ctypes
 
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
-                       SM90_BWD_PERSIST_HEADDIMS, SM90_SMEM_PER_BLOCK, kernel_headdim, sm90_bwd_causal_group,
-                       sm90_bwd_persist_tile, sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k,
-                       sm90_bwd_stream_k_eligible, sm90_bwd_stream_k_tile, sm90_bwd_tile)
+                       SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
+                       sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
+                       sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
-from ._launch import _MAX_PARAM_BYTES, _smem_cap
+from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
 from ._params import BWD_PARAMS
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -66,10 +66,7 @@ def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_pa
     for name, a in (("q", qa), ("k", ka), ("v", va), ("dout", da)):
         if not tma_compatible(a.shape, a.strides, a.ptr):
             return f"{name}'s base address or strides are not 16-byte aligned (TMA reads 16-byte units)"
-    cap = _smem_cap()  # (a compute capability 9.0 GPU allows SM90_SMEM_PER_BLOCK a block: only a cap plans for less)
-    if cap is not None and cap < SM90_SMEM_PER_BLOCK:
-        return "the host plans for less shared memory per block than the sm90 kernels take (CUFLASH_SMEM_PER_BLOCK)"
-    return None
+    return sm90_smem_capped()
 
 
 def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_partition="auto",

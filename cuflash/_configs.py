@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ._launch import SMALLEST_SMEM_PER_BLOCK, KernelSpec
+from ._launch import SMALLEST_SMEM_PER_BLOCK, KernelSpec, _smem_cap
 
 HEADDIMS = (32, 64, 96, 128, 256)  # the head dims the kernels are compiled for
 FWD_HEADDIMS = HEADDIMS + (512,)  # the V2 forward's (flash_attn_func): 512 has no backward, decode or sm90 kernel
@@ -317,6 +317,15 @@ def sm90_fwd_tile(headdim: int, causal: bool, seqlen_k: int | None = None, mod: 
 SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an H100/H200 SM
 SM90_SMEM_RESERVED = 1024  # what the driver reserves per resident block
 SM90_SMEM_PER_BLOCK = 227 * 1024  # the most one block may ask for
+
+
+def sm90_smem_capped() -> str | None:
+    """Why the sm90 kernels are left, where CUFLASH_SMEM_PER_BLOCK plans for less shared memory per block than they
+    take (a compute capability 9.0 GPU allows SM90_SMEM_PER_BLOCK: only that cap plans for less); None otherwise."""
+    cap = _smem_cap()
+    if cap is not None and cap < SM90_SMEM_PER_BLOCK:
+        return "the host plans for less shared memory per block than the sm90 kernels take (CUFLASH_SMEM_PER_BLOCK)"
+    return None
 
 
 def sm90_fwd_smem_bytes(headdim: int, tile: Sm90FwdTile) -> int:

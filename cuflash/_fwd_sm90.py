@@ -24,10 +24,10 @@ from dataclasses import replace
 
 from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, SM90_SMEM_PER_BLOCK, kernel_headdim, sm90_fwd_spec,
-                       sm90_fwd_stream_k_auto, sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk,
-                       stream_k_eligible, stream_k_max_kv)
-from ._launch import _MAX_PARAM_BYTES, _smem_cap, get_launcher, sm_count
+from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_stream_k_auto,
+                       sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk, sm90_smem_capped, stream_k_eligible,
+                       stream_k_max_kv)
+from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan
@@ -77,10 +77,7 @@ def ineligible(qa, ka, va, mods=None, packed=None) -> str | None:
     for name, a in (("q", qa), ("k", ka), ("v", va)):
         if not tma_compatible(a.shape, a.strides, a.ptr):
             return f"{name}'s base address or strides are not 16-byte aligned (TMA reads 16-byte units)"
-    cap = _smem_cap()  # (a compute capability 9.0 GPU allows SM90_SMEM_PER_BLOCK a block: only a cap plans for less)
-    if cap is not None and cap < SM90_SMEM_PER_BLOCK:
-        return "the host plans for less shared memory per block than the sm90 kernels take (CUFLASH_SMEM_PER_BLOCK)"
-    return None
+    return sm90_smem_capped()
 
 
 def resolve_backend(backend: str, qa, ka, va, mods=None, packed=None) -> str:

@@ -97,20 +97,12 @@ class HostPlan:
         if not ctx_current():
             ensure_context()
         if get_device() == self.device:
-            for fn, gx, gy, gz, threads, smem, ex in self.launches:
-                if ex is None:
-                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
-                else:
-                    ex(stream, argv)
+            _launch_all(self.launches, launch, stream, argv)
         else:
             import cupy
 
             with cupy.cuda.Device(self.device):
-                for fn, gx, gy, gz, threads, smem, ex in self.launches:
-                    if ex is None:
-                        launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
-                    else:
-                        ex(stream, argv)
+                _launch_all(self.launches, launch, stream, argv)
 
     def launch_after(self, first: HostPlan, first_values: tuple, stream: int, *dynamic) -> None:
         """`first`'s kernels with its own block (first_values: its dynamic fields), then this plan's `launch`,
@@ -127,20 +119,23 @@ class HostPlan:
             ctx.__enter__()
         try:
             first.pack(buf, 0, *first_values, *first.rest)
-            for fn, gx, gy, gz, threads, smem, ex in first.launches:
-                if ex is None:
-                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
-                else:
-                    ex(stream, argv)
+            _launch_all(first.launches, launch, stream, argv)
             self.pack(buf, 0, *dynamic, *self.rest)
-            for fn, gx, gy, gz, threads, smem, ex in self.launches:
-                if ex is None:
-                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
-                else:
-                    ex(stream, argv)
+            _launch_all(self.launches, launch, stream, argv)
         finally:
             if ctx is not None:
                 ctx.__exit__(None, None, None)
+
+
+def _launch_all(launches, launch, stream: int, argv: int) -> None:
+    """Each of a plan's launches in order, with the parameters packed at `argv`: a plain launch through the
+    driver (`launch`: cuLaunchKernel's arguments), or the entry's own launcher (`ex`: one with launch
+    attributes, e.g. a programmatic dependent launch)."""
+    for fn, gx, gy, gz, threads, smem, ex in launches:
+        if ex is None:
+            launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+        else:
+            ex(stream, argv)
 
 
 _ALLOCATORS: dict = {}

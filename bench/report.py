@@ -290,6 +290,8 @@ MICRO_ROWS = (  # (figure, measured: format with the readme_numbers placeholders
     ("expf throughput, instructions per call", "{{expf_per_clk}} per clk/SM, {{expf_instr}}", "16"),
     ("__expf instructions per call", "{{expfast_instr}}", "2"),
     ("max rel. error ex2.approx / __expf on [-30, 0]", "{{ex2_rel_err}} / {{expfast_rel_err}}", "2.4e-7 / 3.1e-6"),
+    ("tanh.approx latency / throughput; soft-capped scores (tanh + FFMA + ex2)",
+     "{{tanh_latency}} clk / {{tanh_per_clk}} per clk/SM; {{capexp_per_clk}} scores per clk/SM", "- / 16; 8"),
     ("FFMA vs FADD + FMUL latency per score", "{{fold_ffma_latency}} / {{fold_unfolded_latency}} clk", "-"),
     ("red.f32 / red.v4.f32 into one dQ tile", "{{red_f32_dq}} / {{red_v4_dq}} G elements/s", "plain v4 stores"),
     ("red.f32, own tile per block", "{{red_f32_own}} G elements/s", "plain v4 stores"),

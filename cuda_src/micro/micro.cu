@@ -153,6 +153,30 @@ struct MicroExp {
   __device__ float fold(const State& s) const { return s.x; }
 };
 
+// tanh.approx.f32 (ptx.cuh tanh_approx; PTX ISA, Floating Point: tanh): one MUFU.TANH, the soft-cap's function.
+// Chain: x = tanh(x), which shrinks toward 0 slowly (x - x^3 / 3) and never reaches a denormal in these lengths.
+struct MicroTanh {
+  struct State {
+    float x;
+  };
+  __device__ MicroTanh(uint32_t, float, float) {}
+  __device__ void init(State& s, uint32_t seed) const { s.x = 0.5f + fabsf(micro_rand(micro_hash(seed))); }
+  __device__ void step(State& s) const { s.x = tanh_approx(s.x); }
+  __device__ float fold(const State& s) const { return s.x; }
+};
+// One soft-capped score as the kernels' softmax computes it: tanh, the exponent's FFMA, ex2 (two MUFU results).
+// p0 = softcap * scale_log2, p1 = the row max times it. Chain: x = 2^(p0 tanh(x) - p1), in (0, 1] for p1 >= p0.
+struct MicroCapExp {
+  struct State {
+    float x;
+  };
+  float a, m;
+  __device__ MicroCapExp(uint32_t, float p0, float p1) : a(p0), m(p1) {}
+  __device__ void init(State& s, uint32_t seed) const { s.x = micro_rand(micro_hash(seed)); }
+  __device__ void step(State& s) const { s.x = exp2_approx(__fmaf_rn(tanh_approx(s.x), a, -m)); }
+  __device__ float fold(const State& s) const { return s.x; }
+};
+
 // Softmax argument, unfolded: (s - m) * scale = FADD + FMUL (not contractible: the subtraction comes first).
 // p0 = scale_log2, p1 = m. Chain: x = (x - m) * scale, a contraction to a fixed point: stays finite.
 struct MicroScaleUnfolded {

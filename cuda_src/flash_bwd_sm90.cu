@@ -45,6 +45,10 @@
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
+//   CAP_ONLY      a form of the modifier kernel (MOD_SCORE, one block per tile): on the tiles where the soft-cap
+//                 is the only change (Mask::cap_only) the scores are capped in the P loop and the derivative is
+//                 1 - tanh^2 alone, without the band form's distances, tests and selects (bench/NOTES.md, "Score
+//                 modifiers"); the same values, bitwise
 //   PERSIST       the persistent form ("atomic" and "seqpar", no visiting order): a grid of at most one block per
 //                 SM, block bid walking the tiles k G + bid of that linear order (Sm90BwdTiles: every other wave
 //                 reversed). Each role carries its stage ring, dS^T buffers and dQ hand-offs from tile to tile;
@@ -471,7 +475,8 @@ __device__ __forceinline__ void sm90_bwd_produce(const BwdParams& p, const Sm90B
 }
 
 template <typename T, int D, int BLOCK_M, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES,
-          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false, bool SK = false>
+          int MOD = MOD_NONE, int ORDER = DQ_ORDER_PLAIN, int GROUP = 0, bool PERSIST = false, bool SK = false,
+          bool CAP_ONLY = false>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES, PERSIST>;
@@ -495,6 +500,8 @@ __global__ void __launch_bounds__(384, 1)
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
+  static_assert(!CAP_ONLY || (MOD == MOD_SCORE && !PERSIST && ORDER == DQ_ORDER_PLAIN && GROUP == 0),
+                "CAP_ONLY: a form of the modifier kernel (one block per tile)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
@@ -614,8 +621,12 @@ __global__ void __launch_bounds__(384, 1)
       const Mask<CAUSAL, MOD> mask =
           MOD == MOD_NONE || group == 1 ? mask_kv : mask_kv.with_alibi(SeqInfo::alibi_slope(p, batch, hq));
       const bool need_mask = mask.needs_mask(m0, m0 + BLOCK_M - 1, n0 + 64 * cw, n0 + 64 * cw + 63);
+      // CAP_ONLY: on a tile where the soft-cap is the only change (no element hidden, no ALiBi: Mask::cap_only,
+      // warpgroup-uniform) the scores are capped in the P loop below, without apply_t's band form.
+      bool lean = false;
+      if constexpr (CAP_ONLY) lean = mask.cap_only(m0, m0 + BLOCK_M - 1, n0 + 64 * cw, n0 + 64 * cw + 63);
       if constexpr (MOD != MOD_NONE) {
-        if (need_mask) mask.apply_t(acc_s, key_w, m0, lane);
+        if (need_mask && !lean) mask.apply_t(acc_s, key_w, m0, lane);
       }
       uint32_t pa[KM][4];
       // With the soft-cap (MOD_SCORE, uniform): P goes straight into the A fragments, and the soft-cap's derivative
@@ -637,7 +648,30 @@ __global__ void __launch_bounds__(384, 1)
         return reinterpret_cast<uint32_t*>(ds_buf + (64 * cw + 16 * warp) * 128) + lane + (w / 16) * (BLOCK_N * 32) +
                (w % 16) * 32;
       };
-      if (cap) {
+      if (CAP_ONLY && cap && lean) {
+        // CAP_ONLY's tiles: x is the raw score, capped here, and the derivative 1 - tanh^2 clamped at 0 -- on such a
+        // tile exactly what apply_t's band form and softcap_grad_of compute in the loop below (their ALiBi term adds
+        // -0 x dist, their -inf test holds), so the gradients are bitwise the same. (A loop of its own: written as
+        // one loop with a switch, the configured kernels' registers were allocated differently.)
+#pragma unroll
+        for (int nf = 0; nf < MF; ++nf) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + nf * 8 + 2 * t);
+          float pv[4], dv[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = tanh_approx(acc_s[nf][e] * mask.cap_pre);
+            pv[e] = softmax_p_from_lse(x, scale_log2, e % 2 ? lse.y : lse.x);
+            dv[e] = fmaxf(0.f, fmaf(-x, x, 1.f));
+            if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
+          }
+          pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
+          pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+          if constexpr (CAP_PACKED) {
+            *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
+            *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
+          }
+        }
+      } else if (cap) {
         const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
 #pragma unroll
         for (int nf = 0; nf < MF; ++nf) {

@@ -21,10 +21,11 @@ encoded maps of recent pointer sets and of recent pointers per map (cuflash._fwd
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 
 from . import _walk
-from ._configs import (DQ_ORDER_PLAIN, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS,
-                       SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
+from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
+                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
@@ -100,6 +101,18 @@ PERSIST_MAX_GRID = None
 # Stream-K (cuflash._configs.sm90_bwd_stream_k): None, the configuration's choice (none while PERSIST is False); True /
 # False force it where it can run (sm90_bwd_stream_k_eligible, "atomic" / "seqpar": the persistent form then too) or off.
 STREAM_K = None
+# The modifier kernels' CAP_ONLY form (cuflash._configs.SM90_BWD_CAP_ONLY_HEADDIMS): None, the configuration's choice;
+# True / False force it on or off for the calls with score modifiers at the kernel head dims of 128-key tiles (a
+# diagnostic or a test; clear cuflash.backward._PLANS).
+CAP_ONLY = None
+
+
+def cap_only_form(d, mod) -> bool:
+    """Whether a call of kernel head dim d with modifier bits `mod` takes the modifier kernel's CAP_ONLY form
+    (CAP_ONLY, else the configuration)."""
+    if mod != MOD_SCORE or sm90_bwd_tile(d).split:
+        return False
+    return d in SM90_BWD_CAP_ONLY_HEADDIMS if CAP_ONLY is None else bool(CAP_ONLY)
 
 
 def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
@@ -154,6 +167,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
+    elif cap_only_form(d, mod):
+        tile = replace(tile, cap_only=True)
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),

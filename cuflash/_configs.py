@@ -748,7 +748,8 @@ class Sm90BwdTile:
     column-split form (flash_bwd_sm90_split_kernel, head dim 256): block_n = 64 keys, the consumers each holding dK
     and dV of half the columns, block_m = 64; persistent: the kernel's PERSIST (a grid of at most one block per SM
     walking the tiles, each tile's K / V load under the previous tile's epilogue); stream_k: the kernel's SK (the
-    persistent form without a mask, the last waves' iterations cut into one equal range per block: Sm90BwdStreamK)."""
+    persistent form without a mask, the last waves' iterations cut into one equal range per block: Sm90BwdStreamK);
+    cap_only: the modifier kernel's CAP_ONLY (tiles where the soft-cap is the only change skip the band form)."""
 
     block_m: int
     stages: int = 2
@@ -759,6 +760,7 @@ class Sm90BwdTile:
     split: bool = False
     persistent: bool = False
     stream_k: bool = False
+    cap_only: bool = False  # the modifier kernel's CAP_ONLY form (SM90_BWD_CAP_ONLY_HEADDIMS)
 
 
 # The compiled head dims the sm90 backward runs (with the sm80 backward's accumulator layout: the same kernel head
@@ -835,6 +837,10 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
+    if tile.cap_only and (mod != MOD_SCORE or tile.persistent or tile.split or order or group):
+        raise ValueError(f"the CAP_ONLY form is the modifier kernel's (mod {MOD_SCORE}, one block per tile, 128 keys); "
+                         f"got mod={mod!r}, persistent={tile.persistent!r}, split={tile.split!r}, order={order!r}, "
+                         f"group={group!r}")
     if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
         raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
                          f"causal={causal!r}, mod={mod!r}")
@@ -857,6 +863,7 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
     tail = (f", {mod}, {order}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
+            f", {mod}, 0, 0, false, false, true" if tile.cap_only else
             f", {mod}, {order}, {group}" if group else
             f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else ""))
     name = (f"cuflash::flash_bwd_sm90_kernel<{CTYPE[dtype]}, {headdim}, {tile.block_m}, {tile.stages}, {b(causal)}, "
@@ -945,6 +952,23 @@ def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
     return t if t.split else replace(t, regs_mma=240, regs_load=24)
 
 
+# The CAP_ONLY form of the modifier kernels (Sm90BwdTile.cap_only; cuda_src/flash_bwd_sm90.cu): on the tiles where
+# the soft-cap is the only change (inside the band, no element hidden, no ALiBi: Mask::cap_only) the P loop caps the
+# raw scores itself and takes the derivative as 1 - tanh^2, where the modifier kernel runs apply_t's band form and
+# softcap_grad_of (ALiBi's distance with a zero slope, the -inf test and its select): about 5 instructions per score
+# for the soft-cap instead of 11.6 (Nsight Compute, bench/results/ncu-softcap.log), the same values bitwise. Kernel
+# head dims whose calls take it (cuflash._bwd_sm90.CAP_ONLY forces it on or off): none until a GPU run has timed it
+# (python -m bench.diag.softcap_check --bwd) and checked it bitwise (tests/test_score_mods.py).
+SM90_BWD_CAP_ONLY_HEADDIMS: tuple = ()
+
+
+def sm90_bwd_cap_only_variant_specs():
+    """The CAP_ONLY form of the modifier kernels at the kernel head dims of 128-key tiles (64, 96, 128), both dtypes:
+    compiled with the configured kernels (CI's compile pass) whether or not a call takes it."""
+    return [sm90_bwd_spec(dt, d, False, replace(sm90_bwd_tile(d), cap_only=True), MOD_SCORE) for dt in DTYPES
+            for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
+
+
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
     grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
@@ -957,7 +981,7 @@ def sm90_bwd_specs():
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
-             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist)
+             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs())
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ which calls take it, the three launches it makes (preprocess, the sm90 main kern
 block, the four tensor maps after it), the grid and the seqpar buffers of its 128-key tiles, the memoized maps,
 and the refusals of backend="sm90" that name why. Its kernels' compilation is CI's (all_specs)."""
 import struct
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,19 @@ forced("PERSIST", "persist", ("d128", "d128 causal", "d48 seqpar", "many tiles",
 # (2016 tiles in whole waves of 126 or 4 blocks: "whole waves")
 forced("STREAM_K", "sk", ("d128", "d128 causal", "d48 seqpar", "many tiles", "whole waves", "window", "d96", "d256"),
        {("whole waves", None): 126, ("whole waves", 5): 4})
+# the modifier kernels' CAP_ONLY form (cuflash._bwd_sm90.CAP_ONLY): the main kernel of calls with and without modifiers
+CAP_CALLS = {"softcap d128": ((2, 300, 777, 8, 2, 128), dict(softcap=10.0)),
+             "softcap d64 causal": ((2, 300, 777, 8, 2, 64), dict(softcap=10.0, causal=True)),
+             "window d96": ((2, 300, 777, 8, 2, 96), dict(window_size=(100, 0))),
+             "softcap d256": ((2, 300, 777, 8, 2, 256), dict(softcap=10.0)), "plain d128": ((2, 300, 777, 8, 2, 128), {})}
+for knob in (None, True, False):
+    _bwd_sm90.CAP_ONLY = knob
+    for name, (shape, kw) in CAP_CALLS.items():
+        bwd_mod._PLANS.clear()
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
+        res[f"cap_only {knob} {name}"] = rec[1][0]
+_bwd_sm90.CAP_ONLY = None
+bwd_mod._PLANS.clear()
 """
 
 
@@ -684,3 +698,51 @@ def test_stream_k_model():
             fixed, sk = persistent_overhead(s, h, 16384 // s, bm, False), stream_k_overhead(s, h, 16384 // s, bm)
             assert abs(fixed - 1.03125) < 1e-9 and 1.0 <= sk < 1.012 and sk == pp.sk_model(d, s, 16384 // s, h)
     assert stream_k_overhead(2048, 33, 4, 64) == persistent_overhead(2048, 33, 4, 64, False)  # 2112 tiles: 16 waves
+
+
+def test_cap_only_form_launches(res):
+    """The modifier kernels' CAP_ONLY form (Sm90BwdTile.cap_only): no call takes it as configured
+    (SM90_BWD_CAP_ONLY_HEADDIMS is empty until a GPU run has timed it); forced on, every call with score modifiers at
+    the kernel head dims of 128-key tiles (64, 96, 128) takes it, causal ones included (the modifier kernel runs the
+    causal mask as its band), and the calls without modifiers and the column-split kernel (head dim 256) keep theirs;
+    forced off, the configured kernels."""
+    assert _configs.SM90_BWD_CAP_ONLY_HEADDIMS == ()
+    for name, d in (("softcap d128", 128), ("softcap d64 causal", 64), ("window d96", 96)):
+        mod_kernel = _configs.sm90_bwd_spec("float16", d, False, mod=_configs.MOD_SCORE).name
+        cap_kernel = _configs.sm90_bwd_spec("float16", d, False, replace(_configs.sm90_bwd_tile(d), cap_only=True),
+                                            _configs.MOD_SCORE).name
+        assert res[f"cap_only None {name}"] == res[f"cap_only False {name}"] == mod_kernel, name
+        assert res[f"cap_only True {name}"] == cap_kernel and cap_kernel.endswith(", 1, 0, 0, false, false, true>")
+    for name in ("softcap d256", "plain d128"):
+        assert res[f"cap_only True {name}"] == res[f"cap_only None {name}"] == res[f"cap_only False {name}"], name
+        assert not res[f"cap_only True {name}"].endswith("false, false, true>"), name
+
+
+def test_cap_only_specs():
+    """The CAP_ONLY kernels: both dtypes at kernel head dims 64, 96 and 128, among the specs CI compiles; the form is
+    the modifier kernel's alone (one block per tile, the launch's order, not the column-split kernel), refused by name
+    elsewhere; the kernel's template parameter defaults to off, so every other kernel keeps its name."""
+    import os
+
+    specs = _configs.sm90_bwd_cap_only_variant_specs()
+    assert len(specs) == 2 * 3 and all(s in _configs.all_specs() for s in specs)
+    assert {s.name.split(", ")[1] for s in specs} == {"64", "96", "128"}
+    t = replace(_configs.sm90_bwd_tile(128), cap_only=True)
+    for kw in (dict(mod=0), dict(mod=_configs.MOD_SCORE, group=4)):
+        with pytest.raises(ValueError, match="CAP_ONLY"):
+            _configs.sm90_bwd_spec("float16", 128, bool(kw.get("group")), t, **kw)
+    with pytest.raises(ValueError, match="CAP_ONLY"):
+        _configs.sm90_bwd_spec("float16", 128, False, replace(t, persistent=True), _configs.MOD_SCORE)
+    with pytest.raises(ValueError, match="CAP_ONLY"):
+        _configs.sm90_bwd_spec("float16", 256, False, replace(_configs.sm90_bwd_tile(256), cap_only=True),
+                               _configs.MOD_SCORE)
+    src = open(os.path.join(os.path.dirname(_configs.__file__), "..", "cuda_src", "flash_bwd_sm90.cu")).read()
+    assert "bool PERSIST = false, bool SK = false,\n          bool CAP_ONLY = false>" in src
+
+
+def test_cap_only_kernels_compile():
+    """The CAP_ONLY kernels compile for sm_90a with no spill, no local memory and no ptxas performance note under both
+    NVRTCs, on the modifier kernel's 24 / 240 registers."""
+    from conftest import compile_problems
+
+    assert compile_problems(_configs.sm90_bwd_cap_only_variant_specs()) == []

@@ -182,6 +182,49 @@ def test_backward_modifiers(dtype, d, opt, sq, sk):
     check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
+                                                     (False, (300, 40), 20.0, None), (True, (-1, -1), 20.0, "h"),
+                                                     (False, (-1, -1), 0.0, "bh")],
+                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
+def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
+    """The Hopper backward's CAP_ONLY form (Sm90BwdTile.cap_only, forced by cuflash._bwd_sm90.CAP_ONLY: on tiles
+    where the soft-cap is the only change the scores are capped in the P loop, the derivative 1 - tanh^2 alone)
+    against the float64 reference with large logits (inputs x3), GQA 4/2, ragged tails, seqlen_q != seqlen_k both
+    ways: the soft-cap alone, causal (the diagonal tiles keep the band form), a window (the edge tiles too), with
+    ALiBi (no tile takes the form) and ALiBi alone (the soft-cap off); and bitwise against the configured modifier
+    kernel on the same inputs and dout ("seqpar": dQ in a fixed order), since on its tiles the form computes the
+    band form's values exactly."""
+    import torch
+
+    from cuflash import _bwd_sm90
+
+    needs_backend("sm90", d)
+    kernels, main_launch = [], _bwd_sm90.main_launch
+
+    def spy(*args, **kw):  # the main kernel each backward plan is made with
+        r = main_launch(*args, **kw)
+        kernels.append(r[0].name)
+        return r
+
+    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    grads = {}
+    try:
+        for on in (True, False):
+            _bwd_sm90.CAP_ONLY = on
+            bwd_mod._PLANS.clear()
+            torch.manual_seed(1234)
+            grads[on] = check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="seqpar")
+            assert kernels and kernels[-1].endswith(", 1, 0, 0, false, false, true>") == on, kernels
+    finally:
+        _bwd_sm90.CAP_ONLY = None
+        bwd_mod._PLANS.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
+        assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
+
+
 # Every warp partition and dQ strategy with a window (the Q-tile ranges of a KV tile and, for "seqpar", the KV
 # tiles each row sums) and with the soft-cap (its derivative in each partition's dS step).
 PART_CASES = [(d, p) for d in (32, 64, 96, 128, 256) for p in ("kv", "q", "2d") if d in bwd_mod.bwd_tiles(p)]

@@ -2,9 +2,10 @@
 the share of each warp-stall reason, the main loop (the span of the instructions executed most often, at least
 --min-loop of them at one count) and its share of the samples, each wgmma wait in it (WARPGROUP.DEPBAR) with its share, and where the
 softmax's exponentials (MUFU.EX2) lie in the loop's instruction order -- e.g. whether the wait for O += P V comes
-before or after them:
+before or after them; with --opcodes, the executed (warp) instructions by opcode per MUFU.EX2 executed (per score in
+the attention kernels, which take one exponential per score), and each opcode's share of the stall samples:
 
-    python -m bench.diag.ncu_sass_summary /tmp/p_sass.csv [--label TEXT] [--min-loop 300]"""
+    python -m bench.diag.ncu_sass_summary /tmp/p_sass.csv [--label TEXT] [--min-loop 300] [--opcodes 16]"""
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,44 @@ def summary(path: str, min_loop: int = 300) -> list:
     return out
 
 
+def opcode_mix(path: str, top: int = 16) -> list:
+    """Lines: executed warp instructions per MUFU.EX2 executed, in all and by opcode (MUFU by function, others by
+    their first name), with each opcode's share of the stall samples; the `top` opcodes by count."""
+    rows = list(csv.reader(open(path)))
+    hdr = rows[1]
+    ix = {h: i for i, h in enumerate(hdr)}
+    count, samples = {}, {}
+    for r in rows[2:]:
+        if len(r) < len(hdr):
+            continue
+        toks = r[ix["Source"]].split()
+        if not toks:
+            continue
+        op = toks[1] if toks[0].startswith("@") and len(toks) > 1 else toks[0]
+        op = op if op.startswith("MUFU") else op.split(".")[0]
+        count[op] = count.get(op, 0) + int(r[ix[EXECUTED]] or 0)
+        samples[op] = samples.get(op, 0) + int(r[ix[SAMPLES]] or 0)
+    ex2, total, stalls = count.get("MUFU.EX2", 0), sum(count.values()), sum(samples.values()) or 1
+    if not ex2:
+        return [f"{path}: no MUFU.EX2 executed"]
+    out = [f"executed warp instructions {total}, per MUFU.EX2 {total / ex2:.2f}"]
+    for op in sorted(count, key=lambda o: -count[o])[:top]:
+        out.append(f"  {op:14s} {count[op] / ex2:6.2f} per MUFU.EX2   {samples[op] / stalls * 100:5.1f}% of the samples")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", nargs="+", help="OUT_sass.csv tables of bench/diag/ncu_source.sh")
     ap.add_argument("--label", action="append", default=[], help="a heading per table, in order")
     ap.add_argument("--min-loop", type=int, default=300)
+    ap.add_argument("--opcodes", type=int, default=0, help="also the N most executed opcodes per MUFU.EX2")
     args = ap.parse_args(argv)
     for i, path in enumerate(args.csv):
         print(f"## {args.label[i] if i < len(args.label) else path}")
         print("\n".join(summary(path, args.min_loop)))
+        if args.opcodes:
+            print("\n".join(opcode_mix(path, args.opcodes)))
         print()
     return 0
 

@@ -15,7 +15,17 @@ check of that form first.
    plain kernel, the soft-capped tile without the capped-max form ("cap") and with it ("capmax", the configured
    kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the
    plain kernel (the aim: <= +10%).
---quick: seqlen 4k only."""
+--quick: seqlen 4k only.
+
+--bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, forced through
+cuflash._bwd_sm90.CAP_ONLY: on the tiles where the soft-cap is the only change the scores capped in the P loop and the
+derivative 1 - tanh^2 alone, without the band form's distances, tests and selects):
+1. Correctness: dq, dk, dv of the form against the configured modifier kernel on the same inputs and dout ("seqpar":
+   every sum in a fixed order), which must be bitwise equal; soft-cap 20 on large logits, causal and not, a window,
+   with ALiBi (no tile takes the form), head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
+2. Timing (as above, "atomic"): the plain backward, the soft-capped one ("cap", the configured modifier kernel) and
+   its CAP_ONLY form ("caponly"), each through flash_attn_backward from its own forward's out and LSE; the table: ms
+   and the soft-cap's cost over the plain backward."""
 from __future__ import annotations
 
 import argparse
@@ -82,11 +92,14 @@ def check() -> int:
     return fails
 
 
-def timing(quick: bool, rounds: int) -> None:
+def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
+    """The timing table: plain, cap and (bwd=False) capmax through the Hopper forward, or (bwd=True) caponly through
+    the Hopper backward, timed in turn; each row's cost over the plain kernel."""
     import torch
 
     from ..harness import time_rounds
 
+    form = "caponly" if bwd else "capmax"
     rows = []
     for d in (64, 128):
         h = HIDDEN // d
@@ -94,28 +107,95 @@ def timing(quick: bool, rounds: int) -> None:
             b = max(1, TOKENS // s)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
             for causal in (True, False):
-                fns = {"plain": _call(q, k, v, causal, 0.0, False), "cap": _call(q, k, v, causal, CAP_TIMED, False),
-                       "capmax": _call(q, k, v, causal, CAP_TIMED, True)}
+                call = _bwd_call if bwd else _call
+                fns = {"plain": call(q, k, v, causal, 0.0, None if bwd else False),
+                       "cap": call(q, k, v, causal, CAP_TIMED, False), form: call(q, k, v, causal, CAP_TIMED, True)}
                 res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
                 rows.append((d, s, causal, res))
                 print(f"d={d} s={s} causal={causal}: " + " ".join(f"{n} {ms:.3f} ms" for n, ms in res.items() if ms),
                       flush=True)
             del q, k, v
             torch.cuda.empty_cache()
-    print("\n| hdim | seqlen | causal | plain ms | cap ms | capmax ms | cap cost | capmax cost |")
+    if bwd:
+        _reset_bwd()
+    print(f"\n| hdim | seqlen | causal | plain ms | cap ms | {form} ms | cap cost | {form} cost |")
     print("|---|---|---|---|---|---|---|---|")
     for d, s, causal, r in rows:
         p = r.get("plain")
-        cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in ("plain", "cap", "capmax")]
-        costs = [f"{100 * (r[n] / p - 1):+.1f}%" if p and r.get(n) else "n/a" for n in ("cap", "capmax")]
+        cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in ("plain", "cap", form)]
+        costs = [f"{100 * (r[n] / p - 1):+.1f}%" if p and r.get(n) else "n/a" for n in ("cap", form)]
         print(f"| {d} | {s} | {causal} | " + " | ".join(cells + costs) + " |")
+
+
+def _reset_bwd() -> None:
+    """The CAP_ONLY switch back to the configuration's choice, and no plan made under another."""
+    from cuflash import _bwd_sm90, backward as bwd
+
+    _bwd_sm90.CAP_ONLY = None
+    bwd._PLANS.clear()
+
+
+def _bwd_call(q, k, v, causal, cap, cap_only, strategy="atomic", window=(-1, -1), alibi=None):
+    """fn() running the Hopper backward (flash_attn_backward) of q, k, v from their own forward's out and LSE, with
+    soft-cap `cap` (0: off) and the CAP_ONLY form forced on or off; fn returns (dq, dk, dv). The form is a module
+    switch read when a plan is made: fn sets it and clears the plan memo on a call that finds it set otherwise (the
+    timers' first, untimed call)."""
+    import torch
+
+    import cuflash
+    from cuflash import _bwd_sm90, backward as bwd
+
+    kw = dict(causal=causal, window_size=window, softcap=cap, alibi_slopes=alibi)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True, backend="sm90", **kw)
+    dout = torch.randn_like(out)
+
+    def fn():
+        if _bwd_sm90.CAP_ONLY is not cap_only:
+            _bwd_sm90.CAP_ONLY = cap_only
+            bwd._PLANS.clear()
+        return cuflash.flash_attn_backward(dout, q, k, v, out, lse, backend="sm90", dq_strategy=strategy, **kw)[:3]
+    return fn
+
+
+def check_bwd() -> int:
+    """Prints one line per case; returns the number of failures (the form not bitwise the configured kernel's)."""
+    import torch
+
+    fails = 0
+    b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+    for d in (64, 128):
+        for dtype in (torch.float16, torch.bfloat16):
+            for name, causal, window, alibi in (("cap", False, (-1, -1), None), ("cap causal", True, (-1, -1), None),
+                                                ("cap window", False, (300, 40), None),
+                                                ("cap alibi causal", True, (-1, -1), slopes)):
+                q = (3 * torch.randn(b, sq, h, d, device="cuda")).to(dtype)
+                k = (3 * torch.randn(b, sk, hk, d, device="cuda")).to(dtype)
+                v = torch.randn(b, sk, hk, d, device="cuda").to(dtype)
+                g = {on: _bwd_call(q, k, v, causal, CAP, on, "seqpar", window, alibi)() for on in (True, False)}
+                same = all(torch.equal(x, y) for x, y in zip(g[True], g[False]))
+                diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(g[True], g[False]))
+                nan = any(torch.isnan(x).any().item() for x in g[True])
+                ok = same and not nan
+                fails += not ok
+                print(f"{'ok  ' if ok else 'FAIL'} caponly d={d} {str(dtype)[6:]} {name} {b}x{sq}x{sk}: bitwise "
+                      f"{'equal' if same else 'DIFFERENT'} to the configured kernel (max |difference| {diff:.1e})",
+                      flush=True)
+    _reset_bwd()
+    return fails
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.diag.softcap_check")
     ap.add_argument("--quick", action="store_true", help="seqlen 4k only")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bwd", action="store_true", help="the backward and its CAP_ONLY form")
     a = ap.parse_args(argv)
+    if a.bwd:
+        fails = check_bwd()
+        timing(a.quick, a.rounds, bwd=True)
+        print(f"correctness: {'all ok' if not fails else f'{fails} FAILED'}")
+        return 1 if fails else 0
     fails = check()
     timing(a.quick, a.rounds)
     print(f"correctness: {'all ok' if not fails else f'{fails} FAILED'}")

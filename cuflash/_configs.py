@@ -740,6 +740,25 @@ def sm90_fwd_variant_specs():
     return list(dict.fromkeys(out))
 
 
+# The modifier kernel at head dim 128 on 160-key stages (one block per tile, the capped-max form): the plain causal
+# calls from 8192 keys run 160-key stages (the persistent form), the modifier kernel 128-key ones, part of the
+# soft-cap's cost there (bench/NOTES.md, "Score modifiers"). A variant for bench/diag/softcap_check.py ("cap160")
+# and the tests until a GPU run has timed it; it compiles with no spill (168 registers, NVRTC 13.5).
+SM90_FWD_WIDE_MOD_BLOCK_N = {128: 160}
+
+
+def sm90_fwd_wide_mod_tile(headdim: int) -> Sm90FwdTile:
+    """The configured modifier tile of `headdim` on SM90_FWD_WIDE_MOD_BLOCK_N[headdim]-key stages."""
+    return replace(sm90_fwd_tile(headdim, False, None, MOD_SCORE), block_n=SM90_FWD_WIDE_MOD_BLOCK_N[headdim])
+
+
+def sm90_fwd_wide_mod_specs():
+    """The wide modifier tiles (SM90_FWD_WIDE_MOD_BLOCK_N), both dtypes: compiled with the configured kernels (CI's
+    compile pass) for the diagnostics and tests that launch them."""
+    return [sm90_fwd_spec(dt, d, False, sm90_fwd_wide_mod_tile(d), MOD_SCORE) for dt in DTYPES
+            for d in SM90_FWD_WIDE_MOD_BLOCK_N]
+
+
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)
 @dataclass(frozen=True)
 class Sm90BwdTile:
@@ -1753,6 +1772,7 @@ def all_specs():
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
+    specs += sm90_fwd_wide_mod_specs()  # the modifier kernel on wider stages (a variant, likewise)
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
     specs += fitted_specs()  # GPUs of 99 KB a block (sm_86 / sm_89 / sm_120): the tiles that fit them

@@ -153,6 +153,33 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
         1.0, lse_c[fin].abs().max().item())
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
+                                                     (False, (300, 40), 20.0, None), (True, (-1, -1), 20.0, "h"),
+                                                     (False, (-1, -1), 0.0, "bh")],
+                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
+def test_forward_wide_modifier_tile(dtype, causal, window, cap, akind, sq, sk):
+    """The Hopper forward's modifier kernel at head dim 128 on 160-key stages (cuflash._configs.sm90_fwd_wide_mod_tile,
+    a variant bench/diag/softcap_check.py times as "cap160"; 2100 keys are no multiple of 160) against the float64
+    reference: the soft-cap alone, causal, a window, with ALiBi, ALiBi alone; large logits, GQA 4/2, ragged tails."""
+    from cuflash import _configs, _fwd_sm90
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    d = 128
+    needs_backend("sm90", d)
+    b, h, hk = 2, 4, 2
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    tile = _configs.sm90_fwd_wide_mod_tile(d)
+    assert tile.block_n == 160 and tile.cap_max
+    out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+    check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"wide modifier tile {dtype}")
+
+
 def check_backward(b, sq, sk, h, hk, d, dtype, causal, window, cap, alibi_kind, warp_partition="auto",
                    dq_strategy=None, deterministic=False):
     import torch

@@ -25,7 +25,8 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
-                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, kernel_headdim, sm90_bwd_causal_group, sm90_bwd_persist_tile,
+                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, kernel_headdim,
+                       sm90_bwd_causal_group, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)

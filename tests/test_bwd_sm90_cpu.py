@@ -129,7 +129,8 @@ forced("STREAM_K", "sk", ("d128", "d128 causal", "d48 seqpar", "many tiles", "wh
 CAP_CALLS = {"softcap d128": ((2, 300, 777, 8, 2, 128), dict(softcap=10.0)),
              "softcap d64 causal": ((2, 300, 777, 8, 2, 64), dict(softcap=10.0, causal=True)),
              "window d96": ((2, 300, 777, 8, 2, 96), dict(window_size=(100, 0))),
-             "softcap d256": ((2, 300, 777, 8, 2, 256), dict(softcap=10.0)), "plain d128": ((2, 300, 777, 8, 2, 128), {})}
+             "softcap d256": ((2, 300, 777, 8, 2, 256), dict(softcap=10.0)),
+             "plain d128": ((2, 300, 777, 8, 2, 128), {})}
 for knob in (None, True, False):
     _bwd_sm90.CAP_ONLY = knob
     for name, (shape, kw) in CAP_CALLS.items():

@@ -153,11 +153,15 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
         1.0, lse_c[fin].abs().max().item())
 
 
+# The variant kernels' cases (the modifier forward on wider stages, the backward's CAP_ONLY form): the soft-cap alone,
+# causal, a window, with ALiBi (no tile takes the CAP_ONLY form), ALiBi alone (the soft-cap off).
+FORM_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 40), 20.0, None),
+              (True, (-1, -1), 20.0, "h"), (False, (-1, -1), 0.0, "bh")]
+FORM_IDS = ["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"]
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
-                                                     (False, (300, 40), 20.0, None), (True, (-1, -1), 20.0, "h"),
-                                                     (False, (-1, -1), 0.0, "bh")],
-                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("causal,window,cap,akind", FORM_CASES, ids=FORM_IDS)
 @pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
 def test_forward_wide_modifier_tile(dtype, causal, window, cap, akind, sq, sk):
     """The Hopper forward's modifier kernel at head dim 128 on 160-key stages (cuflash._configs.sm90_fwd_wide_mod_tile,
@@ -211,10 +215,7 @@ def test_backward_modifiers(dtype, d, opt, sq, sk):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
-                                                     (False, (300, 40), 20.0, None), (True, (-1, -1), 20.0, "h"),
-                                                     (False, (-1, -1), 0.0, "bh")],
-                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("causal,window,cap,akind", FORM_CASES, ids=FORM_IDS)
 @pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
 def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
     """The Hopper backward's CAP_ONLY form (Sm90BwdTile.cap_only, forced by cuflash._bwd_sm90.CAP_ONLY: on tiles

@@ -72,7 +72,8 @@ def opcode_mix(path: str, top: int = 16) -> list:
         return [f"{path}: no MUFU.EX2 executed"]
     out = [f"executed warp instructions {total}, per MUFU.EX2 {total / ex2:.2f}"]
     for op in sorted(count, key=lambda o: -count[o])[:top]:
-        out.append(f"  {op:14s} {count[op] / ex2:6.2f} per MUFU.EX2   {samples[op] / stalls * 100:5.1f}% of the samples")
+        out.append(f"  {op:14s} {count[op] / ex2:6.2f} per MUFU.EX2   "
+                   f"{samples[op] / stalls * 100:5.1f}% of the samples")
     return out
 
 

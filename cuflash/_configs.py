@@ -743,7 +743,9 @@ def sm90_fwd_variant_specs():
 # The modifier kernel at head dim 128 on 160-key stages (one block per tile, the capped-max form): the plain causal
 # calls from 8192 keys run 160-key stages (the persistent form), the modifier kernel 128-key ones, part of the
 # soft-cap's cost there (bench/NOTES.md, "Score modifiers"). A variant for bench/diag/softcap_check.py ("cap160")
-# and the tests until a GPU run has timed it; it compiles with no spill (168 registers, NVRTC 13.5).
+# and the tests; it compiles with no spill (168 registers, NVRTC 13.5). Timed against the configured 128-key modifier
+# tile (bench/results/softcap-check.log, H100, soft-cap 50) it was 1-3% faster at three of four points and 3% slower
+# at 4k non-causal: not configured.
 SM90_FWD_WIDE_MOD_BLOCK_N = {128: 160}
 
 
@@ -976,9 +978,12 @@ def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
 # raw scores itself and takes the derivative as 1 - tanh^2, where the modifier kernel runs apply_t's band form and
 # softcap_grad_of (ALiBi's distance with a zero slope, the -inf test and its select): about 5 instructions per score
 # for the soft-cap instead of 11.6 (Nsight Compute, bench/results/ncu-softcap.log), the same values bitwise. Kernel
-# head dims whose calls take it (cuflash._bwd_sm90.CAP_ONLY forces it on or off): none until a GPU run has timed it
-# (python -m bench.diag.softcap_check --bwd) and checked it bitwise (tests/test_score_mods.py).
-SM90_BWD_CAP_ONLY_HEADDIMS: tuple = ()
+# head dims whose calls take it (cuflash._bwd_sm90.CAP_ONLY forces it on or off): 64 and 128, timed against the band
+# form by python -m bench.diag.softcap_check --bwd (bench/results/softcap-check-bwd.log: on an H100 at 4k and 16k the
+# soft-cap's cost over the plain backward went from +40-58% to +28-38% at head dim 64, from +22-27% to +13-20% at 128)
+# and checked bitwise by tests/test_score_mods.py::test_backward_cap_only_form. 96 keeps the band form (compiled, not
+# tested in the form).
+SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 128)
 
 
 def sm90_bwd_cap_only_variant_specs():

@@ -136,12 +136,14 @@ def test_forward_launches_the_score_kernels(stood_in):
     assert f["scale_log2"] == pytest.approx(64 ** -0.5 * LOG2E) and (f["window_left"], f["window_right"]) == (8, 8)
 
 
-@pytest.mark.parametrize("which,main", [("bwd", "flash_bwd_sm90_kernel<"), ("bwd_sm80", "flash_bwd_kernel<")])
-def test_backward_launches_the_score_kernels(stood_in, which, main):
+# (the Hopper one at head dim 64 in its CAP_ONLY form: cuflash._configs.SM90_BWD_CAP_ONLY_HEADDIMS)
+@pytest.mark.parametrize("which,main,tail", [("bwd", "flash_bwd_sm90_kernel<", ", 1, 0, 0, false, false, true>"),
+                                             ("bwd_sm80", "flash_bwd_kernel<", ", 1>")])
+def test_backward_launches_the_score_kernels(stood_in, which, main, tail):
     """The score-modifier (MOD_SCORE) backward kernels: the Hopper one by default on the compute capability 9.0
     stand-in, the mma.sync one with backend="sm80"; the convert kernel of the same mode, the modifier fields."""
     names, f = stood_in[which]
-    assert main in names[1] and names[1].endswith(", 1>")
+    assert main in names[1] and names[1].endswith(tail)
     assert "flash_bwd_convert_dq_kernel<" in names[2] and names[2].endswith(", 1>")
     assert (f["window_left"], f["window_right"]) == (16, 0) and f["scale_log2"] == pytest.approx(30 * LOG2E)
     assert f["softmax_scale"] == pytest.approx(64 ** -0.5) and f["alibi_slopes"] != 0

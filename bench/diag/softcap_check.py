@@ -18,13 +18,14 @@ check of that form first.
    soft-cap's cost over the plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only.
 
---bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, forced through
-cuflash._bwd_sm90.CAP_ONLY: on the tiles where the soft-cap is the only change the scores capped in the P loop and the
-derivative 1 - tanh^2 alone, without the band form's distances, tests and selects):
-1. Correctness: dq, dk, dv of the form against the configured modifier kernel on the same inputs and dout ("seqpar":
+--bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, configured at
+SM90_BWD_CAP_ONLY_HEADDIMS; forced on and off here through cuflash._bwd_sm90.CAP_ONLY: on the tiles where the
+soft-cap is the only change the scores capped in the P loop and the derivative 1 - tanh^2 alone, without the band
+form's distances, tests and selects):
+1. Correctness: dq, dk, dv of the form against the modifier kernel's band form on the same inputs and dout ("seqpar":
    every sum in a fixed order), which must be bitwise equal; soft-cap 20 on large logits, causal and not, a window,
    with ALiBi (no tile takes the form), head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
-2. Timing (as above, "atomic"): the plain backward, the soft-capped one ("cap", the configured modifier kernel) and
+2. Timing (as above, "atomic"): the plain backward, the soft-capped one in the band form ("cap") and
    its CAP_ONLY form ("caponly"), each through flash_attn_backward from its own forward's out and LSE; the table: ms
    and the soft-cap's cost over the plain backward."""
 from __future__ import annotations
@@ -169,7 +170,7 @@ def _bwd_call(q, k, v, causal, cap, cap_only, strategy="atomic", window=(-1, -1)
 
 
 def check_bwd() -> int:
-    """Prints one line per case; returns the number of failures (the form not bitwise the configured kernel's)."""
+    """Prints one line per case; returns the number of failures (the form not bitwise the band form's)."""
     import torch
 
     fails = 0
@@ -193,7 +194,7 @@ def check_bwd() -> int:
                 ok = same and not nan
                 fails += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} caponly d={d} {str(dtype)[6:]} {name} {b}x{sq}x{sk}: bitwise "
-                      f"{'equal' if same else 'DIFFERENT'} to the configured kernel (max |difference| {diff:.1e})",
+                      f"{'equal' if same else 'DIFFERENT'} to the band form (max |difference| {diff:.1e})",
                       flush=True)
     _reset_bwd()
     return fails

@@ -42,7 +42,8 @@
 //   STAGES        Q / dO stages;  CAUSAL  bottom-right causal;  REGS_MMA, REGS_LOAD  setmaxnreg counts
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
-//                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC; those kernels run "ordered" only
+//                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC, without a mask DQ_ORDER_ROT (the host's
+//                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
 //   CAP_ONLY      a form of the modifier kernel (MOD_SCORE, one block per tile): on the tiles where the soft-cap
@@ -73,6 +74,13 @@
 // head: no block waits once the blocks run (GQA too). The cost: the grid's longest blocks start last (a tail).
 // DQ_ORDER_Q_DESC: block j trails block j - 1 by one step at the shared last Q tile, but a block with more Q tiles
 // per head reaches the next head later: with GQA the waits come back (bench/NOTES.md, "Hopper backward").
+//
+// "ordered" without a mask. Every KV tile sees every Q tile. In plain ascending order all blocks of a head start at
+// Q tile 0 and KV tile j adds after j - 1 at every Q tile, so the last block starts its additions N hand-offs (a bulk
+// add's completion, the release, the next acquire) late. DQ_ORDER_ROT: block x visits Q tile (x - s) mod M at step
+// s, and a Q tile takes its additions in (step, KV tile) order (rot_turn), so at step s block x adds where block
+// x - 1 added at step s - 1: no waits while the blocks run side by side. The wrap (KV tile 0 waits on KV tile N - 1
+// at step 1) makes it deadlock-free only while a head's N blocks are resident together, which the host checks.
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
@@ -92,10 +100,31 @@ struct Sm90BwdMaps {
   TmaDesc q, k, v, dout;
 };
 
-// The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, or last first (DQ_ORDER_Q_DESC).
+// The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, last first (DQ_ORDER_Q_DESC), or
+// DQ_ORDER_ROT's rot - m (mod num_m), rot = the KV tile's index mod num_m (rot_of_tile).
 template <int ORDER>
-__device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m) {
+__device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m, int rot) {
+  if constexpr (ORDER == DQ_ORDER_ROT) {
+    const int r = rot - m;
+    return m_begin + (r < 0 ? r + num_m : r);
+  }
   return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
+}
+template <int ORDER>
+__device__ __forceinline__ int rot_of_tile(int n_block, int num_m) {
+  return ORDER == DQ_ORDER_ROT && num_m > 0 ? n_block % num_m : 0;
+}
+
+// DQ_ORDER_ROT: the turn of KV tile n (of N) at Q tile m (of M) -- the additions made before its own, in the order
+// of (step, KV tile). KV tile x visits Q tile m at step (x - m) mod M, so those before n are the KV tiles whose
+// residue mod M is (m + k) mod M for a k below d = (n - m) mod M (N / M of each residue, one more for the residues
+// below N mod M), and the n / M of n's own residue below it.
+__device__ __forceinline__ int rot_turn(unsigned n, int m, unsigned N, unsigned M) {
+  const unsigned nq = n / M, q = N / M;
+  const int nm = (int)(n - nq * M), rem = (int)(N - q * M);
+  const int d = nm - m < 0 ? nm - m + (int)M : nm - m;
+  const int below = m + d <= (int)M ? max(0, min(m + d, rem) - m) : max(0, rem - m) + min(m + d - (int)M, rem);
+  return d * (int)q + below + (int)nq;
 }
 
 // The block's (KV tile, KV head, batch) of the launch (KV tiles, KV heads, batch). GROUP = 0: blockIdx as launched
@@ -291,6 +320,7 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
   };
   if constexpr (!PERSIST) load_kv();
   const int total = i1 < 0 ? group * num_m : i1 - i0;  // (i0, i1: a stream-K segment's iterations)
+  const int rot_o = rot_of_tile<ORDER>(n0 / BLOCK_N, num_m);
   QTileWalk<ROT> walk;
   walk.h = i0 / num_m;
   walk.m = i0 - walk.h * num_m;
@@ -298,7 +328,7 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
   for (int it = 0; it < total; ++it) {
     const int s = (it0 + it) % STAGES, ph = ((it0 + it) / STAGES) & 1;
     const int2 hm = walk.next(num_m, rot);
-    const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y) * BLOCK_M;
+    const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, rot_o) * BLOCK_M;
     mbar_wait(&empty[s], ph ^ 1);
     mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
 #pragma unroll
@@ -332,7 +362,9 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
   int h = i0 / num_m, m = i0 - h * num_m;  // (i0: a stream-K segment's first iteration)
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
-    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
+    // (DQ_ORDER_ROT: the rotation derived at each step, not held: see the turn below)
+    const int rot = rot_of_tile<ORDER>(opaque(n_block), num_m);
+    const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m, rot) * BLOCK_M;
     if (++m == num_m) {
       m = 0;
       ++h;
@@ -341,10 +373,13 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
     mbar_wait(dq_full, (it0 + it) & 1);
     if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
-      // this KV tile's turn: ascending, or from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
-      // see keys before kv_block_end's tile, the same band q_block_begin reads)
-      const int turn =
-          ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+      // this KV tile's turn: ascending, from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
+      // see keys before kv_block_end's tile, the same band q_block_begin reads), or DQ_ORDER_ROT's (every KV tile
+      // of the launch sees every Q tile: gridDim.x of them; its divisions done here each time, through opaque, as
+      // the loop's invariants they spilled at the producer's 24 registers)
+      const int turn = ORDER == DQ_ORDER_ROT      ? rot_turn(opaque(n_block), m0 / BLOCK_M, (int)gridDim.x, opaque(num_m))
+                       : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
+                                                   : n_block;
       while (ld_acquire_gpu(sem + row / 64) != turn) {
       }
       fence_proxy_async_global();
@@ -354,14 +389,13 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     else
       bulk_reduce_add_f32(dst, src, L::DQ_BYTES);
     bulk_commit_group();
+    bulk_wait_group_read<0>();
+    mbar_arrive(dq_empty);  // the staging is free once read (the consumers stage the next tile meanwhile)
     if (ordered) {  // added (not only read) before the next KV tile may add
       bulk_wait_group<0>();
       fence_proxy_async_global();
       red_release_gpu_add(sem + row / 64, 1);
-    } else {
-      bulk_wait_group_read<0>();
     }
-    mbar_arrive(dq_empty);
   }
 }
 
@@ -495,7 +529,8 @@ __global__ void __launch_bounds__(384, 1)
                     REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
-  static_assert(ORDER == DQ_ORDER_PLAIN || (CAUSAL && MOD == MOD_NONE), "the other orders: ordered, causal only");
+  static_assert(ORDER == DQ_ORDER_PLAIN || (MOD == MOD_NONE && CAUSAL == (ORDER != DQ_ORDER_ROT)),
+                "the other orders: ordered, causal only (DQ_ORDER_ROT: without a mask only)");
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
@@ -593,10 +628,11 @@ __global__ void __launch_bounds__(384, 1)
 
     if (total > 0) mbar_wait(bar_kv, tile_j & 1);
     int h = i0 / num_m, m = i0 - h * num_m;
+    const int rot = rot_of_tile<ORDER>(n_block, num_m);
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring, dS^T buffers and dQ hand-offs
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
-      const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m) * BLOCK_M;
+      const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m, rot) * BLOCK_M;
       if (++m == num_m) {
         m = 0;
         ++h;

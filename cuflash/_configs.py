@@ -740,27 +740,6 @@ def sm90_fwd_variant_specs():
     return list(dict.fromkeys(out))
 
 
-# The modifier kernel at head dim 128 on 160-key stages (one block per tile, the capped-max form): the plain causal
-# calls from 8192 keys run 160-key stages (the persistent form), the modifier kernel 128-key ones, part of the
-# soft-cap's cost there (bench/NOTES.md, "Score modifiers"). A variant for bench/diag/softcap_check.py ("cap160")
-# and the tests; it compiles with no spill (168 registers, NVRTC 13.5). Timed against the configured 128-key modifier
-# tile (bench/results/softcap-check.log, H100, soft-cap 50) it was 1-3% faster at three of four points and 3% slower
-# at 4k non-causal: not configured.
-SM90_FWD_WIDE_MOD_BLOCK_N = {128: 160}
-
-
-def sm90_fwd_wide_mod_tile(headdim: int) -> Sm90FwdTile:
-    """The configured modifier tile of `headdim` on SM90_FWD_WIDE_MOD_BLOCK_N[headdim]-key stages."""
-    return replace(sm90_fwd_tile(headdim, False, None, MOD_SCORE), block_n=SM90_FWD_WIDE_MOD_BLOCK_N[headdim])
-
-
-def sm90_fwd_wide_mod_specs():
-    """The wide modifier tiles (SM90_FWD_WIDE_MOD_BLOCK_N), both dtypes: compiled with the configured kernels (CI's
-    compile pass) for the diagnostics and tests that launch them."""
-    return [sm90_fwd_spec(dt, d, False, sm90_fwd_wide_mod_tile(d), MOD_SCORE) for dt in DTYPES
-            for d in SM90_FWD_WIDE_MOD_BLOCK_N]
-
-
 # ------------------------------------------------------------------------------ Hopper backward (sm_90a)
 @dataclass(frozen=True)
 class Sm90BwdTile:
@@ -819,9 +798,29 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 
 # The sm90 backward's visiting orders (cuda_src/attn/bwd.cuh: DqOrder): PLAIN for every strategy; dq_strategy
 # "ordered" with the causal mask takes SM90_BWD_CAUSAL_ORDER (KV tiles last first: no block waits on another once
-# they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times.
-DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC = 0, 1, 2
+# they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times. Without a mask
+# "ordered" takes SM90_BWD_PLAIN_ORDER, ROT (block x visits Q tile x - s mod M at step s: no block waits on another
+# once they all run), while a sequence's KV tiles number at most SM90_BWD_ROT_MAX_SM_FRACTION of the SMs (ROT's KV
+# tile 0 waits on the last one, so a head's blocks must be resident together; the fraction leaves room for other
+# kernels on the GPU), else PLAIN.
+DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+SM90_BWD_PLAIN_ORDER = DQ_ORDER_ROT
+SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
+
+
+def sm90_bwd_ordered_order(causal: bool, mod: int, n_blocks: int, sms: int, plain_order: int = SM90_BWD_PLAIN_ORDER,
+                           causal_order: int = SM90_BWD_CAUSAL_ORDER) -> int:
+    """The visiting order of a dq_strategy="ordered" launch of n_blocks KV tiles per (KV head, batch) on a GPU of
+    `sms` SMs: causal_order with the causal mask, plain_order without a mask while ROT's blocks of a head fit
+    (n_blocks <= SM90_BWD_ROT_MAX_SM_FRACTION x sms), else PLAIN (and PLAIN with modifiers: they take seqpar)."""
+    if mod:
+        return DQ_ORDER_PLAIN
+    if causal:
+        return causal_order
+    if plain_order == DQ_ORDER_ROT and n_blocks > int(SM90_BWD_ROT_MAX_SM_FRACTION * sms):
+        return DQ_ORDER_PLAIN
+    return plain_order
 # The causal "atomic" / "seqpar" kernels' dispatch order (the kernel's GROUP): 0, the launch's (each head's KV tiles in
 # turn), or the longest KV tiles first within groups of SM90_BWD_CAUSAL_GROUP (KV head, batch) pairs, which the host
 # takes at the head dims SM90_BWD_CAUSAL_GROUP_HEADDIMS up to SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K keys per sequence
@@ -852,7 +851,8 @@ def sm90_bwd_causal_group(headdim: int, seqlen_k: int | None) -> int:
 def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | None = None, mod: int = 0,
                   order: int = DQ_ORDER_PLAIN, group: int = 0) -> KernelSpec:
     """The sm_90a backward's main kernel (min_arch 90, arch_suffix "a"); mod: MOD_NONE or MOD_SCORE; order: a
-    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" with the causal mask, no modifiers); group: the blocks' dispatch
+    DQ_ORDER_* (not PLAIN: dq_strategy "ordered" without modifiers, Q_DESC / KV_DESC with the causal mask, ROT
+    without); group: the blocks' dispatch
     order (the kernel's GROUP: 0, the launch's; > 0, causal with order PLAIN and no modifiers, the longest KV tiles
     first within groups of that many (KV head, batch) pairs)."""
     tile = tile or sm90_bwd_tile(headdim)
@@ -862,9 +862,10 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         raise ValueError(f"the CAP_ONLY form is the modifier kernel's (mod {MOD_SCORE}, one block per tile, 128 keys); "
                          f"got mod={mod!r}, persistent={tile.persistent!r}, split={tile.split!r}, order={order!r}, "
                          f"group={group!r}")
-    if order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC) or (order and (not causal or mod)):
-        raise ValueError(f"order must be one of 0, 1, 2 (non-zero: causal, mod 0); got order={order!r}, "
-                         f"causal={causal!r}, mod={mod!r}")
+    if (order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT)
+            or (order and (mod or bool(causal) == (order == DQ_ORDER_ROT)))):
+        raise ValueError(f"order must be one of 0, 1, 2, 3 (1, 2: causal, 3: not causal; non-zero: mod 0); got "
+                         f"order={order!r}, causal={causal!r}, mod={mod!r}")
     if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
         raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
@@ -981,9 +982,9 @@ def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
 # head dims whose calls take it (cuflash._bwd_sm90.CAP_ONLY forces it on or off): 64 and 128, timed against the band
 # form by python -m bench.diag.softcap_check --bwd (bench/results/softcap-check-bwd.log: on an H100 at 4k and 16k the
 # soft-cap's cost over the plain backward went from +40-58% to +28-38% at head dim 64, from +22-27% to +13-20% at 128)
-# and checked bitwise by tests/test_score_mods.py::test_backward_cap_only_form. 96 keeps the band form (compiled, not
-# tested in the form).
-SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 128)
+# and checked bitwise by tests/test_score_mods.py::test_backward_cap_only_form (at 96 as well, which computes the same
+# values with the same work saved per score).
+SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 96, 128)
 
 
 def sm90_bwd_cap_only_variant_specs():
@@ -994,7 +995,8 @@ def sm90_bwd_cap_only_variant_specs():
 
 
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER), the
+    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and its
+    kernels without a mask (SM90_BWD_PLAIN_ORDER), the
     grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
     call far more unequal) and the stream-K forms of the plain ones."""
@@ -1004,6 +1006,8 @@ def sm90_bwd_specs():
     persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_stream_k_tile(d)) for dt in DTYPES for d in SM90_BWD_SK_HEADDIMS]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
+            [sm90_bwd_spec(dt, d, False, order=SM90_BWD_PLAIN_ORDER) for dt in DTYPES for d in full
+             if SM90_BWD_PLAIN_ORDER] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
              for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs())
 
@@ -1777,7 +1781,6 @@ def all_specs():
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
-    specs += sm90_fwd_wide_mod_specs()  # the modifier kernel on wider stages (a variant, likewise)
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
     specs += fitted_specs()  # GPUs of 99 KB a block (sm_86 / sm_89 / sm_120): the tiles that fit them

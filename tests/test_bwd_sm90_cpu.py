@@ -65,6 +65,18 @@ res["deterministic"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True,
                                                       deterministic=True))
 res["deterministic causal"] = rec
+# "ordered" without a mask: ROT while a sequence's KV tiles fit half the SMs (66 of the stand-in's 132), else plain;
+# plain when cuflash._bwd_sm90.PLAIN_ORDER asks for it
+for name, sk in (("66 tiles", 66 * 128), ("67 tiles", 66 * 128 + 1)):
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 64, sk, 2, 2, 64), deterministic=True))
+    res["deterministic " + name] = rec
+from cuflash import _bwd_sm90 as _b90, _configs, backward as _bm
+_b90.PLAIN_ORDER = 0
+_bm._PLANS.clear()
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), deterministic=True))
+res["deterministic plain order"] = rec
+_b90.PLAIN_ORDER = _configs.SM90_BWD_PLAIN_ORDER
+_bm._PLANS.clear()
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True))
 res["atomic causal"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), deterministic=True,
@@ -286,6 +298,73 @@ def _run(blocks, slots):
     return adders, False
 
 
+def _rot_turn(n, m, N, M):
+    """cuda_src/flash_bwd_sm90.cu rot_turn, line for line."""
+    nq, q = n // M, N // M
+    nm, rem = n - nq * M, N - q * M
+    d = nm - m + M if nm - m < 0 else nm - m
+    below = max(0, min(m + d, rem) - m) if m + d <= M else max(0, rem - m) + min(m + d - M, rem)
+    return d * q + below + nq
+
+
+def _rot_blocks(sq, sk, bm, group, bn=128):
+    """DQ_ORDER_ROT's blocks (no mask): block x = KV tile x visits Q tile (x - s) mod M at step s of each head
+    (q_tile_at, rot_of_tile), with the writer's turn."""
+    N, M = -(-sk // bn), -(-sq // bm)
+    return [(x, [(h, (x % M - s) % M, _rot_turn(x, (x % M - s) % M, N, M)) for h in range(group) for s in range(M)])
+            for x in range(N)]
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
+                                   (2048, 2048), (4095, 4097), (130, 2100), (64, 8448)])
+@pytest.mark.parametrize("group", [1, 3])
+def test_ordered_rot_turns(bm, sq, sk, group):
+    """DQ_ORDER_ROT: every Q tile's turns are a permutation of 0 .. N - 1 in (step, KV tile) order -- the kernel's
+    closed form equals that definition --, a block's turn at a step is one more than that of the block it follows
+    (no waits while all run side by side), and the blocks finish in one fixed order with any residency of at
+    least N blocks; with fewer than N <= M it deadlocks (KV tile 0 waits on the last one), which is why the host
+    takes this order only where N <= half the SMs."""
+    blocks = _rot_blocks(sq, sk, bm, group)
+    N, M = len(blocks), -(-sq // bm)
+    turns = {}
+    for x, items in blocks:
+        for s, (h, m, t) in enumerate(items):
+            turns.setdefault((h, m), []).append((s % M, x, t))
+    for (h, m), stx in turns.items():
+        assert len(stx) == N
+        assert [t for _, _, t in sorted(stx)] == list(range(N)), (h, m)  # (step, KV tile) order
+    expect = None
+    for slots in sorted({N, N + 1, 132, 2 * N}):
+        adders, dead = _run(blocks, slots)
+        assert not dead, slots
+        assert expect is None or adders == expect
+        expect = adders
+    if 1 < N <= M:  # (N > M: whether it deadlocks depends on the shape; N <= the slots is what the host ensures)
+        assert _run(blocks, N - 1)[1]
+
+
+def test_ordered_rot_dispatch(res):
+    """"ordered" without a mask launches the ROT kernel while a sequence's KV tiles number at most half the SMs
+    (ROT's blocks of a head must be resident together), the plain one past that or when PLAIN_ORDER asks; the kernel
+    is compiled (sm90_bwd_specs), and the orders refuse the other mask."""
+    rot = _configs.sm90_bwd_spec("float16", 64, False, order=_configs.DQ_ORDER_ROT)
+    plain = _configs.sm90_bwd_spec("float16", 64, False)
+    assert rot.name.endswith(", 0, 3>") and rot in _configs.sm90_bwd_specs()
+    assert res["deterministic 66 tiles"][1][:2] == [rot.name, [66, 2, 1]]
+    assert res["deterministic 67 tiles"][1][:2] == [plain.name, [67, 2, 1]]
+    assert res["deterministic plain order"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
+    for f in (res["deterministic 66 tiles"], res["deterministic 67 tiles"]):
+        assert _fields(f)["dq_strategy"] == 3
+    assert _configs.sm90_bwd_ordered_order(False, 0, 66, 132) == _configs.DQ_ORDER_ROT
+    assert _configs.sm90_bwd_ordered_order(False, 0, 67, 132) == _configs.DQ_ORDER_PLAIN
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132) == _configs.SM90_BWD_CAUSAL_ORDER
+    with pytest.raises(ValueError, match="order"):
+        _configs.sm90_bwd_spec("float16", 64, True, order=_configs.DQ_ORDER_ROT)
+    with pytest.raises(ValueError, match="order"):
+        _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE, order=_configs.DQ_ORDER_ROT)
+
+
 @pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC])
 @pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
@@ -328,9 +407,10 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
     assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][1] == [-(-777 // 128), 2, 2]
-    # the other strategies and the non-causal "ordered" keep the plain order (causal "atomic" at 777 keys: the
-    # persistent form)
-    assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
+    # the other strategies keep the plain order (causal "atomic" at 777 keys: the persistent form); "ordered"
+    # without a mask takes ROT (test_ordered_rot_dispatch)
+    assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False,
+                                                                order=_configs.DQ_ORDER_ROT).name
     assert _configs.sm90_bwd_persistent(128, True, 0, 0, 777)  # (777 keys: the persistent form, in launch order)
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True,
                                                                     _configs.sm90_bwd_persist_tile(128)).name
@@ -704,19 +784,18 @@ def test_stream_k_model():
 
 
 def test_cap_only_form_launches(res):
-    """The modifier kernels' CAP_ONLY form (Sm90BwdTile.cap_only): as configured (SM90_BWD_CAP_ONLY_HEADDIMS: 64 and
-    128) the calls with score modifiers at those kernel head dims take it, causal ones included (the modifier kernel
-    runs the causal mask as its band), and head dim 96 keeps the band form; forced on, every call with score modifiers
-    at the kernel head dims of 128-key tiles (64, 96, 128) takes it; forced off, none; the calls without modifiers and
-    the column-split kernel (head dim 256) keep theirs in all three."""
-    assert _configs.SM90_BWD_CAP_ONLY_HEADDIMS == (64, 128)
+    """The modifier kernels' CAP_ONLY form (Sm90BwdTile.cap_only): as configured (SM90_BWD_CAP_ONLY_HEADDIMS: every
+    kernel head dim of 128-key tiles, 64, 96 and 128) the calls with score modifiers take it, causal ones included (the
+    modifier kernel runs the causal mask as its band); forced on, the same; forced off, none; the calls without
+    modifiers and the column-split kernel (head dim 256) keep theirs in all three."""
+    assert _configs.SM90_BWD_CAP_ONLY_HEADDIMS == (64, 96, 128)
     for name, d in (("softcap d128", 128), ("softcap d64 causal", 64), ("window d96", 96)):
         mod_kernel = _configs.sm90_bwd_spec("float16", d, False, mod=_configs.MOD_SCORE).name
         cap_kernel = _configs.sm90_bwd_spec("float16", d, False, replace(_configs.sm90_bwd_tile(d), cap_only=True),
                                             _configs.MOD_SCORE).name
         assert res[f"cap_only False {name}"] == mod_kernel, name
         assert res[f"cap_only True {name}"] == cap_kernel and cap_kernel.endswith(", 1, 0, 0, false, false, true>")
-        assert res[f"cap_only None {name}"] == (cap_kernel if d in (64, 128) else mod_kernel), name
+        assert res[f"cap_only None {name}"] == cap_kernel, name
     for name in ("softcap d256", "plain d128"):
         assert res[f"cap_only True {name}"] == res[f"cap_only None {name}"] == res[f"cap_only False {name}"], name
         assert not res[f"cap_only True {name}"].endswith("false, false, true>"), name

@@ -108,6 +108,38 @@ def test_deterministic_is_bitwise(dq_strategy, d, causal):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.fixture(params=["rot", "plain"])
+def plain_order(request, monkeypatch):
+    """"ordered" without a mask in the package's order (ROT: block x visits Q tile x - s mod M at step s) and the
+    ascending one (cuflash._bwd_sm90.PLAIN_ORDER), fresh plans for each."""
+    order = {"rot": _configs.DQ_ORDER_ROT, "plain": _configs.DQ_ORDER_PLAIN}[request.param]
+    monkeypatch.setattr(_bwd_sm90, "PLAIN_ORDER", order)
+    bwd_mod._PLANS.clear()
+    yield order
+    bwd_mod._PLANS.clear()
+
+
+# KV tiles (N, 128 keys) against Q tiles (M: 128 rows at head dim 64, 64 above): N < M, N = M, N > M (KV tiles of one
+# residue at the same step), one of each, ragged tails, GQA / MQA
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
+                                            (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
+                                            (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128),
+                                            (1, 1024, 1024, 4, 4, 64), (1, 300, 2600, 4, 1, 64),
+                                            (1, 513, 2100, 8, 2, 128)])
+def test_ordered_no_mask(plain_order, b, sq, sk, h, hk, d):
+    """The "ordered" kernels without a mask: bitwise repeatable, within the reference's error, and the plan's kernel
+    is the order's."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", False, dq_strategy="ordered",
+                                             deterministic=True)
+    spec = _configs.sm90_bwd_spec("float16", _configs.kernel_headdim(d), False, order=plain_order)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+    for _ in range(3):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
 @pytest.fixture(params=["kv_desc", "q_desc"])
 def causal_order(request, monkeypatch):
     """"ordered" under the causal mask in the package's order (KV tiles last first) and the alternative (Q tiles

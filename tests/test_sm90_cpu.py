@@ -271,18 +271,3 @@ res["passes"], res["layers"] = passes, len(layers)
     first, second = res["passes"]
     assert first == [n + 3 * n, True] and second == [n, True]  # first: q, k, v and o each; then O's alone
     assert res["mixed"] == [1, True]
-
-
-def test_wide_modifier_tile_variant():
-    """The modifier kernel on wider stages (sm90_fwd_wide_mod_tile: head dim 128 on 160-key stages, the capped-max
-    form, one block per tile) is a variant: both dtypes among the specs CI compiles, no call's configuration takes it
-    (the configured modifier tile keeps 128-key stages)."""
-    every = _configs.all_specs()
-    specs = _configs.sm90_fwd_wide_mod_specs()
-    assert len(specs) == 2 and all(s in every for s in specs)
-    t = _configs.sm90_fwd_wide_mod_tile(128)
-    assert (t.block_n, t.cap_max, t.persistent) == (160, True, False)
-    assert all(s.name == _configs.sm90_fwd_spec(dt, 128, False, t, _configs.MOD_SCORE).name
-               for s, dt in zip(specs, _configs.DTYPES))
-    for n in _configs.SM90_FWD_KEY_BOUNDS:
-        assert _configs.sm90_fwd_tile(128, False, n, _configs.MOD_SCORE).block_n == 128

@@ -1,13 +1,16 @@
 """Diagnostic (GPU, compute capability 9.0): the Hopper backward's deterministic dQ strategy "ordered" under the
-causal mask in its three visiting orders (cuda_src/flash_bwd_sm90.cu, ORDER; cuflash._bwd_sm90.CAUSAL_ORDER)
-next to the default "atomic" strategy and SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2
-grid's causal points (batch 16k / seqlen, 2048 / d heads) and a few GQA points:
+causal mask in its three visiting orders (cuda_src/flash_bwd_sm90.cu, ORDER; cuflash._bwd_sm90.CAUSAL_ORDER), or
+without a mask in its two (--no-mask; cuflash._bwd_sm90.PLAIN_ORDER), next to the default "atomic" strategy and
+SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2 grid's points (batch 16k / seqlen, 2048 / d
+heads) and a few GQA points:
 
-    python -m bench.diag.ordered_probe [--rounds N] [--quick] [--json FILE]
+    python -m bench.diag.ordered_probe [--no-mask] [--rounds N] [--quick] [--seqlens S,S] [--json FILE]
     python -m bench.diag.ordered_probe --model      (CPU: the scheduling model's prediction, no GPU)
 
-Variants: atomic; plain (ordered, KV tiles ascending from each block's diagonal: the order before the change);
-kv_desc (ordered, KV tiles last first: the package's); q_desc (ordered, Q tiles last first). Each cuflash variant
+Variants, causal: atomic; plain (ordered, KV tiles ascending from each block's diagonal: the order before the
+change); kv_desc (ordered, KV tiles last first: the package's); q_desc (ordered, Q tiles last first). Without a
+mask: atomic; plain (ordered, every block's Q tiles ascending, KV tile j adding after j - 1); rot (ordered, block x
+at Q tile x - s mod M at step s: the package's where a head's KV tiles fit half the SMs). Each cuflash variant
 is one plan (cuflash.backward._make_plan) called directly, `CALLS` back-to-back calls per timing (cuDNN through
 autograd the same way, so its host latency overlaps too). Before timing, each ordered variant's gradients must equal
 a second run bitwise and the atomic strategy's to fp32 rounding; a failure prints FAIL and sets exit status 1.
@@ -17,19 +20,20 @@ from __future__ import annotations
 import json
 import sys
 
-from cuflash._configs import DQ_ORDER_KV_DESC, DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC
+from cuflash._configs import DQ_ORDER_KV_DESC, DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_ROT
 
 CALLS = 5
 VARIANTS = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("kv_desc", DQ_ORDER_KV_DESC), ("q_desc", DQ_ORDER_Q_DESC))
+VARIANTS_NO_MASK = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("rot", DQ_ORDER_ROT))
 
 
-def points(quick=False, headdims=(64, 128)):
-    """(dtype, d, seqlen, batch, heads, kv heads): the FA2 grid's points at `headdims`, and three GQA points at
-    those of them among 64 and 128."""
+def points(quick=False, headdims=(64, 128), seqlens=None):
+    """(dtype, d, seqlen, batch, heads, kv heads): the FA2 grid's points at `headdims` (seqlens: those lengths), and
+    three GQA points at those of them among 64 and 128."""
     out = []
     for dt in ("float16", "bfloat16"):
         for d in headdims:
-            for s in ((2048, 16384) if quick else (2048, 4096, 8192, 16384)):
+            for s in seqlens or ((2048, 16384) if quick else (2048, 4096, 8192, 16384)):
                 out.append((dt, d, s, 16384 // s, 2048 // d, 2048 // d))
     out += [p for p in (("float16", 128, 4096, 4, 16, 2), ("float16", 128, 16384, 1, 16, 2),
                         ("float16", 64, 16384, 1, 32, 8)) if p[1] in headdims]
@@ -58,11 +62,13 @@ def plan_call(views, causal, strategy, **knobs):
 
 
 def _plan(views, causal, strategy, order):
-    return plan_call(views, causal, strategy, **({} if order is None else dict(CAUSAL_ORDER=order)))
+    knob = "CAUSAL_ORDER" if causal else "PLAIN_ORDER"
+    return plan_call(views, causal, strategy, **({} if order is None else {knob: order}))
 
 
-def causal_problem(dt, d, s, b, h, hk):
-    """A fresh random causal problem on the GPU: (q, k, v, dout, the backward's validated views)."""
+def causal_problem(dt, d, s, b, h, hk, causal=True):
+    """A fresh random problem on the GPU (causal or without a mask): (q, k, v, dout, the backward's validated
+    views)."""
     import torch
 
     import cuflash
@@ -71,19 +77,20 @@ def causal_problem(dt, d, s, b, h, hk):
     tdt = getattr(torch, dt)
     q = torch.randn(b, s, h, d, device="cuda", dtype=tdt)
     k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=tdt) for _ in range(2))
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     dout = torch.randn_like(out)
     return q, k, v, dout, check_backward_inputs(dout, q, k, v, out, lse)
 
 
-def run_point(dt, d, s, b, h, hk, rounds):
+def run_point(dt, d, s, b, h, hk, rounds, causal=True):
     import torch
 
-    q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk)
-    fns = {name: _plan(views, True, "atomic" if order is None else "ordered", order) for name, order in VARIANTS}
+    variants = VARIANTS if causal else VARIANTS_NO_MASK
+    q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk, causal)
+    fns = {name: _plan(views, causal, "atomic" if order is None else "ordered", order) for name, order in variants}
     ok = True
     ref = [x.float() for x in fns["atomic"]()]
-    for name, order in VARIANTS[1:]:
+    for name, order in variants[1:]:
         a, again = fns[name](), fns[name]()
         torch.cuda.synchronize()
         bitwise = all(torch.equal(x, y) for x, y in zip(a, again))
@@ -93,7 +100,7 @@ def run_point(dt, d, s, b, h, hk, rounds):
             print(f"FAIL {dt} d{d} s{s} h{h}/{hk} {name}: bitwise repeat {bitwise}, matches atomic {close}", flush=True)
         del a, again
     del ref
-    return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}"), ok
+    return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}", causal), ok
 
 
 def run_points(argv, pts, run, default_rounds):
@@ -119,8 +126,8 @@ def run_points(argv, pts, run, default_rounds):
     return rows, all_ok
 
 
-def time_with_cudnn(fns, q, k, v, dout, rounds, label):
-    """{name: median ms per call} of the callables `fns` and SDPA cuDNN's causal backward on the same inputs (through
+def time_with_cudnn(fns, q, k, v, dout, rounds, label, causal=True):
+    """{name: median ms per call} of the callables `fns` and SDPA cuDNN's backward on the same inputs (through
     autograd, native GQA), timed in turn for `rounds` rounds, `CALLS` back-to-back calls per timing; `fns` is
     consumed (its plans freed with it)."""
     import torch
@@ -131,7 +138,7 @@ def time_with_cudnn(fns, q, k, v, dout, rounds, label):
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     dot = dout.transpose(1, 2).contiguous()
     try:
-        ot = sdpa("cudnn")(qt, kt, vt, True, None, hk != h)
+        ot = sdpa("cudnn")(qt, kt, vt, causal, None, hk != h)
         fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
     except RuntimeError as e:  # (a case cuDNN's SDPA backend refuses: no reference for this point)
         print(f"sdpa cudnn refused {label}: {str(e)[:200]}", flush=True)
@@ -193,15 +200,20 @@ def main(argv):
         for (d, s, b, h, hk), fr in model("--quick" in argv):
             print(f"{d:>4} {s:>6} {b:>2} {f'{h}/{hk}':>6} | " + " ".join(f"{fr[n]:>8.2f}" for n, _ in VARIANTS[1:]))
         return 0
-    rows, all_ok = run_points(argv, points("--quick" in argv), run_point, default_rounds=2)
+    causal = "--no-mask" not in argv
+    variants = VARIANTS if causal else VARIANTS_NO_MASK
+    seqlens = [int(x) for x in argv[argv.index("--seqlens") + 1].split(",")] if "--seqlens" in argv else None
+    rows, all_ok = run_points(argv, points("--quick" in argv, seqlens=seqlens),
+                              lambda *pt: run_point(*pt, causal=causal), default_rounds=2)
     if rows is None:
         return 2
-    print("\ncausal backward, ms per call (atomic, cuDNN) and ordered's speed as a fraction of atomic's")
+    print(f"\n{'causal' if causal else 'no-mask'} backward, ms per call (atomic, cuDNN) and ordered's speed as a "
+          "fraction of atomic's")
     print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'atomic':>7} {'cudnn':>7} | "
-          + " ".join(f"{n:>8}" for n, _ in VARIANTS[1:]) + " | check")
+          + " ".join(f"{n:>8}" for n, _ in variants[1:]) + " | check")
     for (dt, d, s, b, h, hk), ms, ok in rows:
         a = ms.get("atomic")
-        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in VARIANTS[1:])
+        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in variants[1:])
         cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
     return 0 if all_ok else 1

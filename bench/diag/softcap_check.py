@@ -13,9 +13,8 @@ check of that form first.
 2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
    time_rounds, medians of `rounds` rounds, the three timed in turn, each round starting at the next of them): the
    plain kernel, the soft-capped tile without the capped-max form ("cap") and with it ("capmax", the configured
-   kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's), and at head dim 128 the capped-max form on
-   160-key stages ("cap160": cuflash._configs.sm90_fwd_wide_mod_tile, checked in 1 as well). The table: ms and the
-   soft-cap's cost over the plain kernel (the aim: <= +10%).
+   kernel), each through _fwd_sm90.forward, soft-cap 50 (Gemma 2's). The table: ms and the soft-cap's cost over the
+   plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only.
 
 --bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, configured at
@@ -24,8 +23,8 @@ soft-cap is the only change the scores capped in the P loop and the derivative 1
 form's distances, tests and selects):
 1. Correctness: dq, dk, dv of the form against the modifier kernel's band form on the same inputs and dout ("seqpar":
    every sum in a fixed order), which must be bitwise equal; soft-cap 20 on large logits, causal and not, a window,
-   with ALiBi (no tile takes the form), head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
-2. Timing (as above, "atomic"): the plain backward, the soft-capped one in the band form ("cap") and
+   with ALiBi (no tile takes the form), head dims 64, 96 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
+2. Timing (as above, "atomic", head dims 64, 96 and 128): the plain backward, the soft-capped one in the band form ("cap") and
    its CAP_ONLY form ("caponly"), each through flash_attn_backward from its own forward's out and LSE; the table: ms
    and the soft-cap's cost over the plain backward."""
 from __future__ import annotations
@@ -33,15 +32,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cuflash._configs import SM90_FWD_WIDE_MOD_BLOCK_N
-
 TOKENS, HIDDEN, CAP, CAP_TIMED = 16384, 2048, 20.0, 50.0
 
 
-def _call(q, k, v, causal, cap, cap_max, wide=False):
+def _call(q, k, v, causal, cap, cap_max):
     """fn() running the Hopper forward of q, k, v (torch tensors) with soft-cap `cap` (0: the plain kernel), on the
-    configured tile or its capped-max form; wide: the modifier kernel on wider stages
-    (cuflash._configs.sm90_fwd_wide_mod_tile, with the capped-max form)."""
+    configured tile or its capped-max form."""
     from dataclasses import replace
 
     from cuflash import _configs, _fwd_sm90
@@ -53,8 +49,6 @@ def _call(q, k, v, causal, cap, cap_max, wide=False):
     tile = None  # (the configured tile: the capped-max form at SM90_FWD_CAP_MAX_HEADDIMS)
     if cap and not cap_max:
         tile = replace(_configs.sm90_fwd_tile(q.shape[3], False, k.shape[1], _configs.MOD_SCORE), cap_max=False)
-    elif cap and wide:
-        tile = _configs.sm90_fwd_wide_mod_tile(q.shape[3])
     return lambda: _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
 
 
@@ -66,13 +60,13 @@ def check() -> int:
 
     fails = 0
     b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
-    for d, wide in ((64, False), (128, False), (128, True)):
+    for d in (64, 128):
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
                 q = (3 * torch.randn(b, sq, h, d, device="cuda")).to(dtype)
                 k = (3 * torch.randn(b, sk, hk, d, device="cuda")).to(dtype)
                 v = torch.randn(b, sk, hk, d, device="cuda").to(dtype)
-                out, lse = _call(q, k, v, causal, CAP, True, wide)()
+                out, lse = _call(q, k, v, causal, CAP, True)()
                 out_c, lse_c = _call(q, k, v, causal, CAP, False)()
                 d_o = (out.float() - out_c.float()).abs().max().item()
                 d_l = (lse - lse_c).abs().max().item()
@@ -93,7 +87,7 @@ def check() -> int:
                 floor = 2.0 ** -10 * max(ref_t.abs().max().item(), 1e-3)
                 ok = e_o <= 2 * e_t + floor and e_l <= 2e-4 and not torch.isnan(out).any().item()
                 fails += not ok
-                print(f"{'ok  ' if ok else 'FAIL'} {'cap160' if wide else 'capmax'} d={d} {str(dtype)[6:]} "
+                print(f"{'ok  ' if ok else 'FAIL'} capmax d={d} {str(dtype)[6:]} "
                       f"causal={causal} {b}x{sq}x{sk}: "
                       f"out {e_o:.2e} (torch {e_t:.2e}) lse {e_l:.1e}; against the form without it: out {d_o:.1e} "
                       f"lse {d_l:.1e}", flush=True)
@@ -109,7 +103,7 @@ def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
 
     form = "caponly" if bwd else "capmax"
     rows = []
-    for d in (64, 128):
+    for d in ((64, 96, 128) if bwd else (64, 128)):
         h = HIDDEN // d
         for s in ((4096,) if quick else (4096, 16384)):
             b = max(1, TOKENS // s)
@@ -118,8 +112,6 @@ def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
                 call = _bwd_call if bwd else _call
                 fns = {"plain": call(q, k, v, causal, 0.0, None if bwd else False),
                        "cap": call(q, k, v, causal, CAP_TIMED, False), form: call(q, k, v, causal, CAP_TIMED, True)}
-                if not bwd and d in SM90_FWD_WIDE_MOD_BLOCK_N:
-                    fns["cap160"] = _call(q, k, v, causal, CAP_TIMED, True, wide=True)
                 res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
                 rows.append((d, s, causal, res))
                 print(f"d={d} s={s} causal={causal}: " + " ".join(f"{n} {ms:.3f} ms" for n, ms in res.items() if ms),
@@ -128,7 +120,7 @@ def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
             torch.cuda.empty_cache()
     if bwd:
         _reset_bwd()
-    forms = ("cap", form) if bwd else ("cap", form, "cap160")
+    forms = ("cap", form)
     print("\n| hdim | seqlen | causal | plain ms | " + " | ".join(f"{n} ms" for n in forms) + " | " +
           " | ".join(f"{n} cost" for n in forms) + " |")
     print("|---" * (4 + 2 * len(forms)) + "|")
@@ -176,7 +168,7 @@ def check_bwd() -> int:
     fails = 0
     b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
     slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
-    for d in (64, 128):
+    for d in (64, 96, 128):
         for dtype in (torch.float16, torch.bfloat16):
             for name, causal, window, alibi in (("cap", False, (-1, -1), None), ("cap causal", True, (-1, -1), None),
                                                 ("cap window", False, (300, 40), None),

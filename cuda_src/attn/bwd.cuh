@@ -24,7 +24,12 @@ enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
 // DQ_ORDER_KV_DESC: block x is KV tile (KV tiles - 1 - x), so the shorter ranges start first, and each Q tile takes
 //   the additions of the KV tiles that see it from the last one down (the last one sees it at its first step);
 // DQ_ORDER_Q_DESC: block x is KV tile x, each head's Q tiles last first (every block starts at the last Q tile).
-enum DqOrder { DQ_ORDER_PLAIN = 0, DQ_ORDER_Q_DESC = 1, DQ_ORDER_KV_DESC = 2 };
+// DQ_ORDER_ROT, compiled for DQ_ORDERED without a mask: block x is KV tile x and visits Q tile (x - s) mod M at step
+//   s of each head (M Q tiles), and each Q tile takes its additions in the order of (step, KV tile): every block
+//   waits only on one that added a step before it (or, M < KV tiles, on KV tile x - M at the same step), so the blocks
+//   run without waiting once they all run -- which they must: KV tile 0 waits on the last one (the host takes this
+//   order only while a head's KV tiles fit the GPU at once).
+enum DqOrder { DQ_ORDER_PLAIN = 0, DQ_ORDER_Q_DESC = 1, DQ_ORDER_KV_DESC = 2, DQ_ORDER_ROT = 3 };
 
 // The fp32 row buffers (lse_log2, D, each dQ accumulator split) have seqlen_q_pad rows per (batch element, head),
 // a multiple of BWD_ROW_PAD (cuflash/_configs.py: the same number), or packed, seqlen_q_pad rows per head holding

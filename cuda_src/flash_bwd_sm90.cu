@@ -377,9 +377,10 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
       // see keys before kv_block_end's tile, the same band q_block_begin reads), or DQ_ORDER_ROT's (every KV tile
       // of the launch sees every Q tile: gridDim.x of them; its divisions done here each time, through opaque, as
       // the loop's invariants they spilled at the producer's 24 registers)
-      const int turn = ORDER == DQ_ORDER_ROT      ? rot_turn(opaque(n_block), m0 / BLOCK_M, (int)gridDim.x, opaque(num_m))
-                       : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
-                                                   : n_block;
+      const int turn = ORDER == DQ_ORDER_ROT
+                           ? rot_turn(opaque(n_block), m0 / BLOCK_M, (int)gridDim.x, opaque(num_m))
+                           : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
+                                                       : n_block;
       while (ld_acquire_gpu(sem + row / 64) != turn) {
       }
       fence_proxy_async_global();

@@ -25,8 +25,8 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
-                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, SM90_BWD_PLAIN_ORDER,
-                       kernel_headdim, sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_tile,
+                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, kernel_headdim,
+                       sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
@@ -90,9 +90,10 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
 # The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
 # may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
 CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
-# The order of "ordered" without a mask (SM90_BWD_PLAIN_ORDER: ROT where a head's blocks fit the GPU at once,
-# cuflash._configs.sm90_bwd_ordered_order); a diagnostic may set DQ_ORDER_PLAIN here (and clear the plans)
-PLAIN_ORDER = SM90_BWD_PLAIN_ORDER
+# The order of "ordered" without a mask: None, the configuration's (cuflash._configs.sm90_bwd_ordered_order); a
+# diagnostic or a test may force DQ_ORDER_PLAIN or DQ_ORDER_ROT (ROT still only where a head's blocks fit the GPU at
+# once) here, and clear the plans
+PLAIN_ORDER = None
 # The dispatch order of the causal "atomic" and "seqpar" kernels: None, cuflash._configs.sm90_bwd_causal_group's; a
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
@@ -153,8 +154,8 @@ def main_grid(persistent, n_blocks, kv_heads, batch, device):
 def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
     workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
-    sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed sequences), which the dispatch order's
-    and the persistent and stream-K forms' choices read."""
+    sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed
+    sequences), which the dispatch order's and the persistent and stream-K forms' choices read."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = DQ_ORDER_PLAIN
@@ -162,7 +163,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
         from ._launch import sm_count
 
         n_kv = -(-seqlen_k // tile.block_n) if seqlen_k is not None else 0
-        order = sm90_bwd_ordered_order(causal, mod, n_kv, sm_count(qa.device), PLAIN_ORDER, CAUSAL_ORDER)
+        order = sm90_bwd_ordered_order(causal, mod, n_kv, sm_count(qa.device), d, qa.shape[2] // ka.shape[2],
+                                       PLAIN_ORDER, CAUSAL_ORDER)
     group = 0
     if causal and not mod and order == DQ_ORDER_PLAIN:
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP

@@ -799,25 +799,35 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # The sm90 backward's visiting orders (cuda_src/attn/bwd.cuh: DqOrder): PLAIN for every strategy; dq_strategy
 # "ordered" with the causal mask takes SM90_BWD_CAUSAL_ORDER (KV tiles last first: no block waits on another once
 # they run, GQA too); Q_DESC (Q tiles last first) is the alternative bench/diag/ordered_probe.py times. Without a mask
-# "ordered" takes SM90_BWD_PLAIN_ORDER, ROT (block x visits Q tile x - s mod M at step s: no block waits on another
-# once they all run), while a sequence's KV tiles number at most SM90_BWD_ROT_MAX_SM_FRACTION of the SMs (ROT's KV
-# tile 0 waits on the last one, so a head's blocks must be resident together; the fraction leaves room for other
-# kernels on the GPU), else PLAIN.
+# "ordered" takes ROT (block x visits Q tile x - s mod M at step s: no block waits on another once they all run) where
+# it measured faster than PLAIN (bench/diag/ordered_probe.py --no-mask, bench/results/ordered-nomask.log, H100): one
+# query head per KV head and at most SM90_BWD_ROT_MAX_TILES[kernel head dim] KV tiles per sequence, else PLAIN. ROT's
+# KV tile 0 waits on the last one, so a head's blocks must be resident together: never past
+# SM90_BWD_ROT_MAX_SM_FRACTION of the SMs (the fraction leaves room for other kernels on the GPU). Where a head's
+# blocks do not start together -- the head whose blocks straddle the resident set, the blocks dispatched one by one as
+# the previous heads' finish -- every block of it waits for the last one to start, which is what ROT lost at head dim
+# 128 from 8k and with GQA (a block there holds group times the iterations): 0.86-0.93x of atomic against PLAIN's
+# 0.96-0.99x.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
-SM90_BWD_PLAIN_ORDER = DQ_ORDER_ROT
+SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}
 SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
 
 
-def sm90_bwd_ordered_order(causal: bool, mod: int, n_blocks: int, sms: int, plain_order: int = SM90_BWD_PLAIN_ORDER,
-                           causal_order: int = SM90_BWD_CAUSAL_ORDER) -> int:
-    """The visiting order of a dq_strategy="ordered" launch of n_blocks KV tiles per (KV head, batch) on a GPU of
-    `sms` SMs: causal_order with the causal mask, plain_order without a mask while ROT's blocks of a head fit
-    (n_blocks <= SM90_BWD_ROT_MAX_SM_FRACTION x sms), else PLAIN (and PLAIN with modifiers: they take seqpar)."""
+def sm90_bwd_ordered_order(causal: bool, mod: int, n_blocks: int, sms: int, headdim: int, group: int,
+                           plain_order: int | None = None, causal_order: int = SM90_BWD_CAUSAL_ORDER) -> int:
+    """The visiting order of a dq_strategy="ordered" launch of n_blocks KV tiles per (KV head, batch), `group` query
+    heads per KV head, kernel head dim `headdim`, on a GPU of `sms` SMs: causal_order with the causal mask; without a
+    mask plain_order (None: the configuration's, ROT where group == 1 and n_blocks <= SM90_BWD_ROT_MAX_TILES[headdim],
+    else PLAIN), ROT only while a head's blocks fit (n_blocks <= SM90_BWD_ROT_MAX_SM_FRACTION x sms); PLAIN with
+    modifiers (they take seqpar)."""
     if mod:
         return DQ_ORDER_PLAIN
     if causal:
         return causal_order
+    if plain_order is None:
+        fits = group == 1 and n_blocks <= SM90_BWD_ROT_MAX_TILES.get(headdim, 0)
+        plain_order = DQ_ORDER_ROT if fits else DQ_ORDER_PLAIN
     if plain_order == DQ_ORDER_ROT and n_blocks > int(SM90_BWD_ROT_MAX_SM_FRACTION * sms):
         return DQ_ORDER_PLAIN
     return plain_order
@@ -996,7 +1006,7 @@ def sm90_bwd_cap_only_variant_specs():
 
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and its
-    kernels without a mask (SM90_BWD_PLAIN_ORDER), the
+    ROT kernels without a mask, the
     grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
     call far more unequal) and the stream-K forms of the plain ones."""
@@ -1006,8 +1016,7 @@ def sm90_bwd_specs():
     persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_stream_k_tile(d)) for dt in DTYPES for d in SM90_BWD_SK_HEADDIMS]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
-            [sm90_bwd_spec(dt, d, False, order=SM90_BWD_PLAIN_ORDER) for dt in DTYPES for d in full
-             if SM90_BWD_PLAIN_ORDER] +
+            [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
              for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs())
 

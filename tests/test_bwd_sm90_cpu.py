@@ -65,17 +65,23 @@ res["deterministic"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True,
                                                       deterministic=True))
 res["deterministic causal"] = rec
-# "ordered" without a mask: ROT while a sequence's KV tiles fit half the SMs (66 of the stand-in's 132), else plain;
-# plain when cuflash._bwd_sm90.PLAIN_ORDER asks for it
-for name, sk in (("66 tiles", 66 * 128), ("67 tiles", 66 * 128 + 1)):
-    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 64, sk, 2, 2, 64), deterministic=True))
-    res["deterministic " + name] = rec
+# "ordered" without a mask: ROT at one query head per KV head up to SM90_BWD_ROT_MAX_TILES KV tiles (64 at head dim
+# 64, 32 at 128), else plain; forced (cuflash._bwd_sm90.PLAIN_ORDER), ROT with GQA too but only while a sequence's KV
+# tiles fit half the SMs (66 of the stand-in's 132), and plain anywhere
 from cuflash import _bwd_sm90 as _b90, _configs, backward as _bm
-_b90.PLAIN_ORDER = 0
-_bm._PLANS.clear()
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), deterministic=True))
-res["deterministic plain order"] = rec
-_b90.PLAIN_ORDER = _configs.SM90_BWD_PLAIN_ORDER
+for knob in (None, 3, 0):
+    _b90.PLAIN_ORDER = knob
+    _bm._PLANS.clear()
+    for name, shape in (("d64 64 tiles", (1, 64, 64 * 128, 2, 2, 64)),
+                        ("d64 65 tiles", (1, 64, 64 * 128 + 1, 2, 2, 64)),
+                        ("d64 66 tiles", (1, 64, 66 * 128, 2, 2, 64)),
+                        ("d64 67 tiles", (1, 64, 66 * 128 + 1, 2, 2, 64)),
+                        ("d128 32 tiles", (1, 64, 32 * 128, 2, 2, 128)),
+                        ("d128 33 tiles", (1, 64, 32 * 128 + 1, 2, 2, 128)),
+                        ("d128 gqa", (2, 300, 777, 8, 2, 128))):
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), deterministic=True))
+        res[f"rot {knob} {name}"] = rec
+_b90.PLAIN_ORDER = None
 _bm._PLANS.clear()
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True))
 res["atomic causal"] = rec
@@ -345,24 +351,35 @@ def test_ordered_rot_turns(bm, sq, sk, group):
 
 
 def test_ordered_rot_dispatch(res):
-    """"ordered" without a mask launches the ROT kernel while a sequence's KV tiles number at most half the SMs
-    (ROT's blocks of a head must be resident together), the plain one past that or when PLAIN_ORDER asks; the kernel
-    is compiled (sm90_bwd_specs), and the orders refuse the other mask."""
-    rot = _configs.sm90_bwd_spec("float16", 64, False, order=_configs.DQ_ORDER_ROT)
-    plain = _configs.sm90_bwd_spec("float16", 64, False)
-    assert rot.name.endswith(", 0, 3>") and rot in _configs.sm90_bwd_specs()
-    assert res["deterministic 66 tiles"][1][:2] == [rot.name, [66, 2, 1]]
-    assert res["deterministic 67 tiles"][1][:2] == [plain.name, [67, 2, 1]]
-    assert res["deterministic plain order"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
-    for f in (res["deterministic 66 tiles"], res["deterministic 67 tiles"]):
-        assert _fields(f)["dq_strategy"] == 3
-    assert _configs.sm90_bwd_ordered_order(False, 0, 66, 132) == _configs.DQ_ORDER_ROT
-    assert _configs.sm90_bwd_ordered_order(False, 0, 67, 132) == _configs.DQ_ORDER_PLAIN
-    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132) == _configs.SM90_BWD_CAUSAL_ORDER
+    """"ordered" without a mask launches the ROT kernel where it measured faster (one query head per KV head, at most
+    SM90_BWD_ROT_MAX_TILES KV tiles: 64 at head dim 64, 32 at 128), the plain one elsewhere; forced, ROT with GQA too
+    but never past half the SMs (a head's blocks must be resident together), or plain anywhere. The kernels are
+    compiled (sm90_bwd_specs), and the orders refuse the other mask and the modifiers."""
+    def spec(d, order):
+        return _configs.sm90_bwd_spec("float16", d, False, order=order)
+    rot, plain = _configs.DQ_ORDER_ROT, _configs.DQ_ORDER_PLAIN
+    assert _configs.SM90_BWD_ROT_MAX_TILES == {64: 64, 96: 32, 128: 32}
+    expect = {None: {"d64 64 tiles": rot, "d64 65 tiles": plain, "d64 66 tiles": plain, "d64 67 tiles": plain,
+                     "d128 32 tiles": rot, "d128 33 tiles": plain, "d128 gqa": plain},
+              3: {"d64 64 tiles": rot, "d64 65 tiles": rot, "d64 66 tiles": rot, "d64 67 tiles": plain,
+                  "d128 32 tiles": rot, "d128 33 tiles": rot, "d128 gqa": rot},
+              0: dict.fromkeys(("d64 64 tiles", "d64 65 tiles", "d64 66 tiles", "d64 67 tiles", "d128 32 tiles",
+                                "d128 33 tiles", "d128 gqa"), plain)}
+    for knob, cases in expect.items():
+        for name, order in cases.items():
+            rec = res[f"rot {knob} {name}"]
+            d = 64 if name.startswith("d64") else 128
+            assert rec[1][0] == spec(d, order).name, (knob, name)
+            assert _fields(rec)["dq_strategy"] == 3
+    assert res["rot None d64 64 tiles"][1][1] == [64, 2, 1]
+    assert spec(64, rot).name.endswith(", 0, 3>") and spec(64, rot) in _configs.sm90_bwd_specs()
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 4) == _configs.SM90_BWD_CAUSAL_ORDER
+    assert _configs.sm90_bwd_ordered_order(False, _configs.MOD_SCORE, 5, 132, 128, 1) == plain
+    assert _configs.sm90_bwd_ordered_order(False, 0, 32, 60, 128, 1) == plain  # (30 of 60 SMs)
     with pytest.raises(ValueError, match="order"):
-        _configs.sm90_bwd_spec("float16", 64, True, order=_configs.DQ_ORDER_ROT)
+        _configs.sm90_bwd_spec("float16", 64, True, order=rot)
     with pytest.raises(ValueError, match="order"):
-        _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE, order=_configs.DQ_ORDER_ROT)
+        _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE, order=rot)
 
 
 @pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC])
@@ -407,10 +424,9 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
     assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
     assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][1] == [-(-777 // 128), 2, 2]
-    # the other strategies keep the plain order (causal "atomic" at 777 keys: the persistent form); "ordered"
-    # without a mask takes ROT (test_ordered_rot_dispatch)
-    assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False,
-                                                                order=_configs.DQ_ORDER_ROT).name
+    # the other strategies keep the plain order (causal "atomic" at 777 keys: the persistent form), and so does
+    # "ordered" without a mask with GQA (test_ordered_rot_dispatch)
+    assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
     assert _configs.sm90_bwd_persistent(128, True, 0, 0, 777)  # (777 keys: the persistent form, in launch order)
     assert res["atomic causal"][1][0] == _configs.sm90_bwd_spec("float16", 128, True,
                                                                     _configs.sm90_bwd_persist_tile(128)).name

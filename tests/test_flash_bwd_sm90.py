@@ -108,15 +108,20 @@ def test_deterministic_is_bitwise(dq_strategy, d, causal):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.fixture(params=["rot", "plain"])
-def plain_order(request, monkeypatch):
-    """"ordered" without a mask in the package's order (ROT: block x visits Q tile x - s mod M at step s) and the
-    ascending one (cuflash._bwd_sm90.PLAIN_ORDER), fresh plans for each."""
-    order = {"rot": _configs.DQ_ORDER_ROT, "plain": _configs.DQ_ORDER_PLAIN}[request.param]
-    monkeypatch.setattr(_bwd_sm90, "PLAIN_ORDER", order)
+def _forced_order(monkeypatch, knob, order):
+    """cuflash._bwd_sm90's order knob `knob` set to `order` for one test, fresh plans before and after."""
+    monkeypatch.setattr(_bwd_sm90, knob, order)
     bwd_mod._PLANS.clear()
     yield order
     bwd_mod._PLANS.clear()
+
+
+@pytest.fixture(params=["rot", "plain"])
+def plain_order(request, monkeypatch):
+    """"ordered" without a mask forced into each of its orders (cuflash._bwd_sm90.PLAIN_ORDER): ROT (block x visits
+    Q tile x - s mod M at step s; the configuration's where a head's blocks run together) and the ascending one."""
+    yield from _forced_order(monkeypatch, "PLAIN_ORDER",
+                             {"rot": _configs.DQ_ORDER_ROT, "plain": _configs.DQ_ORDER_PLAIN}[request.param])
 
 
 # KV tiles (N, 128 keys) against Q tiles (M: 128 rows at head dim 64, 64 above): N < M, N = M, N > M (KV tiles of one
@@ -144,11 +149,8 @@ def test_ordered_no_mask(plain_order, b, sq, sk, h, hk, d):
 def causal_order(request, monkeypatch):
     """"ordered" under the causal mask in the package's order (KV tiles last first) and the alternative (Q tiles
     last first, cuflash._bwd_sm90.CAUSAL_ORDER), fresh plans for each."""
-    order = {"kv_desc": _configs.DQ_ORDER_KV_DESC, "q_desc": _configs.DQ_ORDER_Q_DESC}[request.param]
-    monkeypatch.setattr(_bwd_sm90, "CAUSAL_ORDER", order)
-    bwd_mod._PLANS.clear()
-    yield order
-    bwd_mod._PLANS.clear()
+    yield from _forced_order(monkeypatch, "CAUSAL_ORDER",
+                             {"kv_desc": _configs.DQ_ORDER_KV_DESC, "q_desc": _configs.DQ_ORDER_Q_DESC}[request.param])
 
 
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),

@@ -363,7 +363,7 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
     // (DQ_ORDER_ROT: the rotation derived at each step, not held: see the turn below)
-    const int rot = rot_of_tile<ORDER>(opaque(n_block), num_m);
+    const int rot = ORDER == DQ_ORDER_ROT ? rot_of_tile<ORDER>(opaque(n_block), num_m) : 0;
     const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m, rot) * BLOCK_M;
     if (++m == num_m) {
       m = 0;

@@ -159,7 +159,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = DQ_ORDER_PLAIN
-    if strategy == "ordered" and (causal or seqlen_k is not None):  # (ROT: every sequence's KV tiles, the grid's)
+    # (without a mask, fixed lengths only: ROT's turns count the grid's KV tiles, every sequence's)
+    if strategy == "ordered" and (causal or seqlen_k is not None):
         from ._launch import sm_count
 
         n_kv = -(-seqlen_k // tile.block_n) if seqlen_k is not None else 0

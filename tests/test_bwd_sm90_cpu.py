@@ -327,10 +327,10 @@ def _rot_blocks(sq, sk, bm, group, bn=128):
 @pytest.mark.parametrize("group", [1, 3])
 def test_ordered_rot_turns(bm, sq, sk, group):
     """DQ_ORDER_ROT: every Q tile's turns are a permutation of 0 .. N - 1 in (step, KV tile) order -- the kernel's
-    closed form equals that definition --, a block's turn at a step is one more than that of the block it follows
-    (no waits while all run side by side), and the blocks finish in one fixed order with any residency of at
-    least N blocks; with fewer than N <= M it deadlocks (KV tile 0 waits on the last one), which is why the host
-    takes this order only where N <= half the SMs."""
+    closed form equals that definition, so a block's predecessor at a Q tile added there at an earlier step or, at
+    the same step, from a lower KV tile (no waits while all run side by side) --, and the blocks finish in one fixed
+    order with any residency of at least N blocks; with fewer than N <= M it deadlocks (KV tile 0 waits on the last
+    one), which is why the host takes this order only where N <= half the SMs."""
     blocks = _rot_blocks(sq, sk, bm, group)
     N, M = len(blocks), -(-sq // bm)
     turns = {}

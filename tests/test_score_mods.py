@@ -112,20 +112,6 @@ def test_forward_modifiers_long(dtype, backend, opt, sq, sk):
     check_forward(q, k, v, out, lse, 128 ** -0.5, causal, window, cap, alibi, f"{backend} {opt}")
 
 
-def sm90_modifier_inputs(d, dtype, causal, window, cap, akind, sq, sk):
-    """The Hopper forward's modifier cases (skipped where that backend cannot run head dim d): ((q, k, v, alibi) as
-    torch tensors, large logits (x3), GQA 4/2, batch 2; (qa, ka, va, mods) as cuflash._fwd_sm90.forward takes them)."""
-    from cuflash._mods import mods_for
-    from cuflash._validate import check_qkv
-
-    needs_backend("sm90", d)
-    b, h, hk = 2, 4, 2
-    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
-    alibi = make_alibi(akind, b, h)
-    qa, ka, va = check_qkv(q, k, v)
-    return (q, k, v, alibi), (qa, ka, va, mods_for(qa, ka, causal, window, cap, alibi, None))
-
-
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
@@ -146,8 +132,15 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     import torch
 
     from cuflash import _configs, _fwd_sm90
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
 
-    (q, k, v, alibi), (qa, ka, va, mods) = sm90_modifier_inputs(d, dtype, causal, window, cap, akind, sq, sk)
+    needs_backend("sm90", d)
+    b, h, hk = 2, 4, 2
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
     tile = _configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE)
     assert tile.cap_max  # (the configured modifier kernel)
     out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)
@@ -248,8 +241,6 @@ PART_CASES = [(d, p) for d in (32, 64, 96, 128, 256) for p in ("kv", "q", "2d") 
 def test_backward_partitions_and_strategies(d, part, dq_strategy, opt):
     causal, window, cap, akind = opt
     if (part, d) in bwd_mod.BWD_SCORE_UNSUPPORTED:  # refused by name, before the forward launches
-        import torch
-
         q, k, v = torch_inputs((1, 64, 2, d), (1, 64, 2, d), "float16", requires_grad=True)
         with pytest.raises(NotImplementedError, match="warp_partition"):
             cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap,

@@ -25,8 +25,8 @@ form's distances, tests and selects):
    every sum in a fixed order), which must be bitwise equal; soft-cap 20 on large logits, causal and not, a window,
    with ALiBi (no tile takes the form), head dims 64, 96 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
 2. Timing (as above, "atomic", head dims 64, 96 and 128): the plain backward, the soft-capped one in the band form
-   ("cap") and its CAP_ONLY form ("caponly"), each through flash_attn_backward from its own forward's out and LSE; the table: ms
-   and the soft-cap's cost over the plain backward."""
+   ("cap") and its CAP_ONLY form ("caponly"), each through flash_attn_backward from its own forward's out and LSE;
+   the table: ms and the soft-cap's cost over the plain backward."""
 from __future__ import annotations
 
 import argparse

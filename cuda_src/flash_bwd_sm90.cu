@@ -685,6 +685,15 @@ __global__ void __launch_bounds__(384, 1)
         return reinterpret_cast<uint32_t*>(ds_buf + (64 * cw + 16 * warp) * 128) + lane + (w / 16) * (BLOCK_N * 32) +
                (w % 16) * 32;
       };
+      // A soft-capped element block's end: P into the A fragments, the derivative into its words (CAP_PACKED).
+      auto put_p = [&](int nf, const float (&pv)[4], const float (&dv)[4]) {
+        pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
+        pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+        if constexpr (CAP_PACKED) {
+          *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
+          *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
+        }
+      };
       if (CAP_ONLY && cap && lean) {
         // CAP_ONLY's tiles: x is the raw score, capped here, and the derivative 1 - tanh^2 clamped at 0 -- on such a
         // tile exactly what apply_t's band form and softcap_grad_of compute in the loop below (their ALiBi term adds
@@ -701,12 +710,7 @@ __global__ void __launch_bounds__(384, 1)
             dv[e] = fmaxf(0.f, fmaf(-x, x, 1.f));
             if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
           }
-          pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
-          pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
-          if constexpr (CAP_PACKED) {
-            *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
-            *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
-          }
+          put_p(nf, pv, dv);
         }
       } else if (cap) {
         const float dist0 = mask.dist_of(m0 + 2 * t, key_w + g);
@@ -721,12 +725,7 @@ __global__ void __launch_bounds__(384, 1)
             dv[e] = mask.softcap_grad_of(x, dist0 + (float)(nf * 8 + (e % 2) - 8 * (e / 2)));
             if constexpr (!CAP_PACKED) acc_s[nf][e] = dv[e];
           }
-          pa[nf / 2][(nf % 2) * 2] = pack2<T>(pv[0], pv[1]);
-          pa[nf / 2][(nf % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
-          if constexpr (CAP_PACKED) {
-            *cap_word(2 * nf) = pack2<__half>(dv[0], dv[1]);
-            *cap_word(2 * nf + 1) = pack2<__half>(dv[2], dv[3]);
-          }
+          put_p(nf, pv, dv);
         }
       } else {
 #pragma unroll

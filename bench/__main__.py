@@ -10,7 +10,8 @@
     python -m bench merge OUT_DIR SRC[:suites] ...        # several runs' results.json into one
     python -m bench report --results FILE [--readme README.md]   # tables, plots, README blocks
     python -m bench junit DIR/tests.jsonl DIR/gpu-tests.xml        # the JUnit XML of a GPU-test run that was stopped
-    python -m bench junit --merge OUT.xml A.xml B.xml ...          # the XML of several parts' runs as one
+    python -m bench junit --merge OUT.xml A.xml B.xml ... [--replace]  # several parts' XML as one (--replace: a
+                                                          # later part's outcome of an id replaces an earlier one's)
     python -m bench test-times XML ... [--out FILE]                # per-file test times for --test-part / --test-jobs
 
 Suite options (passed to the suites whose function takes them): --seqlens, --dtypes, --headdims, --rounds, and for

@@ -133,27 +133,33 @@ def complete_xml(xml_path, stream) -> bool:
     return sum(1 for _ in root.iter("testcase")) == len(results(read_stream(stream)))
 
 
-def merge_xml(parts, xml_path, note=None, at_once=False) -> dict:
+def merge_xml(parts, xml_path, note=None, at_once=False, replace=False) -> dict:
     """The JUnit XML files `parts` (one pytest process each) as one testsuite at xml_path: every test case in the
     parts' order, counts summed, time the parts' sum (or, `at_once`: they ran at the same time, the longest part's),
-    `note` as property 'note'. Returns the counts as stream_to_junit does."""
+    `note` as property 'note'. `replace`: the parts are runs of different times, and a test id (classname, name)
+    that a later part holds takes that part's outcome, in the place of its first appearance (e.g. the whole suite,
+    then the files run again on a newer tree). Returns the counts as stream_to_junit does."""
     suite = ET.Element("testsuite", name="pytest")
     if note:
         ET.SubElement(ET.SubElement(suite, "properties"), "property", name="note", value=note)
-    counts = dict(tests=0, passed=0, failures=0, errors=0, skipped=0)
-    longest = total = 0.0
-    for part in parts:
+    cases, longest, total = {}, 0.0, 0.0
+    for n, part in enumerate(parts):
         root = ET.parse(part).getroot()
         for s in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
             longest = max(longest, float(s.get("time") or 0.0))
             total += float(s.get("time") or 0.0)
             for case in s.iter("testcase"):
-                suite.append(case)
-                kinds = {k.tag for k in case}
-                key = ("failures" if "failure" in kinds else "errors" if "error" in kinds else
-                       "skipped" if "skipped" in kinds else "passed")
-                counts[key] += 1
-                counts["tests"] += 1
+                cases[(case.get("classname"), case.get("name")) if replace else (n, len(cases))] = case
+    counts = dict(tests=0, passed=0, failures=0, errors=0, skipped=0)
+    for case in cases.values():
+        suite.append(case)
+        kinds = {k.tag for k in case}
+        key = ("failures" if "failure" in kinds else "errors" if "error" in kinds else
+               "skipped" if "skipped" in kinds else "passed")
+        counts[key] += 1
+        counts["tests"] += 1
+    if replace:
+        total = sum(float(c.get("time") or 0.0) for c in cases.values())
     for k in ("errors", "failures", "skipped", "tests"):
         suite.set(k, str(counts[k]))
     suite.set("time", f"{longest if at_once else total:.3f}")
@@ -175,13 +181,16 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="XML", default=None,
                     help="OUT.xml A.xml B.xml ...: the XML of runs one after another (e.g. python -m bench all "
                          "--test-part 1/2, then 2/2) as one testsuite in OUT.xml")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --merge: a test id that a later part holds takes that part's outcome (parts run at "
+                         "different times, e.g. the whole suite, then some files again on a newer tree)")
     ap.add_argument("--note", default=None, help="a testsuite property 'note' (e.g. where the run stopped)")
     args = ap.parse_args(argv)
     if args.merge:
         if len(args.merge) < 2 or args.stream or args.xml:
             ap.error("--merge takes OUT.xml and at least one part's XML, and no stream")
         out, parts = args.merge[0], args.merge[1:]
-        counts = merge_xml(parts, out, args.note)
+        counts = merge_xml(parts, out, args.note, replace=args.replace)
         print(f"{out}: {summary(counts)} from {len(parts)} parts")
         return 0
     if not (args.stream and args.xml):

@@ -277,6 +277,17 @@ def test_times_and_merge_commands(tmp_path, capsys):
     counts = tuple(suite.get(k) for k in ("tests", "failures", "skipped", "time"))
     assert counts == ("3", "1", "1", "8.000")
     assert "1 passed, 1 failed, 0 errors, 1 skipped (3 tests) from 2 parts" in capsys.readouterr().out
+    # --replace: a later run's outcome of the same id takes its place; other ids stay
+    c = tmp_path / "c.xml"
+    c.write_text('<testsuites><testsuite tests="2" time="4.0"><testcase classname="tests.test_b" name="z" time="3"/>'
+                 '<testcase classname="tests.test_c" name="w" time="1"><skipped/></testcase></testsuite></testsuites>')
+    assert main(["junit", "--merge", str(tmp_path / "r.xml"), str(tmp_path / "m.xml"), str(c), "--replace"]) == 0
+    suite, cases, _ = _cases(str(tmp_path / "r.xml"))
+    assert cases == {("test_a", "x"): "passed", ("test_a", "y"): "skipped", ("test_b", "z"): "passed",
+                     ("test_c", "w"): "skipped"}
+    assert [c.get("name") for c in suite.iter("testcase")] == ["x", "y", "z", "w"]
+    counts = tuple(suite.get(k) for k in ("tests", "failures", "skipped", "time"))
+    assert counts == ("4", "0", "2", "7.000")
 
 
 def test_read_paths_from_a_file(tmp_path):

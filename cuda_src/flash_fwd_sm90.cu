@@ -70,7 +70,8 @@
 //                     REGS_LOAD + NWG REGS_MMA must fit; 2: short blocks whose prologue and epilogue run under another
 //                     block's main loop (the smem of MINB blocks must fit the SM too: cuflash/_configs.py checks it);
 //                     1 by default
-//   PERSIST           the persistent form above (MOD_NONE only); false by default
+//   PERSIST           the persistent form above (no dropout; with MOD_SCORE its tiles walked heaviest first, as
+//                     causal ones); false by default
 //   SK                the persistent form without a mask, able to walk by stream-K (Sm90FwdStreamK) when the host
 //                     passes a workspace (p.o_accum); false by default (a kernel of its own: carrying stream-K's code
 //                     measured 1-3% slower on the fixed walk, bench/NOTES.md)
@@ -331,7 +332,7 @@ __device__ __forceinline__ void wait_pv_rescale(bool moved, float scale_log2, fl
 // one-tile form's steps (the same products in the same order, the same softmax and epilogue: a tile's output is
 // bitwise the one-tile form's), written apart from it so that the one-tile kernels compile exactly as they did.
 template <typename T, int D, int BLOCK_N, int NWG, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD,
-          bool PINGPONG, bool O_TMA, bool SK>
+          bool PINGPONG, bool O_TMA, bool SK, int MOD, bool CAP_MAX>
 __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
                                                           const typename Sm90FwdMapsOf<O_TMA>::type& maps,
                                                           unsigned char* sm) {
@@ -348,18 +349,23 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int wg = threadIdx.x / 128;
+  // The modifier kernels (MOD_SCORE: CAUSAL is false, a causal mask is the band with right = 0) walk their tiles
+  // heaviest first too, as for a causal mask: the tiles of the band's last rows see the most keys.
+  using Tiles = Sm90FwdTiles<BLOCK_M, CAUSAL || MOD != MOD_NONE>;
   // A tile's coordinates, its element's lengths and its KV tiles [n_end - n_iters, n_end) (as the kernel's)
   struct Work {
     FwdBlock blk;
     SeqInfo si;
     int m0, n_end, n_iters;
   };
-  auto work_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int t) {
+  auto work_of = [&](const Tiles& tiles, int t) {
     Work w;
     w.blk = tiles.coords(p, t, varlen);
     w.m0 = w.blk.m_block * BLOCK_M;
     w.si = seqinfo(p, w.blk.batch, varlen);
-    const Mask<CAUSAL> mk = w.si.mask<CAUSAL, MOD_NONE>(p, w.blk.batch, w.blk.head);
+    // (the band alone: which KV tiles the tile visits; the soft-cap and ALiBi's slope are the consumers')
+    const Mask<CAUSAL, MOD> mk = Mask<CAUSAL, MOD>(w.si.seqlen_k, w.si.diag(), MOD == MOD_NONE ? 0 : (int)p.window_left,
+                                                   MOD == MOD_NONE ? 0 : (int)p.window_right);
     w.n_end = kv_block_end<BLOCK_N>(mk, min(w.m0 + BLOCK_M, w.si.seqlen_q));
     w.n_iters = max(0, w.n_end - kv_block_begin<BLOCK_N>(mk, w.m0));
     return w;
@@ -390,7 +396,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       // (tile_of, written before the buffer's bar_q arrive, whose release the consumers' wait acquires); an index
       // past the tiles ends the walk (a plain arrive, nothing loaded). The dynamic walk draws a tile once its
       // buffer is free, i.e. as the consumers start the tile before: a block takes one tile ahead of its work.
-      const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
+      const Tiles tiles(p, varlen);
       const Sm90FwdWalk walk{p};
       int kv = 0, qi = 0;
       for (int k = 0;;) {
@@ -462,7 +468,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   float acc_o[1][DF][4];
   float acc_s[1][NF][4];
-  float shift[1][2];  // (MOD_NONE: untouched)
+  float shift[1][2];  // MOD_SCORE: the rows' ALiBi term, as the kernel's (MOD_NONE: untouched)
   uint32_t p_frag[KN][4];
 
   // The kernel's issue_qk / issue_pv with this tile's Q buffer (q_base: the warpgroup's rows of it).
@@ -493,7 +499,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
 
   // Stream-K (SK with a workspace): the producer hands out segment indices, whole tiles for the first waves.
   const bool sk = SK && p.o_accum != nullptr;
-  const Sm90FwdTiles<BLOCK_M, CAUSAL> tiles(p, varlen);
+  const Tiles tiles(p, varlen);
   int kv = 0, qi = 0;
   // The walk, as one loop over the Q buffers' tiles; stream-K takes it twice: the whole tiles of its first C / G - 1
   // waves, then its segments (`parts`: a segment may be part of a tile). So the whole tiles' loop has none of the
@@ -502,7 +508,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
   auto walk = [&](bool parts) {
     // The tile (and KV visits) of the index a Q buffer comes with: the tile itself, or, stream-K, the segment's index,
     // from which the tile and its visits are derived as the producer derived them.
-    auto seg_of = [&](const Sm90FwdTiles<BLOCK_M, CAUSAL>& tiles, int v) {
+    auto seg_of = [&](const Tiles& tiles, int v) {
       if constexpr (SK) {
         if (parts) return Sm90FwdStreamK<BLOCK_N>::segment(p, tiles, v);
         // (the whole waves: segment v for v < C / G - 1 is the fixed walk's tile(v), whole -- the producer's
@@ -521,11 +527,17 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       const int t = sg.t;
       if (t >= tiles.count) break;
       const Work wl = work_of(tiles, t);
-      const Mask<CAUSAL> mask = wl.si.mask<CAUSAL, MOD_NONE>(p, wl.blk.batch, wl.blk.head);
+      const Mask<CAUSAL, MOD> mask = wl.si.mask<CAUSAL, MOD>(p, wl.blk.batch, wl.blk.head);
       const int row_wg = wl.m0 + cw * 64, row_w = row_wg + warp * 16;
       unsigned char* q_tile = sm + L::Q_OFF + qb * L::Q_BYTES + cw * 64 * 128;  // the warpgroup's rows of buffer qb
       const uint32_t q_base = smem_addr(q_tile);
       auto mask_and_max = [&](OnlineSoftmax<1>& softmax, int n) {
+        if constexpr (CAP_MAX) {  // (as the kernel's)
+          if (mask.cap_only(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1)) {
+            mask.clear_shift(shift);
+            return softmax.update_max_capped(acc_s, scale_log2, mask.cap_pre);
+          }
+        }
         if (mask.needs_mask(row_wg, row_wg + 63, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1))
           mask.apply(acc_s, row_w, n * BLOCK_N, lane, shift);
         else
@@ -540,24 +552,33 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
       // from all of its 64 rows -- with Q tiles of 192 rows (head dim 64: three warpgroups) up to two per tile, and
       // all of them for a warpgroup past its element's last row, as without a mask. The warpgroup takes their turns
       // and releases their stages (once loaded) without a product; its first product is the first tile its rows see.
-      int skip = 0;
-      if constexpr (CAUSAL)
+      // A window (MOD_SCORE) also hides the tile's last KV tiles left of the band of the warpgroup's first row (`tail`,
+      // the kernel's): their turns come after its last product, empty. (Stream-K's parts: no mask.)
+      int skip = 0, tail = 0;
+      if constexpr (MOD != MOD_NONE) {
+        const HiddenTiles ht = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters);
+        skip = ht.lead;
+        tail = ht.tail;
+      } else if constexpr (CAUSAL) {
         skip = hidden_tiles<BLOCK_N>(mask, row_wg, min(row_wg + 64, wl.si.seqlen_q), n_end, n_iters).lead;
-      else if (row_wg >= wl.si.seqlen_q)
+      } else if (row_wg >= wl.si.seqlen_q) {
         skip = n_iters;
-      if (n_iters > 0) {
-        for (int it = 0; it < skip; ++it) {
-          const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
-          mbar_wait(&full_k[st], ph);
-          turn_begin();
-          turn_end();
-          if (it == 0) release_previous(qb, qi);
-          mbar_arrive(&empty_k[st]);
-          mbar_wait(&full_v[st], ph);
-          mbar_arrive(&empty_v[st]);
-        }
       }
-      if (n_iters > skip) {
+      const int real_end = n_iters - tail;  // products over visits [skip, real_end)
+      auto empty_turn = [&](int it) {
+        const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
+        mbar_wait(&full_k[st], ph);
+        turn_begin();
+        turn_end();
+        if (it == 0) release_previous(qb, qi);
+        mbar_arrive(&empty_k[st]);
+        mbar_wait(&full_v[st], ph);
+        mbar_arrive(&empty_v[st]);
+      };
+      if (n_iters > 0) {
+        for (int it = 0; it < skip; ++it) empty_turn(it);
+      }
+      if (real_end > skip) {
         // KV tile `skip`: S alone.
         const int st0 = (kv + skip) % STAGES, ph0 = ((kv + skip) / STAGES) & 1;
         mbar_wait(&full_k[st0], ph0);
@@ -579,7 +600,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
           for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
         }
         // KV tiles skip + 1..: S of tile it and O += P V of tile it - 1 in one turn; the softmax of S_it under P V.
-        for (int it = skip + 1; it < n_iters; ++it) {
+        for (int it = skip + 1; it < real_end; ++it) {
           const int n = n_end - 1 - it, ph = ((kv + it) / STAGES) & 1, pph = ((kv + it - 1) / STAGES) & 1;
           // (stage indices through lane 0, warp-uniform: the descriptors they offset stay in uniform registers)
           const int st = __shfl_sync(0xffffffffu, (kv + it) % STAGES, 0);
@@ -605,18 +626,24 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
   #pragma unroll
           for (int kk = 0; kk < KN; ++kk) frag_to_a<T>(acc_s[0], kk, p_frag[kk]);
         }
-        // The last O += P V.
-        const int lst = (kv + n_iters - 1) % STAGES, lph = ((kv + n_iters - 1) / STAGES) & 1;
+        // The last O += P V, then the hidden tail's turns.
+        const int lst = (kv + real_end - 1) % STAGES, lph = ((kv + real_end - 1) / STAGES) & 1;
         mbar_wait(&full_v[lst], lph);
         turn_begin();
         wgmma_fence();
         issue_pv(lst);
         wgmma_commit();
-        turn_end();  // (the last consumer: the next tile's first turn)
+        turn_end();  // (the last consumer's last turn of a tile: the next tile's first)
         wgmma_wait<0>();
         reg_fence(acc_o[0]);
         mbar_arrive(&empty_v[lst]);
-      } else if (n_iters > 0) {  // every KV tile hidden: the last turn, empty
+        if constexpr (MOD != MOD_NONE) {
+          for (int it = real_end; it < n_iters; ++it) empty_turn(it);
+        }
+      } else if (n_iters > 0) {  // every KV tile hidden: the rest of the turns empty (a window's tail), and the last
+        if constexpr (MOD != MOD_NONE) {
+          for (int it = skip; it < n_iters; ++it) empty_turn(it);
+        }
         turn_begin();
         turn_end();
       } else {
@@ -754,15 +781,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == Sm90FwdLayout<D, BLOCK_N, NWG, STAGES, PERSIST ? 2 : 1>::BYTES,
                 "host smem size must match the layout");
-  static_assert(!PERSIST || MOD == MOD_NONE, "the persistent form takes no score modifier");
-  static_assert(!SK || (PERSIST && !CAUSAL), "stream-K: the persistent form without a mask");
+  static_assert(!PERSIST || (MOD & MOD_DROPOUT) == 0, "the persistent form takes no dropout");
+  static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "stream-K: the persistent form without a mask");
   static_assert(!CAP_MAX || (MOD & MOD_SCORE), "the capped-max form: the modifier kernels");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle
   if constexpr (PERSIST) {
-    flash_fwd_sm90_persistent<T, D, BLOCK_N, NWG, STAGES, CAUSAL, REGS_MMA, REGS_LOAD, PINGPONG, O_TMA, SK>(p, maps,
-                                                                                                        sm);
+    flash_fwd_sm90_persistent<T, D, BLOCK_N, NWG, STAGES, CAUSAL, REGS_MMA, REGS_LOAD, PINGPONG, O_TMA, SK, MOD,
+                              CAP_MAX>(p, maps, sm);
     return;
   }
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sm + L::BAR_OFF);

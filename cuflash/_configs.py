@@ -251,7 +251,7 @@ class Sm90FwdTile:
     pingpong: bool = True  # consumer warpgroups take turns at the tensor cores
     o_tma: bool = False  # O stored by TMA tensor stores (the kernel's O_TMA; takes O's tensor map as well)
     min_blocks: int = 1  # blocks per SM the launch bounds ask for (the kernel's MINB): registers and smem for that many
-    persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no score modifier)
+    persistent: bool = False  # the kernel's PERSIST: min_blocks blocks per SM walking the Q tiles (no dropout)
     stream_k: bool = False  # the kernel's SK: the persistent form able to walk by stream-K (no mask; a kernel of its own)
     cap_max: bool = False  # the kernel's CAP_MAX (MOD_SCORE): the soft-cap's row max from the raw scores
 
@@ -676,10 +676,10 @@ def sm90_fwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90FwdTile | No
     if smem > SM90_SMEM_PER_BLOCK or tile.min_blocks * (smem + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
         raise ValueError(f"tile {tile} at head dim {headdim}: {tile.min_blocks} block(s) of {smem} bytes of shared "
                          f"memory do not fit an SM")
-    if tile.persistent and mod != MOD_NONE:
-        raise ValueError(f"tile {tile}: the persistent form takes no score modifier or dropout (mod {mod})")
-    if tile.stream_k and causal:
-        raise ValueError(f"tile {tile}: stream-K takes no causal mask")
+    if tile.persistent and mod & MOD_DROPOUT:
+        raise ValueError(f"tile {tile}: the persistent form takes no dropout (mod {mod})")
+    if tile.stream_k and (causal or mod != MOD_NONE):
+        raise ValueError(f"tile {tile}: stream-K takes no causal mask and no score modifier (mod {mod})")
     if tile.cap_max and mod != MOD_SCORE:
         raise ValueError(f"tile {tile}: the capped-max form is a modifier kernel's, without dropout (mod {mod})")
     b = lambda x: "true" if x else "false"  # noqa: E731
@@ -727,6 +727,14 @@ def sm90_fwd_specs():
 SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
 
 
+def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:
+    """{name: Sm90FwdTile} of the persistent form for the modifier kernels (MOD_SCORE, no dropout) at a head dim: the
+    plain kernels' persistent variants (SM90_FWD_PERSIST_VARIANTS) with the modifier tile's capped-max form. Not
+    configured; reached through an explicit tile (bench/diag/mod_tile_probe.py, tests/test_score_mods.py)."""
+    cap = headdim in SM90_FWD_CAP_MAX_HEADDIMS
+    return {n: replace(t, cap_max=cap) for n, t in sm90_fwd_persist_tiles(headdim).items()}
+
+
 def sm90_fwd_variant_specs():
     """The Hopper forward's variants the diagnostics launch: each configured modifier tile at
     SM90_FWD_CAP_MAX_HEADDIMS without the capped-max form (bench/diag/softcap_check.py's "cap", the tests'
@@ -736,6 +744,17 @@ def sm90_fwd_variant_specs():
         for d in SM90_FWD_CAP_MAX_HEADDIMS:
             for n in SM90_FWD_KEY_BOUNDS:
                 t = replace(sm90_fwd_tile(d, False, n, MOD_SCORE), cap_max=False)
+                out += [sm90_fwd_spec(dt, d, False, u, MOD_SCORE) for u in (t, replace(t, o_tma=False))]
+    return list(dict.fromkeys(out))
+
+
+def sm90_fwd_mod_persist_specs():
+    """The modifier kernels' persistent form (sm90_fwd_mod_persist_tiles) at every head dim that has one, each also
+    without o_tma (an output no tensor map describes)."""
+    out = []
+    for dt in DTYPES:
+        for d in SM90_HEADDIMS:
+            for t in sm90_fwd_mod_persist_tiles(d).values():
                 out += [sm90_fwd_spec(dt, d, False, u, MOD_SCORE) for u in (t, replace(t, o_tma=False))]
     return list(dict.fromkeys(out))
 
@@ -1790,6 +1809,7 @@ def all_specs():
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
+    specs += sm90_fwd_mod_persist_specs()  # the modifier kernels' persistent form (tile overrides)
     specs += sm90_bwd_specs()  # the Hopper backward (cuda_src/flash_bwd_sm90.cu), sm_90a only
     specs += ua_specs()  # rows that are not 16-byte units (head dims not multiples of 8, unaligned strides)
     specs += fitted_specs()  # GPUs of 99 KB a block (sm_86 / sm_89 / sm_120): the tiles that fit them

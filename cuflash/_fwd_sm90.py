@@ -28,7 +28,7 @@ from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm9
                        sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk, sm90_smem_capped, stream_k_eligible,
                        stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
-from ._mods import kernel_mode, mod_fields
+from ._mods import MOD_NONE, kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -100,8 +100,9 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs -- and o's with a tile of o_tma) of a
     validated, eligible call; `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark
     sweeps); mods: the score modifiers (cuflash._mods.Mods) or None. An output (o_strides, o_ptr) no tensor map can
-    describe takes the tile without o_tma. A persistent tile with score modifiers or dropout is a ValueError (the
-    persistent form has none)."""
+    describe takes the tile without o_tma. A persistent tile with dropout is a ValueError (the persistent form has
+    none); with the score modifiers it walks as under a causal mask where the band has a right edge (the kernel takes
+    their tiles heaviest first) and never by stream-K."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:
@@ -117,7 +118,8 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     if not tile.persistent:
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
     else:  # the persistent form's tile walk (Sm90FwdTiles; packed sequences keep the element order)
-        walk, grid_order = persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, qa.device)
+        walk, grid_order = persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, qa.device,
+                                        mod_band(mods, sq))
         if walk["walk_slot"] == _walk.STREAM_K:  # (stream-K's code in a kernel of its own: the tile's SK form)
             tile = replace(tile, stream_k=True)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)
@@ -144,23 +146,35 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     return lau, grid, fields, maps
 
 
-def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, device) -> tuple:
+def mod_band(mods, seqlen_q: int) -> str | None:
+    """How the modifier kernels' band shapes a persistent walk: None without modifiers, "causal" where it has a right
+    edge inside the rows (row i sees no key past i + diag + right: the later rows see more, as under a causal mask),
+    else "flat"."""
+    if mods is None or mods.mod == MOD_NONE:
+        return None
+    return "causal" if mods.fields["window_right"] < seqlen_q else "flat"
+
+
+def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, device, band=None) -> tuple:
     """(the walk's FwdParams fields, the one-tile grid order) of a persistent launch. "qtile" and "bh" walk in fixed
     waves with groups of 1 and of every (batch, head); "auto" walks by stream-K where it can run and
     cuflash._configs.sm90_fwd_stream_k_auto takes it, else takes the dynamic walk where sm90_persist_dynamic names a
     group (walk_slot _walk.DYNAMIC: the caller puts the launch's slot there), else sm90_persist_walk's fixed one;
     "dynamic" (diagnostics) takes it with that function's group, or every (batch, head) where it names none; "stream_k"
     (diagnostics, cuflash._configs.SM90_SK_MAX_GRID's note) takes stream-K wherever it can run (walk_slot
-    _walk.STREAM_K: the caller puts the workspace in o_accum). Packed sequences walk "qtile" in fixed waves."""
+    _walk.STREAM_K: the caller puts the workspace in o_accum). Packed sequences walk "qtile" in fixed waves. band:
+    mod_band's (the modifier kernels: no stream-K; the models as under a causal mask where it is "causal")."""
     if packed is not None:
         return dict(walk_group=1, walk_slot=-1), "qtile"
     bhs = b * h
+    if band is not None:
+        causal = band == "causal"
     if grid_order in ("auto", "dynamic", "stream_k"):
         g = persistent_grid((m_blocks * bhs, 1, 1), tile, device)[0]
-        sk_ok = stream_k_eligible(bool(causal), False, m_blocks * bhs, -(-sk // tile.block_n), g)
+        sk_ok = band is None and stream_k_eligible(bool(causal), False, m_blocks * bhs, -(-sk // tile.block_n), g)
         if grid_order == "stream_k" and not sk_ok:
-            raise ValueError("grid_order 'stream_k' needs a persistent launch without a mask whose tiles leave "
-                             "the last wave part empty")
+            raise ValueError("grid_order 'stream_k' needs a persistent launch without a mask or score modifier whose "
+                             "tiles leave the last wave part empty")
         if grid_order == "stream_k" or (grid_order == "auto" and sk_ok
                                         and sm90_fwd_stream_k_auto(d, sq, sk, tile.block_m)):
             return dict(walk_group=1, walk_slot=_walk.STREAM_K), "qtile"

@@ -51,11 +51,11 @@ def test_variant_names_and_shared_memory(d, name):
         assert v.smem <= _configs.SM90_SMEM_PER_BLOCK
 
 
-def test_no_score_modifier_and_d256_does_not_fit():
+def test_no_dropout_and_d256_does_not_fit():
     t = sm90_fwd_persist_tiles(128)["persist"]
-    for mod in (_configs.MOD_SCORE, _configs.MOD_SCORE_DROPOUT):
-        with pytest.raises(ValueError, match="persistent form takes no score modifier"):
-            sm90_fwd_spec("float16", 128, False, t, mod)
+    with pytest.raises(ValueError, match="persistent form takes no dropout"):
+        sm90_fwd_spec("float16", 128, False, t, _configs.MOD_SCORE_DROPOUT)
+    assert sm90_fwd_spec("float16", 128, False, t, _configs.MOD_SCORE).name.endswith(", 1, true, 1, true>")  # allowed
     with pytest.raises(ValueError, match="do not fit an SM"):
         sm90_fwd_spec("float16", 256, False, replace(sm90_fwd_tile(256, False), persistent=True))
 
@@ -109,7 +109,9 @@ for d, shapes in (("128", ((2, 300, 8), (2, 777, 2))), ("64", ((2, 300, 8), (2, 
     rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, True, tile=t))
     res[f"forward {d} {b} {sq}"] = [[r[0], list(r[1])] for r in rec]
     mods = _mods.resolve(False, (-1, -1), 30.0, None, sq, sk, int(d) ** -0.5)
-    res[f"mod {d} {b} {sq}"] = err(lambda: _fwd_sm90.forward(qa, ka, va, None, False, tile=t, mods=mods))
+    tm = _configs.sm90_fwd_mod_persist_tiles(int(d))["persist"]
+    rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, False, tile=tm, mods=mods))
+    res[f"mod {d} {b} {sq}"] = [[r[0], list(r[1])] for r in rec]
 qv, kv_ = T((700, 8, 128), torch.float16), T((900, 2, 128), torch.float16)
 vv = T((900, 2, 128), torch.float16)
 cq, ck = T((4,), torch.int32), T((4,), torch.int32)
@@ -191,9 +193,15 @@ def test_persistent_grid(res, d, b, sq, h):
     assert name == sm90_fwd_spec("float16", d, True, t).name and grid == [min(tiles, 132), 1, 1]
 
 
-def test_persistent_tile_refuses_score_modifiers_before_a_launch(res):
-    kind, msg = res["mod 128 2 300"]
-    assert kind == "ValueError" and "persistent form takes no score modifier" in msg
+def test_persistent_modifier_tile_launch(res):
+    """A soft-capped call on the modifier kernels' persistent form (an explicit tile) launches that kernel on the
+    persistent grid: at most a block per SM, one per Q tile."""
+    for d, (b, sq, h) in (("128", (2, 300, 8)), ("64", (2, 300, 8)), ("128", (16, 1024, 16))):
+        tm = _configs.sm90_fwd_mod_persist_tiles(int(d))["persist"]
+        (name, grid), = res[f"mod {d} {b} {sq}"]
+        want = {sm90_fwd_spec("float16", int(d), False, u, _configs.MOD_SCORE).name
+                for u in (tm, replace(tm, o_tma=False))}
+        assert name in want and grid == [min(b * h * -(-sq // tm.block_m), 132), 1, 1]
 
 
 def test_persistent_packed_grid(res):

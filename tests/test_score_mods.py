@@ -153,6 +153,69 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
         1.0, lse_c[fin].abs().max().item())
 
 
+# The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles: not configured, reached through an
+# explicit tile): (head dim, variant) pairs, and the cases: each modifier alone, causal with each, a window with rows
+# that see no key, all three.
+PERSIST_MOD_TILES = [(64, "persist"), (96, "persist"), (128, "persist"), (128, "persist n160")]
+PERSIST_MOD_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 40), 0.0, None),
+                     (True, (600, -1), 0.0, "h"), (False, (-1, -1), 0.0, "bh"), (True, (400, -1), 20.0, "h")]
+PERSIST_MOD_IDS = ["cap", "cap-causal", "window", "window-causal-alibi", "alibi", "all"]
+
+
+def persist_mod_params():
+    """fp16: every case at three shapes, one per walk (the configured one, the dynamic, the fixed "qtile"); bf16: the
+    causal soft-cap and all three modifiers at one."""
+    out = []
+    for i, (c, w, cap, a) in enumerate(PERSIST_MOD_CASES):
+        for sq, sk, order in ((700, 1100, "auto"), (1000, 600, "dynamic"), (900, 900, "qtile")):
+            out.append(pytest.param("float16", c, w, cap, a, sq, sk, order,
+                                    id=f"fp16-{PERSIST_MOD_IDS[i]}-{sq}-{sk}-{order}"))
+        if PERSIST_MOD_IDS[i] in ("cap-causal", "all"):
+            out.append(pytest.param("bfloat16", c, w, cap, a, 700, 1100, "auto",
+                                    id=f"bf16-{PERSIST_MOD_IDS[i]}-700-1100-auto"))
+    return out
+
+
+@pytest.mark.parametrize("d,name", PERSIST_MOD_TILES, ids=[f"{d}-{n.replace(' ', '_')}" for d, n in PERSIST_MOD_TILES])
+@pytest.mark.parametrize("dtype,causal,window,cap,akind,sq,sk,grid_order", persist_mod_params())
+def test_forward_persistent_modifier_form(d, name, dtype, causal, window, cap, akind, sq, sk, grid_order):
+    """The modifier kernels' persistent form (the kernel's PERSIST with MOD_SCORE: a grid of at most a block per SM
+    walking the Q tiles heaviest first, a window's hidden first and last KV tiles taken as empty turns) into
+    NaN-filled outputs, against the float64 reference with large logits (inputs x3), GQA 24/8 with more Q tiles than
+    blocks (each block walks several, under the fixed and the dynamic walk), ragged tails, seqlen_q != seqlen_k both
+    ways, rows that see no key (causal with seqlen_q > seqlen_k: zeros, LSE -inf); and, on 128-key stages, bitwise
+    against the one-block-per-tile modifier kernel (the same products in the same order)."""
+    from dataclasses import replace
+
+    import torch
+
+    from cuflash import _configs, _fwd_sm90
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    needs_backend("sm90", d)
+    b, h, hk = 2, 24, 8
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    tile = _configs.sm90_fwd_mod_persist_tiles(d)[name]
+    assert tile.persistent and b * h * -(-sq // tile.block_m) > _fwd_sm90.sm_count(0)  # several tiles per block
+
+    def run(t, order):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+        _fwd_sm90.forward(qa, ka, va, None, causal, order, out=out, lse=lse, tile=t, mods=mods)
+        return out, lse
+
+    out, lse = run(tile, grid_order)
+    check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"persistent {name} {dtype} d{d}")
+    one = _configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE)
+    if one.block_n == tile.block_n:
+        out1, lse1 = run(replace(one, o_tma=tile.o_tma), "auto")
+        assert torch.equal(out, out1) and torch.equal(lse, lse1)
+
+
 # The cases of the backward's CAP_ONLY form: the soft-cap alone, causal, a window, with ALiBi (no tile takes the
 # CAP_ONLY form), ALiBi alone (the soft-cap off).
 FORM_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 40), 20.0, None),

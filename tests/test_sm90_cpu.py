@@ -230,6 +230,57 @@ def test_capped_max_form_configured():
     assert "bool SK = false, bool CAP_MAX = false>" in src
 
 
+def test_persistent_modifier_form_specs_and_walk(monkeypatch):
+    """The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles): the plain kernels'
+    persistent variants with the modifier tile's capped-max rule, compiled by CI (in all_specs) at both dtypes with and
+    without o_tma, never the configured tile of a modifier call; dropout and stream-K refused with it; and its walk on
+    the host: heaviest first in the list model where the band has a right edge (mod_band "causal"), never stream-K."""
+    from dataclasses import replace
+
+    from cuflash import _fwd_sm90
+    from cuflash._mods import mods_for
+
+    every = set(_configs.all_specs())
+    specs = _configs.sm90_fwd_mod_persist_specs()
+    want = set()
+    for d in _configs.SM90_HEADDIMS:
+        tiles = _configs.sm90_fwd_mod_persist_tiles(d)
+        assert set(tiles) == set(_configs.SM90_FWD_PERSIST_VARIANTS.get(d, {}))
+        for t in tiles.values():
+            assert t.persistent and t.cap_max == (d in _configs.SM90_FWD_CAP_MAX_HEADDIMS)
+            for dt in _configs.DTYPES:
+                for u in (t, replace(t, o_tma=False)):
+                    want.add(_configs.sm90_fwd_spec(dt, d, False, u, _configs.MOD_SCORE))
+            with pytest.raises(ValueError, match="no dropout"):
+                _configs.sm90_fwd_spec("float16", d, False, t, _configs.MOD_SCORE_DROPOUT)
+            with pytest.raises(ValueError, match="stream-K"):
+                _configs.sm90_fwd_spec("float16", d, False, replace(t, stream_k=True), _configs.MOD_SCORE)
+        for n in _configs.SM90_FWD_KEY_BOUNDS:
+            assert not _configs.sm90_fwd_tile(d, False, n, _configs.MOD_SCORE).persistent
+    assert set(specs) == want and len(specs) == 14 and want <= every
+    assert all(", 1, true" in s.name and s.name.split(", ")[10] == "1" for s in specs)  # MOD_SCORE, PERSIST
+
+    class A:  # a validated view's shape alone (mods_for reads shapes)
+        def __init__(self, shape):
+            self.shape = shape
+
+    qa, ka = A((2, 4096, 16, 128)), A((2, 4096, 16, 128))
+    causal = mods_for(qa, ka, True, (-1, -1), 50.0, None, None)
+    window = mods_for(qa, ka, False, (300, 40), 0.0, None, None)
+    flat = mods_for(qa, ka, False, (-1, -1), 50.0, None, None)
+    assert [_fwd_sm90.mod_band(m, 4096) for m in (None, causal, window, flat)] == [None, "causal", "causal", "flat"]
+    t = _configs.sm90_fwd_mod_persist_tiles(128)["persist"]
+    monkeypatch.setattr(_fwd_sm90, "sm_count", lambda device: 132)  # (an H100 / H200's SMs; no GPU here)
+    # (the plain kernel could walk this launch by stream-K: 1024 tiles on 132 blocks leave the last wave part empty)
+    walk, _ = _fwd_sm90.persist_walk("stream_k", False, None, 2, 16, 16, 4096, 4096, 128, t, 32, 0)
+    assert walk["walk_slot"] == _fwd_sm90._walk.STREAM_K
+    for band in ("causal", "flat"):
+        walk, _ = _fwd_sm90.persist_walk("auto", False, None, 2, 16, 16, 4096, 4096, 128, t, 32, 0, band)
+        assert walk["walk_slot"] != _fwd_sm90._walk.STREAM_K
+        with pytest.raises(ValueError, match="stream_k"):
+            _fwd_sm90.persist_walk("stream_k", False, None, 2, 16, 16, 4096, 4096, 128, t, 32, 0, band)
+
+
 def test_map_memo_encodes_only_new_pointers():
     """The memoized plan's tensor maps (cuflash._fwd_sm90.MapMemo), with stand-ins for torch and the driver: the
     layers of a model (more pointer sets than MAX_MAP_SETS, the same shapes) each called twice over, and each call's

@@ -14,8 +14,11 @@ time_rounds, rotated), medians of `rounds` rounds:
   w4096     the window (4096, 0), Mistral's; its tiles counted (KV tiles visited over the causal ones)
   alibi     BLOOM's ALiBi slopes on the causal mask
   softcap   soft-cap 50 (Gemma 2's) on the causal mask
-The table: ms per variant, then plain1 / plain (structure), wcausal / plain1 (the modifier kernel at equal work),
-w4096's time per tile over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers alone).
+and each modifier variant again on the modifier kernels' persistent form ("_p": cuflash._configs.
+sm90_fwd_mod_persist_tiles, the variant the plain kernel takes at that length: 160-key stages from 8k at head dim 128).
+The tables: ms per variant, then plain1 / plain (structure), wcausal / plain1 (the modifier kernel at equal work),
+w4096's time per tile over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers alone); and each
+modifier's cost over the plain kernel, one block per tile and persistent.
 """
 from __future__ import annotations
 
@@ -60,8 +63,11 @@ def run(rounds: int, seqlens, headdims) -> None:
                 return lambda: _fwd_sm90.forward(qa, ka, va, None, True, tile=tile, mods=mods)
 
             base = _configs.SM90_FWD_TILES[d]
+            pt = _configs.sm90_fwd_mod_persist_tiles(d)["persist n160" if d == 128 and s >= 8192 else "persist"]
             fns = {"plain": call(), "plain1": call(tile=base), "wcausal": call(window=(s, 0)),
-                   "w4096": call(window=(WINDOW, 0)), "alibi": call(alibi=slopes), "softcap": call(cap=CAP)}
+                   "w4096": call(window=(WINDOW, 0)), "alibi": call(alibi=slopes), "softcap": call(cap=CAP),
+                   "wcausal_p": call(window=(s, 0), tile=pt), "w4096_p": call(window=(WINDOW, 0), tile=pt),
+                   "alibi_p": call(alibi=slopes, tile=pt), "softcap_p": call(cap=CAP, tile=pt)}
             res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
             band = _tiles(s, base.block_m, base.block_n, WINDOW) / _tiles(s, base.block_m, base.block_n, -1)
             rows.append((d, s, band, res))
@@ -79,6 +85,19 @@ def run(rounds: int, seqlens, headdims) -> None:
         cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in names]
         print(f"| {d} | {s} | " + " | ".join(cells) + f" | {ratio('plain1', 'plain')} | {ratio('wcausal', 'plain1')} "
               f"| {band:.3f} | {per_tile} | {ratio('alibi', 'wcausal')} | {ratio('softcap', 'wcausal')} |")
+    mods = ("wcausal", "w4096", "alibi", "softcap")
+    print("\nCost over the plain kernel (time / plain's - 1; w4096: per tile of its band), one block per tile -> "
+          "persistent:\n")
+    print("| hdim | seqlen | " + " | ".join(mods) + " |")
+    print("|---" * (2 + len(mods)) + "|")
+    for d, s, band, r in rows:
+        def cost(n):
+            f = band if n == "w4096" else 1.0
+            if not (r.get(n) and r.get(n + "_p") and r.get("plain")):
+                return "n/a"
+            return f"{100 * (r[n] / f / r['plain'] - 1):+.1f}% -> {100 * (r[n + '_p'] / f / r['plain'] - 1):+.1f}%"
+
+        print(f"| {d} | {s} | " + " | ".join(cost(n) for n in mods) + " |")
 
 
 def main(argv=None) -> int:

@@ -8,14 +8,17 @@ small ragged shapes, checked against the float64 reference -- fast enough to run
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --persist --quick
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --bands
     compute-sanitizer --tool memcheck  python -m bench.diag.sm90_check --stream-k
+    compute-sanitizer --tool synccheck python -m bench.diag.sm90_check --persist-mods --quick
 
 (--persist: the persistent form's variants, cuflash._configs.SM90_FWD_PERSIST_VARIANTS, instead of the configured
 tiles, each with its three tile walks, grid_order "qtile" and "bh" in fixed waves and "dynamic" (tiles handed out
 by a counter), on grids of fewer tiles than blocks and of several tiles per block; --bands: the configured one-tile kernels of every head dim, causal and with sliding windows (and a
 soft-capped causal band), on shapes whose Q tiles' warpgroups see different KV tiles -- sq < sk, sq > sk (rows that
 see no key), tails of no tile's multiple -- the warpgroups' skipped KV tiles and empty turns; --stream-k: the
-persistent variants walking by stream-K without a mask, tiles split between blocks; with --quick float16 only, there
-and with --persist)
+persistent variants walking by stream-K without a mask, tiles split between blocks; --persist-mods: the modifier
+kernels' persistent form, cuflash._configs.sm90_fwd_mod_persist_tiles, with windows (hidden first and last KV tiles,
+rows that see no key) and the soft-cap, under the fixed and the dynamic walk; with --quick float16 only, there and
+with --persist)
 
 and, with --errors, where the error of each case lies (max abs error per 64-row band and 64-column chunk), to
 locate a wrong layout or a missed stage. Exit status 1 when a case misses the error rule's bound (conftest.py).
@@ -40,11 +43,15 @@ def _run(q, k, v, causal, walk, mods):
         out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, backend="sm90", return_attn_probs=True,
                                               **(mods or {}))
         return out, lse
+    from cuflash._mods import mods_for
+
     tile, order = walk
     out = torch.full_like(q, float("nan"))
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device="cuda", dtype=torch.float32)
     qa, ka, va = check_qkv(q, k, v)
-    _fwd_sm90.forward(qa, ka, va, None, causal, order, out=out, lse=lse, tile=tile)
+    m = mods or {}
+    mo = mods_for(qa, ka, causal, m.get("window_size", (-1, -1)), m.get("softcap", 0.0), None, None) if m else None
+    _fwd_sm90.forward(qa, ka, va, None, causal, order, out=out, lse=lse, tile=tile, mods=mo)
     return out, lse
 
 
@@ -84,7 +91,8 @@ def _case(b, sq, sk, h, hk, d, dtype, causal, errors, walk=None, mods=None):
 
 
 def main(argv):
-    from cuflash._configs import SM90_FWD_PERSIST_VARIANTS, SM90_FWD_TILES, SM90_HEADDIMS, sm90_fwd_persist_tiles
+    from cuflash._configs import (SM90_FWD_PERSIST_VARIANTS, SM90_FWD_TILES, SM90_HEADDIMS, sm90_fwd_mod_persist_tiles,
+                                  sm90_fwd_persist_tiles)
 
     quick, errors = "--quick" in argv, "--errors" in argv
     shapes = [(1, 130, 77, 2, 1)] if quick else [(1, 130, 77, 2, 1), (2, 200, 333, 4, 2), (1, 64, 64, 1, 1)]
@@ -99,6 +107,21 @@ def main(argv):
                         for order in ("qtile", "bh", "dynamic"):
                             for b, sq, sk, h, hk in shapes:
                                 bad += not _case(b, sq, sk, h, hk, d, dtype, causal, errors, (tile, order))
+        print(f"{bad} failed")
+        return 1 if bad else 0
+    if "--persist-mods" in argv:
+        # as --persist (--quick: several tiles per block only), with the bands of --bands and the soft-cap (causal:
+        # the band with right = 0)
+        shapes = [(2, 1333, 1000, 8, 2)] if quick else [(1, 300, 300, 2, 1), (2, 1333, 1000, 8, 2)]
+        bands = [dict(window_size=(100, 17)), dict(window_size=(300, -1)), dict(window_size=(-1, 0), softcap=20.0),
+                 dict(softcap=20.0)]
+        for dtype in ("float16",) if quick else ("float16", "bfloat16"):
+            for d in sorted(SM90_FWD_PERSIST_VARIANTS):
+                for tile in sm90_fwd_mod_persist_tiles(d).values():
+                    for mods in bands:
+                        for order in ("qtile", "dynamic"):
+                            for b, sq, sk, h, hk in shapes:
+                                bad += not _case(b, sq, sk, h, hk, d, dtype, False, errors, (tile, order), mods)
         print(f"{bad} failed")
         return 1 if bad else 0
     if "--stream-k" in argv:

@@ -18,7 +18,8 @@ and each modifier variant again on the modifier kernels' persistent form ("_p": 
 sm90_fwd_mod_persist_tiles, the variant the plain kernel takes at that length: 160-key stages from 8k at head dim 128).
 The tables: ms per variant, then plain1 / plain (structure), wcausal / plain1 (the modifier kernel at equal work),
 w4096's time per tile over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers alone); and each
-modifier's cost over the plain kernel, one block per tile and persistent.
+modifier's cost over the plain kernel, one block per tile and persistent, and the soft-cap's without a mask ("nc_":
+the plain kernel without a mask, the soft-capped one block per tile and persistent).
 """
 from __future__ import annotations
 
@@ -58,16 +59,18 @@ def run(rounds: int, seqlens, headdims) -> None:
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
             qa, ka, va = check_qkv(q, k, v)
 
-            def call(window=(-1, -1), cap=0.0, alibi=None, tile=None):
-                mods = mods_for(qa, ka, True, window, cap, alibi, None)
-                return lambda: _fwd_sm90.forward(qa, ka, va, None, True, tile=tile, mods=mods)
+            def call(window=(-1, -1), cap=0.0, alibi=None, tile=None, causal=True):
+                mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+                return lambda: _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
 
             base = _configs.SM90_FWD_TILES[d]
             pt = _configs.sm90_fwd_mod_persist_tiles(d)["persist n160" if d == 128 and s >= 8192 else "persist"]
             fns = {"plain": call(), "plain1": call(tile=base), "wcausal": call(window=(s, 0)),
                    "w4096": call(window=(WINDOW, 0)), "alibi": call(alibi=slopes), "softcap": call(cap=CAP),
                    "wcausal_p": call(window=(s, 0), tile=pt), "w4096_p": call(window=(WINDOW, 0), tile=pt),
-                   "alibi_p": call(alibi=slopes, tile=pt), "softcap_p": call(cap=CAP, tile=pt)}
+                   "alibi_p": call(alibi=slopes, tile=pt), "softcap_p": call(cap=CAP, tile=pt),
+                   "nc_plain": call(causal=False), "nc_softcap": call(cap=CAP, causal=False),
+                   "nc_softcap_p": call(cap=CAP, tile=pt, causal=False)}
             res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
             band = _tiles(s, base.block_m, base.block_n, WINDOW) / _tiles(s, base.block_m, base.block_n, -1)
             rows.append((d, s, band, res))
@@ -88,8 +91,8 @@ def run(rounds: int, seqlens, headdims) -> None:
     mods = ("wcausal", "w4096", "alibi", "softcap")
     print("\nCost over the plain kernel (time / plain's - 1; w4096: per tile of its band), one block per tile -> "
           "persistent:\n")
-    print("| hdim | seqlen | " + " | ".join(mods) + " |")
-    print("|---" * (2 + len(mods)) + "|")
+    print("| hdim | seqlen | " + " | ".join(mods) + " | softcap, no mask |")
+    print("|---" * (3 + len(mods)) + "|")
     for d, s, band, r in rows:
         def cost(n):
             f = band if n == "w4096" else 1.0
@@ -97,7 +100,11 @@ def run(rounds: int, seqlens, headdims) -> None:
                 return "n/a"
             return f"{100 * (r[n] / f / r['plain'] - 1):+.1f}% -> {100 * (r[n + '_p'] / f / r['plain'] - 1):+.1f}%"
 
-        print(f"| {d} | {s} | " + " | ".join(cost(n) for n in mods) + " |")
+        nc = "n/a"
+        if r.get("nc_softcap") and r.get("nc_softcap_p") and r.get("nc_plain"):
+            nc = (f"{100 * (r['nc_softcap'] / r['nc_plain'] - 1):+.1f}% -> "
+                  f"{100 * (r['nc_softcap_p'] / r['nc_plain'] - 1):+.1f}%")
+        print(f"| {d} | {s} | " + " | ".join(cost(n) for n in mods) + f" | {nc} |")
 
 
 def main(argv=None) -> int:

@@ -76,6 +76,11 @@ def run(rounds: int, seqlens, headdims) -> None:
             rows.append((d, s, band, res))
             print(f"d={d} s={s}: " + " ".join(f"{n} {ms:.3f}" for n, ms in res.items() if ms), flush=True)
             fns.clear()
+    report(rows)
+
+
+def report(rows) -> None:
+    """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
     names = ("plain", "plain1", "wcausal", "w4096", "alibi", "softcap")
     print("\n| hdim | seqlen | " + " | ".join(f"{n} ms" for n in names) + " | plain1 / plain | wcausal / plain1 | "
           "w4096 band | w4096 per tile / wcausal | alibi / wcausal | softcap / wcausal |")

@@ -735,6 +735,29 @@ def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:
     return {n: replace(t, cap_max=cap) for n, t in sm90_fwd_persist_tiles(headdim).items()}
 
 
+# The modifier kernels' persistent form where it measured faster than one block per tile (cuflash._fwd_sm90 takes it
+# for calls of fixed lengths with the score modifiers, no dropout; bench.diag.mod_tile_probe, H100, fp16, batch x
+# seqlen = 16k, two runs, each modifier's cost over the plain kernel one-tile -> persistent): at 4k keys every
+# modifier at both head dims (head dim 128: window-only causal +9-10% -> -1-0%, ALiBi +13-14% -> +6-9%, soft-cap
+# +28-29% -> +18-19%, without a mask +35-37% -> +23-25%; head dim 64: +7-18% -> +1-13%, soft-cap +40-44% -> +31-34%);
+# above 4k only where the band has no right edge (the soft-cap without a mask: head dim 128 +25-35% -> +18-21% at
+# 8k-16k on 160-key stages, head dim 64 +37-38% -> +28% at 8k, level at 16k). Causal bands from 8k stay one block per
+# tile: a 4096-key window +5-16% -> +11-19%, ALiBi +0-14% -> +2-20% (the same runs). Keys (exclusive, inclusive],
+# variant; up to 2k keys no variant was measured.
+SM90_FWD_MOD_PERSIST = {(64, "causal"): ((2048, 4096, "persist"),), (64, "flat"): ((2048, 8192, "persist"),),
+                        (128, "causal"): ((2048, 4096, "persist"),),
+                        (128, "flat"): ((2048, 4096, "persist"), (4096, None, "persist n160"))}
+
+
+def sm90_fwd_mod_tile(headdim: int, seqlen_k: int, band: str) -> Sm90FwdTile | None:
+    """The persistent tile a modifier call of fixed lengths takes (SM90_FWD_MOD_PERSIST; band: cuflash._fwd_sm90.
+    mod_band's "causal" or "flat"), or None: the configured one-tile modifier kernel."""
+    for lo, hi, name in SM90_FWD_MOD_PERSIST.get((headdim, band), ()):
+        if lo < seqlen_k and (hi is None or seqlen_k <= hi):
+            return sm90_fwd_mod_persist_tiles(headdim)[name]
+    return None
+
+
 def sm90_fwd_variant_specs():
     """The Hopper forward's variants the diagnostics launch: each configured modifier tile at
     SM90_FWD_CAP_MAX_HEADDIMS without the capped-max form (bench/diag/softcap_check.py's "cap", the tests'

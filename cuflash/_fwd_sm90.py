@@ -24,9 +24,9 @@ from dataclasses import replace
 
 from . import _interop, _walk
 from ._fwd_grid import GRID_ORDERS, _grid, folds_gqa, outputs, resolve_grid_order
-from ._configs import (SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_spec, sm90_fwd_stream_k_auto,
-                       sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk, sm90_smem_capped, stream_k_eligible,
-                       stream_k_max_kv)
+from ._configs import (MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_headdim, sm90_fwd_mod_tile,
+                       sm90_fwd_spec, sm90_fwd_stream_k_auto, sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk,
+                       sm90_smem_capped, stream_k_eligible, stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import MOD_NONE, kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
@@ -100,8 +100,9 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     """(launcher, grid, FwdParams fields less pointers, (q, k, v) TensorMapSpecs -- and o's with a tile of o_tma) of a
     validated, eligible call; `tile` (a cuflash._configs.Sm90FwdTile) overrides the configured one (benchmark
     sweeps); mods: the score modifiers (cuflash._mods.Mods) or None. An output (o_strides, o_ptr) no tensor map can
-    describe takes the tile without o_tma. A persistent tile with dropout is a ValueError (the persistent form has
-    none); with the score modifiers it walks as under a causal mask where the band has a right edge (the kernel takes
+    describe takes the tile without o_tma. Calls of fixed lengths with the score modifiers (no dropout) take their
+    persistent form where cuflash._configs.SM90_FWD_MOD_PERSIST names it. A persistent tile with dropout is a
+    ValueError (the persistent form has none); with the score modifiers it walks as under a causal mask where the band has a right edge (the kernel takes
     their tiles heaviest first) and never by stream-K."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
@@ -109,7 +110,10 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d, SM90_HEADDIMS)  # the maps' columns past hd read as zeros (TMA out of bounds)
     causal, mod = kernel_mode(mods, causal)
-    tile = tile or sm90_fwd_tile(d, causal, packed.max_k if packed is not None else sk, mod)
+    if tile is None:
+        tile = sm90_fwd_tile(d, causal, packed.max_k if packed is not None else sk, mod)
+        if mod == MOD_SCORE and packed is None:  # the modifier kernels' persistent form where configured
+            tile = sm90_fwd_mod_tile(d, sk, mod_band(mods, sq)) or tile
     o_shape = (qa.shape[0], sq, h, hd)
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)

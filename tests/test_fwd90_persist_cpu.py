@@ -112,6 +112,14 @@ for d, shapes in (("128", ((2, 300, 8), (2, 777, 2))), ("64", ((2, 300, 8), (2, 
     tm = _configs.sm90_fwd_mod_persist_tiles(int(d))["persist"]
     rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, False, tile=tm, mods=mods))
     res[f"mod {d} {b} {sq}"] = [[r[0], list(r[1])] for r in rec]
+for d, sq, causal, cap in ((128, 4096, True, 50.0), (128, 8192, True, 50.0), (128, 8192, False, 50.0),
+                           (64, 8192, False, 50.0), (64, 16384, False, 50.0), (64, 2048, True, 50.0),
+                           (128, 4096, True, 0.0)):
+    q, k, v = (T((1, sq, 8, d), torch.float16) for _ in range(3))
+    qa, ka, va = check_qkv(q, k, v)
+    mods = _mods.resolve(causal, (-1, -1), cap, None, sq, sq, d ** -0.5) if cap else None
+    rec, _ = launches(lambda: _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods))
+    res[f"configured mod {d} {sq} {causal} {cap}"] = [[r[0], list(r[1])] for r in rec]
 qv, kv_ = T((700, 8, 128), torch.float16), T((900, 2, 128), torch.float16)
 vv = T((900, 2, 128), torch.float16)
 cq, ck = T((4,), torch.int32), T((4,), torch.int32)
@@ -202,6 +210,26 @@ def test_persistent_modifier_tile_launch(res):
         want = {sm90_fwd_spec("float16", int(d), False, u, _configs.MOD_SCORE).name
                 for u in (tm, replace(tm, o_tma=False))}
         assert name in want and grid == [min(b * h * -(-sq // tm.block_m), 132), 1, 1]
+
+
+@pytest.mark.parametrize("d,sq,causal,want", [(128, 4096, True, "persist"), (128, 8192, True, None),
+                                               (128, 8192, False, "persist n160"), (64, 8192, False, "persist"),
+                                               (64, 16384, False, None), (64, 2048, True, None)])
+def test_configured_modifier_calls_take_the_persistent_form(res, d, sq, causal, want):
+    """A soft-capped call of fixed lengths (tile None) takes the modifier kernels' persistent form where
+    SM90_FWD_MOD_PERSIST names it for its keys and band (causal: a right edge; no mask: "flat"), the one-tile
+    modifier kernel elsewhere; the plain call keeps its own configured tile."""
+    (name, grid), = res[f"configured mod {d} {sq} {causal} 50.0"]
+    if want is None:
+        tile = sm90_fwd_tile(d, False, sq, _configs.MOD_SCORE)
+        assert not tile.persistent and grid[0] * grid[1] * grid[2] == 8 * -(-sq // tile.block_m)  # a block per Q tile
+    else:
+        tile = _configs.sm90_fwd_mod_persist_tiles(d)[want]
+        assert grid == [132, 1, 1]
+    assert name == sm90_fwd_spec("float16", d, False, tile, _configs.MOD_SCORE).name
+    assert _configs.sm90_fwd_mod_tile(d, sq, "causal" if causal else "flat") == (None if want is None else tile)
+    (plain, _), = res["configured mod 128 4096 True 0.0"]
+    assert plain == sm90_fwd_spec("float16", 128, True, sm90_fwd_tile(128, True, 4096)).name
 
 
 def test_persistent_packed_grid(res):

@@ -742,7 +742,7 @@ def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:
 # +28-29% -> +18-19%, without a mask +35-37% -> +23-25%; head dim 64: +7-18% -> +1-13%, soft-cap +40-44% -> +31-34%);
 # above 4k only where the band has no right edge (the soft-cap without a mask: head dim 128 +25-35% -> +18-21% at
 # 8k-16k on 160-key stages, head dim 64 +37-38% -> +28% at 8k, level at 16k). Causal bands from 8k stay one block per
-# tile: a 4096-key window +5-16% -> +11-19%, ALiBi +0-14% -> +2-20% (the same runs). Keys (exclusive, inclusive],
+# tile: a 4096-key window +5-16% -> +10-19%, ALiBi +0-14% -> +2-20% (the same runs). Keys (exclusive, inclusive],
 # variant; up to 2k keys no variant was measured.
 SM90_FWD_MOD_PERSIST = {(64, "causal"): ((2048, 4096, "persist"),), (64, "flat"): ((2048, 8192, "persist"),),
                         (128, "causal"): ((2048, 4096, "persist"),),

@@ -112,6 +112,20 @@ def test_forward_modifiers_long(dtype, backend, opt, sq, sk):
     check_forward(q, k, v, out, lse, 128 ** -0.5, causal, window, cap, alibi, f"{backend} {opt}")
 
 
+def sm90_modifier_inputs(d, dtype, heads, sq, sk, causal, window, cap, akind):
+    """The Hopper forward's modifier tests' inputs (skipped without an sm90 GPU): q, k, v with large logits (inputs
+    x3), heads = (batch, query heads, KV heads), the ALiBi slopes of `akind`, the validated views and the call's Mods."""
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    needs_backend("sm90", d)
+    b, h, hk = heads
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    return q, k, v, alibi, (qa, ka, va), mods_for(qa, ka, causal, window, cap, alibi, None)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
@@ -132,15 +146,8 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     import torch
 
     from cuflash import _configs, _fwd_sm90
-    from cuflash._mods import mods_for
-    from cuflash._validate import check_qkv
 
-    needs_backend("sm90", d)
-    b, h, hk = 2, 4, 2
-    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
-    alibi = make_alibi(akind, b, h)
-    qa, ka, va = check_qkv(q, k, v)
-    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    q, k, v, alibi, (qa, ka, va), mods = sm90_modifier_inputs(d, dtype, (2, 4, 2), sq, sk, causal, window, cap, akind)
     tile = _configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE)
     assert tile.cap_max  # (the configured modifier kernel)
     out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)
@@ -190,15 +197,9 @@ def test_forward_persistent_modifier_form(d, name, dtype, causal, window, cap, a
     import torch
 
     from cuflash import _configs, _fwd_sm90
-    from cuflash._mods import mods_for
-    from cuflash._validate import check_qkv
 
-    needs_backend("sm90", d)
-    b, h, hk = 2, 24, 8
-    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
-    alibi = make_alibi(akind, b, h)
-    qa, ka, va = check_qkv(q, k, v)
-    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    b, h = 2, 24
+    q, k, v, alibi, (qa, ka, va), mods = sm90_modifier_inputs(d, dtype, (b, h, 8), sq, sk, causal, window, cap, akind)
     tile = _configs.sm90_fwd_mod_persist_tiles(d)[name]
     assert tile.persistent and b * h * -(-sq // tile.block_m) > _fwd_sm90.sm_count(0)  # several tiles per block
 

@@ -648,7 +648,7 @@ def sm90_fwd_minb_tiles(headdim: int) -> dict:
 # its head dim with these fields: the configured epilogue (o_tma) and register split, but at d64 the 16-byte stores
 # (with the TMA store NVRTC 13.0 spills 8-16 B of the three consumers' 160 registers in the causal kernel); shared
 # memory holds two Q buffers (d64: 113 KB, d96 and d128: 193 KB; d256's 288 KB do not fit, so it has none). No
-# score modifier or dropout (the tile selection keeps the default for them).
+# dropout; the modifier kernels take them as sm90_fwd_mod_persist_tiles, where SM90_FWD_MOD_PERSIST says.
 SM90_FWD_PERSIST_VARIANTS = {
     64: {"persist": dict(persistent=True, o_tma=False)},
     96: {"persist": dict(persistent=True)},
@@ -729,8 +729,9 @@ SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
 
 def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:
     """{name: Sm90FwdTile} of the persistent form for the modifier kernels (MOD_SCORE, no dropout) at a head dim: the
-    plain kernels' persistent variants (SM90_FWD_PERSIST_VARIANTS) with the modifier tile's capped-max form. Not
-    configured; reached through an explicit tile (bench/diag/mod_tile_probe.py, tests/test_score_mods.py)."""
+    plain kernels' persistent variants (SM90_FWD_PERSIST_VARIANTS) with the modifier tile's capped-max form. Calls
+    take them where SM90_FWD_MOD_PERSIST names them (sm90_fwd_mod_tile); every one is reachable through an explicit
+    tile (bench/diag/mod_tile_probe.py, tests/test_score_mods.py)."""
     cap = headdim in SM90_FWD_CAP_MAX_HEADDIMS
     return {n: replace(t, cap_max=cap) for n, t in sm90_fwd_persist_tiles(headdim).items()}
 

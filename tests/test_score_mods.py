@@ -160,9 +160,9 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
         1.0, lse_c[fin].abs().max().item())
 
 
-# The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles: not configured, reached through an
-# explicit tile): (head dim, variant) pairs, and the cases: each modifier alone, causal with each, a window with rows
-# that see no key, all three.
+# The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles, through an explicit tile: every
+# variant, configured or not): (head dim, variant) pairs, and the cases: each modifier alone, causal with each, a
+# window with rows that see no key, all three.
 PERSIST_MOD_TILES = [(64, "persist"), (96, "persist"), (128, "persist"), (128, "persist n160")]
 PERSIST_MOD_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 40), 0.0, None),
                      (True, (600, -1), 0.0, "h"), (False, (-1, -1), 0.0, "bh"), (True, (400, -1), 20.0, "h")]

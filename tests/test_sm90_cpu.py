@@ -233,8 +233,9 @@ def test_capped_max_form_configured():
 def test_persistent_modifier_form_specs_and_walk(monkeypatch):
     """The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles): the plain kernels'
     persistent variants with the modifier tile's capped-max rule, compiled by CI (in all_specs) at both dtypes with and
-    without o_tma, never the configured tile of a modifier call; dropout and stream-K refused with it; and its walk on
-    the host: heaviest first in the list model where the band has a right edge (mod_band "causal"), never stream-K."""
+    without o_tma, never sm90_fwd_tile's (the dispatch's choice: test_fwd90_persist_cpu.py); dropout and stream-K
+    refused with it; and its walk on the host: heaviest first in the list model where the band has a right edge
+    (mod_band "causal"), never stream-K."""
     from dataclasses import replace
 
     from cuflash import _fwd_sm90

@@ -164,21 +164,31 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
 
 // dQ = softmax_scale * sum of the fp32 partials. Each thread takes BWD_CONVERT_SLOTS 16-byte slots of the
 // fragment-tiled accumulator: one lane position l of a 16-row band (rows g and g + 8, columns 2t and 2t + 1 of each
-// n8 block) in the n8 blocks jg, jg + JG, ... (JG = D / 8 / BWD_CONVERT_SLOTS), so a warp's loads of one block are
-// 512 contiguous bytes and the thread's index arithmetic (64-bit divisions by run-time sizes, the sequence's
-// offsets) is paid once for all its slots, whose loads are all issued before the first is used. For "seqpar" only
-// the KV tiles a row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq). UA: dQ rows
-// that are not 16-byte units (2-byte stores; the column past an odd head dim skipped).
+// n8 block) in the NS consecutive n8 blocks jg NS .. jg NS + NS - 1, so a warp's loads of one block are 512
+// contiguous bytes and the thread's index arithmetic (64-bit divisions by run-time sizes, the sequence's offsets) is
+// paid once for all its slots, whose loads are all issued before the first is used. The sums, scaled and packed to
+// T pairs, then go through the warp's shared-memory slice once, transposed within each quad of lanes: lane t of the
+// quad takes block jg NS + t whole -- 8 columns of rows g and g + 8, two 16-byte stores -- so a warp's store writes
+// 64 contiguous bytes of each of 8 rows (whole 32-byte sectors) instead of 4-byte pieces. For "seqpar" only the KV
+// tiles a row can see were written for it (causal: tiles j with j * BLOCK_N <= i + sk - sq). UA: dQ rows that are
+// not 16-byte units (2-byte stores of each lane's own pairs, no transpose; the column past an odd head dim skipped).
 constexpr int BWD_CONVERT_SLOTS = 4;
+constexpr int BWD_CONVERT_THREADS = 256;  // the block (cuflash/_configs.py: the same number)
 
 template <typename T, int D, int BLOCK_N, bool CAUSAL, int MOD = MOD_NONE, bool UA = false>
-__global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(BWD_CONVERT_THREADS)
+    flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p) {
   constexpr int NS = BWD_CONVERT_SLOTS, JG = D / 8 / NS;
   static_assert(D % (8 * NS) == 0, "convert: the head dim's n8 blocks in groups of BWD_CONVERT_SLOTS");
+  static_assert(NS == 4, "the quad transpose: one slot per lane of a quad");
+  // a warp's slice: [slot n][row half][g ^ 2n][t] T pairs, so that (n, half, g) is one 16-byte row piece; the XOR
+  // keeps both the pair stores (a slot's 32 lanes on 32 consecutive words) and the 16-byte loads (a quarter warp's 8
+  // lanes: g in {2q, 2q + 1}, t = n in 0 .. 3, on 8 distinct 16-byte bank groups) free of bank conflicts
+  __shared__ __align__(16) uint32_t stage[BWD_CONVERT_THREADS / 32][NS * 2 * 32];
   const int64_t ws_rows = bwd_ws_rows(p, p.cu_seqlens_q != nullptr);
   const int64_t threads = ws_rows / 16 * (32 * JG);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= threads) return;
+  if (idx >= threads) return;  // (whole warps: threads is a multiple of 32)
   const int l = (int)(idx % 32), jg = (int)(idx / 32 % JG);
   const int64_t band = idx / (32 * JG);
   const int64_t bh = band / (p.seqlen_q_pad / 16);
@@ -186,13 +196,13 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   int64_t h = bh % p.nheads, b = bh / p.nheads;
   if (p.cu_seqlens_q) {  // packed: the element whose padded rows hold the band (one element per 16-row band)
     const int2 br = varlen_padded_row<BWD_ROW_PAD>(p.cu_seqlens_q, (int)p.batch, i0);
-    if (br.x >= p.batch) return;
+    if (br.x >= p.batch) return;  // (the band's: the whole warp)
     h = bh;
     b = br.x;
     i0 = br.y;
   }
   const SeqInfo si = seqinfo(p, (int)b, p.cu_seqlens_q != nullptr);
-  if (i0 >= si.seqlen_q) return;
+  if (i0 - l / 4 >= si.seqlen_q) return;  // the band's first row past the sequence: the whole warp
   int64_t splits0 = p.num_dq_splits, splits8 = p.num_dq_splits, begin0 = 0, begin8 = 0;
   if ((CAUSAL || MOD != MOD_NONE) && p.dq_strategy == DQ_SEQPAR) {  // the KV tiles rows i0, i0 + 8 see (attn/block.cuh)
     const Mask<CAUSAL, MOD> mask = si.mask<CAUSAL, MOD>(p, (int)b, (int)h);
@@ -202,8 +212,8 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
     begin8 = kv_block_begin<BLOCK_N>(mask, (int)i0 + 8);
   }
   const int64_t split_stride = ws_rows * D;
-  // slot n: block jg + n JG of the band, 128 floats (32 float4) per block
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + band * 16 * D) + jg * 32 + l;
+  // slot n: block jg NS + n of the band, 128 floats (32 float4) per block
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + band * 16 * D) + jg * NS * 32 + l;
   float4 sum[NS];
 #pragma unroll
   for (int n = 0; n < NS; ++n) sum[n] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -212,7 +222,7 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
     const float4* src = acc + s * (split_stride / 4);
     float4 x[NS];
 #pragma unroll
-    for (int n = 0; n < NS; ++n) x[n] = src[n * JG * 32];
+    for (int n = 0; n < NS; ++n) x[n] = src[n * 32];
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       if (s < splits0) {
@@ -228,19 +238,34 @@ __global__ void flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p)
   const float scale = (float)p.softmax_scale;
   T* dq_row = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h) +
               i0 * p.dq_row_stride;
-  const bool row8 = i0 + 8 < si.seqlen_q;
+  const bool row0 = i0 < si.seqlen_q, row8 = i0 + 8 < si.seqlen_q;
+  if constexpr (UA) {
 #pragma unroll
-  for (int n = 0; n < NS; ++n) {
-    const int c = (jg + n * JG) * 8 + 2 * (l % 4);
-    if (c >= p.head_dim) continue;  // the padding columns of a head dim below D
-    T* dq = dq_row + c;
-    if constexpr (UA) {
-      store_pair_elems(dq, pack2<T>(sum[n].x * scale, sum[n].y * scale), c, (int)p.head_dim);
+    for (int n = 0; n < NS; ++n) {
+      const int c = (jg * NS + n) * 8 + 2 * (l % 4);
+      if (c >= p.head_dim || !row0) continue;  // the padding columns of a head dim below D
+      store_pair_elems(dq_row + c, pack2<T>(sum[n].x * scale, sum[n].y * scale), c, (int)p.head_dim);
       if (row8)
-        store_pair_elems(dq + 8 * p.dq_row_stride, pack2<T>(sum[n].z * scale, sum[n].w * scale), c, (int)p.head_dim);
-    } else {
-      *reinterpret_cast<uint32_t*>(dq) = pack2<T>(sum[n].x * scale, sum[n].y * scale);
-      if (row8) *reinterpret_cast<uint32_t*>(dq + 8 * p.dq_row_stride) = pack2<T>(sum[n].z * scale, sum[n].w * scale);
+        store_pair_elems(dq_row + 8 * p.dq_row_stride + c, pack2<T>(sum[n].z * scale, sum[n].w * scale), c,
+                         (int)p.head_dim);
+    }
+  } else {
+    uint32_t* st = stage[threadIdx.x / 32];
+    const int g = l / 4, t = l % 4;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      st[((n * 2 + 0) * 8 + (g ^ (2 * n))) * 4 + t] = pack2<T>(sum[n].x * scale, sum[n].y * scale);
+      st[((n * 2 + 1) * 8 + (g ^ (2 * n))) * 4 + t] = pack2<T>(sum[n].z * scale, sum[n].w * scale);
+    }
+    __syncwarp();
+    const int c = (jg * NS + t) * 8;  // this lane's block: columns c .. c + 7 (the head dim a multiple of 8 here)
+    if (c < p.head_dim && row0) {
+      const uint4 lo = *reinterpret_cast<const uint4*>(st + ((t * 2 + 0) * 8 + (g ^ (2 * t))) * 4);
+      *reinterpret_cast<uint4*>(dq_row + c) = lo;
+      if (row8) {
+        const uint4 hi = *reinterpret_cast<const uint4*>(st + ((t * 2 + 1) * 8 + (g ^ (2 * t))) * 4);
+        *reinterpret_cast<uint4*>(dq_row + 8 * p.dq_row_stride + c) = hi;
+      }
     }
   }
 }

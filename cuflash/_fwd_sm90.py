@@ -28,7 +28,7 @@ from ._configs import (MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_h
                        sm90_fwd_spec, sm90_fwd_stream_k_auto, sm90_fwd_tile, sm90_persist_dynamic, sm90_persist_walk,
                        sm90_smem_capped, stream_k_eligible, stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
-from ._mods import MOD_NONE, kernel_mode, mod_fields
+from ._mods import MOD_NONE, has_right_edge, kernel_mode, mod_fields
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
@@ -156,7 +156,7 @@ def mod_band(mods, seqlen_q: int) -> str | None:
     else "flat"."""
     if mods is None or mods.mod == MOD_NONE:
         return None
-    return "causal" if mods.fields["window_right"] < seqlen_q else "flat"
+    return "causal" if has_right_edge(mods, seqlen_q) else "flat"
 
 
 def persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, device, band=None) -> tuple:

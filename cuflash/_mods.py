@@ -67,6 +67,12 @@ def resolve(causal: bool, window_size, softcap: float, alibi: Arr | None, seqlen
     return Mods(False, MOD_SCORE, fields)
 
 
+def has_right_edge(mods: Mods, seqlen_q: int) -> bool:
+    """Whether the band of a MOD_SCORE call hides keys right of some row's diagonal (causal, or a window's right side
+    below seqlen_q): resolve encodes an unbounded right side as seqlen_q, a bound no row reaches."""
+    return mods.fields["window_right"] < seqlen_q
+
+
 def score_mods(mods: Mods | None, causal: bool, softmax_scale: float, seqlen_q: int, seqlen_k: int) -> Mods:
     """A call's Mods on the MOD_SCORE kernels: those of a call with modifiers or dropout as they are; a plain or
     causal call (mods None or MOD_NONE) as the band without edges or with right = 0 (the UA kernels, compiled with

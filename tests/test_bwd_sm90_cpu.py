@@ -435,14 +435,48 @@ def test_ordered_causal_takes_the_kv_desc_kernel(res):
 
 
 def test_convert_slots_match_the_kernel():
-    """The host's BWD_CONVERT_SLOTS (the convert grid) is the kernel's, and divides every head dim's n8 blocks."""
+    """The host's BWD_CONVERT_SLOTS and BWD_CONVERT_THREADS (the convert grid and block) are the kernel's, and the
+    slots divide every head dim's n8 blocks."""
     import re
 
     from cuflash._loader import source_dir
 
     src = (source_dir() / "flash_bwd.cu").read_text()
     assert int(re.search(r"constexpr int BWD_CONVERT_SLOTS = (\d+);", src).group(1)) == _configs.BWD_CONVERT_SLOTS
+    assert int(re.search(r"constexpr int BWD_CONVERT_THREADS = (\d+);", src).group(1)) == _configs.BWD_CONVERT_THREADS
     assert all(d // 8 % _configs.BWD_CONVERT_SLOTS == 0 for d in _configs.HEADDIMS)
+
+
+def test_convert_quad_transpose():
+    """The convert's staging (cuda_src/flash_bwd.cu, flash_bwd_convert_dq_kernel, with its formulas): lane (g, t)
+    writes slot n's pair of columns 2t, 2t + 1 of rows g (half 0) and g + 8 (half 1) to word ((2 n + half) 8 +
+    (g ^ 2 n)) 4 + t, and reads the 16 bytes at word ((2 t + half) 8 + (g ^ 2 t)) 4: the read is block t's 8 columns
+    of its own row in order; no two lanes write one word; the pair stores and the 16-byte loads are free of bank
+    conflicts (32 banks of 4 bytes; a 16-byte load is served a quarter warp at a time)."""
+    ns = _configs.BWD_CONVERT_SLOTS
+
+    def wr(n, half, g, t):
+        return ((n * 2 + half) * 8 + (g ^ (2 * n))) * 4 + t
+
+    def rd(half, g, t):
+        return ((t * 2 + half) * 8 + (g ^ (2 * t))) * 4
+
+    smem = {}
+    for n in range(ns):
+        for half in (0, 1):
+            words = [wr(n, half, l // 4, l % 4) for l in range(32)]
+            assert len({w % 32 for w in words}) == 32  # one store instruction: 32 banks
+            for l, w in enumerate(words):
+                assert w not in smem
+                smem[w] = (n, half, l // 4, 2 * (l % 4))  # (block of the slot, row half, row g, first column)
+    assert sorted(smem) == list(range(ns * 2 * 32))
+    for half in (0, 1):
+        for q in range(4):  # quarter warps
+            lanes = range(8 * q, 8 * q + 8)
+            assert len({rd(half, l // 4, l % 4) // 4 % 8 for l in lanes}) == 8  # 8 distinct 16-byte bank groups
+        for l in range(32):
+            g, t = l // 4, l % 4
+            assert [smem[rd(half, g, t) + i] for i in range(4)] == [(t, half, g, 2 * i) for i in range(4)]
 
 
 def test_grid_model_tail():

@@ -217,6 +217,39 @@ def test_forward_persistent_modifier_form(d, name, dtype, causal, window, cap, a
         assert torch.equal(out, out1) and torch.equal(lse, lse1)
 
 
+# Calls that SM90_FWD_MOD_PERSIST sends to the persistent modifier form on their own (no tile given): a causal band
+# (right edge) and bands without one, at key counts inside its ranges (on 160-key stages at head dim 128 past 4k).
+CONFIGURED_PERSIST_CASES = [(True, (-1, -1), 30.0, None, 2600, 3000), (False, (700, 0), 0.0, "h", 3000, 2600),
+                            (False, (-1, -1), 30.0, "bh", 2100, 3500), (False, (-1, -1), 30.0, None, 1000, 4500)]
+CONFIGURED_PERSIST_IDS = ["cap-causal", "window-alibi", "cap-alibi-nomask", "cap-nomask-4500"]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind,sq,sk", CONFIGURED_PERSIST_CASES, ids=CONFIGURED_PERSIST_IDS)
+def test_configured_persistent_modifier_calls(monkeypatch, d, dtype, causal, window, cap, akind, sq, sk):
+    """flash_attn_func (backend "auto", no tile) with the score modifiers at lengths SM90_FWD_MOD_PERSIST configures:
+    the call launches the persistent modifier kernel the configuration names (the kernels launched recorded at
+    cuflash._fwd_sm90.get_launcher) and matches the float64 reference (large logits, GQA 4/2, ragged tails, seqlen_q
+    != seqlen_k both ways, rows that see no key)."""
+    from dataclasses import replace
+
+    from cuflash import _configs, _fwd_sm90
+
+    q, k, v, alibi, _, mods = sm90_modifier_inputs(d, dtype, (1, 4, 2), sq, sk, causal, window, cap, akind)
+    tile = _configs.sm90_fwd_mod_tile(d, sk, _fwd_sm90.mod_band(mods, sq))
+    assert tile is not None and tile.persistent
+    want = {_configs.sm90_fwd_spec(dtype, d, False, u, _configs.MOD_SCORE).name
+            for u in (tile, replace(tile, o_tma=False))}
+    launched, real = [], _fwd_sm90.get_launcher
+    monkeypatch.setattr(_fwd_sm90, "get_launcher",
+                        lambda spec, device: launched.append(spec.name) or real(spec, device))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap, alibi_slopes=alibi,
+                                          return_attn_probs=True)
+    assert launched and launched[-1] in want, launched
+    check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"configured persistent {dtype} d{d}")
+
+
 # The cases of the backward's CAP_ONLY form: the soft-cap alone, causal, a window, with ALiBi (no tile takes the
 # CAP_ONLY form), ALiBi alone (the soft-cap off).
 FORM_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 40), 20.0, None),

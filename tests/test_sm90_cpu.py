@@ -269,7 +269,9 @@ def test_persistent_modifier_form_specs_and_walk(monkeypatch):
     causal = mods_for(qa, ka, True, (-1, -1), 50.0, None, None)
     window = mods_for(qa, ka, False, (300, 40), 0.0, None, None)
     flat = mods_for(qa, ka, False, (-1, -1), 50.0, None, None)
-    assert [_fwd_sm90.mod_band(m, 4096) for m in (None, causal, window, flat)] == [None, "causal", "causal", "flat"]
+    wide = mods_for(qa, ka, False, (300, 4096), 0.0, None, None)  # a right side no row's keys reach past: no edge
+    assert [_fwd_sm90.mod_band(m, 4096) for m in (None, causal, window, flat, wide)] == [None, "causal", "causal",
+                                                                                         "flat", "flat"]
     t = _configs.sm90_fwd_mod_persist_tiles(128)["persist"]
     monkeypatch.setattr(_fwd_sm90, "sm_count", lambda device: 132)  # (an H100 / H200's SMs; no GPU here)
     # (the plain kernel could walk this launch by stream-K: 1024 tiles on 132 blocks leave the last wave part empty)

@@ -811,6 +811,15 @@ def markdown(head, records) -> str:
                      "sm90 / FLASH; deterministic 'ordered' / default, sm80 / cuDNN), timed in turn\n\n" + b90)
         parts.append(grid_table(records, "bwd", sections=("bwd90",), title="Backward on Hopper, every provider "
                                 "(suite bwd90)"))
+    for sec, what in (("fwd90_queued", "Forward on Hopper"), ("bwd90_queued", "Backward on Hopper")):
+        q90 = (hopper_table if sec.startswith("fwd") else hopper_bwd_table)(records, sec)
+        if q90:
+            parts.append(f"### {what}, every call queued behind a spin kernel (suite {sec}: GPU time; the cells as in "
+                         f"the suite without queueing)\n\n" + q90)
+    sc = scores_table(records)
+    if sc:
+        parts.append("### Score modifiers (suite scores): TFLOP/s by the causal FLOP count, the time ratio to the plain "
+                     "kernel of the same backend (> 1: faster), the window's share of the causal pairs\n\n" + sc)
     m90 = micro90_table(records)
     if m90:
         parts.append("### Hopper microbenchmarks (suite micro90)\n\n" + m90)

@@ -743,10 +743,13 @@ def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:
 # +28-29% -> +18-19%, without a mask +35-37% -> +23-25%; head dim 64: +7-18% -> +1-13%, soft-cap +40-44% -> +31-34%);
 # above 4k only where the band has no right edge (the soft-cap without a mask: head dim 128 +25-35% -> +18-21% at
 # 8k-16k on 160-key stages, head dim 64 +37-38% -> +28% at 8k, level at 16k). Causal bands from 8k stay one block per
-# tile: a 4096-key window +5-16% -> +10-19%, ALiBi +0-14% -> +2-20% (the same runs). Keys (exclusive, inclusive],
-# variant; up to 2k keys no variant was measured.
+# tile: a 4096-key window +5-16% -> +10-19%, ALiBi +0-14% -> +2-20% (the same runs). Head dim 96 (two runs of its
+# own, bench/results/h100/mod-tile-probe-d96*.log): without a mask at 4k the soft-cap +35-37% -> +28-32%, the one
+# point where both runs gained at every modifier of a band; with a causal band at 4k the window and ALiBi gained in
+# one run and lost in the other, and from 8k the runs disagree or lose, so head dim 96 takes the persistent form only
+# without a right band edge up to 4k. Keys (exclusive, inclusive], variant; up to 2k keys no variant was measured.
 SM90_FWD_MOD_PERSIST = {(64, "causal"): ((2048, 4096, "persist"),), (64, "flat"): ((2048, 8192, "persist"),),
-                        (128, "causal"): ((2048, 4096, "persist"),),
+                        (96, "flat"): ((2048, 4096, "persist"),), (128, "causal"): ((2048, 4096, "persist"),),
                         (128, "flat"): ((2048, 4096, "persist"), (4096, None, "persist n160"))}
 
 

@@ -114,6 +114,7 @@ for d, shapes in (("128", ((2, 300, 8), (2, 777, 2))), ("64", ((2, 300, 8), (2, 
     res[f"mod {d} {b} {sq}"] = [[r[0], list(r[1])] for r in rec]
 for d, sq, causal, cap in ((128, 4096, True, 50.0), (128, 8192, True, 50.0), (128, 8192, False, 50.0),
                            (64, 8192, False, 50.0), (64, 16384, False, 50.0), (64, 2048, True, 50.0),
+                           (96, 4096, False, 50.0), (96, 4096, True, 50.0), (96, 8192, False, 50.0),
                            (128, 4096, True, 0.0)):
     q, k, v = (T((1, sq, 8, d), torch.float16) for _ in range(3))
     qa, ka, va = check_qkv(q, k, v)
@@ -214,7 +215,9 @@ def test_persistent_modifier_tile_launch(res):
 
 @pytest.mark.parametrize("d,sq,causal,want", [(128, 4096, True, "persist"), (128, 8192, True, None),
                                                (128, 8192, False, "persist n160"), (64, 8192, False, "persist"),
-                                               (64, 16384, False, None), (64, 2048, True, None)])
+                                               (64, 16384, False, None), (64, 2048, True, None),
+                                               (96, 4096, False, "persist"), (96, 4096, True, None),
+                                               (96, 8192, False, None)])
 def test_configured_modifier_calls_take_the_persistent_form(res, d, sq, causal, want):
     """A soft-capped call of fixed lengths (tile None) takes the modifier kernels' persistent form where
     SM90_FWD_MOD_PERSIST names it for its keys and band (causal: a right edge; no mask: "flat"), the one-tile

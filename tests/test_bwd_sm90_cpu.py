@@ -879,3 +879,40 @@ def test_cap_only_kernels_compile():
     from conftest import compile_problems
 
     assert compile_problems(_configs.sm90_bwd_cap_only_variant_specs()) == []
+
+
+_MOD_PROBE_BODY = r'''
+from bench.diag import bwd_mod_probe as bp
+import bench.harness as hz
+torch.randn = lambda *shape, device=None, dtype=None: torch.empty(shape, dtype=dtype, device=device)
+torch.tensor = lambda data, device=None, dtype=None: torch.empty((len(data),), dtype=dtype, device=device)
+def once(fns, rounds, rotate=False, **kw):  # (each variant's call once, its launches recorded; 1 ms each)
+    out = {}
+    for n, fn in fns.items():
+        rec, _ = launches(fn)
+        res[n] = [r[0] for r in rec]
+        out[n] = (1.0 + 0.1 * len(out), [])
+    return out
+hz.time_rounds = once
+bp.run(1, [4096], [64])
+'''
+
+
+def test_bwd_mod_probe_variants(capsys):
+    """bench.diag.bwd_mod_probe (under the stand-ins: no GPU) launches what each variant names at head dim 64, 4k
+    causal: the configured plain backward (the persistent form), the plain kernel one block per tile, and the modifier
+    kernel (its configured CAP_ONLY form) for the window that hides nothing, the 4096-key window, ALiBi and the
+    soft-cap -- each with the preprocess and the dQ convert of its mode; and its report's costs."""
+    from bench.diag.bwd_mod_probe import NAMES, report
+
+    res = run_with_stand_ins(_MOD_PROBE_BODY)
+    main = {n: [k for k in res[n] if "flash_bwd_sm90_kernel<" in k] for n in NAMES}
+    spec = lambda *a, **kw: _configs.sm90_bwd_spec("float16", 64, *a, **kw).name  # noqa: E731
+    assert main["plain"] == [spec(True, _configs.sm90_bwd_persist_tile(64))]
+    assert main["plain1"] == [spec(True)]
+    mod = spec(False, replace(_configs.sm90_bwd_tile(64), cap_only=True), _configs.MOD_SCORE)
+    assert all(main[n] == [mod] for n in ("wcausal", "w4096", "alibi", "softcap"))
+    assert all(len(res[n]) == 3 and "preprocess" in res[n][0] and "convert_dq" in res[n][2] for n in NAMES)
+    report([(64, 4096, 1.0, {n: 1.0 + 0.1 * i for i, n in enumerate(NAMES)})])
+    out = capsys.readouterr().out
+    assert "| 64 | 4096 | +10.0% | +20.0% | +30.0% | +40.0% | +50.0% |" in out

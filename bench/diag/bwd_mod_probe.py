@@ -1,0 +1,125 @@
+"""Diagnostic (GPU, compute capability 9.0): where the Hopper backward's score-modifier cost comes from, in parts.
+
+    python -m bench.diag.bwd_mod_probe [--rounds N] [--seqlens 4096,8192,16384] [--headdims 64,128]
+
+The backward counterpart of bench/diag/mod_tile_probe.py. Suite `scores` compares each modifier's backward with the
+configured plain causal backward, which at some lengths is the persistent form (cuflash._configs.
+SM90_BWD_PERSIST_MAX_SEQLEN_K: head dim 64 up to 4k keys under the causal mask), while the modifier kernels
+(MOD_SCORE) run one block per KV tile. A window of 4096 keys at 4k, which hides nothing the causal mask does not, cost
+15% there at head dim 64 (H100). This probe times the parts apart, each backward's main kernel and its preprocess and
+dQ convert through one plan (cuflash.backward._make_plan, then the plan's run: no validation in the timed call), fp16,
+causal, batch x seqlen = 16k tokens, hidden 2048, dQ "atomic", timed in turn (bench.harness.time_rounds, rotated),
+medians of `rounds` rounds; every variant's out and LSE from the forward with the same modifiers:
+  plain     the configured plain causal backward
+  plain1    the plain kernel one block per KV tile (cuflash._bwd_sm90.PERSIST = False when its plan is made)
+  wcausal   the modifier kernel with a window that hides nothing the causal mask does not (left = seqlen_k, right =
+            0): the same tiles and products as plain1 -- the modifier kernel's own cost at equal work
+  w4096     the window (4096, 0)
+  alibi     BLOOM's ALiBi slopes on the causal mask
+  softcap   soft-cap 50 on the causal mask (the configured CAP_ONLY form where it is)
+The table: ms per variant, plain1 / plain (the persistent form's share), wcausal / plain1 (the modifier kernel at equal
+work), w4096's time per tile of its band over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers
+alone), and each modifier's cost over the configured plain kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .mod_tile_probe import CAP, HIDDEN, TOKENS, WINDOW, _tiles
+
+NAMES = ("plain", "plain1", "wcausal", "w4096", "alibi", "softcap")
+
+
+def run(rounds: int, seqlens, headdims) -> list:
+    import torch
+
+    from cuflash import _bwd_sm90, _configs, _fwd_sm90
+    from cuflash import backward as bwd
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    from ..harness import time_rounds
+
+    rows = []
+    for d in headdims:
+        h = HIDDEN // d
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+        tile = _configs.sm90_bwd_tile(d)
+        for s in seqlens:
+            b = max(1, TOKENS // s)
+            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
+            qa, ka, va = check_qkv(q, k, v)
+
+            def plan_of(window=(-1, -1), cap=0.0, alibi=None, persist=None):
+                causal = True  # (the kernels' mode comes from the modifiers: a window is the band, right = 0)
+                mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+                out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)
+                views = bwd.check_backward_inputs(dout, q, k, v, out, lse)
+                saved = _bwd_sm90.PERSIST
+                _bwd_sm90.PERSIST = persist
+                try:
+                    plan = bwd._make_plan(*views, None, causal, "atomic", False, None, "auto", mods, backend="sm90")
+                finally:
+                    _bwd_sm90.PERSIST = saved
+                ptrs = tuple(a.ptr for a in views)
+                keep = (out, lse)  # (alive while the plan's pointers are used)
+                return lambda: (plan.run(*ptrs), keep)
+
+            fns = {"plain": plan_of(), "plain1": plan_of(persist=False), "wcausal": plan_of(window=(s, 0)),
+                   "w4096": plan_of(window=(WINDOW, 0)), "alibi": plan_of(alibi=slopes), "softcap": plan_of(cap=CAP)}
+            res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
+            band = _tiles(s, tile.block_m, tile.block_n, WINDOW) / _tiles(s, tile.block_m, tile.block_n, -1)
+            rows.append((d, s, band, res))
+            print(f"d={d} s={s}: " + " ".join(f"{n} {ms:.3f}" for n, ms in res.items() if ms), flush=True)
+            fns.clear()
+    report(rows)
+    return rows
+
+
+def report(rows) -> None:
+    """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
+    print("\n| hdim | seqlen | " + " | ".join(f"{n} ms" for n in NAMES) + " | plain1 / plain | wcausal / plain1 | "
+          "w4096 band | w4096 per tile / wcausal | alibi / wcausal | softcap / wcausal |")
+    print("|---" * (2 + len(NAMES) + 6) + "|")
+    for d, s, band, r in rows:
+        def ratio(a, b):
+            return f"{r[a] / r[b]:.3f}" if r.get(a) and r.get(b) else "n/a"
+
+        per_tile = f"{r['w4096'] / band / r['wcausal']:.3f}" if r.get("w4096") and r.get("wcausal") else "n/a"
+        cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in NAMES]
+        print(f"| {d} | {s} | " + " | ".join(cells) + f" | {ratio('plain1', 'plain')} | {ratio('wcausal', 'plain1')} "
+              f"| {band:.3f} | {per_tile} | {ratio('alibi', 'wcausal')} | {ratio('softcap', 'wcausal')} |")
+    print("\nCost over the configured plain kernel (time / plain's - 1; w4096: per tile of its band):\n")
+    print("| hdim | seqlen | plain1 | wcausal | w4096 | alibi | softcap |")
+    print("|---" * 7 + "|")
+    for d, s, band, r in rows:
+        def cost(n):
+            f = band if n == "w4096" else 1.0
+            return f"{100 * (r[n] / f / r['plain'] - 1):+.1f}%" if r.get(n) and r.get("plain") else "n/a"
+
+        print(f"| {d} | {s} | " + " | ".join(cost(n) for n in NAMES[1:]) + " |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seqlens", default="4096,8192,16384")
+    ap.add_argument("--headdims", default="64,128")
+    a = ap.parse_args(argv)
+    from cuflash._loader import device_cc
+
+    try:
+        cc = device_cc(0)
+    except Exception as e:  # noqa: BLE001 (no driver / GPU)
+        print(f"no usable GPU: {e}")
+        return 2
+    if cc != 90:
+        print(f"compute capability {cc}: the Hopper backward needs 9.0")
+        return 2
+    run(a.rounds, [int(x) for x in a.seqlens.split(",")], [int(x) for x in a.headdims.split(",")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

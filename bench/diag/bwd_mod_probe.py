@@ -23,10 +23,9 @@ alone), and each modifier's cost over the configured plain kernel.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .mod_tile_probe import CAP, HIDDEN, TOKENS, WINDOW, _tiles
+from .mod_tile_probe import CAP, HIDDEN, TOKENS, WINDOW, parts_table, probe_main, time_point
 
 NAMES = ("plain", "plain1", "wcausal", "w4096", "alibi", "softcap")
 
@@ -38,8 +37,6 @@ def run(rounds: int, seqlens, headdims) -> list:
     from cuflash import backward as bwd
     from cuflash._mods import mods_for
     from cuflash._validate import check_qkv
-
-    from ..harness import time_rounds
 
     rows = []
     for d in headdims:
@@ -68,28 +65,14 @@ def run(rounds: int, seqlens, headdims) -> list:
 
             fns = {"plain": plan_of(), "plain1": plan_of(persist=False), "wcausal": plan_of(window=(s, 0)),
                    "w4096": plan_of(window=(WINDOW, 0)), "alibi": plan_of(alibi=slopes), "softcap": plan_of(cap=CAP)}
-            res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
-            band = _tiles(s, tile.block_m, tile.block_n, WINDOW) / _tiles(s, tile.block_m, tile.block_n, -1)
-            rows.append((d, s, band, res))
-            print(f"d={d} s={s}: " + " ".join(f"{n} {ms:.3f}" for n, ms in res.items() if ms), flush=True)
-            fns.clear()
+            time_point(fns, rounds, d, s, tile, rows)
     report(rows)
     return rows
 
 
 def report(rows) -> None:
     """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
-    print("\n| hdim | seqlen | " + " | ".join(f"{n} ms" for n in NAMES) + " | plain1 / plain | wcausal / plain1 | "
-          "w4096 band | w4096 per tile / wcausal | alibi / wcausal | softcap / wcausal |")
-    print("|---" * (2 + len(NAMES) + 6) + "|")
-    for d, s, band, r in rows:
-        def ratio(a, b):
-            return f"{r[a] / r[b]:.3f}" if r.get(a) and r.get(b) else "n/a"
-
-        per_tile = f"{r['w4096'] / band / r['wcausal']:.3f}" if r.get("w4096") and r.get("wcausal") else "n/a"
-        cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in NAMES]
-        print(f"| {d} | {s} | " + " | ".join(cells) + f" | {ratio('plain1', 'plain')} | {ratio('wcausal', 'plain1')} "
-              f"| {band:.3f} | {per_tile} | {ratio('alibi', 'wcausal')} | {ratio('softcap', 'wcausal')} |")
+    parts_table(rows)
     print("\nCost over the configured plain kernel (time / plain's - 1; w4096: per tile of its band):\n")
     print("| hdim | seqlen | plain1 | wcausal | w4096 | alibi | softcap |")
     print("|---" * 7 + "|")
@@ -102,23 +85,7 @@ def report(rows) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seqlens", default="4096,8192,16384")
-    ap.add_argument("--headdims", default="64,128")
-    a = ap.parse_args(argv)
-    from cuflash._loader import device_cc
-
-    try:
-        cc = device_cc(0)
-    except Exception as e:  # noqa: BLE001 (no driver / GPU)
-        print(f"no usable GPU: {e}")
-        return 2
-    if cc != 90:
-        print(f"compute capability {cc}: the Hopper backward needs 9.0")
-        return 2
-    run(a.rounds, [int(x) for x in a.seqlens.split(",")], [int(x) for x in a.headdims.split(",")])
-    return 0
+    return probe_main(argv, __doc__, run, "the Hopper backward")
 
 
 if __name__ == "__main__":

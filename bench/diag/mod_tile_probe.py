@@ -48,8 +48,6 @@ def run(rounds: int, seqlens, headdims) -> None:
     from cuflash._mods import mods_for
     from cuflash._validate import check_qkv
 
-    from ..harness import time_rounds
-
     rows = []
     for d in headdims:
         h = HIDDEN // d
@@ -71,16 +69,25 @@ def run(rounds: int, seqlens, headdims) -> None:
                    "alibi_p": call(alibi=slopes, tile=pt), "softcap_p": call(cap=CAP, tile=pt),
                    "nc_plain": call(causal=False), "nc_softcap": call(cap=CAP, causal=False),
                    "nc_softcap_p": call(cap=CAP, tile=pt, causal=False)}
-            res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
-            band = _tiles(s, base.block_m, base.block_n, WINDOW) / _tiles(s, base.block_m, base.block_n, -1)
-            rows.append((d, s, band, res))
-            print(f"d={d} s={s}: " + " ".join(f"{n} {ms:.3f}" for n, ms in res.items() if ms), flush=True)
-            fns.clear()
+            time_point(fns, rounds, d, s, base, rows)
     report(rows)
 
 
-def report(rows) -> None:
-    """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
+def time_point(fns, rounds: int, d: int, s: int, tile, rows: list) -> None:
+    """One (head dim, seqlen) point of this probe or bench/diag/bwd_mod_probe.py: fns timed in turn (rotated), the
+    row (d, s, w4096's band on `tile`'s blocks, {variant: ms}) appended to rows and printed; fns emptied."""
+    from ..harness import time_rounds
+
+    res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
+    band = _tiles(s, tile.block_m, tile.block_n, WINDOW) / _tiles(s, tile.block_m, tile.block_n, -1)
+    rows.append((d, s, band, res))
+    print(f"d={d} s={s}: " + " ".join(f"{n} {ms:.3f}" for n, ms in res.items() if ms), flush=True)
+    fns.clear()
+
+
+def parts_table(rows) -> None:
+    """The first table of this probe and of bench/diag/bwd_mod_probe.py, from rows (head dim, seqlen, w4096's band,
+    {variant: ms}): ms per variant and the ratios that take the cost apart."""
     names = ("plain", "plain1", "wcausal", "w4096", "alibi", "softcap")
     print("\n| hdim | seqlen | " + " | ".join(f"{n} ms" for n in names) + " | plain1 / plain | wcausal / plain1 | "
           "w4096 band | w4096 per tile / wcausal | alibi / wcausal | softcap / wcausal |")
@@ -93,6 +100,11 @@ def report(rows) -> None:
         cells = [f"{r[n]:.3f}" if r.get(n) else "n/a" for n in names]
         print(f"| {d} | {s} | " + " | ".join(cells) + f" | {ratio('plain1', 'plain')} | {ratio('wcausal', 'plain1')} "
               f"| {band:.3f} | {per_tile} | {ratio('alibi', 'wcausal')} | {ratio('softcap', 'wcausal')} |")
+
+
+def report(rows) -> None:
+    """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
+    parts_table(rows)
     mods = ("wcausal", "w4096", "alibi", "softcap")
     print("\nCost over the plain kernel (time / plain's - 1; w4096: per tile of its band), one block per tile -> "
           "persistent:\n")
@@ -112,8 +124,10 @@ def report(rows) -> None:
         print(f"| {d} | {s} | " + " | ".join(cost(n) for n in mods) + f" | {nc} |")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def probe_main(argv, doc: str, run_fn, what: str) -> int:
+    """The command line of this probe and of bench/diag/bwd_mod_probe.py: --rounds, --seqlens, --headdims, then
+    run_fn(rounds, seqlens, headdims) on a compute capability 9.0 GPU (`what` needs it), else 2."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seqlens", default="4096,8192,16384")
     ap.add_argument("--headdims", default="64,128")
@@ -126,10 +140,14 @@ def main(argv=None) -> int:
         print(f"no usable GPU: {e}")
         return 2
     if cc != 90:
-        print(f"compute capability {cc}: the Hopper forward needs 9.0")
+        print(f"compute capability {cc}: {what} needs 9.0")
         return 2
-    run(a.rounds, [int(x) for x in a.seqlens.split(",")], [int(x) for x in a.headdims.split(",")])
+    run_fn(a.rounds, [int(x) for x in a.seqlens.split(",")], [int(x) for x in a.headdims.split(",")])
     return 0
+
+
+def main(argv=None) -> int:
+    return probe_main(argv, __doc__, run, "the Hopper forward")
 
 
 if __name__ == "__main__":

@@ -223,17 +223,6 @@ struct Sm90BwdStreamK {
   }
 };
 
-// The band of visible keys a KV tile's Q tiles are found from (attn/block.cuh): the causal diagonal and the window's
-// edges only, so that the value modifiers are read by the consumers alone.
-template <bool CAUSAL, int MOD>
-__device__ __forceinline__ Mask<CAUSAL, MOD> sm90_bwd_band(const BwdParams& p, const SeqInfo& si) {
-  Mask<CAUSAL, MOD> band(si.seqlen_k, si.diag());
-  if constexpr (MOD != MOD_NONE) {
-    band.left = (int)p.window_left;
-    band.right = (int)p.window_right;
-  }
-  return band;
-}
 // The Q tiles [x, x + y) of BLOCK_M rows that the KV tile of keys [n0, n0 + BLOCK_N) sees under `band`.
 template <int BLOCK_M, int BLOCK_N, class M>
 __device__ __forceinline__ int2 sm90_bwd_q_tiles(const M& band, const SeqInfo& si, int n0) {
@@ -551,7 +540,7 @@ __global__ void __launch_bounds__(384, 1)
 
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  const Mask<CAUSAL, MOD> band = sm90_bwd_band<CAUSAL, MOD>(p, si);
+  const Mask<CAUSAL, MOD> band = si.band<CAUSAL, MOD>(p);
   // the launch's tile and its Q tiles (one block per tile)
   const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<ORDER, GROUP>();
   const int n0_1 = blk1.x * BLOCK_N;
@@ -926,7 +915,7 @@ __global__ void __launch_bounds__(384, 1)
   const int n0_1 = blk1.x * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
-  const Mask<CAUSAL, MOD> band = sm90_bwd_band<CAUSAL, MOD>(p, si);
+  const Mask<CAUSAL, MOD> band = si.band<CAUSAL, MOD>(p);
   const int2 qr1 = PERSIST ? make_int2(0, 0) : sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0_1);  // its Q tiles
   const int total1 = group * qr1.y;
   // a tile's first Q tile, plain non-causal: its KV tile's index modulo its Q tiles, so that the blocks of one head

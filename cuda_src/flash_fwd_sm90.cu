@@ -363,9 +363,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
     w.blk = tiles.coords(p, t, varlen);
     w.m0 = w.blk.m_block * BLOCK_M;
     w.si = seqinfo(p, w.blk.batch, varlen);
-    // (the band alone: which KV tiles the tile visits; the soft-cap and ALiBi's slope are the consumers')
-    const Mask<CAUSAL, MOD> mk = Mask<CAUSAL, MOD>(w.si.seqlen_k, w.si.diag(), MOD == MOD_NONE ? 0 : (int)p.window_left,
-                                                   MOD == MOD_NONE ? 0 : (int)p.window_right);
+    const Mask<CAUSAL, MOD> mk = w.si.band<CAUSAL, MOD>(p);  // (the soft-cap and ALiBi's slope: the consumers')
     w.n_end = kv_block_end<BLOCK_N>(mk, min(w.m0 + BLOCK_M, w.si.seqlen_q));
     w.n_iters = max(0, w.n_end - kv_block_begin<BLOCK_N>(mk, w.m0));
     return w;

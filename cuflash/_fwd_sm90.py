@@ -102,8 +102,8 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
     sweeps); mods: the score modifiers (cuflash._mods.Mods) or None. An output (o_strides, o_ptr) no tensor map can
     describe takes the tile without o_tma. Calls of fixed lengths with the score modifiers (no dropout) take their
     persistent form where cuflash._configs.SM90_FWD_MOD_PERSIST names it. A persistent tile with dropout is a
-    ValueError (the persistent form has none); with the score modifiers it walks as under a causal mask where the band has a right edge (the kernel takes
-    their tiles heaviest first) and never by stream-K."""
+    ValueError (the persistent form has none); with the score modifiers it walks as under a causal mask where the
+    band has a right edge (the kernel takes their tiles heaviest first) and never by stream-K."""
     b, sq, h, d = qa.shape
     sk, hk = ka.shape[1], ka.shape[2]
     if softmax_scale is None:

@@ -453,6 +453,15 @@ def test_convert_quad_transpose():
     (g ^ 2 n)) 4 + t, and reads the 16 bytes at word ((2 t + half) 8 + (g ^ 2 t)) 4: the read is block t's 8 columns
     of its own row in order; no two lanes write one word; the pair stores and the 16-byte loads are free of bank
     conflicts (32 banks of 4 bytes; a 16-byte load is served a quarter warp at a time)."""
+    from cuflash._loader import source_dir
+
+    src = (source_dir() / "flash_bwd.cu").read_text()
+    kernel = src[src.index("flash_bwd_convert_dq_kernel(const __grid_constant__"):]
+    kernel = kernel[:kernel.index("\n}\n")]
+    assert "st[((n * 2 + 0) * 8 + (g ^ (2 * n))) * 4 + t]" in kernel  # (the formulas emulated below are the kernel's)
+    assert "st[((n * 2 + 1) * 8 + (g ^ (2 * n))) * 4 + t]" in kernel
+    assert "st + ((t * 2 + 0) * 8 + (g ^ (2 * t))) * 4" in kernel
+    assert "st + ((t * 2 + 1) * 8 + (g ^ (2 * t))) * 4" in kernel
     ns = _configs.BWD_CONVERT_SLOTS
 
     def wr(n, half, g, t):

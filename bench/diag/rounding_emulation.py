@@ -33,37 +33,18 @@ def _f32(x):
 
 
 def _bf16(x):
-    """Round to bfloat16 (nearest, ties to even) through float32's upper 16 bits; float64 out."""
-    u = np.asarray(x, np.float32).copy().view(np.uint32)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    return u.view(np.float32).astype(np.float64)
+    """Round to bfloat16 (nearest, ties to even: bench.bench_micro_sm90's bit patterns); float64 out."""
+    from ..bench_micro_sm90 import bf16_bits, bits_to_float
+
+    return bits_to_float(bf16_bits(x), "bf16")
 
 
 def bf16_d1_ratio(seed, d_from_fp32_o=False, sq=190, sk=333, d=1, heads=8):
     """cuflash's dq max error over the test's bound (3x torch's + the half-ulp floor) for one call's heads."""
     rng = np.random.default_rng(seed)
-    scale = d ** -0.5
-    mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq
-
-    def softmax(s):
-        s = np.where(mask, s, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True))
-        return p / p.sum(1, keepdims=True)
-
-    eo = et = top = 0.0
-    for _ in range(heads):
-        q, k, v, do = (_bf16(rng.standard_normal(s)) for s in ((sq, d), (sk, d), (sk, d), (sq, d)))
-        p = softmax(q @ k.T * scale)
-        dq_ref = (p * (do @ v.T - (do * (p @ v)).sum(1, keepdims=True))) @ k * scale
-        pt = _bf16(softmax(_bf16(_bf16(q @ k.T) * scale)))  # torch, bf16 math
-        dpt = _bf16(do @ v.T)
-        dq_t = _bf16(_bf16(_bf16(pt * (dpt - (pt * dpt).sum(1, keepdims=True))) * scale) @ k)
-        po = _bf16(_f32(softmax(_f32(q @ k.T) * scale)))  # cuflash: P rounded for P V and dS
-        o = _f32(po @ v) if d_from_fp32_o else _bf16(po @ v)
-        dq_o = _bf16(_f32(_bf16(po * (_f32(do @ v.T) - _f32((do * o).sum(1, keepdims=True)))) @ k) * scale)
-        eo, et = max(eo, np.abs(dq_o - dq_ref).max()), max(et, np.abs(dq_t - dq_ref).max())
-        top = max(top, np.abs(dq_ref).max())
-    return eo / (3 * et + max(1e-5, 2.0 ** (np.floor(np.log2(top)) - 8) / 2))
+    errs = [dq_errors(None, sq, sk, d, rnd=_bf16, mant=8, d_from_fp32_o=d_from_fp32_o, rng=rng) for _ in range(heads)]
+    eo, et, ulp = (max(e[i] for e in errs) for i in range(3))
+    return eo / (3 * et + max(1e-5, ulp / 2))
 
 
 def bf16_d1(n=400):
@@ -73,10 +54,12 @@ def bf16_d1(n=400):
               f"worst {r.max():.2f}x the bound, median {np.median(r):.2f}x")
 
 
-def dq_errors(seed, sq, sk, d, causal=True):
-    """(cuflash max error, torch max error, ulp at max |dq_ref|) of dq for one (batch, head) problem."""
-    rng = np.random.default_rng(seed)
-    q, k, v, do = (_f16(rng.standard_normal(s)) for s in ((sq, d), (sk, d), (sk, d), (sq, d)))
+def dq_errors(seed, sq, sk, d, causal=True, rnd=_f16, mant=10, d_from_fp32_o=False, rng=None):
+    """(cuflash max error, torch max error, ulp at max |dq_ref|) of dq for one (batch, head) problem in the 16-bit type
+    `rnd` rounds to (mant: its mantissa bits); D = rowsum(dO * O) from the 16-bit O (the backward today) or, with
+    d_from_fp32_o, from the fp32 O that P V accumulated; rng: draw from it instead of a generator seeded with seed."""
+    rng = rng or np.random.default_rng(seed)
+    q, k, v, do = (rnd(rng.standard_normal(s)) for s in ((sq, d), (sk, d), (sk, d), (sq, d)))
     scale = d ** -0.5
     mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq if causal else np.ones((sq, sk), bool)
 
@@ -89,14 +72,14 @@ def dq_errors(seed, sq, sk, d, causal=True):
 
     p = softmax(q @ k.T * scale)  # float64 reference
     dq_ref = (p * (do @ v.T - (do * (p @ v)).sum(1, keepdims=True))) @ k * scale
-    pt = _f16(softmax(_f16(_f16(q @ k.T) * scale)))  # torch, fp16 math
-    dpt = _f16(do @ v.T)
-    dq_t = _f16(_f16(_f16(pt * (dpt - (pt * dpt).sum(1, keepdims=True))) * scale) @ k)
-    po = _f16(_f32(softmax(_f32(q @ k.T) * scale)))  # cuflash
-    o = _f16(po @ v)
-    dq_o = _f16(_f32(_f16(po * (_f32(do @ v.T) - _f32((do * o).sum(1, keepdims=True)))) @ k) * scale)
+    pt = rnd(softmax(rnd(rnd(q @ k.T) * scale)))  # torch, 16-bit math
+    dpt = rnd(do @ v.T)
+    dq_t = rnd(rnd(rnd(pt * (dpt - (pt * dpt).sum(1, keepdims=True))) * scale) @ k)
+    po = rnd(_f32(softmax(_f32(q @ k.T) * scale)))  # cuflash: P rounded for P V and dS
+    o = _f32(po @ v) if d_from_fp32_o else rnd(po @ v)
+    dq_o = rnd(_f32(rnd(po * (_f32(do @ v.T) - _f32((do * o).sum(1, keepdims=True)))) @ k) * scale)
     m = np.abs(dq_ref).max()
-    return np.abs(dq_o - dq_ref).max(), np.abs(dq_t - dq_ref).max(), 2.0 ** (np.floor(np.log2(m)) - 10)
+    return np.abs(dq_o - dq_ref).max(), np.abs(dq_t - dq_ref).max(), 2.0 ** (np.floor(np.log2(m)) - mant)
 
 
 def d_precision_ratios(seed, sq=1, sk=1999, d=64, xs=3.0, scale=0.3):

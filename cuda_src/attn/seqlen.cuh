@@ -37,6 +37,16 @@ struct SeqInfo {
                                alibi_slope(p, batch, head));
     }
   }
+  // The band alone (MOD: the window's edges from the parameter block; no soft-cap, no ALiBi slope, so no load of the
+  // slopes): which KV tiles a Q tile visits, or which Q tiles a KV tile sees (attn/block.cuh).
+  template <bool CAUSAL, int MOD, typename P>
+  __device__ __forceinline__ Mask<CAUSAL, MOD> band(const P& p) const {
+    if constexpr (MOD == MOD_NONE) {
+      return Mask<CAUSAL, MOD>(seqlen_k, diag());
+    } else {
+      return Mask<CAUSAL, MOD>(seqlen_k, diag(), (int)p.window_left, (int)p.window_right);
+    }
+  }
   // ALiBi slope of (batch, head) in the kernel's score units (P::alibi_mul: 1 / softmax_scale, or 1 / softcap);
   // 0 without slopes.
   template <typename P>

@@ -110,10 +110,11 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         softmax_scale = d ** -0.5
     hd, d = d, kernel_headdim(d, SM90_HEADDIMS)  # the maps' columns past hd read as zeros (TMA out of bounds)
     causal, mod = kernel_mode(mods, causal)
+    band = mod_band(mods, sq)
     if tile is None:
         tile = sm90_fwd_tile(d, causal, packed.max_k if packed is not None else sk, mod)
         if mod == MOD_SCORE and packed is None:  # the modifier kernels' persistent form where configured
-            tile = sm90_fwd_mod_tile(d, sk, mod_band(mods, sq)) or tile
+            tile = sm90_fwd_mod_tile(d, sk, band) or tile
     o_shape = (qa.shape[0], sq, h, hd)
     if tile.o_tma and not tma_compatible(o_shape, (*o_strides, 1), o_ptr):
         tile = replace(tile, o_tma=False)
@@ -123,7 +124,7 @@ def launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile=
         grid_order = resolve_grid_order(grid_order, causal, sq, d)
     else:  # the persistent form's tile walk (Sm90FwdTiles; packed sequences keep the element order)
         walk, grid_order = persist_walk(grid_order, causal, packed, b, h, hk, sq, sk, d, tile, m_blocks, qa.device,
-                                        mod_band(mods, sq))
+                                        band)
         if walk["walk_slot"] == _walk.STREAM_K:  # (stream-K's code in a kernel of its own: the tile's SK form)
             tile = replace(tile, stream_k=True)
     lau = get_launcher(sm90_fwd_spec(qa.dtype, d, causal, tile, mod), qa.device)

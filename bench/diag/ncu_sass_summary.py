@@ -3,9 +3,11 @@ the share of each warp-stall reason, the main loop (the span of the instructions
 --min-loop of them at one count) and its share of the samples, each wgmma wait in it (WARPGROUP.DEPBAR) with its share, and where the
 softmax's exponentials (MUFU.EX2) lie in the loop's instruction order -- e.g. whether the wait for O += P V comes
 before or after them; with --opcodes, the executed (warp) instructions by opcode per MUFU.EX2 executed (per score in
-the attention kernels, which take one exponential per score), and each opcode's share of the stall samples:
+the attention kernels, which take one exponential per score), and each opcode's share of the stall samples; with
+--top, the instructions that hold the most stall samples, each with its three largest reasons (an FP64 compare that
+held 10% of a kernel's samples, stalled on the math pipe, was found so):
 
-    python -m bench.diag.ncu_sass_summary /tmp/p_sass.csv [--label TEXT] [--min-loop 300] [--opcodes 16]"""
+    python -m bench.diag.ncu_sass_summary /tmp/p_sass.csv [--label TEXT] [--min-loop 300] [--opcodes 16] [--top 12]"""
 from __future__ import annotations
 
 import argparse
@@ -77,18 +79,40 @@ def opcode_mix(path: str, top: int = 16) -> list:
     return out
 
 
+def top_stalls(path: str, top: int = 12) -> list:
+    """Lines: the `top` instructions by stall samples (index in the table, share of the samples, executions, the
+    three largest reasons)."""
+    rows = list(csv.reader(open(path)))
+    hdr = rows[1]
+    ix = {h: i for i, h in enumerate(hdr)}
+    data = [r for r in rows[2:] if len(r) >= len(hdr)]
+    stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+    num = lambda r, c: int(r[ix[c]] or 0)  # noqa: E731
+    total = sum(num(r, SAMPLES) for r in data) or 1
+    out = [f"the {top} instructions with the most stall samples:"]
+    for k in sorted(range(len(data)), key=lambda k: -num(data[k], SAMPLES))[:top]:
+        r = data[k]
+        why = sorted(((num(r, c), c[len("stall_"):]) for c in stall_cols), reverse=True)[:3]
+        out.append(f"  {k:5d} {r[ix['Source']].strip().split(';')[0][:56]:56s} {num(r, SAMPLES) / total * 100:5.1f}%  "
+                   f"x{num(r, EXECUTED)}  " + ", ".join(f"{n_} {s}" for s, n_ in why if s))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", nargs="+", help="OUT_sass.csv tables of bench/diag/ncu_source.sh")
     ap.add_argument("--label", action="append", default=[], help="a heading per table, in order")
     ap.add_argument("--min-loop", type=int, default=300)
     ap.add_argument("--opcodes", type=int, default=0, help="also the N most executed opcodes per MUFU.EX2")
+    ap.add_argument("--top", type=int, default=0, help="also the N instructions with the most stall samples")
     args = ap.parse_args(argv)
     for i, path in enumerate(args.csv):
         print(f"## {args.label[i] if i < len(args.label) else path}")
         print("\n".join(summary(path, args.min_loop)))
         if args.opcodes:
             print("\n".join(opcode_mix(path, args.opcodes)))
+        if args.top:
+            print("\n".join(top_stalls(path, args.top)))
         print()
     return 0
 

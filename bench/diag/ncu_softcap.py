@@ -7,7 +7,10 @@ wait on that the plain ones do not):
     bench/diag/ncu_source.sh /tmp/cap50 flash_fwd_sm90 2 python3 -m bench.diag.ncu_softcap --softcap 50
     python -m bench.diag.ncu_sass_summary /tmp/cap0_sass.csv; python -m bench.diag.ncu_sass_summary /tmp/cap50_sass.csv
 
-`--mode bwd` runs the backward through autograd (its main kernel: flash_bwd_sm90). Every call is the public one
+`--mode bwd` runs the backward through autograd (its main kernel: flash_bwd_sm90). `--window L,R` and `--alibi` take the
+other score modifiers (the window with `--causal` off is the band alone; `--window SEQLEN,0` hides nothing the causal
+mask does not, so its table against the plain causal one is the modifier kernel's own cost at equal work; `--alibi`
+takes BLOOM's slopes). Every call is the public one
 (`cuflash.flash_attn_func`), so the kernels profiled are the ones a caller gets at this point."""
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--softcap", type=float, default=0.0, help="0: the plain kernel")
+    ap.add_argument("--window", default="-1,-1", help="window_size as L,R (-1: unbounded)")
+    ap.add_argument("--alibi", action="store_true", help="ALiBi with BLOOM's slopes")
     ap.add_argument("--mode", default="fwd", choices=("fwd", "bwd"))
     ap.add_argument("--backend", default="sm90", choices=("auto", "sm80", "sm90"))
     ap.add_argument("--calls", type=int, default=3)
@@ -30,6 +35,12 @@ def main(argv=None) -> int:
         raise ValueError(f"--seqlen must divide 16384 and --headdim divide 2048; got {s}, {d}")
     if args.softcap < 0:
         raise ValueError(f"--softcap must be >= 0; got {args.softcap}")
+    try:
+        window = tuple(int(x) for x in args.window.split(","))
+    except ValueError:
+        window = ()
+    if len(window) != 2:
+        raise ValueError(f"--window must be two integers L,R; got {args.window!r}")
 
     import torch
 
@@ -40,13 +51,17 @@ def main(argv=None) -> int:
     dt = getattr(torch, args.dtype)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=args.mode == "bwd") for _ in range(3))
     dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
-    kw = dict(causal=args.causal, softcap=args.softcap, backend=args.backend)
+    slopes = None
+    if args.alibi:
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+    kw = dict(causal=args.causal, softcap=args.softcap, window_size=window, alibi_slopes=slopes, backend=args.backend)
     for _ in range(args.calls):
         out = cuflash.flash_attn_func(q, k, v, **kw)
         if args.mode == "bwd":
             out.backward(dout)
     torch.cuda.synchronize()
-    print(f"{args.mode} b{b} h{h} s{s} d{d} {args.dtype} causal={args.causal} softcap={args.softcap}: "
+    print(f"{args.mode} b{b} h{h} s{s} d{d} {args.dtype} causal={args.causal} softcap={args.softcap} "
+          f"window={window} alibi={args.alibi}: "
           f"{args.calls} calls", flush=True)
     return 0
 

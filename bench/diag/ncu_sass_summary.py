@@ -16,14 +16,19 @@ import csv
 SAMPLES, EXECUTED = "Warp Stall Sampling (All Samples)", "Instructions Executed"
 
 
-def summary(path: str, min_loop: int = 300) -> list:
-    """The summary's lines for one table."""
+def _table(path: str):
+    """(rows with every column, {column: index}, the stall-reason columns, num(row, column) -> int) of a table."""
     rows = list(csv.reader(open(path)))
     hdr = rows[1]
     ix = {h: i for i, h in enumerate(hdr)}
     data = [r for r in rows[2:] if len(r) >= len(hdr)]
     stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
-    num = lambda r, c: int(r[ix[c]] or 0)  # noqa: E731
+    return data, ix, stall_cols, lambda r, c: int(r[ix[c]] or 0)
+
+
+def summary(path: str, min_loop: int = 300) -> list:
+    """The summary's lines for one table."""
+    data, ix, stall_cols, num = _table(path)
     total = sum(num(r, SAMPLES) for r in data)
     if not total:
         return [f"{path}: no stall samples"]
@@ -82,12 +87,7 @@ def opcode_mix(path: str, top: int = 16) -> list:
 def top_stalls(path: str, top: int = 12) -> list:
     """Lines: the `top` instructions by stall samples (index in the table, share of the samples, executions, the
     three largest reasons)."""
-    rows = list(csv.reader(open(path)))
-    hdr = rows[1]
-    ix = {h: i for i, h in enumerate(hdr)}
-    data = [r for r in rows[2:] if len(r) >= len(hdr)]
-    stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
-    num = lambda r, c: int(r[ix[c]] or 0)  # noqa: E731
+    data, ix, stall_cols, num = _table(path)
     total = sum(num(r, SAMPLES) for r in data) or 1
     out = [f"the {top} instructions with the most stall samples:"]
     for k in sorted(range(len(data)), key=lambda k: -num(data[k], SAMPLES))[:top]:

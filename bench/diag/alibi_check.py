@@ -25,7 +25,7 @@ TOKENS, HIDDEN = 16384, 2048
 def bloom_slopes(h, device, b=None):
     import torch
 
-    base = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device=device)
+    base = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device=device, dtype=torch.float32)
     if b is None:
         return base
     return (base[None, :] * torch.linspace(0.5, 1.5, b, device=device)[:, None]).contiguous()

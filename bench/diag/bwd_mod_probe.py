@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 
+from .alibi_check import bloom_slopes
 from .mod_tile_probe import CAP, HIDDEN, TOKENS, WINDOW, parts_table, probe_main, time_point
 
 NAMES = ("plain", "plain1", "wcausal", "w4096", "alibi", "softcap")
@@ -41,7 +42,7 @@ def run(rounds: int, seqlens, headdims) -> list:
     rows = []
     for d in headdims:
         h = HIDDEN // d
-        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+        slopes = bloom_slopes(h, "cuda")
         tile = _configs.sm90_bwd_tile(d)
         for s in seqlens:
             b = max(1, TOKENS // s)

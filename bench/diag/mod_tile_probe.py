@@ -27,6 +27,8 @@ import argparse
 import math
 import sys
 
+from .alibi_check import bloom_slopes
+
 TOKENS, HIDDEN, WINDOW, CAP = 16384, 2048, 4096, 50.0
 
 
@@ -51,7 +53,7 @@ def run(rounds: int, seqlens, headdims) -> None:
     rows = []
     for d in headdims:
         h = HIDDEN // d
-        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+        slopes = bloom_slopes(h, "cuda")
         for s in seqlens:
             b = max(1, TOKENS // s)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))

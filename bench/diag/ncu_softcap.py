@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from .alibi_check import bloom_slopes
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     dout = torch.randn(b, s, h, d, device="cuda", dtype=dt)
     slopes = None
     if args.alibi:
-        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+        slopes = bloom_slopes(h, "cuda")
     kw = dict(causal=args.causal, softcap=args.softcap, window_size=window, alibi_slopes=slopes, backend=args.backend)
     for _ in range(args.calls):
         out = cuflash.flash_attn_func(q, k, v, **kw)

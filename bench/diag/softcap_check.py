@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .alibi_check import bloom_slopes
+
 TOKENS, HIDDEN, CAP, CAP_TIMED = 16384, 2048, 20.0, 50.0
 
 
@@ -167,7 +169,7 @@ def check_bwd() -> int:
 
     fails = 0
     b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
-    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+    slopes = bloom_slopes(h, "cuda")
     for d in (64, 96, 128):
         for dtype in (torch.float16, torch.bfloat16):
             for name, causal, window, alibi in (("cap", False, (-1, -1), None), ("cap causal", True, (-1, -1), None),

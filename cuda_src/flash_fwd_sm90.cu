@@ -459,8 +459,9 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
   // built from it then live in uniform registers (no R2UR in the main loop).
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  // (through a volatile move: held in a register across the tiles; left to the compiler, the conversion from the
-  // double parameter -- F2F.F32.F64 with its FP64 denormal test, DSETP -- came back inside the main loop)
+  // (through a volatile move: held in a register across the tiles. It was so for the conversion from the double
+  // parameter that came back inside the main loop -- F2F.F32.F64 with its FP64 denormal test, DSETP; the parameter
+  // is a float now, f32_slot, and the register is kept: the kernel's schedule was measured with it)
   const float scale_log2 = opaque((float)p.scale_log2);
   const uint32_t k_base = smem_addr(sm + L::K_OFF), v_base = smem_addr(sm + L::V_OFF);
 

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
   const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int num_m = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const int num_n = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
-  const float scale_log2 = (float)p.scale_log2;
+  const float scale_log2 = D == 64 && BLOCK_N == 128 && CAUSAL ? runtime_copy(p.scale_log2) : (float)p.scale_log2;
 
   const int64_t bh = (int64_t)batch * p.nheads + head;
   const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy

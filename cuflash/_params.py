@@ -1,7 +1,8 @@
 """Host schemas of the kernel parameter blocks of cuda_src/attn/params.cuh, filled by field name.
 
 Every kernel family takes one struct by value (FwdParams, BwdParams, V1FwdParams, V1BwdParams) whose fields
-are all 8 bytes wide: pointers, int64_t, double. `ParamBlock` lists a struct's fields in declaration order
+are all 8 bytes wide: pointers, int64_t, and float32 scalars in 8-byte slots (`f32_slot`, cuda_src/common/ptx.cuh:
+the value and 4 zero bytes; the kernels read floats, with no FP64 conversion in device code). `ParamBlock` lists a struct's fields in declaration order
 (tests/test_params_layout.py parses the header and checks every name, offset and size against these lists)
 and precompiles its `struct.Struct` once. Host code never fills a block by position:
 
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 import struct
 
-POINTER, INT64, DOUBLE = "P", "q", "d"
-_CODE = {POINTER: "Q", INT64: "q", DOUBLE: "d"}
+POINTER, INT64, FLOAT = "P", "q", "f"
+_CODE = {POINTER: "Q", INT64: "q", FLOAT: "f4x"}
 _MISSING = object()
 
 
 def struct_format(fields) -> str:
-    """The struct format of ((name, kind), ...) fields: kind "P" pointer, "q" int64, "d" double."""
+    """The struct format of ((name, kind), ...) fields: kind "P" pointer, "q" int64, "f" float32 in an 8-byte slot."""
     return "=" + "".join(_CODE[kind] for _, kind in fields)
 
 
@@ -68,7 +69,8 @@ class ParamBlock:
         return f"ParamBlock({self.cname}, {len(self.fields)} fields)"
 
     def offsets(self) -> dict:
-        """{field name: (byte offset, byte size)} of the packed block (every field is 8 bytes wide)."""
+        """{field name: (byte offset, byte size)} of the packed block (every field is 8 bytes wide; a FLOAT's value is
+        its slot's first 4 bytes)."""
         return {n: (8 * i, 8) for i, n in enumerate(self.names)}
 
     def values(self, fill=_MISSING, /, **fields) -> tuple:
@@ -131,8 +133,8 @@ def _ints(*names) -> tuple:
 # The score-modifier, head-dim and dropout fields at the end of FwdParams and BwdParams, and the pointer
 # alibi_slopes after the other pointers (cuflash/_mods.py fills them).
 _MODS = (("alibi_batch_stride", INT64), ("window_left", INT64), ("window_right", INT64),
-         ("softcap_pre", DOUBLE), ("alibi_mul", DOUBLE), ("head_dim", INT64),
-         ("rng_seed", INT64), ("rng_offset", INT64), ("dropout_keep", INT64), ("dropout_scale", DOUBLE))
+         ("softcap_pre", FLOAT), ("alibi_mul", FLOAT), ("head_dim", INT64),
+         ("rng_seed", INT64), ("rng_offset", INT64), ("dropout_keep", INT64), ("dropout_scale", FLOAT))
 # The KV-cache indirections of FwdParams (the decode kernel's): pointers after seqlens_k, sizes at the end.
 _CACHE_PTRS = ("block_table", "cache_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin")
 _CACHE_INTS = ("block_table_batch_stride", "page_size", "rotary_dim", "rotary_interleaved", "rotary_q_per_row",
@@ -143,7 +145,7 @@ FWD_PARAMS = ParamBlock("FwdParams", (
            "cu_seqlens_k", "alibi_slopes"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "num_splits", "seqlen_k_new", "grid_order"),
-    ("scale_log2", DOUBLE), *_MODS, *_ints(*_CACHE_INTS), *_ints("walk_group", "walk_slot"),
+    ("scale_log2", FLOAT), *_MODS, *_ints(*_CACHE_INTS), *_ints("walk_group", "walk_slot"),
 ))
 # FwdParams with no KV-cache indirection (every kernel but the decode kernel's cache calls).
 NO_CACHE = dict.fromkeys(("seqlens_k", *_CACHE_PTRS, *_CACHE_INTS), 0)
@@ -155,21 +157,21 @@ BWD_PARAMS = ParamBlock("BwdParams", (
            "cu_seqlens_k", "alibi_slopes", "sk_workspace"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad", "dq_strategy", "num_dq_splits"),
-    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE), *_MODS,
+    ("scale_log2", FLOAT), ("softmax_scale", FLOAT), *_MODS,
 ))
 # struct V1FwdParams (FlashAttention-1 forward).
 V1_FWD_PARAMS = ParamBlock("V1FwdParams", (
     *_ptrs("q", "k", "v", "o", "o_accum", "m", "l", "lse"),
     *_strides("q", "k", "v", "o"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k"),
-    ("scale_log2", DOUBLE),
+    ("scale_log2", FLOAT),
 ))
 # struct V1BwdParams (FlashAttention-1 backward: main, dQ convert).
 V1_BWD_PARAMS = ParamBlock("V1BwdParams", (
     *_ptrs("q", "k", "v", "o", "dout", "m", "l", "dq_accum", "dq", "dk", "dv"),
     *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
     *_ints("batch", "nheads", "heads_per_kv", "seqlen_q", "seqlen_k", "seqlen_q_pad"),
-    ("scale_log2", DOUBLE), ("softmax_scale", DOUBLE),
+    ("scale_log2", FLOAT), ("softmax_scale", FLOAT),
 ))
 PARAM_BLOCKS = (FWD_PARAMS, BWD_PARAMS, V1_FWD_PARAMS, V1_BWD_PARAMS)
 

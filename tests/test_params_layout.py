@@ -10,8 +10,12 @@ from cuflash import _params
 from cuflash._loader import source_dir
 
 HEADER = source_dir() / "attn" / "params.cuh"
-# C++ field types of the blocks and their sizes; the host kinds they map to (P pointer, q int64, d double)
-_SCALARS = {"int64_t": (8, "q"), "double": (8, "d"), "int": (4, "i"), "int32_t": (4, "i"), "float": (4, "f")}
+# C++ field types of the blocks and their sizes; the host kinds they map to (P pointer, q int64, f a float32 in an
+# 8-byte slot: f32_slot, cuda_src/common/ptx.cuh). A bare double or float is no block field's type (a double would
+# be converted in device code; a 4-byte float would break the 8-byte slots): the parser maps them to kinds no host
+# schema uses, so the field-by-field check fails on them.
+_SCALARS = {"int64_t": (8, "q"), "f32_slot": (8, "f"), "double": (8, "d"), "int": (4, "i"), "int32_t": (4, "i"),
+            "float": (4, "float4")}
 
 
 def _strip_comments(text: str) -> str:
@@ -63,12 +67,14 @@ def test_parser_on_a_sample():
           const int* seqlens;
           int64_t a, b,
                   c;
-          double x;
+          f32_slot x;
           int n;
           double y;
+          float z;
         };""")["S"]
     assert got == [("q", "P", 0, 8), ("lse", "P", 8, 8), ("seqlens", "P", 16, 8), ("a", "q", 24, 8),
-                   ("b", "q", 32, 8), ("c", "q", 40, 8), ("x", "d", 48, 8), ("n", "i", 56, 4), ("y", "d", 64, 8)]
+                   ("b", "q", 32, 8), ("c", "q", 40, 8), ("x", "f", 48, 8), ("n", "i", 56, 4), ("y", "d", 64, 8),
+                   ("z", "float4", 72, 4)]
 
 
 def test_every_header_struct_has_a_host_schema(header_structs):
@@ -85,18 +91,20 @@ def test_layout_matches_the_header(header_structs, block):
     for (name, kind, off, size), (hname, hkind) in zip(cxx, block.fields):
         assert kind == hkind, f"{block.cname}::{name}: C++ kind {kind}, host {hkind}"
         assert offsets[name] == (off, size), f"{block.cname}::{name}: C++ offset/size {(off, size)}, host {offsets[name]}"
-        assert struct.calcsize(block.format[: 1 + block.index[name]]) == off, name
+        assert struct.calcsize(_params.struct_format(block.fields[:block.index[name]])) == off, name
     last = cxx[-1]
     assert block.size == last[2] + last[3] == struct.calcsize(block.format)
 
 
 @pytest.mark.parametrize("block", _params.PARAM_BLOCKS, ids=lambda b: b.cname)
 def test_pack_by_name_places_each_value_at_its_offset(block):
-    values = {n: (float(i) + 0.5 if k == "d" else 1000 + i) for i, (n, k) in enumerate(block.fields)}
+    values = {n: (float(i) + 0.5 if k == "f" else 1000 + i) for i, (n, k) in enumerate(block.fields)}
     raw = block.pack(**values)
     for name, (off, size) in block.offsets().items():
-        code = {"P": "<Q", "q": "<q", "d": "<d"}[block.fields[block.index[name]][1]]
+        code = {"P": "<Q", "q": "<q", "f": "<f"}[block.fields[block.index[name]][1]]
         assert struct.unpack_from(code, raw, off)[0] == values[name], name
+        if code == "<f":  # the slot's other 4 bytes are zero
+            assert raw[off + 4:off + 8] == bytes(4), name
     assert block.unpack(raw) == values
     # bind: the leading pointer fields per call, the rest fixed by name -- the same bytes
     ptrs = tuple(n for n, k in block.fields if k == "P")

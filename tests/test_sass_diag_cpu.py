@@ -1,12 +1,10 @@
 """CPU: the parsers of two diagnostics -- bench.diag.sass_fp64 (FP64 instructions of a kernel's SASS, and those
 inside a loop) on hand-written SASS, and bench.diag.ncu_sass_summary's table of the instructions that hold the most
-stall samples on a hand-written Nsight Compute source table; and the scan on one real kernel where cuobjdump is
-available (the Hopper backward's score-modifier kernel at head dim 64, whose FP64 compare it was written for)."""
+stall samples on a hand-written Nsight Compute source table. The scan on real kernels (none has an FP64 instruction
+since the parameter blocks' scalars are float32): tests/test_fp64_sass_cpu.py."""
 from __future__ import annotations
 
 import csv
-
-import pytest
 
 from bench.diag import ncu_sass_summary, sass_fp64
 
@@ -48,17 +46,3 @@ def test_top_stalls_table(tmp_path):
     assert out[0] == "the 2 instructions with the most stall samples:"
     assert "DSETP" in out[1] and "70.0%" in out[1] and "x100" in out[1] and "math 65, wait 5" in out[1]
     assert "MUFU.EX2" in out[2] and "20.0%" in out[2] and "wait 20" in out[2] and "math" not in out[2]
-
-
-def test_fp64_scan_of_the_backward_modifier_kernel():
-    from bench import bench_micro as bm
-
-    if bm.find_cuobjdump() is None:
-        pytest.skip("cuobjdump not found (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
-    from cuflash import _configs
-
-    spec = _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE)
-    name, (every, looped) = sass_fp64._one(spec)
-    assert name == spec.name and every
-    # the parameter block's doubles are converted in the kernel (F2F.F32.F64), some inside a loop
-    assert any("F2F.F32.F64" in t for _, t in every) and looped

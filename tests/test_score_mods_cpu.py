@@ -170,7 +170,7 @@ def test_params_pack_modifier_fields():
     raw = FWD_PARAMS.pack(0, window_left=3, window_right=9, softcap_pre=0.5, alibi_mul=2.0, alibi_batch_stride=8)
     off = FWD_PARAMS.offsets()
     assert struct.unpack_from("<q", raw, off["window_left"][0])[0] == 3
-    assert struct.unpack_from("<d", raw, off["alibi_mul"][0])[0] == 2.0
+    assert struct.unpack_from("<f", raw, off["alibi_mul"][0])[0] == 2.0
 
 
 def test_mod_values_match_the_kernels():

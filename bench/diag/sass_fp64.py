@@ -3,12 +3,14 @@ which of them lie inside a loop (a range from a backward branch's target to the 
 
     python -m bench.diag.sass_fp64 [--files REGEX] [--names REGEX] [--jobs 2]
 
-The parameter blocks' float scalars (scale_log2, softmax_scale, softcap_pre, alibi_mul, dropout_scale) are doubles
-converted in device code: F2F.F32.F64 and, under -ftz, an FP64 compare (DSETP, the denormal test). Where ptxas puts a
-pair inside a main loop it costs: in the Hopper backward's score-modifier kernel at head dim 64 one such DSETP, issued
-right after the S^T / dP^T wgmma, held 10% of the kernel's warp-stall samples on the math pipe (bench/NOTES.md, "Score
-modifiers"). One line per kernel with FP64 inside a loop: its FP64 instruction count, how many are in loops, the first
-few; the sm90 kernels compile for sm_90a, the rest for sm_90."""
+When the parameter blocks' float scalars (scale_log2, softmax_scale, softcap_pre, alibi_mul, dropout_scale) were
+doubles, device code converted them: F2F.F32.F64 and, under -ftz, an FP64 compare (DSETP, the denormal test). Where
+ptxas put a pair inside a main loop it cost: in the Hopper backward's score-modifier kernel at head dim 64 one such
+DSETP, issued right after the S^T / dP^T wgmma, held 10% of the kernel's warp-stall samples on the math pipe
+(bench/NOTES.md, "Score modifiers"). They are float32 slots now, and this scan finds no FP64 instruction in any kernel
+(tests/test_fp64_sass_cpu.py checks a sample). One line per kernel with FP64 inside a loop: its FP64 instruction
+count, how many are in loops, the first few; the
+sm90 kernels compile for sm_90a, the rest for sm_90."""
 from __future__ import annotations
 
 import argparse

@@ -1,10 +1,11 @@
 // cuda_src/attn/params.cuh -- the kernel parameter blocks: forward / split-KV / decode / combine (FwdParams),
 // backward (BwdParams), FlashAttention-1 forward and backward (V1FwdParams, V1BwdParams).
 //
-// Passed by value as the only kernel argument. Every field is 8 bytes wide, so the host packs a block with one
-// struct.pack, by field name: cuflash/_params.py holds the host schema of each block, and
-// tests/test_params_layout.py parses this header and checks every field's name, order, offset and size against
-// it. A field added here is added there, and the test says so if it is not.
+// Passed by value as the only kernel argument. Every field is 8 bytes wide (pointers, int64_t, and the float
+// scalars in 8-byte slots, f32_slot: common/ptx.cuh), so the host packs a block with one struct.pack, by field
+// name: cuflash/_params.py holds the host schema of each block, and tests/test_params_layout.py parses this header
+// and checks every field's name, order, offset and size against it. A field added here is added there, and the
+// test says so if it is not.
 #pragma once
 #include "../common/ptx.cuh"
 
@@ -41,19 +42,19 @@ struct FwdParams {
   int64_t num_splits;                    // split-KV: the KV tiles of each row are cut into this many ranges
   int64_t seqlen_k_new;                  // keys appended to the cache by this call (see seqlens_k)
   int64_t grid_order;                    // 0: Q tile in grid x (same-head blocks together); 1: (b, h) in x
-  double scale_log2;                     // softmax_scale * log2(e), computed on the host (softcap * log2(e) with
+  f32_slot scale_log2;                   // softmax_scale * log2(e), computed on the host (softcap * log2(e) with
                                          // the soft-cap)
   // score modifiers (attn/mask.cuh; read only by the kernels compiled with MOD_SCORE; alibi_slopes above)
   int64_t alibi_batch_stride;
   int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
-  double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
-  double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
+  f32_slot softcap_pre;               // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
+  f32_slot alibi_mul;                 // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
   int64_t head_dim;                   // the inputs' head dim: <= the kernel's D, a multiple of 8; columns past it
                                       // are zero-filled in shared memory and never stored
   // dropout (attn/dropout.cuh; read only by the kernels compiled with MOD_DROPOUT)
   int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
   int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
-  double dropout_scale;               // 1 / (1 - p)
+  f32_slot dropout_scale;             // 1 / (1 - p)
   // KV-cache indirections (above)
   int64_t block_table_batch_stride;   // elements between block_table rows
   int64_t page_size;                  // keys per page, a multiple of 16
@@ -102,19 +103,19 @@ struct BwdParams {
                                                                         // padded rows of one head (all elements)
   int64_t dq_strategy;  // 0 atomic (fp32 atomics), 1 seqpar (buffer per KV tile + reduce), 2 loop (no atomics)
   int64_t num_dq_splits;
-  double scale_log2;    // softmax_scale * log2(e)
-  double softmax_scale;
+  f32_slot scale_log2;  // softmax_scale * log2(e)
+  f32_slot softmax_scale;
   // score modifiers (as FwdParams)
   int64_t alibi_batch_stride;
   int64_t window_left, window_right;  // band [i + diag - left, i + diag + right] (no -1: the host bounds it)
-  double softcap_pre;                 // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
-  double alibi_mul;                   // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
+  f32_slot softcap_pre;               // softmax_scale / softcap (scale_log2 is then softcap * log2(e)); 0: off
+  f32_slot alibi_mul;                 // ALiBi slope -> kernel score units: 1 / softmax_scale, or 1 / softcap
   int64_t head_dim;                   // the inputs' head dim: <= the kernel's D, a multiple of 8; columns past it
                                       // are zero-filled in shared memory and never stored
   // dropout (attn/dropout.cuh; read only by the kernels compiled with MOD_DROPOUT)
   int64_t rng_seed, rng_offset;       // Philox key and the counter offset of this call
   int64_t dropout_keep;               // keep an element iff its 16-bit random number is below this (65536 (1 - p))
-  double dropout_scale;               // 1 / (1 - p)
+  f32_slot dropout_scale;             // 1 / (1 - p)
 };
 
 }  // namespace cuflash
@@ -136,7 +137,7 @@ struct V1FwdParams {
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k;
-  double scale_log2;  // softmax_scale * log2(e)
+  f32_slot scale_log2;  // softmax_scale * log2(e)
 };
 
 // Parameter block of the V1 backward kernels (main, dQ convert).
@@ -161,8 +162,8 @@ struct V1BwdParams {
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
   int64_t batch, nheads, heads_per_kv, seqlen_q, seqlen_k, seqlen_q_pad;  // seqlen_q_pad: multiple of BLOCK_M
-  double scale_log2;     // softmax_scale * log2(e)
-  double softmax_scale;
+  f32_slot scale_log2;   // softmax_scale * log2(e)
+  f32_slot softmax_scale;
 };
 
 }  // namespace cuflash

@@ -45,6 +45,32 @@ __device__ __forceinline__ uint3 block_idx_reread() {
   return b;
 }
 
+// A float scalar of a parameter block (attn/params.cuh) in an 8-byte slot: every field of a block is 8 bytes wide,
+// and the host packs the float32 value and 4 zero bytes (cuflash/_params.py, kind FLOAT). Kernels read a float
+// from the constant bank. (These fields were doubles: each (float) conversion in device code is F2F.F32.F64 and,
+// under -ftz, an FP64 compare, DSETP, which the compiler may place in a main loop. In the Hopper backward's score-
+// modifier kernel it sat right after the S^T and dP^T wgmma issue, and that DSETP held 10% of the kernel's warp
+// samples, stalled on the math pipe: bench/NOTES.md, "Score modifiers".)
+struct alignas(8) f32_slot {
+  float v;
+  __device__ __forceinline__ operator float() const { return v; }
+  // The value by a volatile load: one LDC into a register where the kernel starts, not the constant-bank operand
+  // ptxas would otherwise fold into each use (see runtime_copy).
+  __device__ __forceinline__ float read_once() const { return *reinterpret_cast<const volatile float*>(&v); }
+};
+
+// x in a register whose value the compiler cannot derive: OR-ed with threadIdx.x >> 16, which is zero (a block has
+// at most 1024 threads) but not known to be. One LOP3. Where a kernel sits at 255 registers, a float parameter that
+// ptxas may take from the constant bank at every use allocates differently from one held in a register; when the
+// parameter blocks held doubles, the (float) conversion gave such a register. With the float slots, kernels at the
+// limit that started to spill (4-44 B: the decode kernel at head dim 128 with two row fragments and the modifiers,
+// the V1 forward's causal 64 x 128 tile, the packed-sequence dropout forward at head dim 128 on sm_80, two mma.sync
+// backward tiles at head dim 128) take their scale_log2 through this (or read_once) and fit again; checked by the
+// compile report of every configuration (CI), as any register change.
+__device__ __forceinline__ float runtime_copy(float x) {
+  return __int_as_float(__float_as_int(x) | (int)(threadIdx.x >> 16));
+}
+
 // x through a volatile move: the compiler cannot keep values it derives from x alive through a loop in place of
 // deriving them again after it (the same trick as block_idx_reread, for any value).
 __device__ __forceinline__ int opaque(int x) {

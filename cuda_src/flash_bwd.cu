@@ -652,11 +652,13 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
   auto num_m_blocks = [&]() {
     if constexpr (VARLEN) return (cur_si().seqlen_q + BLOCK_M - 1) / BLOCK_M; else return num_m_blocks_fixed;
   };
-  // (held in a register for two configurations at 255 registers that spill 8-16 B with the parameter read from the
-  // constant bank at each use: the KV partition's score-modifier tile at head dim 128 and the 2D tile with the
-  // interleaved exponentials and the early next-tile request, bf16 at head dim 128; common/ptx.cuh, runtime_copy)
-  constexpr bool HOLD_SCALE = (PARTITION == PART_KV && D == 128 && MOD == MOD_SCORE) || (EXP_IL && LOAD_AT == 1);
-  const float scale_log2 = HOLD_SCALE ? p.scale_log2.read_once() : (float)p.scale_log2;
+  // (common/ptx.cuh, held: configurations at 255 registers that spill 8-16 B with the constant-bank operand -- the
+  // KV partition's score-modifier tile at head dim 128, fp16 (HOLD_FADD), and the 2D tile with the interleaved
+  // exponentials and the early next-tile request, bf16 at head dim 128 (HOLD_UNIFORM))
+  constexpr int HOLD = PARTITION == PART_KV && D == 128 && MOD == MOD_SCORE && !is_bf16_v<T> ? HOLD_FADD
+                       : EXP_IL && LOAD_AT == 1                            ? HOLD_UNIFORM
+                                                                           : HOLD_NONE;
+  const float scale_log2 = held<HOLD>(p.scale_log2);
   const T* k_ptr_fixed = reinterpret_cast<const T*>(p.k) +
                          SeqInfo::offset(p.k_batch_stride, p.k_head_stride, blockIdx.z, kv_head);
   const T* v_ptr_fixed = reinterpret_cast<const T*>(p.v) +
@@ -990,7 +992,6 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
           for (int mf = 0; mf < 2; ++mf) zero_frags(acc_p[mf]);
           const uint32_t a_do = do_addr + 2 * qr0 * LDS + lane_off_a<false, LDS>(lane);
           const uint32_t b_v = v_addr + 2 * kc0 * LDS + lane_off_b<false, LDS>(lane);
-          const float sl2 = HOLD_SCALE ? runtime_copy(scale_log2) : scale_log2;
 #pragma unroll
           for (int ks = 0; ks < KD; ++ks) {
             gemm_smem<T, 2, NFS, 1, false, false, LDS, LDS, 1>(acc_p, a_do + 2 * 16 * ks, b_v + 2 * 16 * ks);
@@ -999,7 +1000,7 @@ __global__ void __launch_bounds__(NWARPS * 32, D <= 32 ? 1 : 0) flash_bwd_kernel
               const int mf = f / NFS, nf = f % NFS;
 #pragma unroll
               for (int e = 0; e < 4; ++e)  // lse read where used (held in 4 registers, bf16 spilled under NVRTC 13.5)
-                acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], sl2, lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]);
+                acc[mf][nf][e] = softmax_p_from_lse(acc[mf][nf][e], scale_log2, lse_tile[qr0 + mf * 16 + g + (e / 2) * 8]);
               if (nf % 2 == 1) {  // k16 step nf / 2 of this band's A fragments
                 if constexpr (DROP)
                   Dropout(p, (int64_t)cur_batch() * p.nheads + hq)

@@ -423,7 +423,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) zero_frags(acc_o[mf]);
   OnlineSoftmax<MF> softmax;
-  const float scale_log2 = D == 128 && MF == 2 && MOD != MOD_NONE && !PAGED ? runtime_copy(p.scale_log2) : (float)p.scale_log2;
+  // (HOLD_FADD, common/ptx.cuh: head dim 128, two row fragments, the score modifiers, contiguous cache -- 24-44 B of
+  // spills at 255 registers with the constant-bank operand)
+  constexpr int HOLD = D == 128 && MF == 2 && MOD != MOD_NONE && !PAGED ? HOLD_FADD : HOLD_NONE;
+  const float scale_log2 = held<HOLD>(p.scale_log2);
 
   int read_slot = 0, write_slot = STAGES - 1;
   for (int i = 0; i < my_tiles; ++i) {

@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) zero_frags(acc_o[mf]);
   OnlineSoftmax<MF> softmax;
-  const float scale_log2 = VARLEN && DROP && D == 128 ? runtime_copy(p.scale_log2) : (float)p.scale_log2;
+  // (HOLD_THREAD, common/ptx.cuh: the packed-sequence dropout kernel at head dim 128, 4 B of spills on sm_80 without it)
+  const float scale_log2 = held<VARLEN && DROP && D == 128 ? HOLD_THREAD : HOLD_NONE>(p.scale_log2);
   // Q fragments live in registers when they fit next to the S tile (<= 32 registers with an S tile at most
   // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles); otherwise they are re-read from shared
   // memory at every k16 step.

@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_v1_fwd_kernel(const __gr
   const Mask<CAUSAL> mask = si.mask<CAUSAL>();
   const int num_m = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const int num_n = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
-  const float scale_log2 = D == 64 && BLOCK_N == 128 && CAUSAL ? runtime_copy(p.scale_log2) : (float)p.scale_log2;
+  // (HOLD_FADD, common/ptx.cuh: the causal head-dim-64 split-Q tile, 4 B of spills under NVRTC 13.0 without it)
+  const float scale_log2 = held<D == 64 && BLOCK_N == 128 && CAUSAL ? HOLD_FADD : HOLD_NONE>(p.scale_log2);
 
   const int64_t bh = (int64_t)batch * p.nheads + head;
   const int64_t kv_head = head / p.heads_per_kv;  // GQA/MQA: shared K/V head, no copy

@@ -45,6 +45,12 @@ __device__ __forceinline__ uint3 block_idx_reread() {
   return b;
 }
 
+// The 16-bit input type of T: fp16 (__half) or bf16 (__nv_bfloat16).
+template <typename T>
+constexpr bool is_bf16_v = false;
+template <>
+constexpr bool is_bf16_v<__nv_bfloat16> = true;
+
 // A float scalar of a parameter block (attn/params.cuh) in an 8-byte slot: every field of a block is 8 bytes wide,
 // and the host packs the float32 value and 4 zero bytes (cuflash/_params.py, kind FLOAT). Kernels read a float
 // from the constant bank. (These fields were doubles: each (float) conversion in device code is F2F.F32.F64 and,
@@ -54,21 +60,27 @@ __device__ __forceinline__ uint3 block_idx_reread() {
 struct alignas(8) f32_slot {
   float v;
   __device__ __forceinline__ operator float() const { return v; }
-  // The value by a volatile load: one LDC into a register where the kernel starts, not the constant-bank operand
-  // ptxas would otherwise fold into each use (see runtime_copy).
-  __device__ __forceinline__ float read_once() const { return *reinterpret_cast<const volatile float*>(&v); }
 };
 
-// x in a register whose value the compiler cannot derive: OR-ed with threadIdx.x >> 16, which is zero (a block has
-// at most 1024 threads) but not known to be. One LOP3. Where a kernel sits at 255 registers, a float parameter that
-// ptxas may take from the constant bank at every use allocates differently from one held in a register; when the
-// parameter blocks held doubles, the (float) conversion gave such a register. With the float slots, kernels at the
-// limit that started to spill (4-44 B: the decode kernel at head dim 128 with two row fragments and the modifiers,
-// the V1 forward's causal 64 x 128 tile, the packed-sequence dropout forward at head dim 128 on sm_80, two mma.sync
-// backward tiles at head dim 128) take their scale_log2 through this (or read_once) and fit again; checked by the
-// compile report of every configuration (CI), as any register change.
-__device__ __forceinline__ float runtime_copy(float x) {
-  return __int_as_float(__float_as_int(x) | (int)(threadIdx.x >> 16));
+// A float parameter where a kernel starts, in one of these forms (HOLD_*). ptxas takes a float parameter from the
+// constant bank at each use (HOLD_NONE, every kernel but those below); a kernel that sits at 255 registers allocates
+// differently when the value is an instruction's result instead -- as it was when the blocks held doubles and the
+// (float) conversion gave one. Configurations that spilled 4-44 B once the slots were float32 take the form that
+// fits them again, named at each kernel (checked, as any register change, by the compile report of every
+// configuration under both NVRTCs: CI):
+//   HOLD_FADD     x + 0 (exact: scale_log2 > 0), a value ptxas may recompute where it is used
+//   HOLD_THREAD   x OR-ed with threadIdx.x >> 16: zero (a block has at most 1024 threads), not known to be, so the
+//                 value is computed once and kept in a register
+//   HOLD_UNIFORM  x OR-ed with blockIdx.x >> 31 (zero: grid dimensions are below 2^31): kept in a uniform register
+// (A volatile load of the slot instead, one LDC under NVRTC 13.5, is a generic load of the parameter's address under
+// 13.0 (LD.E.STRONG.SYS): the kernels built so raised illegal-address errors on the GPU.)
+enum : int { HOLD_NONE = 0, HOLD_FADD = 1, HOLD_THREAD = 2, HOLD_UNIFORM = 3 };
+template <int FORM>
+__device__ __forceinline__ float held(float x) {
+  if constexpr (FORM == HOLD_FADD) return __fadd_rn(x, 0.f);
+  if constexpr (FORM == HOLD_THREAD) return __int_as_float(__float_as_int(x) | (int)(threadIdx.x >> 16));
+  if constexpr (FORM == HOLD_UNIFORM) return __int_as_float(__float_as_int(x) | (int)(blockIdx.x >> 31));
+  return x;
 }
 
 // x through a volatile move: the compiler cannot keep values it derives from x alive through a loop in place of

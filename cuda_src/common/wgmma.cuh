@@ -21,12 +21,6 @@ namespace cuflash {
 template <int N>
 struct Wgmma;
 
-// The 16-bit input type of T: fp16 (__half) or bf16 (__nv_bfloat16).
-template <typename T>
-constexpr bool is_bf16_v = false;
-template <>
-constexpr bool is_bf16_v<__nv_bfloat16> = true;
-
 template <>
 struct Wgmma<16> {
   template <typename T, int TRANS_A = 0, int TRANS_B = 0>

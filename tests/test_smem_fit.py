@@ -7,7 +7,7 @@ score modifiers; the backward ("auto" takes the Q-row partition from head dim 64
 sequences; rows that are not 16-byte units (head dim 90); the decode kernel and the split-KV forward, contiguous and
 paged. The backwards that have no fitted kernel are refused (head dim 256; head dims 97-128 packed or UA with a
 score modifier, or UA, whose kernels always take the modifiers' mode).
-Plans are made afresh under the cap and cleared after the module."""
+Plans and launchers are made afresh under the cap and cleared after the module."""
 import pytest
 
 import cuflash
@@ -25,9 +25,11 @@ CAP = 99 * 1024
 
 
 def _clear_plans():
-    from cuflash import _fwd, backward, decode
+    """The plans, and the launchers: a launcher checks its kernel's shared memory against the cap when it is built
+    (cuflash._launch.check_smem), so one an earlier test of the process built under no cap must not be reused."""
+    from cuflash import _fwd, _launch, backward, decode
 
-    for memo in (_fwd._PLANS, _fwd._KV_PLANS, backward._PLANS, decode._PLANS):
+    for memo in (_fwd._PLANS, _fwd._KV_PLANS, backward._PLANS, decode._PLANS, _launch._launchers):
         memo.clear()
     decode._resident.cache_clear()
 

@@ -68,11 +68,11 @@ struct alignas(8) f32_slot {
 // (float) conversion gave one. Configurations that spilled 4-44 B once the slots were float32 take the form that
 // fits them again, named at each kernel (checked, as any register change, by the compile report of every
 // configuration under both NVRTCs: CI):
-//   HOLD_FADD     x + 0 (exact: scale_log2 > 0), a value ptxas may recompute where it is used
+//   HOLD_FADD     x + 0 (x itself for every x but -0, which becomes +0), a value ptxas may recompute where used
 //   HOLD_THREAD   x OR-ed with threadIdx.x >> 16: zero (a block has at most 1024 threads), not known to be, so the
 //                 value is computed once and kept in a register
 //   HOLD_UNIFORM  x OR-ed with blockIdx.x >> 31 (zero: grid dimensions are below 2^31): kept in a uniform register
-// (A volatile load of the slot instead, one LDC under NVRTC 13.5, is a generic load of the parameter's address under
+// (A volatile load of the slot instead, one ULDC under NVRTC 13.5, is a generic load of the parameter's address under
 // 13.0 (LD.E.STRONG.SYS): the kernels built so raised illegal-address errors on the GPU.)
 enum : int { HOLD_NONE = 0, HOLD_FADD = 1, HOLD_THREAD = 2, HOLD_UNIFORM = 3 };
 template <int FORM>

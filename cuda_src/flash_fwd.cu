@@ -78,10 +78,12 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
   constexpr int LDSV = PaddedRow<DV>::LDS;  // V tile rows
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr int KU = KUNROLL > 2 ? 2 : KUNROLL;  // sm_80: see KUNROLL above
+  constexpr bool SM80_CODE = true;
 #else
   // EXP_PRECISE (a V1-ladder rung: libdevice expf) needs registers that 4 steps per trip with LOAD_AT = 1
   // do not leave (16 B of spills under NVRTC 13.0): it gets 2, like sm_80.
   constexpr int KU = EXP_VARIANT == EXP_PRECISE && KUNROLL > 2 ? 2 : KUNROLL;
+  constexpr bool SM80_CODE = false;
 #endif
   static_assert(LOAD_AT == 0 || LOAD_AT == 1, "LOAD_AT: 0 or 1");
   constexpr bool DROP = (MOD & MOD_DROPOUT) != 0;
@@ -138,8 +140,12 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) zero_frags(acc_o[mf]);
   OnlineSoftmax<MF> softmax;
-  // (HOLD_THREAD, common/ptx.cuh: the packed-sequence dropout kernel at head dim 128, 4 B of spills on sm_80 without it)
-  const float scale_log2 = held<VARLEN && DROP && D == 128 ? HOLD_THREAD : HOLD_NONE>(p.scale_log2);
+  // (common/ptx.cuh, held: HOLD_THREAD for the packed-sequence dropout kernel at head dim 128, 4 B of spills on sm_80
+  // without it; HOLD_UNIFORM for the V1 ladder's libdevice-expf rung at head dim 128 on sm_80, 24 B under NVRTC 13.5)
+  constexpr int HOLD = VARLEN && DROP && D == 128                                ? HOLD_THREAD
+                       : EXP_VARIANT == EXP_PRECISE && D == 128 && SM80_CODE ? HOLD_UNIFORM
+                                                                             : HOLD_NONE;
+  const float scale_log2 = held<HOLD>(p.scale_log2);
   // Q fragments live in registers when they fit next to the S tile (<= 32 registers with an S tile at most
   // 64 keys wide, or Q + S <= 80: head dim 128 with 16-key tiles); otherwise they are re-read from shared
   // memory at every k16 step.

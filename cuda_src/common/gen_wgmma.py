@@ -88,12 +88,6 @@ def _struct(n: int) -> str:
 
 def render() -> str:
     body = [HEADER]
-    body.append("""// The 16-bit input type of T: fp16 (__half) or bf16 (__nv_bfloat16).
-template <typename T>
-constexpr bool is_bf16_v = false;
-template <>
-constexpr bool is_bf16_v<__nv_bfloat16> = true;
-""")
     for n in NS:
         body.append(_struct(n))
         body.append("")

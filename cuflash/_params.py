@@ -2,9 +2,9 @@
 
 Every kernel family takes one struct by value (FwdParams, BwdParams, V1FwdParams, V1BwdParams) whose fields
 are all 8 bytes wide: pointers, int64_t, and float32 scalars in 8-byte slots (`f32_slot`, cuda_src/common/ptx.cuh:
-the value and 4 zero bytes; the kernels read floats, with no FP64 conversion in device code). `ParamBlock` lists a struct's fields in declaration order
-(tests/test_params_layout.py parses the header and checks every name, offset and size against these lists)
-and precompiles its `struct.Struct` once. Host code never fills a block by position:
+the value and 4 zero bytes; the kernels read floats, with no FP64 conversion in device code). `ParamBlock` lists a
+struct's fields in declaration order (tests/test_params_layout.py parses the header and checks every name, offset and
+size against these lists) and precompiles its `struct.Struct` once. Host code never fills a block by position:
 
 * `block.values(**fields)` -> the tuple of every field value in declaration order (a missing or unknown name
   raises KeyError; `block.values(0, **fields)` sets the fields not named to 0);

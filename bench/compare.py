@@ -377,12 +377,18 @@ def _val(r):
     return f"{t:.1f} us" if t else "-"
 
 
+def _trees(source) -> str:
+    return f"cuda_src {source['cuda_src'][:12]}, cuflash {source['cuflash'][:12]}" if source else "unknown"
+
+
 def markdown(head, records) -> str:
     lines = [f"# cuflash before / after\n",
              f"{head.get('gpu')} ({head.get('sms')} SMs), driver {head.get('driver')}, clocks {head.get('clocks')}, "
              f"torch {head.get('torch')}, cupy {head.get('cupy')}, NVRTC {head.get('nvrtc')}, {head.get('date')}.",
              f"base: `{head.get('base_dir')}` (commit {head.get('base_commit')}, kernels `{head.get('base_kernels')}`); "
              f"new: `{head.get('new_dir')}` (commit {head.get('new_commit')}, kernels `{head.get('new_kernels')}`).",
+             f"Source trees (`git rev-parse COMMIT:cuda_src` / `:cuflash` of a commit that holds the same files): base "
+             f"{_trees(head.get('base_source'))}; new {_trees(head.get('new_source'))}.",
              f"Rounds timed in turn (base, new, SDPA ...), medians"
              f"{'; fwd / bwd: each call queued behind a ~3 ms spin kernel (GPU time)' if head.get('timing') == 'queued' else ''}"
              f". Ratio: speed new / base (> 1: new faster). "
@@ -465,9 +471,10 @@ def main(argv=None):
     base = load_tree(base_dir)
     trees = {"base": base, "new": cuflash}
     head = harness.header()
+    new_dir = Path(cuflash.__file__).resolve().parent.parent
     head.update(base_dir=str(base_dir), base_commit=harness.git_commit(base_dir), base_kernels=kernel_dir(base),
-                new_dir=str(Path(cuflash.__file__).resolve().parent.parent), new_commit=harness.git_commit(),
-                new_kernels=kernel_dir(cuflash), rounds=args.rounds, kind="compare",
+                base_source=harness.source_trees(base_dir), new_dir=str(new_dir), new_commit=harness.git_commit(new_dir),
+                new_source=harness.source_trees(new_dir), new_kernels=kernel_dir(cuflash), rounds=args.rounds, kind="compare",
                 timing="queued" if args.queued else "single")
     print(f"base kernels: {head['base_kernels']}\nnew kernels:  {head['new_kernels']}", flush=True)
     if head["base_kernels"] == head["new_kernels"]:

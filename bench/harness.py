@@ -229,7 +229,8 @@ def _version(mod: str):
 
 
 def git_commit(path=None):
-    """HEAD of the checkout at `path` (default: this repository), or None. A tree exported without git (e.g.
+    """HEAD of the checkout whose top level is `path` (default: this repository), or None: a folder inside some
+    other checkout (an exported tree under this one) is not that checkout's HEAD. A tree exported without git (e.g.
     `git archive REV | tar -x`) names its commit in a file COMMIT at its root, which wins; a checkout with
     uncommitted changes to cuflash/ or cuda_src/ gets "+dirty"."""
     path = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,6 +238,10 @@ def git_commit(path=None):
     if os.path.isfile(marker):
         return open(marker).read().strip() or None
     try:
+        top = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode or os.path.realpath(top.stdout.strip()) != os.path.realpath(str(path)):
+            return None
         d = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "cuflash", "cuda_src"],
                            capture_output=True, text=True, timeout=10)
         dirty = "+dirty" if d.returncode == 0 and d.stdout.strip() else ""
@@ -250,27 +255,36 @@ SOURCE_DIRS = ("cuflash", "cuda_src")
 
 
 def source_trees(path=None):
-    """{"cuflash": tree, "cuda_src": tree}: the git tree hashes of those folders as they are in the working tree at
-    `path` (tracked and untracked files, uncommitted changes included; ignored files not), made through a temporary
-    index so the checkout's own is untouched; or None without git. A tree equals `git rev-parse COMMIT:cuflash` of
-    every commit that holds exactly these files, so a run on a copy of the tree whose HEAD (git_commit) is older
-    than its files still names the code it ran: `git log --format='%H %T' ...` or `git rev-parse REV:cuflash`
-    finds the commit."""
+    """{"cuflash": tree, "cuda_src": tree}: the git tree hashes of those folders as they are at `path` (any folder
+    that holds them: a checkout's working tree with its uncommitted and untracked files, or a tree exported without
+    git), made in a temporary repository whose work tree is `path`, so no checkout's index is touched; files that
+    this repository's .gitignore or `path`'s own ignores are left out. A tree equals `git rev-parse COMMIT:cuflash`
+    of every commit that holds exactly these files, so a run on a copy of the tree whose HEAD (git_commit) is older
+    than its files, or on an export that names no commit, still names the code it ran: `git log --format='%H %T'
+    ...` or `git rev-parse REV:cuflash` finds the commit. None without git or without those folders."""
     path = str(path or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not all(os.path.isdir(os.path.join(path, d)) for d in SOURCE_DIRS):
+        return None
+    ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gitignore")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+            subprocess.run(["git", "init", "-q", tmp], capture_output=True, timeout=60, check=True)
+            git_dir = os.path.join(tmp, ".git")
+            env = dict(os.environ, GIT_DIR=git_dir, GIT_WORK_TREE=path)
+            env.pop("GIT_INDEX_FILE", None)
 
             def git(*args):
-                r = subprocess.run(["git", "-C", path, *args], env=env, capture_output=True, text=True, timeout=60)
+                r = subprocess.run(["git", *args], cwd=path, env=env, capture_output=True, text=True, timeout=60)
                 if r.returncode:
                     raise RuntimeError(r.stderr.strip())
                 return r.stdout.strip()
 
+            with open(os.path.join(git_dir, "info", "exclude"), "a") as f:
+                f.write(open(ours).read() if os.path.isfile(ours) else "__pycache__/\n")
             git("add", "-A", "--", *SOURCE_DIRS)
             tree = git("write-tree")
             return {d: git("rev-parse", f"{tree}:{d}") for d in SOURCE_DIRS}
-    except Exception:  # noqa: BLE001 - no git, not a checkout: the header says None
+    except Exception:  # noqa: BLE001 - no git: the header says None
         return None
 
 

@@ -741,35 +741,53 @@ def test_compare_suites_run_on_stubs(monkeypatch, tmp_path):
 def test_source_trees_name_the_code_as_it_ran(tmp_path):
     """harness.source_trees: the trees of cuflash/ and cuda_src/ in the working tree, uncommitted and untracked
     files included (ignored ones not), equal to those of the commit that holds the same files, whatever HEAD is;
-    the checkout's own index untouched; None outside a checkout."""
+    the checkout's own index untouched; the same trees for a copy of the files outside any checkout (an exported
+    base tree, its __pycache__ left out), None without the folders. harness.git_commit: a checkout's HEAD at its
+    top level only, None for a folder inside it or for a copy outside it."""
     import os
+    import shutil
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
 
     def git(*args):
-        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True,
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
                               env=dict(os.environ, GIT_AUTHOR_NAME="a", GIT_AUTHOR_EMAIL="a@b", GIT_COMMITTER_NAME="a",
                                        GIT_COMMITTER_EMAIL="a@b")).stdout.strip()
 
     git("init", "-q")
     for d in harness.SOURCE_DIRS:
-        (tmp_path / d).mkdir()
-        (tmp_path / d / "a.txt").write_text(d)
-    (tmp_path / ".gitignore").write_text("*.pyc\n")
+        (repo / d).mkdir()
+        (repo / d / "a.txt").write_text(d)
+    (repo / ".gitignore").write_text("*.pyc\n")
     git("add", "-A")
     git("commit", "-qm", "one")
-    first = harness.source_trees(tmp_path)
+    first = harness.source_trees(repo)
     assert first == {d: git("rev-parse", f"HEAD:{d}") for d in harness.SOURCE_DIRS}
-    (tmp_path / "cuflash" / "a.txt").write_text("changed")  # an uncommitted change
-    (tmp_path / "cuflash" / "new.txt").write_text("new")  # an untracked file
-    (tmp_path / "cuflash" / "x.pyc").write_text("ignored")
-    now = harness.source_trees(tmp_path)
+    assert harness.git_commit(repo) == git("rev-parse", "HEAD")
+    assert harness.git_commit(repo / "cuflash") is None  # a folder inside the checkout is not its HEAD
+    (repo / "cuflash" / "a.txt").write_text("changed")  # an uncommitted change
+    (repo / "cuflash" / "new.txt").write_text("new")  # an untracked file
+    (repo / "cuflash" / "x.pyc").write_text("ignored")
+    now = harness.source_trees(repo)
     assert now["cuflash"] != first["cuflash"] and now["cuda_src"] == first["cuda_src"]
+    assert harness.git_commit(repo).endswith("+dirty")
     assert git("diff", "--cached", "--name-only") == ""  # nothing staged in the checkout's own index
     git("add", "-A")
     git("commit", "-qm", "two")
     assert now == {d: git("rev-parse", f"HEAD:{d}") for d in harness.SOURCE_DIRS}
-    outside = tmp_path.parent / (tmp_path.name + "-plain")  # no checkout
-    outside.mkdir()
-    assert harness.source_trees(outside) is None
+    outside = tmp_path / "export"  # the committed files, no checkout, as `git archive` writes them
+    for d in harness.SOURCE_DIRS:
+        shutil.copytree(repo / d, outside / d, ignore=shutil.ignore_patterns("*.pyc"))
+    (outside / "cuflash" / "__pycache__").mkdir()
+    (outside / "cuflash" / "__pycache__" / "m.pyc").write_text("compiled")
+    assert harness.source_trees(outside) == now
+    assert harness.git_commit(outside) is None
+    (outside / "COMMIT").write_text("abc123\n")
+    assert harness.git_commit(outside) == "abc123"
+    bare = tmp_path / "plain"
+    bare.mkdir()
+    assert harness.source_trees(bare) is None
 
 
 def test_bwd_handoff_parsing():

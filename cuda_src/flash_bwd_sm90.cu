@@ -587,9 +587,10 @@ __global__ void __launch_bounds__(384, 1)
   setmaxnreg_inc<REGS_MMA>();
   const Mask<CAUSAL, MOD> mask_kv1 = si.mask<CAUSAL, MOD>(p, blk1.z, blk1.y * group);  // (the launch's tile)
   // consumer index: keys [n0 + 64 cw, +64). Above head dim 64 it is taken from lane 0 so the compiler knows it
-  // is warp-uniform and keeps the wgmma descriptors in uniform registers; at 64 the score-modifier kernels
-  // would then spill, so it stays a plain register there.
-  const int cw = D > 64 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+  // is warp-uniform and keeps the wgmma descriptors in uniform registers; at 64 the score-modifier kernels of one
+  // block per tile would then spill, so it stays a plain register there -- but not in the persistent modifier
+  // kernel, which fits only with it (4 B of spills under NVRTC 13.0 without).
+  const int cw = D > 64 || (PERSIST && MOD != MOD_NONE) ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // warp-uniform (the bulk copies' addresses)
   const int g = lane / 4, t = lane % 4;

@@ -25,7 +25,8 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
-                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS, kernel_headdim,
+                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS,
+                       SM90_BWD_PERSIST_MOD_HEADDIMS, kernel_headdim,
                        sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
@@ -99,7 +100,7 @@ PLAIN_ORDER = None
 CAUSAL_GROUP = None
 # The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
 # while CAUSAL_GROUP is set); True / False force it where it can run (head dims SM90_BWD_PERSIST_HEADDIMS, "atomic" /
-# "seqpar", no modifiers) or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
+# "seqpar"; with the score modifiers SM90_BWD_PERSIST_MOD_HEADDIMS) or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
 # test: a few blocks walk many tiles each).
 PERSIST = None
 PERSIST_MAX_GRID = None
@@ -123,7 +124,9 @@ def cap_only_form(d, mod) -> bool:
 def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
     """Whether the main kernel of a call of kernel head dim d takes the persistent form (PERSIST, else the
     configuration)."""
-    if mod or strategy not in ("atomic", "seqpar") or seqlen_k is None or d not in SM90_BWD_PERSIST_HEADDIMS:
+    if strategy not in ("atomic", "seqpar") or seqlen_k is None:
+        return False
+    if d not in (SM90_BWD_PERSIST_HEADDIMS if not mod else SM90_BWD_PERSIST_MOD_HEADDIMS if mod == MOD_SCORE else ()):
         return False
     if PERSIST is None and causal and CAUSAL_GROUP is not None:  # a dispatch order asked for: one block per tile
         return False

@@ -963,6 +963,13 @@ SM90_BWD_PERSIST_HEADDIMS = (64, 128, 256)
 # persistent_overhead). The limits are the longest measured lengths where it measured ahead.
 SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048,
                                        (256, False): 16384, (256, True): 4096}
+# The persistent form of the score-modifier kernels (MOD_SCORE: the band, soft-cap and ALiBi per tile), at these kernel
+# head dims: at 64 its consumers fit 232 registers with the float parameter slots and a warp-uniform consumer index
+# (96 and 128 spill 36 B with serialized wgmmas; bench/NOTES.md, "Score modifiers"). Kernel head dim -> the most keys
+# per sequence a modifier call may have to take it: none measured yet, so only calls that force the form
+# (cuflash._bwd_sm90.PERSIST) take it.
+SM90_BWD_PERSIST_MOD_HEADDIMS = (64,)
+SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K: dict = {}
 
 
 def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
@@ -973,11 +980,15 @@ def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
 
 
 def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen_k: int | None) -> bool:
-    """Whether a call of this kernel head dim takes the persistent form: no modifiers, order 0, fixed lengths, at
-    most SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys."""
-    limit = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal)))
-    return (limit is not None and headdim in SM90_BWD_PERSIST_HEADDIMS and not mod and not order
-            and seqlen_k is not None and seqlen_k <= limit)
+    """Whether a call of this kernel head dim takes the persistent form: order 0, fixed lengths, at most
+    SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys without modifiers, SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[headdim]
+    with the score modifiers (mod MOD_SCORE)."""
+    if mod:
+        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if mod == MOD_SCORE else None
+        ok = headdim in SM90_BWD_PERSIST_MOD_HEADDIMS
+    else:
+        limit, ok = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal))), headdim in SM90_BWD_PERSIST_HEADDIMS
+    return limit is not None and ok and not order and seqlen_k is not None and seqlen_k <= limit
 
 
 # Stream-K (Sm90BwdTile.stream_k, the kernels' SK; cuda_src/flash_bwd_sm90.cu Sm90BwdStreamK): the persistent form
@@ -1060,6 +1071,8 @@ def sm90_bwd_specs():
     persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
                for c in (False, True)]
     persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_stream_k_tile(d)) for dt in DTYPES for d in SM90_BWD_SK_HEADDIMS]
+    persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_persist_tile(d), mod=MOD_SCORE) for dt in DTYPES
+                for d in SM90_BWD_PERSIST_MOD_HEADDIMS]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in full] +

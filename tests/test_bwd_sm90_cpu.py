@@ -911,17 +911,24 @@ def test_bwd_mod_probe_variants(capsys):
     """bench.diag.bwd_mod_probe (under the stand-ins: no GPU) launches what each variant names at head dim 64, 4k
     causal: the configured plain backward (the persistent form), the plain kernel one block per tile, and the modifier
     kernel (its configured CAP_ONLY form) for the window that hides nothing, the 4096-key window, ALiBi and the
-    soft-cap -- each with the preprocess and the dQ convert of its mode; and its report's costs."""
+    soft-cap, and the same four on the persistent modifier kernel -- each with the preprocess and the dQ convert of
+    its mode; and its report's costs, one block per tile -> persistent where both ran."""
     from bench.diag.bwd_mod_probe import NAMES, report
 
     res = run_with_stand_ins(_MOD_PROBE_BODY)
-    main = {n: [k for k in res[n] if "flash_bwd_sm90_kernel<" in k] for n in NAMES}
+    pnames = [n + "_p" for n in NAMES[2:]]
+    assert sorted(res) == sorted(NAMES + tuple(pnames))
+    main = {n: [k for k in res[n] if "flash_bwd_sm90_kernel<" in k] for n in res}
     spec = lambda *a, **kw: _configs.sm90_bwd_spec("float16", 64, *a, **kw).name  # noqa: E731
     assert main["plain"] == [spec(True, _configs.sm90_bwd_persist_tile(64))]
     assert main["plain1"] == [spec(True)]
     mod = spec(False, replace(_configs.sm90_bwd_tile(64), cap_only=True), _configs.MOD_SCORE)
     assert all(main[n] == [mod] for n in ("wcausal", "w4096", "alibi", "softcap"))
-    assert all(len(res[n]) == 3 and "preprocess" in res[n][0] and "convert_dq" in res[n][2] for n in NAMES)
+    pmod = spec(False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
+    assert all(main[n] == [pmod] for n in pnames)
+    assert all(len(res[n]) == 3 and "preprocess" in res[n][0] and "convert_dq" in res[n][2] for n in res)
     report([(64, 4096, 1.0, {n: 1.0 + 0.1 * i for i, n in enumerate(NAMES)})])
     out = capsys.readouterr().out
     assert "| 64 | 4096 | +10.0% | +20.0% | +30.0% | +40.0% | +50.0% |" in out
+    report([(64, 4096, 1.0, {**{n: 1.0 + 0.1 * i for i, n in enumerate(NAMES)}, "alibi_p": 1.25})])
+    assert "| 64 | 4096 | +10.0% | +20.0% | +30.0% | +40.0% -> +25.0% | +50.0% |" in capsys.readouterr().out

@@ -256,8 +256,9 @@ def test_persistent_form(persistent, dq_strategy, causal, b, sq, sk, h, hk, d):
 
 
 def test_persistent_form_is_not_taken_where_it_cannot_run(monkeypatch):
-    """Forced on, the persistent form still leaves "ordered", the score modifiers (also in the column-split kernel) and
-    head dim 96 to the kernels of one block per tile (the plan's grid: KV tiles, KV heads, batch)."""
+    """Forced on, the persistent form still leaves "ordered", the score modifiers at the head dims without a persistent
+    modifier kernel (128, and the column-split kernel's 256) and head dim 96 to the kernels of one block per tile (the
+    plan's grid: KV tiles, KV heads, batch)."""
     import torch
 
     monkeypatch.setattr(_bwd_sm90, "PERSIST", True)

@@ -335,6 +335,59 @@ def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, mo
         assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
 
 
+# The persistent modifier form's cases: FORM_CASES, and a window whose band leaves KV tiles that no query sees (their
+# dK, dV zero) with GQA 4/2, at head dim 64 and the padded 48; ragged tails, seqlen_q != seqlen_k both ways.
+PERSIST_MOD_CASES = FORM_CASES + [(False, (100, 0), 0.0, "h")]
+PERSIST_MOD_IDS = FORM_IDS + ["window-alibi"]
+
+
+@pytest.mark.parametrize("grid", [None, 3], ids=["grid-sms", "grid-3"])
+@pytest.mark.parametrize("d", [64, 48])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", PERSIST_MOD_CASES, ids=PERSIST_MOD_IDS)
+@pytest.mark.parametrize("sq,sk", [(300, 2100), (2048, 1024)])
+def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
+    """The Hopper backward's persistent form with the score modifiers (cuflash._configs.SM90_BWD_PERSIST_MOD_HEADDIMS,
+    forced by cuflash._bwd_sm90.PERSIST; a grid of one block per SM, or of 3 blocks that walk every tile between
+    them: each tile's mask and ALiBi slope taken per tile) against the float64 reference with large logits where
+    the soft-cap is on, GQA 4/2; its plan's main kernel is the persistent modifier kernel; and with "seqpar" (dQ in a
+    fixed order) its gradients are bitwise those of the modifier kernel of one block per tile (the CAP_ONLY form off:
+    the same band form on every tile); with "atomic" against the reference too."""
+    import torch
+
+    from cuflash import _bwd_sm90, _configs
+
+    needs_backend("sm90", d)
+    kernels, main_launch = [], _bwd_sm90.main_launch
+
+    def spy(*args, **kw):  # the main kernel each backward plan is made with
+        r = main_launch(*args, **kw)
+        kernels.append(r[0].name)
+        return r
+
+    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", False)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", grid)
+    spec = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
+    grads = {}
+    try:
+        for on in (True, False):
+            _bwd_sm90.PERSIST = on
+            bwd_mod._PLANS.clear()
+            torch.manual_seed(4321)
+            grads[on] = check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="seqpar")
+            assert (kernels[-1] == spec.name) == on, kernels
+        _bwd_sm90.PERSIST = True
+        bwd_mod._PLANS.clear()
+        check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="atomic")
+        assert kernels[-1] == spec.name, kernels
+    finally:
+        _bwd_sm90.PERSIST = None
+        bwd_mod._PLANS.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
+        assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
+
+
 # Every warp partition and dQ strategy with a window (the Q-tile ranges of a KV tile and, for "seqpar", the KV
 # tiles each row sums) and with the soft-cap (its derivative in each partition's dS step).
 PART_CASES = [(d, p) for d in (32, 64, 96, 128, 256) for p in ("kv", "q", "2d") if d in bwd_mod.bwd_tiles(p)]

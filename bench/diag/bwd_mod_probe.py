@@ -17,9 +17,11 @@ medians of `rounds` rounds; every variant's out and LSE from the forward with th
   w4096     the window (4096, 0)
   alibi     BLOOM's ALiBi slopes on the causal mask
   softcap   soft-cap 50 on the causal mask (the configured CAP_ONLY form where it is)
+  *_p       wcausal, w4096, alibi and softcap again on the persistent modifier kernel (forced: cuflash._bwd_sm90.
+            PERSIST = True), at the head dims that have one (cuflash._configs.SM90_BWD_PERSIST_MOD_HEADDIMS)
 The table: ms per variant, plain1 / plain (the persistent form's share), wcausal / plain1 (the modifier kernel at equal
 work), w4096's time per tile of its band over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers
-alone), and each modifier's cost over the configured plain kernel.
+alone), and each modifier's cost over the configured plain kernel (one block per tile -> persistent where *_p ran).
 """
 from __future__ import annotations
 
@@ -64,8 +66,11 @@ def run(rounds: int, seqlens, headdims) -> list:
                 keep = (out, lse)  # (alive while the plan's pointers are used)
                 return lambda: (plan.run(*ptrs), keep)
 
-            fns = {"plain": plan_of(), "plain1": plan_of(persist=False), "wcausal": plan_of(window=(s, 0)),
-                   "w4096": plan_of(window=(WINDOW, 0)), "alibi": plan_of(alibi=slopes), "softcap": plan_of(cap=CAP)}
+            mods = {"wcausal": dict(window=(s, 0)), "w4096": dict(window=(WINDOW, 0)), "alibi": dict(alibi=slopes),
+                    "softcap": dict(cap=CAP)}
+            fns = {"plain": plan_of(), "plain1": plan_of(persist=False), **{n: plan_of(**kw) for n, kw in mods.items()}}
+            if d in _configs.SM90_BWD_PERSIST_MOD_HEADDIMS:
+                fns.update({n + "_p": plan_of(**kw, persist=True) for n, kw in mods.items()})
             time_point(fns, rounds, d, s, tile, rows)
     report(rows)
     return rows
@@ -74,13 +79,19 @@ def run(rounds: int, seqlens, headdims) -> list:
 def report(rows) -> None:
     """The tables of run()'s rows: (head dim, seqlen, w4096's band, {variant: ms})."""
     parts_table(rows)
-    print("\nCost over the configured plain kernel (time / plain's - 1; w4096: per tile of its band):\n")
+    print("\nCost over the configured plain kernel (time / plain's - 1; w4096: per tile of its band; one block per "
+          "tile -> persistent where the persistent modifier kernel ran):\n")
     print("| hdim | seqlen | plain1 | wcausal | w4096 | alibi | softcap |")
     print("|---" * 7 + "|")
     for d, s, band, r in rows:
+        def pct(n):
+            f = band if n.startswith("w4096") else 1.0
+            return f"{100 * (r[n] / f / r['plain'] - 1):+.1f}%"
+
         def cost(n):
-            f = band if n == "w4096" else 1.0
-            return f"{100 * (r[n] / f / r['plain'] - 1):+.1f}%" if r.get(n) and r.get("plain") else "n/a"
+            if not (r.get(n) and r.get("plain")):
+                return "n/a"
+            return pct(n) + (f" -> {pct(n + '_p')}" if r.get(n + "_p") else "")
 
         print(f"| {d} | {s} | " + " | ".join(cost(n) for n in NAMES[1:]) + " |")
 

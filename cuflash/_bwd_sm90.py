@@ -121,16 +121,18 @@ def cap_only_form(d, mod) -> bool:
     return d in SM90_BWD_CAP_ONLY_HEADDIMS if CAP_ONLY is None else bool(CAP_ONLY)
 
 
-def persistent_form(d, causal, mod, strategy, seqlen_k) -> bool:
+def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
     """Whether the main kernel of a call of kernel head dim d takes the persistent form (PERSIST, else the
-    configuration)."""
+    configuration; softcap: whether the call's soft-cap is on)."""
     if strategy not in ("atomic", "seqpar") or seqlen_k is None:
         return False
     if d not in (SM90_BWD_PERSIST_HEADDIMS if not mod else SM90_BWD_PERSIST_MOD_HEADDIMS if mod == MOD_SCORE else ()):
         return False
     if PERSIST is None and causal and CAUSAL_GROUP is not None:  # a dispatch order asked for: one block per tile
         return False
-    return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k) if PERSIST is None else bool(PERSIST)
+    if PERSIST is not None:
+        return bool(PERSIST)
+    return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k, softcap)
 
 
 def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid, iters) -> bool:
@@ -154,11 +156,12 @@ def main_grid(persistent, n_blocks, kv_heads, batch, device):
     return (g if PERSIST_MAX_GRID is None else max(1, min(g, PERSIST_MAX_GRID)), 1, 1)
 
 
-def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
+def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softcap=False):
     """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
     workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
     sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed
-    sequences), which the dispatch order's and the persistent and stream-K forms' choices read."""
+    sequences), which the dispatch order's and the persistent and stream-K forms' choices read; softcap: whether the
+    soft-cap is on (the persistent modifier form is configured without it)."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = DQ_ORDER_PLAIN
@@ -172,7 +175,7 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None):
     group = 0
     if causal and not mod and order == DQ_ORDER_PLAIN:
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
-    persistent = persistent_form(d, causal, mod, strategy, seqlen_k)
+    persistent = persistent_form(d, causal, mod, strategy, seqlen_k, softcap)
     sk = 0
     if seqlen_k is not None:
         n_blocks, hk, b = -(-seqlen_k // tile.block_n), ka.shape[2], ka.shape[0]

@@ -966,10 +966,13 @@ SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128
 # The persistent form of the score-modifier kernels (MOD_SCORE: the band, soft-cap and ALiBi per tile), at these kernel
 # head dims: at 64 its consumers fit 232 registers with the float parameter slots and a warp-uniform consumer index
 # (96 and 128 spill 36 B with serialized wgmmas; bench/NOTES.md, "Score modifiers"). Kernel head dim -> the most keys
-# per sequence a modifier call may have to take it: none measured yet, so only calls that force the form
-# (cuflash._bwd_sm90.PERSIST) take it.
+# per sequence a modifier call without the soft-cap takes it at. Measured at head dim 64 (H100, bench.diag.
+# bwd_mod_probe, causal, 2k-16k), one block per tile -> persistent, over the configured plain kernel: ALiBi +11.2 ->
+# +5.8% (2k) and +9.5 -> +4.8% (4k), a window hiding nothing +9.1 -> +3.7% and +6.9 -> +3.6%, the 4096-key window
+# +9.6 -> +4.8% and +8.2 -> +5.5%; at 8k 0.7-2.9 points (within the probe's spread), at 16k worse. Soft-capped calls
+# keep one block per tile: its CAP_ONLY form (which the persistent form has not) is 6-17 points ahead.
 SM90_BWD_PERSIST_MOD_HEADDIMS = (64,)
-SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K: dict = {}
+SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K: dict = {64: 4096}
 
 
 def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
@@ -979,12 +982,13 @@ def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
     return replace(sm90_bwd_tile(headdim), persistent=True, regs_mma=232, regs_load=40)
 
 
-def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen_k: int | None) -> bool:
+def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen_k: int | None,
+                        softcap: bool = False) -> bool:
     """Whether a call of this kernel head dim takes the persistent form: order 0, fixed lengths, at most
     SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys without modifiers, SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[headdim]
-    with the score modifiers (mod MOD_SCORE)."""
+    with the score modifiers (mod MOD_SCORE) when the soft-cap is off."""
     if mod:
-        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if mod == MOD_SCORE else None
+        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if mod == MOD_SCORE and not softcap else None
         ok = headdim in SM90_BWD_PERSIST_MOD_HEADDIMS
     else:
         limit, ok = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal))), headdim in SM90_BWD_PERSIST_HEADDIMS

@@ -188,8 +188,9 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                           packed, "sm80")
     persistent, sk_bytes = False, 0
     if path == "sm90":
+        capped = bool(mods is not None and mods.fields.get("softcap_pre"))
         main_spec, block_n, maps, persistent, sk_bytes = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                                               sk if packed is None else None)
+                                                                               sk if packed is None else None, capped)
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes

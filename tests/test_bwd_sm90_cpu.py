@@ -623,14 +623,21 @@ def test_persistent_form_launches(res, cap):
 def test_persistent_form_layout_and_rule():
     """Its shared memory holds one more mbarrier (kv_empty); its producer takes 40 registers and the consumers 232
     (the launch allocation's 168 x 384 shared out); the configuration's rule takes it only where a key limit is set
-    for (head dim, causal), for plain calls of fixed lengths; it has no visiting order ("ordered")."""
+    for (head dim, causal), for plain calls of fixed lengths, and with the score modifiers where one is set for the
+    head dim, without the soft-cap; it has no visiting order ("ordered")."""
     for d in _configs.SM90_BWD_PERSIST_HEADDIMS:
         t, p = _configs.sm90_bwd_tile(d), _configs.sm90_bwd_persist_tile(d)
         assert _configs.sm90_bwd_smem_bytes(d, p) == _configs.sm90_bwd_smem_bytes(d, t) + 8
         assert 128 * (p.regs_load + 2 * p.regs_mma) <= 65536 // (384 * 8) * 8 * 384
         for causal in (False, True):
             lim = _configs.SM90_BWD_PERSIST_MAX_SEQLEN_K.get((d, causal))
-            assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024)
+            mlim = _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(d)
+            assert _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024) == (mlim is not None
+                                                                                             and 1024 <= mlim)
+            assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024, softcap=True)
+            if mlim is not None:
+                assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, mlim + 1)
+                assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 1, mlim)
             assert not _configs.sm90_bwd_persistent(d, causal, 0, _configs.DQ_ORDER_KV_DESC, 1024)
             assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, None)
             if lim is None:

@@ -357,7 +357,7 @@ def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, 
 
     from cuflash import _bwd_sm90, _configs
 
-    needs_backend("sm90", d)
+    needs_backend("sm90", _configs.kernel_headdim(d))
     kernels, main_launch = [], _bwd_sm90.main_launch
 
     def spy(*args, **kw):  # the main kernel each backward plan is made with
@@ -386,6 +386,31 @@ def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, 
         bwd_mod._PLANS.clear()
     for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
         assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", [(True, (-1, -1), 0.0, "h"), (False, (300, 0), 0.0, None),
+                                                     (True, (-1, -1), 20.0, None)], ids=["causal-alibi", "w300", "cap"])
+def test_configured_persistent_modifier_backward(dtype, causal, window, cap, akind, monkeypatch):
+    """A backward through flash_attn_func with the score modifiers at a length SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K
+    configures at head dim 64 (the default dQ strategy): without the soft-cap its plan's main kernel is the persistent
+    modifier kernel, with it the one-block CAP_ONLY kernel; gradients against the float64 reference."""
+    from cuflash import _bwd_sm90, _configs
+
+    needs_backend("sm90", 64)
+    sk = _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[64] - 100
+    kernels, main_launch = [], _bwd_sm90.main_launch
+
+    def spy(*args, **kw):
+        r = main_launch(*args, **kw)
+        kernels.append(r[0].name)
+        return r
+
+    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    bwd_mod._PLANS.clear()
+    check_backward(1, 700, sk, 4, 2, 64, dtype, causal, window, cap, akind)
+    persist = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
+    assert kernels and (kernels[-1] == persist.name) == (not cap), kernels
 
 
 # Every warp partition and dQ strategy with a window (the Q-tile ranges of a KV tile and, for "seqpar", the KV

@@ -5,15 +5,16 @@
 The backward counterpart of bench/diag/mod_tile_probe.py. Suite `scores` compares each modifier's backward with the
 configured plain causal backward, which at some lengths is the persistent form (cuflash._configs.
 SM90_BWD_PERSIST_MAX_SEQLEN_K: head dim 64 up to 4k keys under the causal mask), while the modifier kernels
-(MOD_SCORE) run one block per KV tile. A window of 4096 keys at 4k, which hides nothing the causal mask does not, cost
+(MOD_SCORE) ran one block per KV tile. A window of 4096 keys at 4k, which hides nothing the causal mask does not, cost
 15% there at head dim 64 (H100). This probe times the parts apart, each backward's main kernel and its preprocess and
 dQ convert through one plan (cuflash.backward._make_plan, then the plan's run: no validation in the timed call), fp16,
 causal, batch x seqlen = 16k tokens, hidden 2048, dQ "atomic", timed in turn (bench.harness.time_rounds, rotated),
 medians of `rounds` rounds; every variant's out and LSE from the forward with the same modifiers:
   plain     the configured plain causal backward
   plain1    the plain kernel one block per KV tile (cuflash._bwd_sm90.PERSIST = False when its plan is made)
-  wcausal   the modifier kernel with a window that hides nothing the causal mask does not (left = seqlen_k, right =
-            0): the same tiles and products as plain1 -- the modifier kernel's own cost at equal work
+  wcausal   the modifier kernel one block per KV tile (PERSIST = False, as for w4096, alibi and softcap) with a
+            window that hides nothing the causal mask does not (left = seqlen_k, right = 0): the same tiles and
+            products as plain1 -- the modifier kernel's own cost at equal work
   w4096     the window (4096, 0)
   alibi     BLOOM's ALiBi slopes on the causal mask
   softcap   soft-cap 50 on the causal mask (the configured CAP_ONLY form where it is)
@@ -68,7 +69,8 @@ def run(rounds: int, seqlens, headdims) -> list:
 
             mods = {"wcausal": dict(window=(s, 0)), "w4096": dict(window=(WINDOW, 0)), "alibi": dict(alibi=slopes),
                     "softcap": dict(cap=CAP)}
-            fns = {"plain": plan_of(), "plain1": plan_of(persist=False), **{n: plan_of(**kw) for n, kw in mods.items()}}
+            fns = {"plain": plan_of(), "plain1": plan_of(persist=False),
+                   **{n: plan_of(**kw, persist=False) for n, kw in mods.items()}}
             if d in _configs.SM90_BWD_PERSIST_MOD_HEADDIMS:
                 fns.update({n + "_p": plan_of(**kw, persist=True) for n, kw in mods.items()})
             time_point(fns, rounds, d, s, tile, rows)

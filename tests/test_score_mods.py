@@ -295,6 +295,44 @@ def test_backward_modifiers(dtype, d, opt, sq, sk):
     check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind)
 
 
+def assert_same_both_ways(flag, seed, kernels, is_form, args):
+    """check_backward(*args, dq_strategy="seqpar": dQ in a fixed order) with cuflash._bwd_sm90.<flag> forced True,
+    then False, on the same inputs and dout (`seed`): each plan's main kernel (`kernels`, spy_main_kernels) is the
+    form's exactly when forced on (`is_form` of its name), and the gradients of the two are bitwise equal."""
+    import torch
+
+    from cuflash import _bwd_sm90
+
+    grads = {}
+    try:
+        for on in (True, False):
+            setattr(_bwd_sm90, flag, on)
+            bwd_mod._PLANS.clear()
+            torch.manual_seed(seed)
+            grads[on] = check_backward(*args, dq_strategy="seqpar")
+            assert kernels and is_form(kernels[-1]) == on, kernels
+    finally:
+        setattr(_bwd_sm90, flag, None)
+        bwd_mod._PLANS.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
+        assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
+
+
+def spy_main_kernels(monkeypatch) -> list:
+    """The names of the main kernels the Hopper backward's plans are made with from now on (this test), in order."""
+    from cuflash import _bwd_sm90
+
+    kernels, main_launch = [], _bwd_sm90.main_launch
+
+    def spy(*args, **kw):
+        r = main_launch(*args, **kw)
+        kernels.append(r[0].name)
+        return r
+
+    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    return kernels
+
+
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,window,cap,akind", FORM_CASES, ids=FORM_IDS)
@@ -307,32 +345,10 @@ def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, mo
     ALiBi (no tile takes the form) and ALiBi alone (the soft-cap off); and bitwise against the configured modifier
     kernel on the same inputs and dout ("seqpar": dQ in a fixed order), since on its tiles the form computes the
     band form's values exactly."""
-    import torch
-
-    from cuflash import _bwd_sm90
-
     needs_backend("sm90", d)
-    kernels, main_launch = [], _bwd_sm90.main_launch
-
-    def spy(*args, **kw):  # the main kernel each backward plan is made with
-        r = main_launch(*args, **kw)
-        kernels.append(r[0].name)
-        return r
-
-    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
-    grads = {}
-    try:
-        for on in (True, False):
-            _bwd_sm90.CAP_ONLY = on
-            bwd_mod._PLANS.clear()
-            torch.manual_seed(1234)
-            grads[on] = check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="seqpar")
-            assert kernels and kernels[-1].endswith(", 1, 0, 0, false, false, true>") == on, kernels
-    finally:
-        _bwd_sm90.CAP_ONLY = None
-        bwd_mod._PLANS.clear()
-    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
-        assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
+    kernels = spy_main_kernels(monkeypatch)
+    assert_same_both_ways("CAP_ONLY", 1234, kernels, lambda k: k.endswith(", 1, 0, 0, false, false, true>"),
+                          (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
 
 
 # The persistent modifier form's cases: FORM_CASES, and a window whose band leaves KV tiles that no query sees (their
@@ -353,39 +369,22 @@ def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, 
     the soft-cap is on, GQA 4/2; its plan's main kernel is the persistent modifier kernel; and with "seqpar" (dQ in a
     fixed order) its gradients are bitwise those of the modifier kernel of one block per tile (the CAP_ONLY form off:
     the same band form on every tile); with "atomic" against the reference too."""
-    import torch
-
     from cuflash import _bwd_sm90, _configs
 
     needs_backend("sm90", _configs.kernel_headdim(d))
-    kernels, main_launch = [], _bwd_sm90.main_launch
-
-    def spy(*args, **kw):  # the main kernel each backward plan is made with
-        r = main_launch(*args, **kw)
-        kernels.append(r[0].name)
-        return r
-
-    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    kernels = spy_main_kernels(monkeypatch)
     monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", False)
     monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", grid)
     spec = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
-    grads = {}
+    assert_same_both_ways("PERSIST", 4321, kernels, lambda k: k == spec.name,
+                          (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
+    monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
+    bwd_mod._PLANS.clear()
     try:
-        for on in (True, False):
-            _bwd_sm90.PERSIST = on
-            bwd_mod._PLANS.clear()
-            torch.manual_seed(4321)
-            grads[on] = check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="seqpar")
-            assert (kernels[-1] == spec.name) == on, kernels
-        _bwd_sm90.PERSIST = True
-        bwd_mod._PLANS.clear()
         check_backward(2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind, dq_strategy="atomic")
         assert kernels[-1] == spec.name, kernels
     finally:
-        _bwd_sm90.PERSIST = None
         bwd_mod._PLANS.clear()
-    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False]):
-        assert torch.equal(a, b), f"{name}: max |difference| {(a.float() - b.float()).abs().max().item():.3e}"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -395,18 +394,11 @@ def test_configured_persistent_modifier_backward(dtype, causal, window, cap, aki
     """A backward through flash_attn_func with the score modifiers at a length SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K
     configures at head dim 64 (the default dQ strategy): without the soft-cap its plan's main kernel is the persistent
     modifier kernel, with it the one-block CAP_ONLY kernel; gradients against the float64 reference."""
-    from cuflash import _bwd_sm90, _configs
+    from cuflash import _configs
 
     needs_backend("sm90", 64)
     sk = _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[64] - 100
-    kernels, main_launch = [], _bwd_sm90.main_launch
-
-    def spy(*args, **kw):
-        r = main_launch(*args, **kw)
-        kernels.append(r[0].name)
-        return r
-
-    monkeypatch.setattr(_bwd_sm90, "main_launch", spy)
+    kernels = spy_main_kernels(monkeypatch)
     bwd_mod._PLANS.clear()
     check_backward(1, 700, sk, 4, 2, 64, dtype, causal, window, cap, akind)
     persist = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)

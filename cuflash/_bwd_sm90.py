@@ -25,9 +25,8 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
-                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, SM90_BWD_PERSIST_HEADDIMS,
-                       SM90_BWD_PERSIST_MOD_HEADDIMS, kernel_headdim,
-                       sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_tile,
+                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
+                       sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
@@ -99,8 +98,8 @@ PLAIN_ORDER = None
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
 # The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
-# while CAUSAL_GROUP is set); True / False force it where it can run (head dims SM90_BWD_PERSIST_HEADDIMS, "atomic" /
-# "seqpar"; with the score modifiers SM90_BWD_PERSIST_MOD_HEADDIMS) or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
+# while CAUSAL_GROUP is set); True / False force it where it can run (head dims sm90_bwd_persist_headdims(mod), "atomic"
+# / "seqpar") or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
 # test: a few blocks walk many tiles each).
 PERSIST = None
 PERSIST_MAX_GRID = None
@@ -126,7 +125,7 @@ def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
     configuration; softcap: whether the call's soft-cap is on)."""
     if strategy not in ("atomic", "seqpar") or seqlen_k is None:
         return False
-    if d not in (SM90_BWD_PERSIST_HEADDIMS if not mod else SM90_BWD_PERSIST_MOD_HEADDIMS if mod == MOD_SCORE else ()):
+    if d not in sm90_bwd_persist_headdims(mod):
         return False
     if PERSIST is None and causal and CAUSAL_GROUP is not None:  # a dispatch order asked for: one block per tile
         return False

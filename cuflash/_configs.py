@@ -988,11 +988,17 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
     SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys without modifiers, SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[headdim]
     with the score modifiers (mod MOD_SCORE) when the soft-cap is off."""
     if mod:
-        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if mod == MOD_SCORE and not softcap else None
-        ok = headdim in SM90_BWD_PERSIST_MOD_HEADDIMS
+        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if not softcap else None
     else:
-        limit, ok = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal))), headdim in SM90_BWD_PERSIST_HEADDIMS
-    return limit is not None and ok and not order and seqlen_k is not None and seqlen_k <= limit
+        limit = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal)))
+    return (limit is not None and headdim in sm90_bwd_persist_headdims(mod) and not order and seqlen_k is not None
+            and seqlen_k <= limit)
+
+
+def sm90_bwd_persist_headdims(mod: int) -> tuple:
+    """The kernel head dims that have a persistent form for calls of this MOD: SM90_BWD_PERSIST_HEADDIMS without
+    modifiers, SM90_BWD_PERSIST_MOD_HEADDIMS with the score modifiers, none with dropout."""
+    return SM90_BWD_PERSIST_HEADDIMS if not mod else SM90_BWD_PERSIST_MOD_HEADDIMS if mod == MOD_SCORE else ()
 
 
 # Stream-K (Sm90BwdTile.stream_k, the kernels' SK; cuda_src/flash_bwd_sm90.cu Sm90BwdStreamK): the persistent form

@@ -99,6 +99,11 @@ def has_dropout(mods: Mods | None) -> bool:
     return mods is not None and bool(mods.mod & MOD_DROPOUT)
 
 
+def has_softcap(mods: Mods | None) -> bool:
+    """Whether a call's soft-cap is on (resolve sets softcap_pre only then)."""
+    return mods is not None and bool(mods.fields["softcap_pre"])
+
+
 NO_DROPOUT = dict(rng_seed=0, rng_offset=0, dropout_keep=0, dropout_scale=0.0)
 
 

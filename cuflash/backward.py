@@ -12,7 +12,7 @@ from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BW
                        ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher, smem_per_block
-from ._mods import MOD_SCORE, has_dropout, is_plain, kernel_mode, mod_fields, mods_for, score_mods
+from ._mods import MOD_SCORE, has_dropout, has_softcap, is_plain, kernel_mode, mod_fields, mods_for, score_mods
 from ._params import BWD_PARAMS, contiguous_fields, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import check_backward_headdim, check_grad_inputs, check_qkv, check_softmax_scale, check_unsupported
@@ -188,9 +188,9 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                           packed, "sm80")
     persistent, sk_bytes = False, 0
     if path == "sm90":
-        capped = bool(mods is not None and mods.fields.get("softcap_pre"))
         main_spec, block_n, maps, persistent, sk_bytes = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                                               sk if packed is None else None, capped)
+                                                                               sk if packed is None else None,
+                                                                               has_softcap(mods))
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes

@@ -645,6 +645,9 @@ def test_persistent_form_layout_and_rule():
             else:
                 assert _configs.sm90_bwd_persistent(d, causal, 0, 0, lim)
                 assert not _configs.sm90_bwd_persistent(d, causal, 0, 0, lim + 1)
+    assert _configs.sm90_bwd_persist_headdims(0) == _configs.SM90_BWD_PERSIST_HEADDIMS
+    assert _configs.sm90_bwd_persist_headdims(_configs.MOD_SCORE) == _configs.SM90_BWD_PERSIST_MOD_HEADDIMS
+    assert _configs.sm90_bwd_persist_headdims(_configs.MOD_SCORE | _configs.MOD_DROPOUT) == ()
     for kw in (dict(order=_configs.DQ_ORDER_KV_DESC), dict(group=_configs.SM90_BWD_CAUSAL_GROUP)):
         with pytest.raises(ValueError, match="persistent"):
             _configs.sm90_bwd_spec("float16", 128, True, _configs.sm90_bwd_persist_tile(128), **kw)

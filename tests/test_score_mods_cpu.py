@@ -45,8 +45,10 @@ def test_resolve_softcap_and_alibi():
     assert (f["window_left"], f["window_right"]) == (64, 0)
     assert f["softcap_pre"] == pytest.approx(0.125 / 30.0) and f["scale_log2"] == pytest.approx(30.0 * LOG2E)
     assert f["alibi_slopes"] == 0xABC0 and f["alibi_batch_stride"] == 8 and f["alibi_mul"] == pytest.approx(1 / 30)
+    assert _mods.has_softcap(m)
     m = _mods.resolve(False, (-1, -1), 0.0, _View((8,), (1,)), 64, 64, 0.25)
     assert m.mod == 1 and m.fields["alibi_batch_stride"] == 0 and m.fields["alibi_mul"] == pytest.approx(4.0)
+    assert not _mods.has_softcap(m) and not _mods.has_softcap(None)
     assert (m.fields["window_left"], m.fields["window_right"]) == (64, 64)  # no band: bounds no key reaches
 
 

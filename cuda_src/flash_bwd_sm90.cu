@@ -46,10 +46,10 @@
 //                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
-//   CAP_ONLY      a form of the modifier kernel (MOD_SCORE, one block per tile): on the tiles where the soft-cap
-//                 is the only change (Mask::cap_only) the scores are capped in the P loop and the derivative is
-//                 1 - tanh^2 alone, without the band form's distances, tests and selects (bench/NOTES.md, "Score
-//                 modifiers"); the same values, bitwise
+//   CAP_ONLY      a form of the modifier kernel (MOD_SCORE; one block per tile or PERSIST): on the tiles where
+//                 the soft-cap is the only change (Mask::cap_only) the scores are capped in the P loop and the
+//                 derivative is 1 - tanh^2 alone, without the band form's distances, tests and selects
+//                 (bench/NOTES.md, "Score modifiers"); the same values, bitwise
 //   PERSIST       the persistent form ("atomic" and "seqpar", no visiting order): a grid of at most one block per
 //                 SM, block bid walking the tiles k G + bid of that linear order (Sm90BwdTiles: every other wave
 //                 reversed). Each role carries its stage ring, dS^T buffers and dQ hand-offs from tile to tile;
@@ -525,8 +525,8 @@ __global__ void __launch_bounds__(384, 1)
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
-  static_assert(!CAP_ONLY || (MOD == MOD_SCORE && !PERSIST && ORDER == DQ_ORDER_PLAIN && GROUP == 0),
-                "CAP_ONLY: a form of the modifier kernel (one block per tile)");
+  static_assert(!CAP_ONLY || (MOD == MOD_SCORE && !SK && ORDER == DQ_ORDER_PLAIN && GROUP == 0),
+                "CAP_ONLY: a form of the modifier kernel (one block per tile, or persistent)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-aligned: the swizzle

@@ -131,6 +131,8 @@ def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
         return False
     if PERSIST is not None:
         return bool(PERSIST)
+    if softcap and not cap_only_form(d, mod):  # (soft-capped calls are configured in the persistent CAP_ONLY form)
+        return False
     return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k, softcap)
 
 
@@ -184,7 +186,10 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
-    elif cap_only_form(d, mod):
+    # CAP_ONLY: one block per tile wherever it is configured; in the persistent form for soft-capped calls only (the
+    # persistent modifier kernel without the soft-cap is configured as measured, in the band form; stream-K has no
+    # modifiers)
+    if cap_only_form(d, mod) and (not persistent or softcap):
         tile = replace(tile, cap_only=True)
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),

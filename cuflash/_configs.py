@@ -914,10 +914,10 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
     tile = tile or sm90_bwd_tile(headdim)
     smem = sm90_bwd_smem_bytes(headdim, tile)
     b = lambda x: "true" if x else "false"  # noqa: E731
-    if tile.cap_only and (mod != MOD_SCORE or tile.persistent or tile.split or order or group):
-        raise ValueError(f"the CAP_ONLY form is the modifier kernel's (mod {MOD_SCORE}, one block per tile, 128 keys); "
-                         f"got mod={mod!r}, persistent={tile.persistent!r}, split={tile.split!r}, order={order!r}, "
-                         f"group={group!r}")
+    if tile.cap_only and (mod != MOD_SCORE or tile.stream_k or tile.split or order or group):
+        raise ValueError(f"the CAP_ONLY form is the modifier kernel's (mod {MOD_SCORE}, 128 keys, one block per tile or "
+                         f"persistent without stream-K); got mod={mod!r}, stream_k={tile.stream_k!r}, "
+                         f"split={tile.split!r}, order={order!r}, group={group!r}")
     if (order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT)
             or (order and (mod or bool(causal) == (order == DQ_ORDER_ROT)))):
         raise ValueError(f"order must be one of 0, 1, 2, 3 (1, 2: causal, 3: not causal; non-zero: mod 0); got "
@@ -940,7 +940,8 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
                 f"{tile.regs_mma}, {tile.regs_load}, {smem}{tail}>")
         return KernelSpec("flash_bwd_sm90.cu", name, tile.threads, smem, 90, "a")
-    tail = (f", {mod}, {order}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
+    tail = (f", {mod}, {order}, {group}, true" + (", true" if tile.stream_k else ", false, true" if tile.cap_only else "")
+            if tile.persistent else
             f", {mod}, 0, 0, false, false, true" if tile.cap_only else
             f", {mod}, {order}, {group}" if group else
             f", {mod}, {order}" if order else (f", {mod}" if _mod_checked(causal, mod) else ""))
@@ -970,9 +971,13 @@ SM90_BWD_PERSIST_MAX_SEQLEN_K: dict = {(64, False): 2048, (64, True): 4096, (128
 # bwd_mod_probe, causal, 2k-16k), one block per tile -> persistent, over the configured plain kernel: ALiBi +11.2 ->
 # +5.8% (2k) and +9.5 -> +4.8% (4k), a window hiding nothing +9.1 -> +3.7% and +6.9 -> +3.6%, the 4096-key window
 # +9.6 -> +4.8% and +8.2 -> +5.5%; at 8k 0.7-2.9 points (within the probe's spread), at 16k worse. Soft-capped calls
-# keep one block per tile: its CAP_ONLY form (which the persistent form has not) is 6-17 points ahead.
+# take SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K instead: the persistent form in its CAP_ONLY form (Sm90BwdTile.cap_only), where
+# the band form's persistent kernel measured behind the one-block CAP_ONLY kernel by 6-17 points.
 SM90_BWD_PERSIST_MOD_HEADDIMS = (64,)
 SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K: dict = {64: 4096}
+# Kernel head dim -> the most keys per sequence a soft-capped modifier call takes the persistent CAP_ONLY form at (the
+# CAP_ONLY form configured at that head dim, SM90_BWD_CAP_ONLY_HEADDIMS); head dims not listed keep one block per tile.
+SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K: dict = {64: 4096}
 
 
 def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:
@@ -986,9 +991,10 @@ def sm90_bwd_persistent(headdim: int, causal: bool, mod: int, order: int, seqlen
                         softcap: bool = False) -> bool:
     """Whether a call of this kernel head dim takes the persistent form: order 0, fixed lengths, at most
     SM90_BWD_PERSIST_MAX_SEQLEN_K[(headdim, causal)] keys without modifiers, SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[headdim]
-    with the score modifiers (mod MOD_SCORE) when the soft-cap is off."""
+    with the score modifiers (mod MOD_SCORE) when the soft-cap is off, SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K[headdim] when it
+    is on (the persistent CAP_ONLY form)."""
     if mod:
-        limit = SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(headdim) if not softcap else None
+        limit = (SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K if softcap else SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K).get(headdim)
     else:
         limit = SM90_BWD_PERSIST_MAX_SEQLEN_K.get((headdim, bool(causal)))
     return (limit is not None and headdim in sm90_bwd_persist_headdims(mod) and not order and seqlen_k is not None
@@ -1065,10 +1071,12 @@ SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 96, 128)
 
 
 def sm90_bwd_cap_only_variant_specs():
-    """The CAP_ONLY form of the modifier kernels at the kernel head dims of 128-key tiles (64, 96, 128), both dtypes:
-    compiled with the configured kernels (CI's compile pass) whether or not a call takes it."""
-    return [sm90_bwd_spec(dt, d, False, replace(sm90_bwd_tile(d), cap_only=True), MOD_SCORE) for dt in DTYPES
-            for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
+    """The CAP_ONLY form of the modifier kernels at the kernel head dims of 128-key tiles (64, 96, 128), one block per
+    tile, and of the persistent modifier kernels (SM90_BWD_PERSIST_MOD_HEADDIMS), both dtypes: compiled with the
+    configured kernels (CI's compile pass) whether or not a call takes them."""
+    return [sm90_bwd_spec(dt, d, False, replace(t, cap_only=True), MOD_SCORE) for dt in DTYPES
+            for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split
+            for t in (sm90_bwd_tile(d),) + ((sm90_bwd_persist_tile(d),) if d in SM90_BWD_PERSIST_MOD_HEADDIMS else ())]
 
 
 def sm90_bwd_specs():

@@ -149,13 +149,24 @@ CAP_CALLS = {"softcap d128": ((2, 300, 777, 8, 2, 128), dict(softcap=10.0)),
              "softcap d64 causal": ((2, 300, 777, 8, 2, 64), dict(softcap=10.0, causal=True)),
              "window d96": ((2, 300, 777, 8, 2, 96), dict(window_size=(100, 0))),
              "softcap d256": ((2, 300, 777, 8, 2, 256), dict(softcap=10.0)),
-             "plain d128": ((2, 300, 777, 8, 2, 128), {})}
+             "plain d128": ((2, 300, 777, 8, 2, 128), {}),
+             "window d64": ((2, 300, 777, 8, 2, 64), dict(window_size=(100, 0)))}
 for knob in (None, True, False):
     _bwd_sm90.CAP_ONLY = knob
     for name, (shape, kw) in CAP_CALLS.items():
         bwd_mod._PLANS.clear()
         rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
         res[f"cap_only {knob} {name}"] = rec[1][0]
+# ... and in the persistent form (forced), at head dim 64
+_bwd_sm90.PERSIST = True
+for knob in (None, True, False):
+    _bwd_sm90.CAP_ONLY = knob
+    for name in ("softcap d64 causal", "window d64"):
+        shape, kw = CAP_CALLS[name]
+        bwd_mod._PLANS.clear()
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
+        res[f"cap_only persist {knob} {name}"] = rec[1][0]
+_bwd_sm90.PERSIST = None
 _bwd_sm90.CAP_ONLY = None
 bwd_mod._PLANS.clear()
 """
@@ -624,7 +635,10 @@ def test_persistent_form_layout_and_rule():
     """Its shared memory holds one more mbarrier (kv_empty); its producer takes 40 registers and the consumers 232
     (the launch allocation's 168 x 384 shared out); the configuration's rule takes it only where a key limit is set
     for (head dim, causal), for plain calls of fixed lengths, and with the score modifiers where one is set for the
-    head dim, without the soft-cap; it has no visiting order ("ordered")."""
+    head dim, without the soft-cap (with it where a soft-capped limit is set: the persistent CAP_ONLY form); it has
+    no visiting order ("ordered")."""
+    assert set(_configs.SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K) <= (set(_configs.SM90_BWD_PERSIST_MOD_HEADDIMS)
+                                                               & set(_configs.SM90_BWD_CAP_ONLY_HEADDIMS))
     for d in _configs.SM90_BWD_PERSIST_HEADDIMS:
         t, p = _configs.sm90_bwd_tile(d), _configs.sm90_bwd_persist_tile(d)
         assert _configs.sm90_bwd_smem_bytes(d, p) == _configs.sm90_bwd_smem_bytes(d, t) + 8
@@ -634,7 +648,11 @@ def test_persistent_form_layout_and_rule():
             mlim = _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K.get(d)
             assert _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024) == (mlim is not None
                                                                                              and 1024 <= mlim)
-            assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024, softcap=True)
+            clim = _configs.SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K.get(d)
+            assert _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, 1024, softcap=True) == (
+                clim is not None and 1024 <= clim)
+            if clim is not None:
+                assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, clim + 1, softcap=True)
             if mlim is not None:
                 assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 0, mlim + 1)
                 assert not _configs.sm90_bwd_persistent(d, causal, _configs.MOD_SCORE, 1, mlim)
@@ -855,36 +873,54 @@ def test_stream_k_model():
 def test_cap_only_form_launches(res):
     """The modifier kernels' CAP_ONLY form (Sm90BwdTile.cap_only): as configured (SM90_BWD_CAP_ONLY_HEADDIMS: every
     kernel head dim of 128-key tiles, 64, 96 and 128) the calls with score modifiers take it, causal ones included (the
-    modifier kernel runs the causal mask as its band); forced on, the same; forced off, none; the calls without
-    modifiers and the column-split kernel (head dim 256) keep theirs in all three."""
+    modifier kernel runs the causal mask as its band), the soft-capped ones at head dim 64 and up to
+    SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K keys in the persistent form; forced on, the same; forced off, none (and one
+    block per tile); the calls without modifiers and the column-split kernel (head dim 256) keep theirs in all
+    three."""
     assert _configs.SM90_BWD_CAP_ONLY_HEADDIMS == (64, 96, 128)
     for name, d in (("softcap d128", 128), ("softcap d64 causal", 64), ("window d96", 96)):
         mod_kernel = _configs.sm90_bwd_spec("float16", d, False, mod=_configs.MOD_SCORE).name
-        cap_kernel = _configs.sm90_bwd_spec("float16", d, False, replace(_configs.sm90_bwd_tile(d), cap_only=True),
-                                            _configs.MOD_SCORE).name
+        # (777 keys: a soft-capped call at head dim 64 is configured persistent, SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K)
+        persist = "softcap" in name and 777 <= _configs.SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K.get(d, 0)
+        tile = _configs.sm90_bwd_persist_tile(d) if persist else _configs.sm90_bwd_tile(d)
+        cap_kernel = _configs.sm90_bwd_spec("float16", d, False, replace(tile, cap_only=True), _configs.MOD_SCORE).name
         assert res[f"cap_only False {name}"] == mod_kernel, name
-        assert res[f"cap_only True {name}"] == cap_kernel and cap_kernel.endswith(", 1, 0, 0, false, false, true>")
+        assert res[f"cap_only True {name}"] == cap_kernel and cap_kernel.endswith(
+            ", 1, 0, 0, true, false, true>" if persist else ", 1, 0, 0, false, false, true>")
         assert res[f"cap_only None {name}"] == cap_kernel, name
+    assert _configs.SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K.get(64, 0) >= 777
     for name in ("softcap d256", "plain d128"):
         assert res[f"cap_only True {name}"] == res[f"cap_only None {name}"] == res[f"cap_only False {name}"], name
         assert not res[f"cap_only True {name}"].endswith("false, false, true>"), name
+    # the persistent form (forced) takes it with the soft-cap on (configured or forced), not without it
+    ptile = _configs.sm90_bwd_persist_tile(64)
+    pmod = _configs.sm90_bwd_spec("float16", 64, False, ptile, _configs.MOD_SCORE).name
+    pcap = _configs.sm90_bwd_spec("float16", 64, False, replace(ptile, cap_only=True), _configs.MOD_SCORE).name
+    assert pcap.endswith(", 1, 0, 0, true, false, true>") and pcap != pmod
+    assert res["cap_only persist None softcap d64 causal"] == res["cap_only persist True softcap d64 causal"] == pcap
+    assert res["cap_only persist False softcap d64 causal"] == pmod
+    assert all(res[f"cap_only persist {k} window d64"] == pmod for k in (None, True, False))
 
 
 def test_cap_only_specs():
     """The CAP_ONLY kernels: both dtypes at kernel head dims 64, 96 and 128, among the specs CI compiles; the form is
-    the modifier kernel's alone (one block per tile, the launch's order, not the column-split kernel), refused by name
-    elsewhere; the kernel's template parameter defaults to off, so every other kernel keeps its name."""
+    the modifier kernel's alone (one block per tile or persistent at SM90_BWD_PERSIST_MOD_HEADDIMS, the launch's
+    order, not stream-K nor the column-split kernel), refused by name elsewhere; the kernel's template parameter
+    defaults to off, so every other kernel keeps its name."""
     import os
 
     specs = _configs.sm90_bwd_cap_only_variant_specs()
-    assert len(specs) == 2 * 3 and all(s in _configs.all_specs() for s in specs)
+    npersist = len(_configs.SM90_BWD_PERSIST_MOD_HEADDIMS)
+    assert len(specs) == 2 * (3 + npersist) and all(s in _configs.all_specs() for s in specs)
     assert {s.name.split(", ")[1] for s in specs} == {"64", "96", "128"}
+    assert sum(s.name.endswith(", 1, 0, 0, true, false, true>") for s in specs) == 2 * npersist
     t = replace(_configs.sm90_bwd_tile(128), cap_only=True)
     for kw in (dict(mod=0), dict(mod=_configs.MOD_SCORE, group=4)):
         with pytest.raises(ValueError, match="CAP_ONLY"):
             _configs.sm90_bwd_spec("float16", 128, bool(kw.get("group")), t, **kw)
     with pytest.raises(ValueError, match="CAP_ONLY"):
-        _configs.sm90_bwd_spec("float16", 128, False, replace(t, persistent=True), _configs.MOD_SCORE)
+        _configs.sm90_bwd_spec("float16", 64, False, replace(_configs.sm90_bwd_stream_k_tile(64), cap_only=True),
+                               _configs.MOD_SCORE)
     with pytest.raises(ValueError, match="CAP_ONLY"):
         _configs.sm90_bwd_spec("float16", 256, False, replace(_configs.sm90_bwd_tile(256), cap_only=True),
                                _configs.MOD_SCORE)
@@ -921,7 +957,8 @@ def test_bwd_mod_probe_variants(capsys):
     """bench.diag.bwd_mod_probe (under the stand-ins: no GPU) launches what each variant names at head dim 64, 4k
     causal: the configured plain backward (the persistent form), the plain kernel one block per tile, and the modifier
     kernel (its configured CAP_ONLY form) for the window that hides nothing, the 4096-key window, ALiBi and the
-    soft-cap, and the same four on the persistent modifier kernel -- each with the preprocess and the dQ convert of
+    soft-cap, and the same four on the persistent modifier kernel (the soft-cap in its CAP_ONLY form) -- each with
+    the preprocess and the dQ convert of
     its mode; and its report's costs, one block per tile -> persistent where both ran."""
     from bench.diag.bwd_mod_probe import NAMES, report
 
@@ -935,7 +972,8 @@ def test_bwd_mod_probe_variants(capsys):
     mod = spec(False, replace(_configs.sm90_bwd_tile(64), cap_only=True), _configs.MOD_SCORE)
     assert all(main[n] == [mod] for n in ("wcausal", "w4096", "alibi", "softcap"))
     pmod = spec(False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
-    assert all(main[n] == [pmod] for n in pnames)
+    pcap = spec(False, replace(_configs.sm90_bwd_persist_tile(64), cap_only=True), mod=_configs.MOD_SCORE)
+    assert all(main[n] == [pcap if n == "softcap_p" else pmod] for n in pnames)
     assert all(len(res[n]) == 3 and "preprocess" in res[n][0] and "convert_dq" in res[n][2] for n in res)
     report([(64, 4096, 1.0, {n: 1.0 + 0.1 * i for i, n in enumerate(NAMES)})])
     out = capsys.readouterr().out

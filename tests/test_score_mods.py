@@ -387,22 +387,57 @@ def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, 
         bwd_mod._PLANS.clear()
 
 
+# The soft-capped cases of FORM_CASES (the persistent CAP_ONLY form's tiles: the soft-cap alone, causal, a window, and
+# with ALiBi, where no tile takes the lean path).
+CAP_FORM_CASES = [c for c in FORM_CASES if c[2]]
+CAP_FORM_IDS = [i for c, i in zip(FORM_CASES, FORM_IDS) if c[2]]
+
+
+@pytest.mark.parametrize("grid", [None, 3], ids=["grid-sms", "grid-3"])
+@pytest.mark.parametrize("d", [64, 48])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", CAP_FORM_CASES, ids=CAP_FORM_IDS)
+@pytest.mark.parametrize("sq,sk", [(300, 2100), (2048, 1024)])
+def test_backward_persistent_cap_only_form(grid, d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
+    """The persistent modifier kernel in its CAP_ONLY form (cuflash._bwd_sm90.PERSIST forced both ways with CAP_ONLY
+    on; a grid of one block per SM, or of 3 blocks walking every tile) against the float64 reference with large
+    logits, GQA 4/2, ragged tails, seqlen_q != seqlen_k both ways; its plan's main kernel is that kernel; and with
+    "seqpar" its gradients are bitwise those of the one-block CAP_ONLY kernel on the same inputs and dout."""
+    from dataclasses import replace
+
+    from cuflash import _bwd_sm90, _configs
+
+    needs_backend("sm90", _configs.kernel_headdim(d))
+    kernels = spy_main_kernels(monkeypatch)
+    monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", True)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", grid)
+    spec = _configs.sm90_bwd_spec(dtype, 64, False, replace(_configs.sm90_bwd_persist_tile(64), cap_only=True),
+                                  mod=_configs.MOD_SCORE)
+    assert_same_both_ways("PERSIST", 4321, kernels, lambda k: k == spec.name,
+                          (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,window,cap,akind", [(True, (-1, -1), 0.0, "h"), (False, (300, 0), 0.0, None),
                                                      (True, (-1, -1), 20.0, None)], ids=["causal-alibi", "w300", "cap"])
 def test_configured_persistent_modifier_backward(dtype, causal, window, cap, akind, monkeypatch):
-    """A backward through flash_attn_func with the score modifiers at a length SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K
-    configures at head dim 64 (the default dQ strategy): without the soft-cap its plan's main kernel is the persistent
-    modifier kernel, with it the one-block CAP_ONLY kernel; gradients against the float64 reference."""
+    """A backward through flash_attn_func with the score modifiers at a length the persistent modifier form is
+    configured for at head dim 64 (SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K without the soft-cap,
+    SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K with it; the default dQ strategy): its plan's main kernel is the persistent
+    modifier kernel, in the CAP_ONLY form with the soft-cap; gradients against the float64 reference."""
+    from dataclasses import replace
+
     from cuflash import _configs
 
     needs_backend("sm90", 64)
-    sk = _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K[64] - 100
+    limits = _configs.SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K if cap else _configs.SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K
+    sk = limits[64] - 100
     kernels = spy_main_kernels(monkeypatch)
     bwd_mod._PLANS.clear()
     check_backward(1, 700, sk, 4, 2, 64, dtype, causal, window, cap, akind)
-    persist = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
-    assert kernels and (kernels[-1] == persist.name) == (not cap), kernels
+    tile = _configs.sm90_bwd_persist_tile(64)
+    persist = _configs.sm90_bwd_spec(dtype, 64, False, replace(tile, cap_only=bool(cap)), mod=_configs.MOD_SCORE)
+    assert kernels and kernels[-1] == persist.name, kernels
 
 
 # Every warp partition and dQ strategy with a window (the Q-tile ranges of a KV tile and, for "seqpar", the KV

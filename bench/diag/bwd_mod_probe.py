@@ -19,7 +19,8 @@ medians of `rounds` rounds; every variant's out and LSE from the forward with th
   alibi     BLOOM's ALiBi slopes on the causal mask
   softcap   soft-cap 50 on the causal mask (the configured CAP_ONLY form where it is)
   *_p       wcausal, w4096, alibi and softcap again on the persistent modifier kernel (forced: cuflash._bwd_sm90.
-            PERSIST = True), at the head dims that have one (cuflash._configs.SM90_BWD_PERSIST_MOD_HEADDIMS)
+            PERSIST = True), at the head dims that have one (cuflash._configs.SM90_BWD_PERSIST_MOD_HEADDIMS); softcap_p
+            in its CAP_ONLY form where that is configured
 The table: ms per variant, plain1 / plain (the persistent form's share), wcausal / plain1 (the modifier kernel at equal
 work), w4096's time per tile of its band over wcausal's, alibi / wcausal and softcap / wcausal (the value modifiers
 alone), and each modifier's cost over the configured plain kernel (one block per tile -> persistent where *_p ran).

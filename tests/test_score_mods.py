@@ -352,30 +352,39 @@ def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, mo
 
 
 # The persistent modifier form's cases: FORM_CASES, and a window whose band leaves KV tiles that no query sees (their
-# dK, dV zero) with GQA 4/2, at head dim 64 and the padded 48; ragged tails, seqlen_q != seqlen_k both ways.
+# dK, dV zero) with GQA 4/2, at head dim 64 and the padded 48; ragged tails, seqlen_q != seqlen_k both ways. Each in
+# the band form (the CAP_ONLY form off), and the soft-capped ones again in the CAP_ONLY form ("cap_only-" ids: the
+# soft-cap alone, causal, a window, and with ALiBi, where no tile takes the lean path).
 PERSIST_MOD_CASES = FORM_CASES + [(False, (100, 0), 0.0, "h")]
 PERSIST_MOD_IDS = FORM_IDS + ["window-alibi"]
+PERSIST_FORM_CASES = ([(False, *c) for c in PERSIST_MOD_CASES] +
+                      [(True, *c) for c in PERSIST_MOD_CASES if c[2]])
+PERSIST_FORM_IDS = PERSIST_MOD_IDS + ["cap_only-" + i for c, i in zip(PERSIST_MOD_CASES, PERSIST_MOD_IDS) if c[2]]
 
 
 @pytest.mark.parametrize("grid", [None, 3], ids=["grid-sms", "grid-3"])
 @pytest.mark.parametrize("d", [64, 48])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", PERSIST_MOD_CASES, ids=PERSIST_MOD_IDS)
+@pytest.mark.parametrize("cap_only,causal,window,cap,akind", PERSIST_FORM_CASES, ids=PERSIST_FORM_IDS)
 @pytest.mark.parametrize("sq,sk", [(300, 2100), (2048, 1024)])
-def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
+def test_backward_persistent_modifier_form(grid, d, dtype, cap_only, causal, window, cap, akind, sq, sk, monkeypatch):
     """The Hopper backward's persistent form with the score modifiers (cuflash._configs.SM90_BWD_PERSIST_MOD_HEADDIMS,
     forced by cuflash._bwd_sm90.PERSIST; a grid of one block per SM, or of 3 blocks that walk every tile between
     them: each tile's mask and ALiBi slope taken per tile) against the float64 reference with large logits where
-    the soft-cap is on, GQA 4/2; its plan's main kernel is the persistent modifier kernel; and with "seqpar" (dQ in a
-    fixed order) its gradients are bitwise those of the modifier kernel of one block per tile (the CAP_ONLY form off:
-    the same band form on every tile); with "atomic" against the reference too."""
+    the soft-cap is on, GQA 4/2; its plan's main kernel is the persistent modifier kernel (in the CAP_ONLY form when
+    forced on, cuflash._bwd_sm90.CAP_ONLY); and with "seqpar" (dQ in a fixed order) its gradients are bitwise those
+    of the modifier kernel of one block per tile in the same form (the band form on every tile, or the CAP_ONLY
+    form's lean tiles); with "atomic" against the reference too."""
+    from dataclasses import replace
+
     from cuflash import _bwd_sm90, _configs
 
     needs_backend("sm90", _configs.kernel_headdim(d))
     kernels = spy_main_kernels(monkeypatch)
-    monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", False)
+    monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", cap_only)
     monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", grid)
-    spec = _configs.sm90_bwd_spec(dtype, 64, False, _configs.sm90_bwd_persist_tile(64), mod=_configs.MOD_SCORE)
+    tile = replace(_configs.sm90_bwd_persist_tile(64), cap_only=cap_only)
+    spec = _configs.sm90_bwd_spec(dtype, 64, False, tile, mod=_configs.MOD_SCORE)
     assert_same_both_ways("PERSIST", 4321, kernels, lambda k: k == spec.name,
                           (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
     monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
@@ -385,36 +394,6 @@ def test_backward_persistent_modifier_form(grid, d, dtype, causal, window, cap, 
         assert kernels[-1] == spec.name, kernels
     finally:
         bwd_mod._PLANS.clear()
-
-
-# The soft-capped cases of FORM_CASES (the persistent CAP_ONLY form's tiles: the soft-cap alone, causal, a window, and
-# with ALiBi, where no tile takes the lean path).
-CAP_FORM_CASES = [c for c in FORM_CASES if c[2]]
-CAP_FORM_IDS = [i for c, i in zip(FORM_CASES, FORM_IDS) if c[2]]
-
-
-@pytest.mark.parametrize("grid", [None, 3], ids=["grid-sms", "grid-3"])
-@pytest.mark.parametrize("d", [64, 48])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", CAP_FORM_CASES, ids=CAP_FORM_IDS)
-@pytest.mark.parametrize("sq,sk", [(300, 2100), (2048, 1024)])
-def test_backward_persistent_cap_only_form(grid, d, dtype, causal, window, cap, akind, sq, sk, monkeypatch):
-    """The persistent modifier kernel in its CAP_ONLY form (cuflash._bwd_sm90.PERSIST forced both ways with CAP_ONLY
-    on; a grid of one block per SM, or of 3 blocks walking every tile) against the float64 reference with large
-    logits, GQA 4/2, ragged tails, seqlen_q != seqlen_k both ways; its plan's main kernel is that kernel; and with
-    "seqpar" its gradients are bitwise those of the one-block CAP_ONLY kernel on the same inputs and dout."""
-    from dataclasses import replace
-
-    from cuflash import _bwd_sm90, _configs
-
-    needs_backend("sm90", _configs.kernel_headdim(d))
-    kernels = spy_main_kernels(monkeypatch)
-    monkeypatch.setattr(_bwd_sm90, "CAP_ONLY", True)
-    monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", grid)
-    spec = _configs.sm90_bwd_spec(dtype, 64, False, replace(_configs.sm90_bwd_persist_tile(64), cap_only=True),
-                                  mod=_configs.MOD_SCORE)
-    assert_same_both_ways("PERSIST", 4321, kernels, lambda k: k == spec.name,
-                          (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -977,7 +977,12 @@ SM90_BWD_PERSIST_MOD_HEADDIMS = (64,)
 SM90_BWD_PERSIST_MOD_MAX_SEQLEN_K: dict = {64: 4096}
 # Kernel head dim -> the most keys per sequence a soft-capped modifier call takes the persistent CAP_ONLY form at (the
 # CAP_ONLY form configured at that head dim, SM90_BWD_CAP_ONLY_HEADDIMS); head dims not listed keep one block per tile.
-SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K: dict = {64: 4096}
+# Measured at head dim 64 (H100, bench.diag.bwd_mod_probe, causal, soft-cap 50, two runs), its time against the
+# one-block CAP_ONLY kernel's: 0.956 / 0.947 (2k), 0.986 / 0.990 (4k), 0.974 / 0.966 (8k), 1.000 / 0.992 (16k); the
+# soft-cap's cost over the configured plain kernel +25.3 -> +19.8% and +24.1 -> +17.5% at 2k, +25.4 -> +23.7% and
+# +20.2 -> +19.0% at 4k, +22.7 -> +19.5% and +24.1 -> +19.9% at 8k. 16k, within the runs' spread, keeps one block per
+# tile.
+SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K: dict = {64: 8192}
 
 
 def sm90_bwd_persist_tile(headdim: int) -> Sm90BwdTile:

@@ -344,9 +344,13 @@ def test_backward_cap_only_form(d, dtype, causal, window, cap, akind, sq, sk, mo
     ways: the soft-cap alone, causal (the diagonal tiles keep the band form), a window (the edge tiles too), with
     ALiBi (no tile takes the form) and ALiBi alone (the soft-cap off); and bitwise against the configured modifier
     kernel on the same inputs and dout ("seqpar": dQ in a fixed order), since on its tiles the form computes the
-    band form's values exactly."""
+    band form's values exactly. One block per tile (cuflash._bwd_sm90.PERSIST off: at head dim 64 these lengths are
+    configured persistent, whose CAP_ONLY form test_backward_persistent_modifier_form checks)."""
+    from cuflash import _bwd_sm90
+
     needs_backend("sm90", d)
     kernels = spy_main_kernels(monkeypatch)
+    monkeypatch.setattr(_bwd_sm90, "PERSIST", False)
     assert_same_both_ways("CAP_ONLY", 1234, kernels, lambda k: k.endswith(", 1, 0, 0, false, false, true>"),
                           (2, sq, sk, 4, 2, d, dtype, causal, window, cap, akind))
 

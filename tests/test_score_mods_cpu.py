@@ -138,8 +138,9 @@ def test_forward_launches_the_score_kernels(stood_in):
     assert f["scale_log2"] == pytest.approx(64 ** -0.5 * LOG2E) and (f["window_left"], f["window_right"]) == (8, 8)
 
 
-# (the Hopper one at head dim 64 in its CAP_ONLY form: cuflash._configs.SM90_BWD_CAP_ONLY_HEADDIMS)
-@pytest.mark.parametrize("which,main,tail", [("bwd", "flash_bwd_sm90_kernel<", ", 1, 0, 0, false, false, true>"),
+# (the Hopper one at head dim 64 in its CAP_ONLY form, cuflash._configs.SM90_BWD_CAP_ONLY_HEADDIMS, and, soft-capped
+# with 100 keys, persistent: SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K)
+@pytest.mark.parametrize("which,main,tail", [("bwd", "flash_bwd_sm90_kernel<", ", 1, 0, 0, true, false, true>"),
                                              ("bwd_sm80", "flash_bwd_kernel<", ", 1>")])
 def test_backward_launches_the_score_kernels(stood_in, which, main, tail):
     """The score-modifier (MOD_SCORE) backward kernels: the Hopper one by default on the compute capability 9.0

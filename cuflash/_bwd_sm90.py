@@ -107,8 +107,8 @@ PERSIST_MAX_GRID = None
 # False force it where it can run (sm90_bwd_stream_k_eligible, "atomic" / "seqpar": the persistent form then too) or off.
 STREAM_K = None
 # The modifier kernels' CAP_ONLY form (cuflash._configs.SM90_BWD_CAP_ONLY_HEADDIMS): None, the configuration's choice;
-# True / False force it on or off for the calls with score modifiers at the kernel head dims of 128-key tiles (a
-# diagnostic or a test; clear cuflash.backward._PLANS).
+# True / False force it on or off for the calls with score modifiers at the kernel head dims of 128-key tiles (in the
+# persistent form, for soft-capped calls only; a diagnostic or a test; clear cuflash.backward._PLANS).
 CAP_ONLY = None
 
 
@@ -162,7 +162,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
     sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed
     sequences), which the dispatch order's and the persistent and stream-K forms' choices read; softcap: whether the
-    soft-cap is on (the persistent modifier form is configured without it)."""
+    soft-cap is on (the persistent modifier form has its own key limit then, SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K, and
+    runs in the CAP_ONLY form)."""
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
     order = DQ_ORDER_PLAIN

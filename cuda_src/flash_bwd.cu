@@ -270,6 +270,68 @@ __global__ void __launch_bounds__(BWD_CONVERT_THREADS)
   }
 }
 
+// The convert of the T (transposed) accumulator layout, which the Hopper backward's 80-row Q tiles write (attn/bwd.cuh:
+// the tile of BM rows [BM m, BM m + BM) of a head as [D / 16][BM / 8][32 lanes][4], the m16n8 fragments of dQ^T).
+// A warp takes the rows [BM m + 16 qg, + 16) and the columns [32 bp, + 32): four fragments (two 16-column bands x two
+// 8-row blocks), summed over the splits and scaled, then passed through the warp's slice of shared memory as 16-bit
+// values [16 rows][32 columns] (rows padded to 40 values: the lanes' 2-byte stores of one instruction fall on distinct
+// banks) and stored as 16-byte pieces of rows, 64 contiguous bytes of each row per 4 lanes. Fixed lengths, no mask
+// (the tiles' kernel has neither): every split holds every row.
+template <typename T, int D, int BM>
+__global__ void __launch_bounds__(BWD_CONVERT_THREADS) flash_bwd_convert_dq_t_kernel(const __grid_constant__ BwdParams p) {
+  static_assert(D % 32 == 0 && BM % 16 == 0, "convert (T): 32-column band pairs, 16-row groups");
+  constexpr int QG = BM / 16, BP = D / 32, PAD = 40;
+  __shared__ __align__(16) unsigned short stage[BWD_CONVERT_THREADS / 32][16 * PAD];
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t wid = idx / 32;
+  const int lane = (int)(idx % 32), g = lane / 4, t = lane % 4;
+  const int num_m = (int)((p.seqlen_q + BM - 1) / BM);
+  const int qg = (int)(wid % QG), bp = (int)(wid / QG % BP), tm = (int)(wid / (QG * BP) % num_m);
+  const int64_t bh = wid / ((int64_t)QG * BP * num_m);
+  const int64_t q0 = (int64_t)tm * BM + 16 * qg;
+  if (bh >= p.batch * p.nheads || q0 >= p.seqlen_q) return;  // (whole warps)
+  const int64_t split_stride = bwd_ws_rows(p, false) * D;
+  const float4* base = reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_pad + (int64_t)tm * BM) * D) + lane;
+  float4 sum[4];
+#pragma unroll
+  for (int f = 0; f < 4; ++f) sum[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t s = 0; s < p.num_dq_splits; ++s) {
+    float4 x[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f)  // fragment f: band 2 bp + f / 2, row block 2 qg + f % 2
+      x[f] = base[s * (split_stride / 4) + ((2 * bp + f / 2) * (BM / 8) + 2 * qg + f % 2) * 32];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      sum[f].x += x[f].x;
+      sum[f].y += x[f].y;
+      sum[f].z += x[f].z;
+      sum[f].w += x[f].w;
+    }
+  }
+  const float scale = (float)p.softmax_scale;
+  unsigned short* st = stage[threadIdx.x / 32];
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {  // (x, y): rows r, r + 1 of column c; (z, w): of column c + 8
+    const int r = 8 * (f % 2) + 2 * t, c = 16 * (f / 2) + g;
+    const uint32_t lo = pack2<T>(sum[f].x * scale, sum[f].y * scale), hi = pack2<T>(sum[f].z * scale, sum[f].w * scale);
+    st[r * PAD + c] = (unsigned short)(lo & 0xffffu);
+    st[(r + 1) * PAD + c] = (unsigned short)(lo >> 16);
+    st[r * PAD + c + 8] = (unsigned short)(hi & 0xffffu);
+    st[(r + 1) * PAD + c + 8] = (unsigned short)(hi >> 16);
+  }
+  __syncwarp();
+  const int64_t b = bh / p.nheads, h = bh % p.nheads;
+  const SeqInfo si = seqinfo(p, (int)b, false);
+  T* dq = reinterpret_cast<T*>(p.dq) + si.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, h);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int piece = lane + 32 * k, r = piece / 4, c = 32 * bp + 8 * (piece % 4);
+    if (q0 + r < p.seqlen_q && c < p.head_dim)
+      *reinterpret_cast<uint4*>(dq + (q0 + r) * p.dq_row_stride + c) =
+          *reinterpret_cast<const uint4*>(st + r * PAD + 8 * (piece % 4));
+  }
+}
+
 // acc[0..3] += v[0..3] at a 16-byte aligned fp32 address, atomically per element.
 __device__ __forceinline__ void atomic_add_f4(float* addr, const float (&v)[4]) {
 #if __CUDA_ARCH__ >= 900

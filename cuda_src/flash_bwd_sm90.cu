@@ -506,12 +506,18 @@ __global__ void __launch_bounds__(384, 1)
   using L = Sm90BwdLayout<D, BLOCK_M, STAGES, PERSIST>;
   constexpr int BLOCK_N = L::BLOCK_N, DP = L::DP, CH = L::CH;
   constexpr bool SPLIT_M = BLOCK_M == 128;  // dQ: each consumer takes 64 Q rows (else 64 columns) of the tile
+  // BLOCK_M = 80 (head dim 128, no mask): wgmma's M is 64, so dQ is computed transposed, dQ^T = K^T dS^T (each
+  // consumer 64 of the head dim's rows x the 80 queries), from dS stored K-major (rows = queries, stmatrix.trans), and
+  // staged in the transposed accumulator layout (attn/bwd.cuh: the T80 tiles; flash_bwd.cu: their convert kernel).
+  constexpr bool TRANS_DQ = BLOCK_M == 80;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
   constexpr int DF = DP / 8;         // n8 blocks of dK, dV
-  static_assert(D % 16 == 0 && (SPLIT_M ? DP == 64 : (BLOCK_M == 64 && DP == 128)),
-                "tiles: 128 x 128 at head dims up to 64, 64 x 128 up to 128");
+  static_assert(D % 16 == 0 && (SPLIT_M ? DP == 64 : ((BLOCK_M == 64 || BLOCK_M == 80) && DP == 128)),
+                "tiles: 128 x 128 at head dims up to 64, 64 x 128 (or 80 x 128) up to 128");
+  static_assert(!TRANS_DQ || (!CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN && GROUP == 0 && !SK),
+                "80-row Q tiles: without a mask, atomic or seqpar, one block per tile or persistent");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   // setmaxnreg moves registers within the block's launch allocation (65536 / 384 threads, rounded down to a multiple
   // of 8: 168 each), not the whole register file: asking for more than the producer gives back never returns.
@@ -772,7 +778,18 @@ __global__ void __launch_bounds__(384, 1)
       // derivative's words (CAP_PACKED), once every lane of the warp has read its own. Both consumers' dQ of
       // iteration gi - 2, the buffer's last readers, completed before the named barrier of iteration gi - 1.
       if constexpr (MOD != MOD_NONE && CAP_PACKED) __syncwarp();
-      {
+      if constexpr (TRANS_DQ) {
+        // dS, K-major: [BLOCK_M queries, 128 keys] in 64-key chunks of BLOCK_M rows (this consumer's: chunk cw),
+        // swizzled. dsa[k][j] is the 8 x 8 matrix of keys 16 warp + 8 (j % 2) + 0..7 x queries 16 k + 8 (j / 2) + 0..7;
+        // stored transposed, its row c is query 16 k + 8 (j / 2) + c, the keys' 16-byte piece 2 warp + j % 2.
+        const uint32_t dsb = ds_base + (gi % 2) * L::DS_BYTES + cw * BLOCK_M * 128;
+        const int j = lane / 8, c = lane % 8;
+#pragma unroll
+        for (int k = 0; k < KM; ++k) {
+          const int q = 16 * k + 8 * (j / 2) + c;  // q % 8 == c
+          stmatrix_x4_trans(dsb + q * 128 + (((2 * warp + j % 2) ^ c) << 4), dsa[k]);
+        }
+      } else {
         unsigned char* dsb = MOD != MOD_NONE ? ds_buf : sm + L::DS_OFF + (gi % 2) * L::DS_BYTES;
 #pragma unroll
         for (int k = 0; k < KM; ++k) {
@@ -794,8 +811,17 @@ __global__ void __launch_bounds__(384, 1)
       named_bar_sync(1, 256);      // both consumers' dS^T are in smem
 
       // dQ = dS K: A = dS [queries, keys] read MN-major from dS^T, B = K [keys, D] MN-major; 64 x 64 per consumer.
-      float acc_dq[8][4];
-      {
+      float acc_dq[TRANS_DQ ? MF : 8][4];
+      if constexpr (TRANS_DQ) {
+        // dQ^T = K^T dS^T: A = K^T [this consumer's 64 head-dim columns, keys] read MN-major from K, B = dS^T read
+        // K-major from dS [queries, keys] (the S^T product's B form); 64 x BLOCK_M per consumer.
+        const uint32_t da = k_base + cw * BLOCK_N * 128, db = ds_base + (gi % 2) * L::DS_BYTES;
+#pragma unroll
+        for (int k = 0; k < KN; ++k)
+          Wgmma<BLOCK_M>::template ss<T, 1, 0>(acc_dq, smem_desc(da + k * 16 * 128, BLOCK_N * 128, 1024),
+                                               smem_desc(db + (k / 4) * BLOCK_M * 128 + (k % 4) * 32, 16, 1024),
+                                               k > 0);
+      } else {
         const uint32_t da = ds_base + (gi % 2) * L::DS_BYTES + (SPLIT_M ? cw * BLOCK_N * 128 : 0);
         const uint32_t db = k_base + (SPLIT_M ? 0 : cw * BLOCK_N * 128);
 #pragma unroll
@@ -817,11 +843,18 @@ __global__ void __launch_bounds__(384, 1)
 
       // dQ -> the staging, once the writer has read the previous tile; then hand it over.
       mbar_wait(dq_empty, (gi & 1) ^ 1);
+      if constexpr (TRANS_DQ) {  // the T80 layout (attn/bwd.cuh): band 4 cw + warp of the head dim, q block nf
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (dq_f0 + j < D / 8)
-          *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
-              make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+        for (int nf = 0; nf < MF; ++nf)
+          *reinterpret_cast<float4*>(dq_stage + ((4 * cw + warp) * MF + nf) * 128 + 4 * lane) =
+              make_float4(acc_dq[nf][0], acc_dq[nf][1], acc_dq[nf][2], acc_dq[nf][3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (dq_f0 + j < D / 8)
+            *reinterpret_cast<float4*>(dq_band + (dq_f0 + j) * 128) =
+                make_float4(acc_dq[j][0], acc_dq[j][1], acc_dq[j][2], acc_dq[j][3]);
+      }
       fence_proxy_async_shared();  // the stores, before the writer's bulk operation (the async proxy) reads them
       mbar_arrive(dq_full);
     }

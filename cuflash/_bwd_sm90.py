@@ -26,7 +26,8 @@ from dataclasses import replace
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
                        SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
-                       sm90_bwd_causal_group, sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
+                       sm90_bwd_causal_group, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_tile,
+                       sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
@@ -110,6 +111,10 @@ STREAM_K = None
 # True / False force it on or off for the calls with score modifiers at the kernel head dims of 128-key tiles (in the
 # persistent form, for soft-capped calls only; a diagnostic or a test; clear cuflash.backward._PLANS).
 CAP_ONLY = None
+# The 80-row Q tiles (cuflash._configs.SM90_BWD_M80_SEQLEN_K): None, the configuration's choice; True / False force them
+# on or off where they can run (sm90_bwd_m80_eligible: head dim 128 without a mask, "atomic" / "seqpar"; one block
+# per tile, in place of the persistent and stream-K forms; a diagnostic or a test; clear cuflash.backward._PLANS).
+M80 = None
 
 
 def cap_only_form(d, mod) -> bool:
@@ -136,6 +141,13 @@ def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
     return sm90_bwd_persistent(d, causal, mod, DQ_ORDER_PLAIN, seqlen_k, softcap)
 
 
+def m80_form(d, causal, mod, strategy, seqlen_k) -> bool:
+    """Whether the main kernel of a call takes the 80-row Q tiles (M80, else the configuration), one block per tile."""
+    if not sm90_bwd_m80_eligible(d, causal, mod, strategy, seqlen_k):
+        return False
+    return sm90_bwd_m80(d, causal, mod, strategy, seqlen_k) if M80 is None else bool(M80)
+
+
 def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid, iters) -> bool:
     """Whether the main kernel of a call takes the stream-K form (STREAM_K, else the configuration) on a persistent
     grid of `grid` blocks over `tiles` tiles of `iters` iterations."""
@@ -158,7 +170,7 @@ def main_grid(persistent, n_blocks, kv_heads, batch, device):
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softcap=False):
-    """(KernelSpec of the main kernel, block_n, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
+    """(KernelSpec of the main kernel, its Sm90BwdTile, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
     workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
     sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed
     sequences), which the dispatch order's and the persistent and stream-K forms' choices read; softcap: whether the
@@ -187,6 +199,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
+    if m80_form(d, causal, mod, strategy, seqlen_k):  # (in place of the persistent and stream-K forms)
+        tile, persistent, sk = sm90_bwd_m80_tile(d), False, 0
     # CAP_ONLY: one block per tile wherever it is configured; in the persistent form for soft-capped calls only (the
     # persistent modifier kernel without the soft-cap is configured as measured, in the band form; stream-K has no
     # modifiers)
@@ -197,7 +211,7 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
             attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
-    return spec, tile.block_n, maps, persistent, sk
+    return spec, tile, maps, persistent, sk
 
 
 def run_plan(plan, dp, qp, kp, vp, op, lp):

@@ -1075,6 +1075,56 @@ def sm90_bwd_stream_k_tile(headdim: int) -> Sm90BwdTile:
 SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 96, 128)
 
 
+# 80-row Q tiles at head dim 128 without a mask (FlashAttention-3's Hopper backward tile there; the kernel's
+# BLOCK_M = 80): S^T and dP^T are m64n80 products, dQ is computed transposed (dQ^T = K^T dS^T: wgmma's M is 64) from
+# dS stored K-major by stmatrix.trans, and staged in the T layout of the fp32 accumulator (cuda_src/attn/bwd.cuh), which
+# its own convert kernel reads (bwd_convert_t_spec). A Q tile's iteration does 25% more work for the same hand-offs
+# (stage barriers, the consumers' named barrier, the dQ staging and its bulk reduction), and the shared-memory operand
+# reads of the three products with both operands in shared memory fall from 5 / 4.5 of the tensor pipe's rate; the
+# last Q tile of a head is partial (2048 rows: 26 tiles of 80, 1.6% of the rows padding). Shared memory 231736 B of
+# the 232448. "atomic" and "seqpar", one block per tile (the persistent form's 232 consumer registers serialize its
+# wgmma: ptxas C7512); "ordered" keeps the 64-row tile (its semaphores count 64-row blocks). The workspace's rows per
+# head: a multiple of 80 rounded up to BWD_ROW_PAD (sm90_bwd_sq_pad). SM90_BWD_M80_SEQLEN_K: kernel head dim ->
+# (fewest, most) keys per sequence where calls take it (in place of the persistent form, too); elsewhere only where
+# cuflash._bwd_sm90.M80 forces it.
+SM90_BWD_M80_HEADDIMS = (128,)
+SM90_BWD_M80_ROWS = 80
+SM90_BWD_M80_SEQLEN_K: dict = {}
+
+
+def sm90_bwd_m80_tile(headdim: int) -> Sm90BwdTile:
+    """The 80-row form of the head dim's tile."""
+    return replace(sm90_bwd_tile(headdim), block_m=SM90_BWD_M80_ROWS)
+
+
+def sm90_bwd_m80_eligible(headdim: int, causal: bool, mod: int, strategy: str | None, seqlen_k: int | None) -> bool:
+    """Whether a call can take the 80-row tile: kernel head dim in SM90_BWD_M80_HEADDIMS, no mask and no modifiers,
+    fixed lengths, dq_strategy "atomic" or "seqpar"."""
+    return (headdim in SM90_BWD_M80_HEADDIMS and not causal and not mod and seqlen_k is not None
+            and strategy in ("atomic", "seqpar"))
+
+
+def sm90_bwd_m80(headdim: int, causal: bool, mod: int, strategy: str | None, seqlen_k: int | None) -> bool:
+    """Whether the configuration takes the 80-row tile for such a call (SM90_BWD_M80_SEQLEN_K)."""
+    rng = SM90_BWD_M80_SEQLEN_K.get(headdim)
+    return (rng is not None and sm90_bwd_m80_eligible(headdim, causal, mod, strategy, seqlen_k)
+            and rng[0] <= seqlen_k <= rng[1])
+
+
+def sm90_bwd_sq_pad(seqlen_q: int, block_m: int) -> int:
+    """Rows per (batch element, head) of the backward's fp32 row buffers: a multiple of BWD_ROW_PAD that holds whole Q
+    tiles of block_m rows (a Q tile's bulk reduction must not reach the next head's rows)."""
+    rows = -(-seqlen_q // block_m) * block_m
+    return -(-rows // BWD_ROW_PAD) * BWD_ROW_PAD
+
+
+def sm90_bwd_m80_specs():
+    """The 80-row kernels and their convert, both dtypes: compiled with the configured kernels (CI's compile pass)
+    whether or not a call takes them."""
+    return ([sm90_bwd_spec(dt, d, False, sm90_bwd_m80_tile(d)) for dt in DTYPES for d in SM90_BWD_M80_HEADDIMS] +
+            [bwd_convert_t_spec(dt, d, SM90_BWD_M80_ROWS) for dt in DTYPES for d in SM90_BWD_M80_HEADDIMS])
+
+
 def sm90_bwd_cap_only_variant_specs():
     """The CAP_ONLY form of the modifier kernels at the kernel head dims of 128-key tiles (64, 96, 128), one block per
     tile, and of the persistent modifier kernels (SM90_BWD_PERSIST_MOD_HEADDIMS), both dtypes: compiled with the
@@ -1100,7 +1150,8 @@ def sm90_bwd_specs():
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
-             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs())
+             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs() +
+            sm90_bwd_m80_specs())
 
 
 @dataclass(frozen=True)
@@ -1522,6 +1573,12 @@ def bwd_convert_spec(dtype: str, headdim: int, causal: bool, block_n: int, mod: 
                       BWD_CONVERT_THREADS, 0)
 
 
+def bwd_convert_t_spec(dtype: str, headdim: int, block_m: int) -> KernelSpec:
+    """The convert of the T accumulator layout (the Hopper backward's 80-row Q tiles; cuda_src/attn/bwd.cuh)."""
+    return KernelSpec("flash_bwd.cu", f"cuflash::flash_bwd_convert_dq_t_kernel<{CTYPE[dtype]}, {headdim}, {block_m}>",
+                      BWD_CONVERT_THREADS, 0)
+
+
 # ------------------------------------------------------------------------------- FlashAttention-1
 V1_FILENAME = "flash_v1.cu"
 V1_HEADDIMS = (32, 64, 96, 128)
@@ -1656,6 +1713,9 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                             out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)))
                         if not m and not c and SM90_BWD_SK_SEQLEN_K.get(d) is not None:  # stream-K
                             out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_stream_k_tile(d)))
+                        if not m and not c and SM90_BWD_M80_SEQLEN_K.get(d) is not None:  # the 80-row tiles
+                            out += [sm90_bwd_spec(dt, d, c, sm90_bwd_m80_tile(d)),
+                                    bwd_convert_t_spec(dt, d, SM90_BWD_M80_ROWS)]
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),

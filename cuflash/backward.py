@@ -7,9 +7,9 @@ from typing import Any, Optional, Tuple
 from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import MapMemo, check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
-                       SMALL_SMEM_PER_BLOCK, bwd_convert_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec,
-                       bwd_smem_bytes, bwd_spec, bwd_tile, bwd_tiles, fit_bwd_partition, kernel_headdim, sm90_bwd_tile,
-                       ua_bwd_tile, unaligned)
+                       SM90_BWD_M80_ROWS, SMALL_SMEM_PER_BLOCK, bwd_convert_spec, bwd_convert_t_spec,
+                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_smem_bytes, bwd_spec, bwd_tile, bwd_tiles,
+                       fit_bwd_partition, kernel_headdim, sm90_bwd_sq_pad, sm90_bwd_tile, ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher, smem_per_block
 from ._mods import MOD_SCORE, has_dropout, has_softcap, is_plain, kernel_mode, mod_fields, mods_for, score_mods
@@ -186,11 +186,15 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
                              "'seqpar' there, and its dQ buffers do not fit the free memory")
         return _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, "loop", deterministic, None, "auto", mods,
                           packed, "sm80")
-    persistent, sk_bytes = False, 0
+    persistent, sk_bytes, trans = False, 0, False
     if path == "sm90":
-        main_spec, block_n, maps, persistent, sk_bytes = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
-                                                                               sk if packed is None else None,
-                                                                               has_softcap(mods))
+        main_spec, t90, maps, persistent, sk_bytes = _bwd_sm90.main_launch(da, qa, ka, va, causal, mod, strategy,
+                                                                           sk if packed is None else None,
+                                                                           has_softcap(mods))
+        block_n, trans = t90.block_n, t90.block_m == SM90_BWD_M80_ROWS
+        if trans:  # the 80-row tiles (fixed lengths): whole Q tiles per head, the T accumulator layout
+            sq_pad = sm90_bwd_sq_pad(sq, t90.block_m)
+            rows = b * h * sq_pad
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes
@@ -220,8 +224,12 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         main = get_launcher(bwd_spec(qa.dtype, d, causal, tile, warp_partition, mod, varlen=packed is not None,
                                      ua=ua), dev)
     pre = get_launcher(bwd_preprocess_spec(qa.dtype, d, ua), dev)
-    conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
-    conv_threads = rows * (d // 4) // BWD_CONVERT_SLOTS  # convert: 16-byte slots of the fragment-tiled accumulator
+    if trans:  # the T layout's convert: a warp per 16 rows x 32 columns of a Q tile
+        conv = get_launcher(bwd_convert_t_spec(qa.dtype, d, t90.block_m), dev)
+        conv_threads = b * h * -(-sq // t90.block_m) * (t90.block_m // 16) * (d // 32) * 32
+    else:
+        conv = get_launcher(bwd_convert_spec(qa.dtype, d, causal, block_n, mod & MOD_SCORE, ua), dev)  # (no dropout)
+        conv_threads = rows * (d // 4) // BWD_CONVERT_SLOTS  # convert: 16-byte slots of the fragment-tiled accumulator
     p.add_launch(pre, (-(-rows * bwd_pre_lanes_per_row(d) // pre.threads), 1, 1))
     if packed is None:
         p.add_launch(main, _bwd_sm90.main_grid(persistent, 1 if strategy == "loop" else n_blocks, hk, b, dev))

@@ -169,6 +169,22 @@ for knob in (None, True, False):
 _bwd_sm90.PERSIST = None
 _bwd_sm90.CAP_ONLY = None
 bwd_mod._PLANS.clear()
+# the 80-row Q tiles forced on (cuflash._bwd_sm90.M80): the three launches of calls that can take them, and the main
+# kernel of those that cannot; with PERSIST forced too, the 80-row tiles win (one block per tile)
+M80_CALLS = {"d128": ((2, 300, 777, 8, 2, 128), {}), "d120 seqpar": ((3, 161, 700, 4, 4, 120), dict(dq_strategy="seqpar")),
+             "d128 one row": ((1, 1, 5, 2, 1, 128), {}),
+             "causal": ((2, 300, 777, 8, 2, 128), dict(causal=True)),
+             "window": ((2, 300, 777, 8, 2, 128), dict(window_size=(100, 0))),
+             "ordered": ((2, 300, 777, 8, 2, 128), dict(deterministic=True)), "d64": ((2, 300, 777, 8, 2, 64), {}),
+             "d96": ((2, 300, 777, 8, 2, 96), {})}
+for persist in (None, True):
+    _bwd_sm90.M80, _bwd_sm90.PERSIST = True, persist
+    for name, (shape, kw) in M80_CALLS.items():
+        bwd_mod._PLANS.clear()
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), **kw))
+        res[f"m80 {persist} {name}"] = rec
+_bwd_sm90.M80 = _bwd_sm90.PERSIST = None
+bwd_mod._PLANS.clear()
 """
 
 
@@ -980,3 +996,135 @@ def test_bwd_mod_probe_variants(capsys):
     assert "| 64 | 4096 | +10.0% | +20.0% | +30.0% | +40.0% | +50.0% |" in out
     report([(64, 4096, 1.0, {**{n: 1.0 + 0.1 * i for i, n in enumerate(NAMES)}, "alibi_p": 1.25})])
     assert "| 64 | 4096 | +10.0% | +20.0% | +30.0% | +40.0% -> +25.0% | +50.0% |" in capsys.readouterr().out
+
+
+def test_m80_form_launches(res):
+    """Forced on, the 80-row tiles run head-dim-128 calls without a mask ("atomic" and "seqpar", padded head dims, the
+    persistent form forced as well) on their kernel, one block per tile, with the workspace's rows per head a multiple
+    of 80 rounded up to 128 and the T convert (a warp per 16 rows x 32 columns of a Q tile); the Q and dO maps' boxes
+    are 80 rows. The causal mask, a window, "ordered" and the other head dims keep their kernels."""
+    for persist in (None, True):
+        for name, (b, sq, sk, h, hk, d), splits in (("d128", (2, 300, 777, 8, 2, 128), 1),
+                                                    ("d120 seqpar", (3, 161, 700, 4, 4, 120), -(-700 // 128)),
+                                                    ("d128 one row", (1, 1, 5, 2, 1, 128), 1)):
+            pre, main, conv = res[f"m80 {persist} {name}"]
+            spec = _configs.sm90_bwd_spec("float16", 128, False, _configs.sm90_bwd_m80_tile(128))
+            assert main[:2] == [spec.name, [-(-sk // 128), hk, b]], name
+            assert ", 128, 80, 2, false, 240, 24, " in spec.name and spec in _configs.sm90_bwd_specs()
+            sq_pad = _configs.sm90_bwd_sq_pad(sq, 80)
+            assert sq_pad % 128 == 0 and sq_pad >= -(-sq // 80) * 80 and sq_pad - 128 < -(-sq // 80) * 80
+            rows = b * h * sq_pad
+            f = _fields([None, main])
+            assert (f["seqlen_q_pad"], f["num_dq_splits"]) == (sq_pad, splits), name
+            assert pre[1] == [c_div(rows * _configs.bwd_pre_lanes_per_row(128), _configs.BWD_PRE_THREADS), 1, 1]
+            assert conv[0] == _configs.bwd_convert_t_spec("float16", 128, 80).name
+            assert conv[1] == [c_div(b * h * -(-sq // 80) * 5 * 4 * 32, _configs.BWD_CONVERT_THREADS), 1, 1]
+            boxes = [_map_fields(m)[3] for m in _maps(main[2])]
+            assert boxes == [[64, 80, 1, 1], [64, 128, 1, 1], [64, 128, 1, 1], [64, 80, 1, 1]]
+        for name in ("causal", "window", "ordered", "d64", "d96"):
+            main = res[f"m80 {persist} {name}"][1][0]
+            assert ", 80, 2, " not in main and "convert_dq_t" not in res[f"m80 {persist} {name}"][2][0], name
+
+
+def test_m80_layout_and_rule():
+    """The 80-row tile's shared memory fits the 227 KB a block may have; the rule takes it only where
+    SM90_BWD_M80_SEQLEN_K says, for head dim 128 without a mask, fixed lengths, "atomic" / "seqpar"; sm90_bwd_sq_pad
+    keeps whole Q tiles within a head's rows."""
+    t = _configs.sm90_bwd_m80_tile(128)
+    assert (t.block_m, t.block_n, t.persistent) == (80, 128, False)
+    assert _configs.sm90_bwd_smem_bytes(128, t) == 231736 <= 227 * 1024
+    for kw in (dict(causal=True), dict(mod=_configs.MOD_SCORE), dict(strategy="ordered"), dict(seqlen_k=None),
+               dict(headdim=64)):
+        args = dict(headdim=128, causal=False, mod=0, strategy="atomic", seqlen_k=2048)
+        args.update(kw)
+        assert not _configs.sm90_bwd_m80_eligible(**args), kw
+    assert _configs.sm90_bwd_m80_eligible(128, False, 0, "seqpar", 2048)
+    for sk in (1, 2048, 16384):
+        rng = _configs.SM90_BWD_M80_SEQLEN_K.get(128)
+        assert _configs.sm90_bwd_m80(128, False, 0, "atomic", sk) == (rng is not None and rng[0] <= sk <= rng[1])
+    for sq in (1, 79, 80, 81, 128, 300, 2048, 2080, 4096, 16384):
+        pad = _configs.sm90_bwd_sq_pad(sq, 80)
+        assert pad % _configs.BWD_ROW_PAD == 0 and -(-sq // 80) * 80 <= pad < -(-sq // 80) * 80 + 128
+        assert _configs.sm90_bwd_sq_pad(sq, 64) == -(-sq // 128) * 128
+
+
+def test_m80_t_layout():
+    """The T accumulator layout (cuda_src/attn/bwd.cuh) as the 80-row kernel stages it and as its convert reads it
+    (cuda_src/flash_bwd.cu, flash_bwd_convert_dq_t_kernel, with their formulas): the same element at every float of a
+    Q tile, every float once; and the dS stores (stmatrix.trans) put dS[q][key] where a K-major 128-byte-swizzled
+    operand of 80 rows in 64-key chunks has it (the layout TMA writes Q in, which the S^T product reads)."""
+    from cuflash._loader import source_dir
+
+    src = (source_dir() / "flash_bwd_sm90.cu").read_text()
+    assert "dq_stage + ((4 * cw + warp) * MF + nf) * 128 + 4 * lane" in src
+    assert "stmatrix_x4_trans(dsb + q * 128 + (((2 * warp + j % 2) ^ c) << 4), dsa[k])" in src
+    assert "const int q = 16 * k + 8 * (j / 2) + c;" in src
+    conv = (source_dir() / "flash_bwd.cu").read_text()
+    conv = conv[conv.index("flash_bwd_convert_dq_t_kernel(const"):]
+    conv = conv[:conv.index("\n}\n")]
+    assert "((2 * bp + f / 2) * (BM / 8) + 2 * qg + f % 2) * 32" in conv
+    assert "const int r = 8 * (f % 2) + 2 * t, c = 16 * (f / 2) + g;" in conv
+    bm, d, mf = 80, 128, 10
+    staged = {}
+    for cw in range(2):
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for nf in range(mf):
+                    for e in range(4):  # acc_dq[nf][e]: dQ^T row (head-dim column) and column (query row)
+                        col, row = 64 * cw + 16 * w + g + 8 * (e // 2), 8 * nf + 2 * t + e % 2
+                        at = ((4 * cw + w) * mf + nf) * 128 + 4 * lane + e
+                        assert at not in staged
+                        staged[at] = (row, col)
+                        # the header's formula
+                        assert at == ((col // 16) * (bm // 8) + row // 8) * 128 + 4 * (4 * (col % 8) + (row % 8) // 2) \
+                            + 2 * ((col // 8) % 2) + row % 2
+    assert sorted(staged) == list(range(bm * d))
+    read = {}
+    for qg in range(bm // 16):
+        for bp in range(d // 32):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for f in range(4):
+                    base = 4 * (((2 * bp + f // 2) * (bm // 8) + 2 * qg + f % 2) * 32 + lane)
+                    r, c = 8 * (f % 2) + 2 * t, 16 * (f // 2) + g
+                    for comp, (dr, dc) in enumerate(((0, 0), (1, 0), (0, 8), (1, 8))):  # x, y, z, w
+                        read[base + comp] = (16 * qg + r + dr, 32 * bp + c + dc)
+    assert read == staged
+    # the convert's 2-byte stores: one instruction's 32 lanes on distinct banks, or two lanes on one word
+    pad = 40
+    for f in range(4):
+        for dr, dc in ((0, 0), (1, 0), (0, 8), (1, 8)):
+            words = {}
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                r, c = 8 * (f % 2) + 2 * t + dr, 16 * (f // 2) + g + dc
+                words.setdefault(((r * pad + c) // 2) % 32, set()).add((r * pad + c) // 2)
+            assert all(len(ws) == 1 for ws in words.values())
+    # dS: dsa[k][j] holds keys 16 w + 8 (j % 2) + a, queries 16 k + 8 (j / 2) + b at lane (a, b / 2), half b % 2
+    # (frag_to_a of the dP^T accumulator); stmatrix.trans stores row b of matrix j (its column b: rows a = 0..7) at
+    # the address lane 8 j + b gives
+    mem = {}
+    for cw in range(2):
+        for w in range(4):
+            for k in range(bm // 16):
+                for lane in range(32):
+                    j, c = lane // 8, lane % 8
+                    q = 16 * k + 8 * (j // 2) + c
+                    addr = cw * bm * 128 + q * 128 + (((2 * w + j % 2) ^ c) << 4)
+                    for a in range(8):
+                        key = 64 * cw + 16 * w + 8 * (j % 2) + a
+                        mem[addr + 2 * a] = (q, key)
+    tma = {}
+    for q in range(bm):
+        for key in range(128):
+            tma[(key // 64) * bm * 128 + q * 128 + (((key % 64) // 8) ^ (q % 8)) * 16 + (key % 8) * 2] = (q, key)
+    assert mem == tma
+
+
+def test_m80_kernels_compile():
+    """The 80-row kernels and their convert (both dtypes) compile for sm_90a with no spill, no local memory and no ptxas
+    performance note under both NVRTCs."""
+    from conftest import compile_problems
+
+    assert compile_problems(_configs.sm90_bwd_m80_specs()) == []

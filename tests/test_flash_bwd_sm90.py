@@ -274,6 +274,73 @@ def test_persistent_form_is_not_taken_where_it_cannot_run(monkeypatch):
     bwd_mod._PLANS.clear()
 
 
+@pytest.fixture
+def m80(monkeypatch):
+    """The 80-row Q tiles forced on (cuflash._bwd_sm90.M80) where they can run; fresh plans."""
+    monkeypatch.setattr(_bwd_sm90, "M80", True)
+    bwd_mod._PLANS.clear()
+    yield
+    bwd_mod._PLANS.clear()
+
+
+# Head dim 128 without a mask: ragged tails (no multiple of 80 or 128: 1, 17, 79, 81, 161, 300, 1000, 1100), exactly one
+# and two Q tiles (80, 160), seqlen_q != seqlen_k both ways, GQA / MQA, padded head dims 104 and 120 (the 128 kernel:
+# padding columns), several batch elements and heads whose last Q tile is partial (its padding rows stay within the
+# head's rows of the workspace), more blocks than SMs (3 x 8 x 17).
+M80_CASES = [(2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 128), (1, 1, 1, 1, 1, 128), (1, 80, 160, 2, 1, 128),
+             (2, 161, 700, 4, 2, 120), (1, 1000, 640, 8, 1, 104), (3, 1100, 2100, 8, 8, 128), (2, 79, 81, 6, 3, 128),
+             (1, 160, 80, 3, 3, 128)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", M80_CASES)
+def test_m80_form(m80, dtype, dq_strategy, b, sq, sk, h, hk, d):
+    """The 80-row Q tiles (the kernel's BLOCK_M = 80: dQ^T = K^T dS^T, the T accumulator layout and its convert kernel)
+    against the float64 reference; its plan launches the 80-row kernel (one block per tile) and the T convert; its
+    gradients equal the 64-row tile's within fp32 rounding and, with "seqpar", bitwise over repeats."""
+    import torch
+
+    (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, dtype, False, dq_strategy=dq_strategy)
+    plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, False, dq_strategy, False, None,
+                              "auto", None, backend="sm90")
+    dev = q.device.index
+    assert plan.launches[1][0] == get_launcher(_configs.sm90_bwd_spec(dtype, 128, False, _configs.sm90_bwd_m80_tile(128)),
+                                               dev).ptr
+    assert tuple(plan.launches[1][1:4]) == (-(-sk // 128), hk, b)
+    assert plan.launches[2][0] == get_launcher(_configs.bwd_convert_t_spec(dtype, 128, 80), dev).ptr
+    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy=dq_strategy, backend="sm90")
+    _bwd_sm90.M80 = False
+    bwd_mod._PLANS.clear()
+    base = cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy=dq_strategy, backend="sm90")
+    torch.cuda.synchronize()
+    if dq_strategy == "seqpar":
+        assert all(torch.equal(a, o) for a, o in zip(got, again))
+    for nm, a, o in zip(("dq", "dk", "dv"), got, base):
+        err = (a.float() - o.float()).abs().max().item()
+        assert err <= 2 ** -7 * max(o.float().abs().max().item(), 1e-3), (nm, err)
+
+
+def test_m80_form_is_not_taken_where_it_cannot_run(monkeypatch):
+    """Forced on, the 80-row tiles still leave the causal mask, the score modifiers, "ordered" and the other head dims
+    to the configured kernels (their Q-tile maps: 64 or 128 rows), and still give the reference's gradients there."""
+    import torch
+
+    monkeypatch.setattr(_bwd_sm90, "M80", True)
+    for d, kw in ((128, dict(causal=True)), (128, dict(window_size=(100, 0))), (128, dict(softcap=5.0)),
+                  (128, dict(dq_strategy="ordered", deterministic=True)), (64, {}), (96, {})):
+        bwd_mod._PLANS.clear()
+        causal, win, cap = kw.get("causal", False), kw.get("window_size", (-1, -1)), kw.get("softcap", 0.0)
+        check(1, 300, 300, 4, 4, d, "float16", causal, dq_strategy=kw.get("dq_strategy"),
+              deterministic=kw.get("deterministic", False), window=win, cap=cap)
+        (plan,) = bwd_mod._PLANS.values()
+        assert plan.launches[1][0] != get_launcher(
+            _configs.sm90_bwd_spec("float16", 128, False, _configs.sm90_bwd_m80_tile(128)), 0).ptr, (d, kw)
+        assert plan.launches[2][0] != get_launcher(_configs.bwd_convert_t_spec("float16", 128, 80), 0).ptr, (d, kw)
+    bwd_mod._PLANS.clear()
+    torch.cuda.synchronize()
+
+
 @pytest.fixture(params=[None, 5, 3], ids=["grid-sms", "grid-5", "grid-3"])
 def stream_k(request, monkeypatch):
     """Stream-K forced on (cuflash._bwd_sm90.STREAM_K) with a grid of one block per SM, or of 5 or 3 blocks, so that

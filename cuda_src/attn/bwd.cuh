@@ -7,6 +7,10 @@
 // fragment (16 rows x 8 columns) is 128 consecutive floats, lane l = 4 g + t owning its 4 values at [4 l, 4 l + 4).
 // wgmma's accumulator has the same per-warp layout, so both kernel families add into it alike and share the
 // preprocess and convert kernels.
+// The T layout (the Hopper backward's 80-row Q tiles, whose dQ is computed transposed: flash_bwd_sm90.cu): the rows
+// [BM m, BM m + BM) of a (split, batch, head) -- the same BM D floats -- hold dQ^T's fragments, [D / 16][BM / 8][32
+// lanes][4]: element (r, c) of the tile sits at ((c / 16) (BM / 8) + r / 8) 128 + 4 (4 (c % 8) + (r % 8) / 2) +
+// 2 ((c / 8) % 2) + r % 2. Its convert kernel is flash_bwd_convert_dq_t_kernel; zeroing is unchanged.
 #pragma once
 #include "../common/ptx.cuh"
 #include "../common/tile.cuh"

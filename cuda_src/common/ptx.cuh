@@ -167,6 +167,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// PTX ISA 9.7.14.5.16 stmatrix.m8n8.x4.trans.b16 (sm_90): the inverse of ldmatrix_x4_trans. r[j] of a lane holds
+// matrix j's (row g, cols 2t, 2t+1); lanes 8j..8j+7 give the addresses of the 8 stored rows of matrix j, and stored
+// row c is the matrix's column c (16 bytes: its rows 0..7).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 // -------------------------------------------------------------------------------------------- mma.sync
 // PTX ISA 9.7.14.5.14 mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32:  D = A B + D.

@@ -1,0 +1,98 @@
+"""Diagnostic (GPU, compute capability 9.0): the Hopper backward's 80-row Q tiles at head dim 128 without a mask
+(cuda_src/flash_bwd_sm90.cu, BLOCK_M = 80: dQ computed transposed, staged in the T accumulator layout and converted
+by flash_bwd_convert_dq_t_kernel; cuflash._configs.SM90_BWD_M80_SEQLEN_K) against the 64-row tile -- one block per
+tile ("tile") and as configured ("conf": the persistent form where cuflash._configs.sm90_bwd_persistent takes it) --
+and SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2 grid at head dim 128 (batch 16k / seqlen,
+16 heads), fp16 and bf16, and GQA 64 / 8 heads at 8k:
+
+    python -m bench.diag.bwd_m80_probe [--rounds N] [--seqlens 1024,2048] [--dtypes float16] [--json FILE]
+
+Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly; cuDNN through
+autograd. Every timing is of 10 single calls, each queued behind a ~3 ms spin kernel with its start event after the
+spin (bench.harness.time_queued_ms): the backwards' GPU time. Before timing, the 80-row tile's gradients must match
+the 64-row tile's to fp32 rounding (2^-6 of the largest element: the additions into dQ come in another order and
+the products in other groupings); a failure prints FAIL and sets exit status 1. The table gives ms, the 80-row tile's
+speed over each 64-row variant's (their ms / its ms) and each variant against cuDNN (cuDNN ms / cuflash ms)."""
+from __future__ import annotations
+
+import sys
+
+SEQLENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def points(seqlens=SEQLENS, dtypes=("float16", "bfloat16")):
+    """(dtype, head dim, seqlen, batch, heads, kv heads, causal) of the FA2 grid at head dim 128 without a mask, and
+    GQA 64 / 8 heads at 8k (fp16)."""
+    pts = [(dt, 128, s, 16384 // s, 16, 16, False) for dt in dtypes for s in seqlens]
+    return pts + [("float16", 128, 8192, 2, 64, 8, False)]
+
+
+def run_point(dt, d, s, b, h, hk, causal, rounds):
+    import torch
+
+    import cuflash
+    from cuflash.backward import check_backward_inputs
+
+    from ..harness import sdpa, time_queued_ms, time_rounds
+    from .ordered_probe import plan_call
+
+    tdt = getattr(torch, dt)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=tdt)
+    k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=tdt) for _ in range(2))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    views = check_backward_inputs(dout, q, k, v, out, lse)
+    fns = {"conf": plan_call(views, causal, "atomic", M80=False),
+           "tile": plan_call(views, causal, "atomic", M80=False, PERSIST=False),
+           "m80": plan_call(views, causal, "atomic", M80=True)}
+    ref = [x.float() for x in fns["tile"]()]
+    got = fns["m80"]()
+    torch.cuda.synchronize()
+    ok = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(got, ref))
+    if not ok:
+        errs = [round((x.float() - r).abs().max().item() / r.abs().max().item(), 5) for x, r in zip(got, ref)]
+        print(f"FAIL {dt} d{d} s{s} h{h}/{hk}: the 80-row tile's gradients differ (dq, dk, dv: {errs})", flush=True)
+    del got, ref
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    dot = dout.transpose(1, 2).contiguous()
+    try:
+        ot = sdpa("cudnn")(qt, kt, vt, causal, None, hk != h)
+        fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+    except RuntimeError as e:
+        print(f"sdpa cudnn refused d{d} s{s}: {str(e)[:200]}", flush=True)
+    timed = time_rounds(fns, rounds, timer=lambda fn: time_queued_ms(fn, rep=10))
+    fns.clear()
+    torch.cuda.empty_cache()
+    return {name: ms for name, (ms, _) in timed.items()}, ok
+
+
+def table(rows):
+    """Print the probe's table of rows ((dtype, d, seqlen, batch, heads, kv heads, causal), {name: ms}, ok)."""
+    print("\nbackward (atomic), head dim 128 without a mask, GPU time per call (queued), ms: the 64-row tile as "
+          "configured (conf) and one block per tile (tile), the 80-row tile (m80), cuDNN; the 80-row tile's speed over "
+          "each (their ms / its ms); each against cuDNN (cuDNN ms / cuflash ms)")
+    print(f"{'dtype':>8} {'seqlen':>6} {'h/hk':>6} | {'conf':>7} {'tile':>7} {'m80':>7} {'cudnn':>7} | "
+          f"{'conf/m80':>8} {'tile/m80':>8} | {'cuDNN/c':>7} {'cuDNN/80':>8} | check")
+    f = lambda x: f"{x:>7.3f}" if x else f"{'-':>7}"  # noqa: E731
+    r = lambda a, b_, w=7: f"{a / b_:>{w}.3f}" if a and b_ else f"{'-':>{w}}"  # noqa: E731
+    for (dt, d, s, b, h, hk, c), ms, ok in rows:
+        cf, t, m, cd = ms.get("conf"), ms.get("tile"), ms.get("m80"), ms.get("cudnn")
+        print(f"{dt:>8} {s:>6} {f'{h}/{hk}':>6} | {f(cf)} {f(t)} {f(m)} {f(cd)} | {r(cf, m, 8)} {r(t, m, 8)} | "
+              f"{r(cd, cf)} {r(cd, m, 8)} | {'ok' if ok else 'FAIL'}")
+
+
+def main(argv):
+    seqlens = (tuple(int(x) for x in argv[argv.index("--seqlens") + 1].split(",")) if "--seqlens" in argv
+               else SEQLENS)
+    dtypes = tuple(argv[argv.index("--dtypes") + 1].split(",")) if "--dtypes" in argv else ("float16", "bfloat16")
+    from .ordered_probe import run_points
+
+    rows, all_ok = run_points(argv, points(seqlens, dtypes), run_point, default_rounds=3)
+    if rows is None:
+        return 2
+    table(rows)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

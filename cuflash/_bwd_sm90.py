@@ -113,7 +113,8 @@ STREAM_K = None
 CAP_ONLY = None
 # The 80-row Q tiles (cuflash._configs.SM90_BWD_M80_SEQLEN_K): None, the configuration's choice; True / False force them
 # on or off where they can run (sm90_bwd_m80_eligible: head dim 128 without a mask, "atomic" / "seqpar"; one block
-# per tile, in place of the persistent and stream-K forms; a diagnostic or a test; clear cuflash.backward._PLANS).
+# per tile, in place of the persistent and stream-K forms; a diagnostic or a test; clear cuflash.backward._PLANS). While
+# PERSIST or STREAM_K is forced, the configuration's choice is the 64-row tile's forms.
 M80 = None
 
 
@@ -142,10 +143,13 @@ def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
 
 
 def m80_form(d, causal, mod, strategy, seqlen_k) -> bool:
-    """Whether the main kernel of a call takes the 80-row Q tiles (M80, else the configuration), one block per tile."""
+    """Whether the main kernel of a call takes the 80-row Q tiles (M80, else the configuration -- not while PERSIST or
+    STREAM_K is forced, which choose among the 64-row tile's forms), one block per tile."""
     if not sm90_bwd_m80_eligible(d, causal, mod, strategy, seqlen_k):
         return False
-    return sm90_bwd_m80(d, causal, mod, strategy, seqlen_k) if M80 is None else bool(M80)
+    if M80 is None:
+        return PERSIST is None and STREAM_K is None and sm90_bwd_m80(d, causal, mod, strategy, seqlen_k)
+    return bool(M80)
 
 
 def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid, iters) -> bool:

@@ -1086,10 +1086,13 @@ SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 96, 128)
 # wgmma: ptxas C7512); "ordered" keeps the 64-row tile (its semaphores count 64-row blocks). The workspace's rows per
 # head: a multiple of 80 rounded up to BWD_ROW_PAD (sm90_bwd_sq_pad). SM90_BWD_M80_SEQLEN_K: kernel head dim ->
 # (fewest, most) keys per sequence where calls take it (in place of the persistent form, too); elsewhere only where
-# cuflash._bwd_sm90.M80 forces it.
+# cuflash._bwd_sm90.M80 forces it. Measured against the 64-row tile as configured (bench.diag.bwd_m80_probe, GPU time,
+# FA2 grid at head dim 128 without a mask, 1k-16k, fp16 and bf16, and GQA 64 / 8 at 8k; three runs on an H100,
+# bench/results/h100/bwd-m80-probe*.log): 1.000-1.040x at 31 of the 33 points (1k-4k 1.000-1.018x, 8k-16k up to
+# 1.040x), 0.971x and 0.988x at bf16 8k and 16k in one run.
 SM90_BWD_M80_HEADDIMS = (128,)
 SM90_BWD_M80_ROWS = 80
-SM90_BWD_M80_SEQLEN_K: dict = {}
+SM90_BWD_M80_SEQLEN_K: dict = {128: (1024, 1 << 30)}
 
 
 def sm90_bwd_m80_tile(headdim: int) -> Sm90BwdTile:

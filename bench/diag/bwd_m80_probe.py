@@ -30,18 +30,10 @@ def points(seqlens=SEQLENS, dtypes=("float16", "bfloat16")):
 def run_point(dt, d, s, b, h, hk, causal, rounds):
     import torch
 
-    import cuflash
-    from cuflash.backward import check_backward_inputs
+    from ..harness import time_queued_ms
+    from .ordered_probe import causal_problem, plan_call, time_with_cudnn
 
-    from ..harness import sdpa, time_queued_ms, time_rounds
-    from .ordered_probe import plan_call
-
-    tdt = getattr(torch, dt)
-    q = torch.randn(b, s, h, d, device="cuda", dtype=tdt)
-    k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=tdt) for _ in range(2))
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    dout = torch.randn_like(out)
-    views = check_backward_inputs(dout, q, k, v, out, lse)
+    q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk, causal)
     fns = {"conf": plan_call(views, causal, "atomic", M80=False),
            "tile": plan_call(views, causal, "atomic", M80=False, PERSIST=False),
            "m80": plan_call(views, causal, "atomic", M80=True)}
@@ -53,17 +45,8 @@ def run_point(dt, d, s, b, h, hk, causal, rounds):
         errs = [round((x.float() - r).abs().max().item() / r.abs().max().item(), 5) for x, r in zip(got, ref)]
         print(f"FAIL {dt} d{d} s{s} h{h}/{hk}: the 80-row tile's gradients differ (dq, dk, dv: {errs})", flush=True)
     del got, ref
-    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-    dot = dout.transpose(1, 2).contiguous()
-    try:
-        ot = sdpa("cudnn")(qt, kt, vt, causal, None, hk != h)
-        fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
-    except RuntimeError as e:
-        print(f"sdpa cudnn refused d{d} s{s}: {str(e)[:200]}", flush=True)
-    timed = time_rounds(fns, rounds, timer=lambda fn: time_queued_ms(fn, rep=10))
-    fns.clear()
-    torch.cuda.empty_cache()
-    return {name: ms for name, (ms, _) in timed.items()}, ok
+    return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}", causal,
+                           timer=lambda fn: time_queued_ms(fn, rep=10)), ok
 
 
 def table(rows):

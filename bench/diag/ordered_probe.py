@@ -126,10 +126,10 @@ def run_points(argv, pts, run, default_rounds):
     return rows, all_ok
 
 
-def time_with_cudnn(fns, q, k, v, dout, rounds, label, causal=True):
+def time_with_cudnn(fns, q, k, v, dout, rounds, label, causal=True, timer=None):
     """{name: median ms per call} of the callables `fns` and SDPA cuDNN's backward on the same inputs (through
-    autograd, native GQA), timed in turn for `rounds` rounds, `CALLS` back-to-back calls per timing; `fns` is
-    consumed (its plans freed with it)."""
+    autograd, native GQA), timed in turn for `rounds` rounds, `CALLS` back-to-back calls per timing (or `timer`: a
+    callable's ms per call); `fns` is consumed (its plans freed with it)."""
     import torch
 
     from ..harness import sdpa, time_ms, time_rounds
@@ -142,7 +142,8 @@ def time_with_cudnn(fns, q, k, v, dout, rounds, label, causal=True):
         fns["cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
     except RuntimeError as e:  # (a case cuDNN's SDPA backend refuses: no reference for this point)
         print(f"sdpa cudnn refused {label}: {str(e)[:200]}", flush=True)
-    timer = lambda fn: time_ms(lambda: [fn() for _ in range(CALLS)], rep=5) / CALLS  # noqa: E731
+    if timer is None:
+        timer = lambda fn: time_ms(lambda: [fn() for _ in range(CALLS)], rep=5) / CALLS  # noqa: E731
     timed = time_rounds(fns, rounds, timer=timer)
     fns.clear()
     torch.cuda.empty_cache()

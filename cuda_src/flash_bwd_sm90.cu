@@ -516,8 +516,9 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int DF = DP / 8;         // n8 blocks of dK, dV
   static_assert(D % 16 == 0 && (SPLIT_M ? DP == 64 : ((BLOCK_M == 64 || BLOCK_M == 80) && DP == 128)),
                 "tiles: 128 x 128 at head dims up to 64, 64 x 128 (or 80 x 128) up to 128");
-  static_assert(!TRANS_DQ || (!CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN && GROUP == 0 && !SK),
-                "80-row Q tiles: without a mask, atomic or seqpar, one block per tile or persistent");
+  static_assert(!TRANS_DQ || (!CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN && GROUP == 0 && !PERSIST),
+                "80-row Q tiles: without a mask, atomic or seqpar, one block per tile (the persistent forms do not fit "
+                "the registers)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   // setmaxnreg moves registers within the block's launch allocation (65536 / 384 threads, rounded down to a multiple
   // of 8: 168 each), not the whole register file: asking for more than the producer gives back never returns.

@@ -13,6 +13,9 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     ... --stream-k N        stream-K forced on (cuflash._bwd_sm90.STREAM_K) with a grid of at most N blocks, on cases
                             without a mask whose tile counts leave the last wave part-empty at N = 3 (two of the
                             three at each head dim: 4 and 10 tiles of 128 keys, 8 and 20 of 64 at head dim 256)
+    ... --m80               the 80-row Q tiles forced on (cuflash._bwd_sm90.M80) at head dims 128 and 120 (the 128
+                            kernel, padding columns), without a mask, "atomic" and "seqpar" (dQ^T staged in the T
+                            layout and its convert), a partial last Q tile of 1-79 rows in every case
 
 Prints one line per case (the max abs error of dq, dk, dv against float64 and whether any is NaN); exit status 1
 when a gradient misses 3x torch's own low-precision error (the GPU tests' rule, conftest.py) or is NaN.
@@ -77,6 +80,14 @@ def main(argv):
 
         _bwd_sm90.STREAM_K, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--stream-k") + 1])
         cases, causals = [(1, 77, 200, 2, 2), (1, 300, 520, 4, 2), (2, 130, 640, 4, 1)], (False,)
+    if "--m80" in argv:
+        from cuflash import _bwd_sm90
+
+        _bwd_sm90.M80 = True
+        cases += [(1, 161, 700, 4, 4)]
+        causals, dims = (False,), [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if (
+            "--headdims" in argv) else (128, 120)
+        strategies = [x for x in strategies if x != "ordered"]
     if "--persistent" in argv:
         from cuflash import _bwd_sm90
 

@@ -151,7 +151,8 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
 // KV heads, batch) in the launch's linear order (the KV tile fastest); block bid takes tile k G + bid of wave k for
 // even k and k G + G - 1 - bid for odd k, so that under the causal mask a block's long and short tiles alternate.
 // x < 0: the block's walk is over.
-// LEAN (the stream-K kernels, whose producer warpgroup runs on 24 registers): every count read through a volatile move
+// LEAN (the stream-K kernels and the 80-row tile's, whose producer warpgroup runs on 24 registers): every count read
+// through a volatile move
 // at each use, so that the compiler cannot hoist the counts out of the walk's loops and hold them in registers there
 // (held, they spilled), and in 32-bit arithmetic.
 template <int BLOCK_N, bool LEAN = false>
@@ -234,6 +235,10 @@ __device__ __forceinline__ int2 sm90_bwd_q_tiles(const M& band, const SeqInfo& s
 template <int D, int BLOCK_M, int STAGES, bool PERSIST = false>
 struct Sm90BwdLayout {
   static constexpr int BLOCK_N = 128;
+  // The loads' role: the whole warp 0 walks the tiles and lane 0 issues the copies, so that the walk's state is
+  // warp-uniform (ptxas keeps it in uniform registers) -- with BLOCK_M = 80, whose persistent form's producer fits
+  // its 24 registers only so (one thread: 44 B of spills; with the lean walk, 32 B); else thread 0 alone.
+  static constexpr bool WARP_LOADS = BLOCK_M == 80;
   static constexpr int DP = (D + 63) / 64 * 64;  // columns in smem: whole 64-column (128-byte) chunks
   static constexpr int CH = DP / 64;
   static constexpr int KV_BYTES = BLOCK_N * DP * 2;   // K (or V)
@@ -298,13 +303,16 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
                                               int batch, int group, int m_begin, int num_m, int rot, int it0 = 0,
                                               uint64_t* kv_empty = nullptr, int j = 0, int i0 = 0, int i1 = -1) {
   constexpr int BLOCK_N = L::BLOCK_N, CH = L::CH;
+  const bool issue = !L::WARP_LOADS || threadIdx.x % 32 == 0;  // (WARP_LOADS: the warp waits, lane 0 issues)
   auto load_kv = [&]() {
     if constexpr (PERSIST) mbar_wait(kv_empty, (j & 1) ^ 1);
-    mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
+    if (issue) {
+      mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
 #pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
-      tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
+      for (int c = 0; c < CH; ++c) {
+        tma_load_4d(sm + L::K_OFF + c * BLOCK_N * 128, &maps.k, bar_kv, c * 64, n0, kv_head, batch);
+        tma_load_4d(sm + L::V_OFF + c * BLOCK_N * 128, &maps.v, bar_kv, c * 64, n0, kv_head, batch);
+      }
     }
   };
   if constexpr (!PERSIST) load_kv();
@@ -319,15 +327,18 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
     const int2 hm = walk.next(num_m, rot);
     const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, rot_o) * BLOCK_M;
     mbar_wait(&empty[s], ph ^ 1);
-    mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
+    if (issue) {
+      mbar_arrive_expect_tx(&full[s], 2 * L::Q_BYTES + 2 * BLOCK_M * 4);
 #pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      tma_load_4d(sm + L::Q_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &full[s], c * 64, m0, hq, batch);
-      tma_load_4d(sm + L::DO_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.dout, &full[s], c * 64, m0, hq, batch);
+      for (int c = 0; c < CH; ++c) {
+        tma_load_4d(sm + L::Q_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.q, &full[s], c * 64, m0, hq, batch);
+        tma_load_4d(sm + L::DO_OFF + s * L::Q_BYTES + c * BLOCK_M * 128, &maps.dout, &full[s], c * 64, m0, hq,
+                    batch);
+      }
+      const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
+      bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
+      bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
     }
-    const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;  // (sq_pad: whole tiles)
-    bulk_load(sm + L::LSE_OFF + s * BLOCK_M * 4, p.lse_log2 + row, BLOCK_M * 4, &full[s]);
-    bulk_load(sm + L::DELTA_OFF + s * BLOCK_M * 4, p.delta + row, BLOCK_M * 4, &full[s]);
     if constexpr (PERSIST) {
       if (it == 0) load_kv();
     }
@@ -442,7 +453,7 @@ template <bool PERSIST, bool SK, int BLOCK_M, int BLOCK_N, class M, class F>
 __device__ __forceinline__ void sm90_bwd_for_tiles(const BwdParams& p, const SeqInfo& si, const M& band, int group,
                                                    const int3& blk1, const int2& qr1, F&& fn) {
   if constexpr (PERSIST) {
-    const Sm90BwdTiles<BLOCK_N, SK> tiles{p};
+    const Sm90BwdTiles<BLOCK_N, SK || BLOCK_M == 80> tiles{p};  // (lean: Sm90BwdTiles)
     int it0 = 0, j = 0;
     // SK with a workspace: C / G - 1 whole waves, then the segments (every tile's Q tiles alike: no mask)
     const bool sk = SK && p.sk_workspace != nullptr;
@@ -516,9 +527,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int DF = DP / 8;         // n8 blocks of dK, dV
   static_assert(D % 16 == 0 && (SPLIT_M ? DP == 64 : ((BLOCK_M == 64 || BLOCK_M == 80) && DP == 128)),
                 "tiles: 128 x 128 at head dims up to 64, 64 x 128 (or 80 x 128) up to 128");
-  static_assert(!TRANS_DQ || (!CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN && GROUP == 0 && !PERSIST),
-                "80-row Q tiles: without a mask, atomic or seqpar, one block per tile (the persistent forms do not fit "
-                "the registers)");
+  static_assert(!TRANS_DQ || (!CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN && GROUP == 0 && !SK),
+                "80-row Q tiles: without a mask, atomic or seqpar, one block per tile or persistent (no stream-K)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   // setmaxnreg moves registers within the block's launch allocation (65536 / 384 threads, rounded down to a multiple
   // of 8: 168 each), not the whole register file: asking for more than the producer gives back never returns.
@@ -570,7 +580,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
-    if (threadIdx.x == 0 && (PERSIST || total1 > 0)) {
+    if ((L::WARP_LOADS ? threadIdx.x < 32 : threadIdx.x == 0) && (PERSIST || total1 > 0)) {
       sm90_bwd_produce<L, BLOCK_M, STAGES, ORDER, false, PERSIST, SK>(p, maps, sm, bar_kv, full, empty, kv_empty, si,
                                                                      band, group, blk1, qr1, 0,
                                                                      [](int, int) { return 0; });
@@ -899,6 +909,7 @@ __global__ void __launch_bounds__(384, 1)
 template <int D, int STAGES, bool PERSIST = false>
 struct Sm90BwdSplitLayout {
   static constexpr int BLOCK_N = 64, BLOCK_M = 64;
+  static constexpr bool WARP_LOADS = false;  // (Sm90BwdLayout: the loads' thread 0 alone)
   static constexpr int DP = (D + 63) / 64 * 64;
   static constexpr int CH = DP / 64;
   static constexpr int KV_BYTES = BLOCK_N * DP * 2;

@@ -26,7 +26,8 @@ from dataclasses import replace
 from . import _walk
 from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
                        SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
-                       sm90_bwd_causal_group, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_tile,
+                       sm90_bwd_causal_group, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
+                       sm90_bwd_m80_tile,
                        sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
                        sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
@@ -113,8 +114,10 @@ STREAM_K = None
 CAP_ONLY = None
 # The 80-row Q tiles (cuflash._configs.SM90_BWD_M80_SEQLEN_K): None, the configuration's choice; True / False force them
 # on or off where they can run (sm90_bwd_m80_eligible: head dim 128 without a mask, "atomic" / "seqpar"; one block
-# per tile, in place of the persistent and stream-K forms; a diagnostic or a test; clear cuflash.backward._PLANS). While
-# PERSIST or STREAM_K is forced, the configuration's choice is the 64-row tile's forms.
+# per tile or persistent, in place of the 64-row tile's persistent and stream-K forms; a diagnostic or a test; clear
+# cuflash.backward._PLANS). While PERSIST or STREAM_K is forced, the configuration's choice is the 64-row tile's forms;
+# with M80 forced, PERSIST chooses between the 80-row tile's two forms (None: the configuration,
+# cuflash._configs.SM90_BWD_M80_PERSIST_SEQLEN_K).
 M80 = None
 
 
@@ -144,12 +147,18 @@ def persistent_form(d, causal, mod, strategy, seqlen_k, softcap=False) -> bool:
 
 def m80_form(d, causal, mod, strategy, seqlen_k) -> bool:
     """Whether the main kernel of a call takes the 80-row Q tiles (M80, else the configuration -- not while PERSIST or
-    STREAM_K is forced, which choose among the 64-row tile's forms), one block per tile."""
+    STREAM_K is forced, which choose among the 64-row tile's forms); m80_persistent says in which form."""
     if not sm90_bwd_m80_eligible(d, causal, mod, strategy, seqlen_k):
         return False
     if M80 is None:
         return PERSIST is None and STREAM_K is None and sm90_bwd_m80(d, causal, mod, strategy, seqlen_k)
     return bool(M80)
+
+
+def m80_persistent(d, seqlen_k) -> bool:
+    """Whether a call that takes the 80-row Q tiles (m80_form) runs their persistent form (PERSIST, else the
+    configuration)."""
+    return sm90_bwd_m80_persistent(d, seqlen_k) if PERSIST is None else bool(PERSIST)
 
 
 def stream_k_form(d, causal, mod, strategy, seqlen_k, tiles, grid, iters) -> bool:
@@ -203,8 +212,9 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
         tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
-    if m80_form(d, causal, mod, strategy, seqlen_k):  # (in place of the persistent and stream-K forms)
-        tile, persistent, sk = sm90_bwd_m80_tile(d), False, 0
+    if m80_form(d, causal, mod, strategy, seqlen_k):  # (in place of the 64-row tile's persistent and stream-K forms)
+        persistent, sk = m80_persistent(d, seqlen_k), 0
+        tile = sm90_bwd_m80_tile(d, persistent)
     # CAP_ONLY: one block per tile wherever it is configured; in the persistent form for soft-capped calls only (the
     # persistent modifier kernel without the soft-cap is configured as measured, in the band form; stream-K has no
     # modifiers)

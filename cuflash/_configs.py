@@ -1093,11 +1093,25 @@ SM90_BWD_CAP_ONLY_HEADDIMS: tuple = (64, 96, 128)
 SM90_BWD_M80_HEADDIMS = (128,)
 SM90_BWD_M80_ROWS = 80
 SM90_BWD_M80_SEQLEN_K: dict = {128: (1024, 1 << 30)}
+# Its persistent form (at most one block per SM walking the tiles, each tile's K / V load under the previous tile's
+# end; Sm90BwdTile.persistent) at the same 240 / 24 registers: the producer warpgroup fits its 24 only with the loads
+# walked by a whole warp (lane 0 issuing: the walk's state in uniform registers) and the walk's counts read at each use
+# (cuda_src/flash_bwd_sm90.cu, Sm90BwdLayout::WARP_LOADS, Sm90BwdTiles' LEAN). SM90_BWD_M80_PERSIST_SEQLEN_K: kernel
+# head dim -> (fewest, most) keys per sequence where calls of the 80-row tile take it; elsewhere only where
+# cuflash._bwd_sm90.PERSIST forces it (with M80).
+SM90_BWD_M80_PERSIST_SEQLEN_K: dict = {}
 
 
-def sm90_bwd_m80_tile(headdim: int) -> Sm90BwdTile:
-    """The 80-row form of the head dim's tile."""
-    return replace(sm90_bwd_tile(headdim), block_m=SM90_BWD_M80_ROWS)
+def sm90_bwd_m80_tile(headdim: int, persistent: bool = False) -> Sm90BwdTile:
+    """The 80-row form of the head dim's tile (persistent: its persistent form)."""
+    return replace(sm90_bwd_tile(headdim), block_m=SM90_BWD_M80_ROWS, persistent=persistent)
+
+
+def sm90_bwd_m80_persistent(headdim: int, seqlen_k: int | None) -> bool:
+    """Whether the configuration runs a call of the 80-row tile in its persistent form
+    (SM90_BWD_M80_PERSIST_SEQLEN_K)."""
+    rng = SM90_BWD_M80_PERSIST_SEQLEN_K.get(headdim)
+    return rng is not None and seqlen_k is not None and rng[0] <= seqlen_k <= rng[1]
 
 
 def sm90_bwd_m80_eligible(headdim: int, causal: bool, mod: int, strategy: str | None, seqlen_k: int | None) -> bool:
@@ -1122,9 +1136,10 @@ def sm90_bwd_sq_pad(seqlen_q: int, block_m: int) -> int:
 
 
 def sm90_bwd_m80_specs():
-    """The 80-row kernels and their convert, both dtypes: compiled with the configured kernels (CI's compile pass)
-    whether or not a call takes them."""
-    return ([sm90_bwd_spec(dt, d, False, sm90_bwd_m80_tile(d)) for dt in DTYPES for d in SM90_BWD_M80_HEADDIMS] +
+    """The 80-row kernels (one block per tile and persistent) and their convert, both dtypes: compiled with the
+    configured kernels (CI's compile pass) whether or not a call takes them."""
+    return ([sm90_bwd_spec(dt, d, False, sm90_bwd_m80_tile(d, pers)) for dt in DTYPES for d in SM90_BWD_M80_HEADDIMS
+             for pers in (False, True)] +
             [bwd_convert_t_spec(dt, d, SM90_BWD_M80_ROWS) for dt in DTYPES for d in SM90_BWD_M80_HEADDIMS])
 
 
@@ -1719,6 +1734,8 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                         if not m and not c and SM90_BWD_M80_SEQLEN_K.get(d) is not None:  # the 80-row tiles
                             out += [sm90_bwd_spec(dt, d, c, sm90_bwd_m80_tile(d)),
                                     bwd_convert_t_spec(dt, d, SM90_BWD_M80_ROWS)]
+                            if SM90_BWD_M80_PERSIST_SEQLEN_K.get(d) is not None:
+                                out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_m80_tile(d, True)))
                     if varlen:
                         vt = bwd_tile(d, part, arch, dt, m, varlen=True)
                         out += [bwd_spec(dt, d, c, vt, part, mod=m, varlen=True),

@@ -170,7 +170,7 @@ _bwd_sm90.PERSIST = None
 _bwd_sm90.CAP_ONLY = None
 bwd_mod._PLANS.clear()
 # the 80-row Q tiles forced on (cuflash._bwd_sm90.M80): the three launches of calls that can take them, and the main
-# kernel of those that cannot; with PERSIST forced too, the 80-row tiles win (one block per tile)
+# kernel of those that cannot; with PERSIST forced too, the 80-row tiles' persistent form
 M80_CALLS = {"d128": ((2, 300, 777, 8, 2, 128), {}), "d120 seqpar": ((3, 161, 700, 4, 4, 120), dict(dq_strategy="seqpar")),
              "d128 one row": ((1, 1, 5, 2, 1, 128), {}),
              "causal": ((2, 300, 777, 8, 2, 128), dict(causal=True)),
@@ -999,17 +999,19 @@ def test_bwd_mod_probe_variants(capsys):
 
 
 def test_m80_form_launches(res):
-    """Forced on, the 80-row tiles run head-dim-128 calls without a mask ("atomic" and "seqpar", padded head dims, the
-    persistent form forced as well) on their kernel, one block per tile, with the workspace's rows per head a multiple
-    of 80 rounded up to 128 and the T convert (a warp per 16 rows x 32 columns of a Q tile); the Q and dO maps' boxes
-    are 80 rows. The causal mask, a window, "ordered" and the other head dims keep their kernels."""
+    """Forced on, the 80-row tiles run head-dim-128 calls without a mask ("atomic" and "seqpar", padded head dims) on
+    their kernel, one block per tile -- with the persistent form forced as well, its persistent form on min(tiles, 132
+    SMs) blocks --, with the workspace's rows per head a multiple of 80 rounded up to 128 and the T convert (a warp per
+    16 rows x 32 columns of a Q tile); the Q and dO maps' boxes are 80 rows. The causal mask, a window, "ordered" and
+    the other head dims keep their kernels."""
     for persist in (None, True):
         for name, (b, sq, sk, h, hk, d), splits in (("d128", (2, 300, 777, 8, 2, 128), 1),
                                                     ("d120 seqpar", (3, 161, 700, 4, 4, 120), -(-700 // 128)),
                                                     ("d128 one row", (1, 1, 5, 2, 1, 128), 1)):
             pre, main, conv = res[f"m80 {persist} {name}"]
-            spec = _configs.sm90_bwd_spec("float16", 128, False, _configs.sm90_bwd_m80_tile(128))
-            assert main[:2] == [spec.name, [-(-sk // 128), hk, b]], name
+            spec = _configs.sm90_bwd_spec("float16", 128, False, _configs.sm90_bwd_m80_tile(128, bool(persist)))
+            tiles = -(-sk // 128) * hk * b
+            assert main[:2] == [spec.name, [min(tiles, 132), 1, 1] if persist else [-(-sk // 128), hk, b]], name
             assert ", 128, 80, 2, false, 240, 24, " in spec.name and spec in _configs.sm90_bwd_specs()
             sq_pad = _configs.sm90_bwd_sq_pad(sq, 80)
             assert sq_pad % 128 == 0 and sq_pad >= -(-sq // 80) * 80 and sq_pad - 128 < -(-sq // 80) * 80
@@ -1027,12 +1029,20 @@ def test_m80_form_launches(res):
 
 
 def test_m80_layout_and_rule():
-    """The 80-row tile's shared memory fits the 227 KB a block may have; the rule takes it only where
-    SM90_BWD_M80_SEQLEN_K says, for head dim 128 without a mask, fixed lengths, "atomic" / "seqpar"; sm90_bwd_sq_pad
-    keeps whole Q tiles within a head's rows."""
+    """The 80-row tile's shared memory, and its persistent form's, fit the 227 KB a block may have (setmaxnreg 240 / 24
+    in both); the rule takes it only where SM90_BWD_M80_SEQLEN_K says, for head dim 128 without a mask, fixed lengths,
+    "atomic" / "seqpar", and its persistent form where SM90_BWD_M80_PERSIST_SEQLEN_K says; sm90_bwd_sq_pad keeps whole
+    Q tiles within a head's rows."""
     t = _configs.sm90_bwd_m80_tile(128)
     assert (t.block_m, t.block_n, t.persistent) == (80, 128, False)
     assert _configs.sm90_bwd_smem_bytes(128, t) == 231736 <= 227 * 1024
+    tp = _configs.sm90_bwd_m80_tile(128, True)  # the persistent form: one more mbarrier (K, V free for the next tile)
+    assert (tp.block_m, tp.persistent, tp.regs_mma, tp.regs_load) == (80, True, 240, 24)
+    assert _configs.sm90_bwd_smem_bytes(128, tp) == 231744 <= 227 * 1024
+    for sk in (None, 1, 1024, 2048, 4096, 16384):
+        rng = _configs.SM90_BWD_M80_PERSIST_SEQLEN_K.get(128)
+        assert _configs.sm90_bwd_m80_persistent(128, sk) == (rng is not None and sk is not None and
+                                                             rng[0] <= sk <= rng[1])
     for kw in (dict(causal=True), dict(mod=_configs.MOD_SCORE), dict(strategy="ordered"), dict(seqlen_k=None),
                dict(headdim=64)):
         args = dict(headdim=128, causal=False, mod=0, strategy="atomic", seqlen_k=2048)

@@ -327,6 +327,40 @@ def test_m80_form(m80, dtype, dq_strategy, b, sq, sk, h, hk, d):
     assert_same_to_rounding(got, base)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", M80_CASES)
+def test_m80_persistent_form(m80, persistent, dtype, dq_strategy, b, sq, sk, h, hk, d):
+    """The 80-row Q tiles' persistent form (M80 and PERSIST forced: the kernel's BLOCK_M = 80 with PERSIST, its loads
+    walked by a whole warp) against the float64 reference; its plan launches that kernel on min(tiles, SMs, the cap)
+    blocks and the T convert; its gradients equal one block per tile's of 80 rows bitwise with "seqpar" (each KV tile's
+    products in the same order, its own dQ partial) and within fp32 rounding with "atomic"."""
+    import torch
+
+    from cuflash._launch import sm_count
+
+    (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, dtype, False, dq_strategy=dq_strategy)
+    name, grid = _main_launch(dout, q, k, v, out, lse, False, dq_strategy)
+    dev = q.device.index
+    assert name == get_launcher(_configs.sm90_bwd_spec(dtype, 128, False, _configs.sm90_bwd_m80_tile(128, True)),
+                                dev).ptr
+    tiles = -(-sk // 128) * hk * b
+    assert grid == (min(tiles, sm_count(dev), persistent or sm_count(dev)), 1, 1)
+    plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, False, dq_strategy, False, None,
+                              "auto", None, backend="sm90")
+    assert plan.launches[2][0] == get_launcher(_configs.bwd_convert_t_spec(dtype, 128, 80), dev).ptr
+    _bwd_sm90.PERSIST = False
+    bwd_mod._PLANS.clear()
+    one = cuflash.flash_attn_backward(dout, q, k, v, out, lse, dq_strategy=dq_strategy, backend="sm90")
+    assert _main_launch(dout, q, k, v, out, lse, False, dq_strategy) == (
+        get_launcher(_configs.sm90_bwd_spec(dtype, 128, False, _configs.sm90_bwd_m80_tile(128)), dev).ptr,
+        (tiles // hk // b, hk, b))
+    torch.cuda.synchronize()
+    if dq_strategy == "seqpar":
+        assert all(torch.equal(a, o) for a, o in zip(got, one))
+    assert_same_to_rounding(got, one)
+
+
 def test_m80_form_is_not_taken_where_it_cannot_run(monkeypatch):
     """Forced on, the 80-row tiles still leave the causal mask, the score modifiers, "ordered" and the other head dims
     to the configured kernels (their Q-tile maps: 64 or 128 rows), and still give the reference's gradients there."""

@@ -9,8 +9,8 @@ them one after another on each SM, plus the kernels' launches:
     python -m bench.diag.bwd_block_cost [--rounds N] [--json FILE]
 
 Variants, each one plan (cuflash.backward._make_plan, "atomic") of the same inputs: m80 (the 80-row Q tiles, one
-block per tile: the configuration from 1k keys), tile (64-row tiles, one block per tile), persist (64-row tiles, the
-persistent form: at most one block per SM walking the tiles, each tile's K / V load under the previous tile's end),
+block per tile), m80p (the same in the persistent form: at most one block per SM walking the tiles, each tile's K / V
+load under the previous tile's end), tile (64-row tiles, one block per tile), persist (64-row tiles, persistent),
 each timed as the whole call ("<name>": preprocess, main kernel, dQ convert) and as its main kernel alone
 ("<name>.main": the plan's launches cut to the main kernel after a whole call set up the workspace); and SDPA's cuDNN
 backward through autograd (its three kernels; cuDNN's main kernel is persistent). Every variant's gradients must
@@ -24,8 +24,8 @@ import sys
 
 SEQLEN_K, BATCH, HEADS, HEADDIM = 2048, 8, 16, 128
 SEQLENS_Q = (320, 640, 960, 1280, 1600, 1920, 2240)
-VARIANTS = (("m80", dict(M80=True)), ("tile", dict(M80=False, PERSIST=False)),
-            ("persist", dict(M80=False, PERSIST=True, STREAM_K=False)))
+VARIANTS = (("m80", dict(M80=True, PERSIST=False)), ("m80p", dict(M80=True, PERSIST=True)),
+            ("tile", dict(M80=False, PERSIST=False)), ("persist", dict(M80=False, PERSIST=True, STREAM_K=False)))
 
 
 def problem(dt, sq):
@@ -62,7 +62,7 @@ def run_point(dt, sq, rounds):
     fns = {name: plan_call(views, False, "atomic", **knobs) for name, knobs in VARIANTS}
     ref = [x.float() for x in fns["tile"]()]
     ok = True
-    for name in ("m80", "persist"):
+    for name in ("m80", "m80p", "persist"):
         got = fns[name]()
         torch.cuda.synchronize()
         if not all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(got, ref)):
@@ -99,7 +99,8 @@ def report(dt, rows):
     for n in names:
         a, b = fit([sq / 80 for sq, _ in rows], [ms[n] for _, ms in rows])
         out[n] = (a, b)
-        print(f"{n:>12}: a = {1000 * a:8.1f} us, b = {1000 * b:7.2f} us per iteration, a / 16 = {1000 * a / 16:6.2f} us")
+        print(f"{n:>12}: a = {1000 * a:8.1f} us, b = {1000 * b:7.2f} us per iteration, "
+              f"a / 16 = {1000 * a / 16:6.2f} us")
     return out
 
 

@@ -4,7 +4,8 @@
 //
 // One thread block per (KV tile of BLOCK_N = 128 keys, KV head, batch), 3 warpgroups of 128 threads:
 //
-//   warpgroup 0, the producer (setmaxnreg.dec to REGS_LOAD; one thread issues everything): K_j and V_j -> smem by
+//   warpgroup 0, the producer (setmaxnreg.dec to REGS_LOAD; one thread issues everything -- with BLOCK_M = 80 warp 0
+//     walks the iterations and its lane 0 issues, Sm90BwdLayout::WARP_LOADS): K_j and V_j -> smem by
 //     TMA, once; then for each (query head of the KV head's group, Q tile of BLOCK_M rows that sees this KV tile):
 //     wait until stage s is free (empty), then Q_i, dO_i by TMA and the tile's lse_log2 and D rows by bulk copy,
 //     all completing on full[s].
@@ -38,7 +39,8 @@
 // Template parameters (cuflash/_configs.py: SM90_BWD_TILES, the source of truth):
 //   T             __half or __nv_bfloat16;   D  the kernel head dim (the accumulator's row length; DP in smem)
 //   BLOCK_M       Q rows per tile: 128 for DP = 64, 64 for DP = 128 (the accumulators: 2 x 64 x DP fp32 of dK, dV
-//                 per consumer warpgroup, and the transposed score tiles 2 x 64 x BLOCK_M)
+//                 per consumer warpgroup, and the transposed score tiles 2 x 64 x BLOCK_M), or 80 for DP = 128
+//                 without a mask (dQ computed transposed; one block per tile or PERSIST, on the lean walk)
 //   STAGES        Q / dO stages;  CAUSAL  bottom-right causal;  REGS_MMA, REGS_LOAD  setmaxnreg counts
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
@@ -152,9 +154,8 @@ __device__ __forceinline__ int3 sm90_bwd_block() {
 // even k and k G + G - 1 - bid for odd k, so that under the causal mask a block's long and short tiles alternate.
 // x < 0: the block's walk is over.
 // LEAN (the stream-K kernels and the 80-row tile's, whose producer warpgroup runs on 24 registers): every count read
-// through a volatile move
-// at each use, so that the compiler cannot hoist the counts out of the walk's loops and hold them in registers there
-// (held, they spilled), and in 32-bit arithmetic.
+// through a volatile move at each use, so that the compiler cannot hoist the counts out of the walk's loops and hold
+// them in registers there (held, they spilled), and in 32-bit arithmetic.
 template <int BLOCK_N, bool LEAN = false>
 struct Sm90BwdTiles {
   const BwdParams& p;  // the counts are read from the parameters at each step (constant bank: no registers held)

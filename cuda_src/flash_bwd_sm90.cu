@@ -874,9 +874,9 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (SK) {
       if (sm90_bwd_sk_part<DF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }
-    // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim.
-    store_dkdv<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
-                         reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+    // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim (16-byte stores).
+    store_dkdv_wide<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
+                              reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
   });
 }
 
@@ -1153,8 +1153,9 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (SK) {
       if (sm90_bwd_sk_part<HF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }
-    // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim.
-    store_dkdv<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
+    // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim (16-byte
+    // stores).
+    store_dkdv_wide<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
   });
 }
 

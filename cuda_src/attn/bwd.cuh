@@ -101,4 +101,56 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const SeqInfo& si
   }
 }
 
+// The 4 x 4 transpose of 32-bit words within each quad of lanes (t = lane % 4): lane t's w[k] becomes lane k's w[t]
+// (two butterfly stages, each 2 shuffles and 6 selects).
+__device__ __forceinline__ void quad_transpose4(uint32_t (&w)[4], int t) {
+  const bool b1 = t & 2, b0 = t & 1;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[2], 2);  // stage 1: word pairs across lanes t, t ^ 2
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, b1 ? w[1] : w[3], 2);
+  uint32_t x0 = b1 ? r0 : w[0], x1 = b1 ? r1 : w[1], x2 = b1 ? w[2] : r0, x3 = b1 ? w[3] : r1;
+  r0 = __shfl_xor_sync(0xffffffffu, b0 ? x0 : x1, 1);  // stage 2: single words across lanes t, t ^ 1
+  r1 = __shfl_xor_sync(0xffffffffu, b0 ? x2 : x3, 1);
+  w[0] = b0 ? r0 : x0;
+  w[1] = b0 ? x1 : r0;
+  w[2] = b0 ? r1 : x2;
+  w[3] = b0 ? x3 : r1;
+}
+
+// store_dkdv in 16-byte pieces (the Hopper kernels; rows of 16-byte units, NF a multiple of 4): for each group of 4 n8
+// blocks the quad's 32-bit pairs are transposed (quad_transpose4), so that lane t stores 8 consecutive columns of block
+// 4 q + t of its row -- a warp's store writes 64 contiguous bytes of each of 8 rows, 16 store instructions per
+// thread for dK and dV instead of 64 of 4 bytes.
+template <typename T, int NF>
+__device__ __forceinline__ void store_dkdv_wide(const BwdParams& p, const SeqInfo& si, int batch, int kv_head, int j0,
+                                                int c0, const float (&dk)[NF][4], const float (&dv)[NF][4],
+                                                int lane) {
+  static_assert(NF % 4 == 0, "store_dkdv_wide: groups of 4 n8 blocks");
+  const float scale = (float)p.softmax_scale;
+  const int g = lane / 4, t = lane % 4, seqlen_k = si.seqlen_k, hd = (int)p.head_dim;
+  T* dk_ptr = reinterpret_cast<T*>(p.dk) + si.k_offset(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, batch,
+                                                       kv_head);
+  T* dv_ptr = reinterpret_cast<T*>(p.dv) + si.k_offset(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batch,
+                                                       kv_head);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + g + h * 8;
+#pragma unroll
+    for (int q = 0; q < NF / 4; ++q) {
+      uint32_t wk[4], wv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        wk[u] = pack2<T>(dk[4 * q + u][2 * h] * scale, dk[4 * q + u][2 * h + 1] * scale);
+        wv[u] = pack2<T>(dv[4 * q + u][2 * h], dv[4 * q + u][2 * h + 1]);
+      }
+      quad_transpose4(wk, t);
+      quad_transpose4(wv, t);
+      const int c = c0 + 8 * (4 * q + t);  // block 4 q + t: columns c .. c + 7 (padding columns past hd not stored)
+      if (j < seqlen_k && c < hd) {
+        *reinterpret_cast<uint4*>(dk_ptr + (int64_t)j * p.dk_row_stride + c) = make_uint4(wk[0], wk[1], wk[2], wk[3]);
+        *reinterpret_cast<uint4*>(dv_ptr + (int64_t)j * p.dv_row_stride + c) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+      }
+    }
+  }
+}
+
 }  // namespace cuflash

@@ -116,8 +116,21 @@ class Clock:
         return time.time() - self.t0 > self.limit
 
 
-def _extra(tree, rounds, per):
-    return dict(tree=tree, rounds=rounds, round_ms=per)
+def _extra(tree, rounds, per, backend):
+    return dict(tree=tree, rounds=rounds, round_ms=per, backend=backend)
+
+
+def _auto_path(mode, d):
+    """The kernel path these public calls take (backend "auto": contiguous 16-bit tensors, no options): "sm90" on a
+    compute capability 9.0 GPU at a head dim the Hopper forward (mode "fwd") or backward ("bwd") compiles, else
+    "sm80"."""
+    import torch
+
+    from cuflash import _configs
+
+    dims = _configs.SM90_BWD_HEADDIMS if mode == "bwd" else _configs.SM90_HEADDIMS
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and d in dims and d > _configs.SM80_ONLY_MAX_HEADDIM
+    return "sm90" if sm90 else "sm80"
 
 
 def _grid(dtypes, headdims, seqlens):
@@ -157,7 +170,8 @@ def fwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
         timed = time_rounds(fns, rounds, **_timer(queued))
         for name, (ms, per) in timed.items():
             if name in trees:
-                recs.append(record("cuflash", "v2", "fwd", dtype, b, h, s, s, d, causal, ms, **_extra(name, rounds, per)))
+                recs.append(record("cuflash", "v2", "fwd", dtype, b, h, s, s, d, causal, ms,
+                                   **_extra(name, rounds, per, _auto_path("fwd", d))))
             else:
                 recs.append(record(name, "sdpa", "fwd", dtype, b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per))
         _print_point(recs[-len(fns):])
@@ -195,7 +209,8 @@ def bwd(trees, seqlens=SEQLENS, dtypes=("float16", "bfloat16"), headdims=(64, 12
         timed = time_rounds(fns, rounds, **(_timer(queued) or dict(rep=10)))
         for name, (ms, per) in timed.items():
             if name in trees:
-                recs.append(record("cuflash", "v2", "bwd", dtype, b, h, s, s, d, causal, ms, **_extra(name, rounds, per)))
+                recs.append(record("cuflash", "v2", "bwd", dtype, b, h, s, s, d, causal, ms,
+                                   **_extra(name, rounds, per, _auto_path("bwd", d))))
             else:
                 recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, rounds=rounds, round_ms=per))
         _print_point(recs[-len(fns):])
@@ -290,8 +305,8 @@ def latency(trees, rounds=5, clock=None):
         timed = time_rounds(fns, rounds, timer=host_us_per_call)
         for t, (us, per) in timed.items():
             recs.append(record("cuflash", "v2" if kind == "fwd" else "decode", "latency", "float16", *shape, causal,
-                               us / 1e3 if us else None, us_per_call=us, us=us, tree=t, rounds=rounds,
-                               round_us=per, case=kind))
+                               us / 1e3 if us else None, backend=_auto_path("fwd", 64) if kind == "fwd" else None,
+                               us_per_call=us, us=us, tree=t, rounds=rounds, round_us=per, case=kind))
         _print_point(recs[-len(fns):])
     torch.cuda.synchronize()
     return recs

@@ -1098,7 +1098,9 @@ SM90_BWD_M80_SEQLEN_K: dict = {128: (1024, 1 << 30)}
 # walked by a whole warp (lane 0 issuing: the walk's state in uniform registers) and the walk's counts read at each use
 # (cuda_src/flash_bwd_sm90.cu, Sm90BwdLayout::WARP_LOADS, Sm90BwdTiles' LEAN). SM90_BWD_M80_PERSIST_SEQLEN_K: kernel
 # head dim -> (fewest, most) keys per sequence where calls of the 80-row tile take it; elsewhere only where
-# cuflash._bwd_sm90.PERSIST forces it (with M80).
+# cuflash._bwd_sm90.PERSIST forces it (with M80). Measured against one block per tile (bench.diag.bwd_m80_probe, GPU
+# time, H100, bench/results/h100/bwd-m80p-probe.log): 0.984-1.004x at 1k-4k, 0.981-1.014x at 8k-16k, GQA 64 / 8 at 8k
+# 0.966x, so no call takes it.
 SM90_BWD_M80_PERSIST_SEQLEN_K: dict = {}
 
 

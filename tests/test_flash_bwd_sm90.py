@@ -340,14 +340,13 @@ def test_m80_persistent_form(m80, persistent, dtype, dq_strategy, b, sq, sk, h, 
     from cuflash._launch import sm_count
 
     (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, dtype, False, dq_strategy=dq_strategy)
-    name, grid = _main_launch(dout, q, k, v, out, lse, False, dq_strategy)
-    dev = q.device.index
-    assert name == get_launcher(_configs.sm90_bwd_spec(dtype, 128, False, _configs.sm90_bwd_m80_tile(128, True)),
-                                dev).ptr
-    tiles = -(-sk // 128) * hk * b
-    assert grid == (min(tiles, sm_count(dev), persistent or sm_count(dev)), 1, 1)
     plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, False, dq_strategy, False, None,
                               "auto", None, backend="sm90")
+    dev = q.device.index
+    assert plan.launches[1][0] == get_launcher(
+        _configs.sm90_bwd_spec(dtype, 128, False, _configs.sm90_bwd_m80_tile(128, True)), dev).ptr
+    tiles = -(-sk // 128) * hk * b
+    assert tuple(plan.launches[1][1:4]) == (min(tiles, sm_count(dev), persistent or sm_count(dev)), 1, 1)
     assert plan.launches[2][0] == get_launcher(_configs.bwd_convert_t_spec(dtype, 128, 80), dev).ptr
     _bwd_sm90.PERSIST = False
     bwd_mod._PLANS.clear()

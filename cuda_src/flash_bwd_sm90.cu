@@ -96,11 +96,45 @@
 
 namespace cuflash {
 
-// The tensor maps of Q, K, V and dO: 4-d [batch, seqlen, heads, D] views, boxes of 64 columns by BLOCK_M (Q, dO)
-// or 128 (K, V) rows, 128-byte swizzle (cuflash/_tma.py encodes them).
+// The tensor maps of Q, K, V and dO, and of the outputs dK and dV: 4-d [batch, seqlen, heads, D] views, boxes of 64
+// columns by BLOCK_M (Q, dO) or BLOCK_N (K, V, dK, dV) rows, 128-byte swizzle (cuflash/_tma.py encodes them).
 struct Sm90BwdMaps {
-  TmaDesc q, k, v, dout;
+  TmaDesc q, k, v, dout, dk, dv;
 };
+
+// dK = softmax_scale dK_acc and dV_acc of a block's KV tile through shared memory and TMA (one block per tile; the
+// persistent form stores from registers, store_dkdv_wide, as its next tile's K and V load into these buffers under
+// the stores). Once both consumers' products are complete (named barrier 1: the other consumer's products read this
+// one's keys of K), each thread writes its fragments (rows r0, r0 + 8 of the tile, n8 blocks of columns from chunk
+// c0) into K's and V's tiles, in their own layout (chunk c of 64 columns at + c * BLOCK_N * 128); then one thread
+// stores both tiles, one TMA box per chunk, and waits until the boxes are read before the block's shared memory goes
+// away. TMA clips rows past seqlen_k and columns past the inputs' head dim (a chunk wholly past it is not issued).
+template <typename T, int D, int BLOCK_N, int CH, int NF>
+__device__ __forceinline__ void sm90_bwd_store_dkdv_tma(const BwdParams& p, const Sm90BwdMaps& maps,
+                                                        unsigned char* k_tile, unsigned char* v_tile, int c0,
+                                                        float (&dk)[NF][4], const float (&dv)[NF][4], int n0,
+                                                        int kv_head, int batch, int r0, int tq, bool issue) {
+  const float scale = (float)p.softmax_scale;
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[f][e] *= scale;
+  named_bar_sync(1, 256);
+  stage_frags<T, D, BLOCK_N>(k_tile + c0 * BLOCK_N * 128, dk, r0, tq);
+  stage_frags<T, D, BLOCK_N>(v_tile + c0 * BLOCK_N * 128, dv, r0, tq);
+  fence_proxy_async_shared();  // each thread's writes, before the async proxy (the TMA stores) reads them
+  named_bar_sync(1, 256);
+  if (issue) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      if (c * 64 < (int)p.head_dim) {
+        tma_store_4d(&maps.dk, k_tile + c * BLOCK_N * 128, c * 64, n0, kv_head, batch);
+        tma_store_4d(&maps.dv, v_tile + c * BLOCK_N * 128, c * 64, n0, kv_head, batch);
+      }
+    bulk_commit_group();
+    bulk_wait_group_read<0>();
+  }
+}
 
 // The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, last first (DQ_ORDER_Q_DESC), or
 // DQ_ORDER_ROT's rot - m (mod num_m), rot = the KV tile's index mod num_m (rot_of_tile).
@@ -135,14 +169,14 @@ __device__ __forceinline__ int rot_turn(unsigned n, int m, unsigned N, unsigned 
 // other, and inside a group KV tile by KV tile (tile 0 of each pair, then tile 1, ...): under the causal mask the
 // longest blocks start first, so the grid's last blocks are short ones, while the blocks running at once share the Q
 // and dO of about GROUP heads in L2 as the launch's order does (bench/diag/bwd_grid_model.py: tile-major/G).
+// (bi: blockIdx, or block_idx_reread's.)
 template <int ORDER, int GROUP>
-__device__ __forceinline__ int3 sm90_bwd_block() {
+__device__ __forceinline__ int3 sm90_bwd_block(const uint3& bi) {
   if constexpr (GROUP == 0) {
-    return make_int3(ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x, (int)blockIdx.y,
-                     (int)blockIdx.z);
+    return make_int3(ORDER == DQ_ORDER_KV_DESC ? (int)(gridDim.x - 1 - bi.x) : (int)bi.x, (int)bi.y, (int)bi.z);
   } else {
     const int n = (int)gridDim.x, pairs = (int)(gridDim.y * gridDim.z);
-    const int lin = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const int lin = (int)(bi.x + gridDim.x * (bi.y + gridDim.y * bi.z));
     const int g = lin / (GROUP * n), size = min(GROUP, pairs - g * GROUP), r = lin - g * GROUP * n;
     const int pair = g * GROUP + r % size;
     return make_int3(r / size, pair % (int)gridDim.y, pair / (int)gridDim.y);
@@ -347,16 +381,17 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
 }
 
 // The dQ writer (one lane of the producer warpgroup) over `total` iterations of one tile from its iteration i0, which
-// follow it0 earlier ones of the block: each staged dQ tile handed to the TMA unit as one bulk operation -- a reduction into the
-// accumulator ("atomic"), the same in KV-tile order ("ordered": not in the persistent form) or a store into the KV
-// tile's own buffer ("seqpar").
-template <class L, int D, int BLOCK_M, int BLOCK_N, int ORDER, bool PERSIST, class M>
+// follow it0 earlier ones of the block: each staged dQ tile handed to the TMA unit as one bulk operation -- a reduction
+// into the accumulator ("atomic"), the same in KV-tile order ("ordered": not in the persistent form, nor in the kernels
+// the host never runs it on, ORDERED false: the modifier kernels and the grouped dispatch order's) or a store into the
+// KV tile's own buffer ("seqpar").
+template <class L, int D, int BLOCK_M, int BLOCK_N, int ORDER, bool PERSIST, bool ORDERED, class M>
 __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& band, uint64_t* dq_full,
                                                   uint64_t* dq_empty, float* dq_stage, int n_block, int kv_head,
                                                   int batch, int group, int m_begin, int num_m, int total, int it0,
                                                   int i0 = 0) {
   const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
-  const bool ordered = !PERSIST && strategy == DQ_ORDERED;
+  const bool ordered = ORDERED && !PERSIST && strategy == DQ_ORDERED;
   const int64_t ws_rows = bwd_ws_rows(p, false);
   int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
   const uint32_t src = smem_addr(dq_stage);
@@ -372,6 +407,7 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     }
     const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
     float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
+    int* sem_at = nullptr;
     mbar_wait(dq_full, (it0 + it) & 1);
     if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
       // this KV tile's turn: ascending, from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
@@ -382,7 +418,8 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
                            ? rot_turn(opaque(n_block), m0 / BLOCK_M, (int)gridDim.x, opaque(num_m))
                            : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
                                                        : n_block;
-      while (ld_acquire_gpu(sem + row / 64) != turn) {
+      sem_at = sem + row / 64;  // (from here held in place of the row: one 64-bit value less across the wait)
+      while (ld_acquire_gpu(sem_at) != turn) {
       }
       fence_proxy_async_global();
     }
@@ -396,7 +433,7 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     if (ordered) {  // added (not only read) before the next KV tile may add
       bulk_wait_group<0>();
       fence_proxy_async_global();
-      red_release_gpu_add(sem + row / 64, 1);
+      red_release_gpu_add(sem_at, 1);
     }
   }
 }
@@ -522,6 +559,9 @@ __global__ void __launch_bounds__(384, 1)
   // consumer 64 of the head dim's rows x the 80 queries), from dS stored K-major (rows = queries, stmatrix.trans), and
   // staged in the transposed accumulator layout (attn/bwd.cuh: the T80 tiles; flash_bwd.cu: their convert kernel).
   constexpr bool TRANS_DQ = BLOCK_M == 80;
+  // the dQ writer's "ordered" turns: not in the kernels the host never runs it on (cuflash/_bwd_sm90.py: the
+  // modifier kernels, the grouped dispatch order's, the 80-row tiles')
+  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
@@ -560,7 +600,7 @@ __global__ void __launch_bounds__(384, 1)
   const int group = (int)p.heads_per_kv;
   const Mask<CAUSAL, MOD> band = si.band<CAUSAL, MOD>(p);
   // the launch's tile and its Q tiles (one block per tile)
-  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<ORDER, GROUP>();
+  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<ORDER, GROUP>(blockIdx);
   const int n0_1 = blk1.x * BLOCK_N;
   const int2 qr1 = PERSIST ? make_int2(0, 0) : sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0_1);
   const int total1 = group * qr1.y;  // its iterations
@@ -589,13 +629,12 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (PERSIST) {
         sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
             p, si, band, group, blk1, qr1, [&](const int3& blk, const int2& qr, int it0, int, int i0, int i1, int) {
-              sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, true>(p, band, dq_full, dq_empty, dq_stage, blk.x,
-                                                                     blk.y, blk.z, group, qr.x, qr.y, i1 - i0, it0,
-                                                                     i0);
+              sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, true, WRITER_ORDERED>(
+                  p, band, dq_full, dq_empty, dq_stage, blk.x, blk.y, blk.z, group, qr.x, qr.y, i1 - i0, it0, i0);
             });
       } else {
-        sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, false>(p, band, dq_full, dq_empty, dq_stage, blk1.x, blk1.y,
-                                                                blk1.z, group, qr1.x, qr1.y, total1, 0);
+        sm90_bwd_write_dq<L, D, BLOCK_M, BLOCK_N, ORDER, false, WRITER_ORDERED>(
+            p, band, dq_full, dq_empty, dq_stage, blk1.x, blk1.y, blk1.z, group, qr1.x, qr1.y, total1, 0);
       }
     }
     return;
@@ -874,9 +913,18 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (SK) {
       if (sm90_bwd_sk_part<DF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }
-    // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim (16-byte stores).
-    store_dkdv_wide<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
-                              reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+    // dK = softmax_scale dK_w, dV_w: this warp's 16 keys, the inputs' head dim (one block per tile above head dim
+    // 64: through shared memory and TMA; the persistent form, and head dim 64, whose 32 KB tile the 16-byte stores
+    // wrote as fast: 16-byte stores -- bench/NOTES.md, "Hopper backward").
+    if constexpr (PERSIST || D <= 64)
+      store_dkdv_wide<T, D / 8>(p, si, batch, kv_head, key_w, 0, reinterpret_cast<const float(&)[D / 8][4]>(acc_dk),
+                                reinterpret_cast<const float(&)[D / 8][4]>(acc_dv), lane);
+    else {  // (the tile's coordinates derived again from blockIdx: none held across the loop)
+      const int3 b = sm90_bwd_block<ORDER, GROUP>(block_idx_reread());
+      sm90_bwd_store_dkdv_tma<T, D, BLOCK_N, CH>(p, maps, sm + L::K_OFF, sm + L::V_OFF, 0, acc_dk, acc_dv,
+                                                 b.x * BLOCK_N, b.y, b.z, 64 * cw + 16 * warp + g, t,
+                                                 threadIdx.x == 128);
+    }
   });
 }
 
@@ -958,7 +1006,7 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* kv_empty = empty + STAGES;  // PERSIST: the consumers are done with the tile's K and V
 
   // the launch's tile (one block per tile; PERSIST: Sm90BwdTiles' walk, each role in sm90_bwd_for_tiles)
-  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>();
+  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>(blockIdx);
   const int n0_1 = blk1.x * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
@@ -1153,9 +1201,14 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (SK) {
       if (sm90_bwd_sk_part<HF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }
-    // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim (16-byte
-    // stores).
-    store_dkdv_wide<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
+    // dK = softmax_scale dK_c, dV_c: this warp's 16 keys, columns [HD cw, +HD) of the inputs' head dim (one block
+    // per tile: through shared memory and TMA, the consumer's chunks from 2 cw; the persistent form: 16-byte stores).
+    if constexpr (PERSIST)
+      store_dkdv_wide<T, HF>(p, si, batch, kv_head, key_w, HD * cw, acc_dk, acc_dv, lane);
+    else
+      sm90_bwd_store_dkdv_tma<T, HD, BLOCK_N, L::CH>(p, maps, sm + L::K_OFF, sm + L::V_OFF, (HD / 64) * cw, acc_dk,
+                                                     acc_dv, n0, kv_head, batch, 16 * warp + g, t,
+                                                     threadIdx.x == 128);
   });
 }
 

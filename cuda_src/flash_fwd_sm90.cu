@@ -263,22 +263,6 @@ struct Sm90FwdStreamK {
   }
 };
 
-// O (a warpgroup's accumulator fragments: rows r0, r0 + 8 of its 64, columns 8 df + 2 tq) -> its 64 rows of a Q tile
-// buffer in the 128-byte-swizzled layout of sm90.cuh (64-column chunk c at + c * BLOCK_M * 128), the head dim's columns.
-template <typename T, int D, int BLOCK_M, int DF>
-__device__ __forceinline__ void stage_o(unsigned char* tile, const float (&acc)[DF][4], int r0, int tq) {
-#pragma unroll
-  for (int df = 0; df < DF; ++df) {
-    if (df * 8 >= D) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      *reinterpret_cast<uint32_t*>(tile + (df / 8) * BLOCK_M * 128 + r * 128 + (((df % 8) ^ (r % 8)) * 16) + tq * 4) =
-          pack2<T>(acc[df][2 * h], acc[df][2 * h + 1]);
-    }
-  }
-}
-
 // S = Q K^T of one K stage, issued (commit and wait follow): the warpgroup's 64 Q rows at q_base (KD k16 steps in
 // 64-column chunks of BLOCK_M 128-byte swizzled rows) against the stage's BLOCK_N keys at kb (chunks of BLOCK_N rows).
 template <typename T, int BLOCK_M, int BLOCK_N, int KD, int NF>
@@ -713,7 +697,7 @@ __device__ __forceinline__ void flash_fwd_sm90_persistent(const FwdParams& p,
         }
       }
       named_bar_sync(4 + cw, 128);
-      stage_o<T, D, BLOCK_M>(q_tile, acc_o[0], warp * 16 + g, tq);
+      stage_frags<T, D, BLOCK_M>(q_tile, acc_o[0], warp * 16 + g, tq);
       bool stored = false;
       if constexpr (O_TMA) {
         if (!varlen || row_wg + 64 <= seqlen_q) {  // warpgroup-uniform
@@ -1033,7 +1017,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, MINB)
   // swizzled layout, then 16-byte stores of the rows that exist.
   unsigned char* o_tile = sm + L::Q_OFF + cw * 64 * 128;  // chunk c at + c * BLOCK_M * 128
   named_bar_sync(4 + cw, 128);
-  stage_o<T, D, BLOCK_M>(o_tile, acc_o[0], warp * 16 + g, t);
+  stage_frags<T, D, BLOCK_M>(o_tile, acc_o[0], warp * 16 + g, t);
   if constexpr (O_TMA) {
     // One thread stores the warpgroup's 64 rows by TMA, one box per 64-column chunk (the smem tile is already in the
     // map's 128-byte swizzle). TMA clips what lies outside the map: columns past head_dim (D's padding) and rows past

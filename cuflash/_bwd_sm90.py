@@ -14,9 +14,10 @@ cuflash._configs.sm90_bwd_stream_k; its workspace per (device, stream), cuflash.
 
 The plan is the sm80 backward's (cuflash.backward._BwdPlan: preprocess, main, dQ convert with one BwdParams
 block and one fp32 workspace) with another main kernel, which takes a second parameter, Sm90BwdMaps: the tensor
-maps of q, k, v and dout. Every kernel is launched with the same two-entry argument vector, the forward's
-(cuflash._fwd_sm90._scratch; the preprocess and convert kernels read only the first entry). A plan keeps the
-encoded maps of recent pointer sets and of recent pointers per map (cuflash._fwd_sm90.MapMemo, memo_args).
+maps of q, k, v and dout, and of the outputs dk and dv (one block per tile stores them by TMA). Every kernel is
+launched with the same two-entry argument vector, the forward's (cuflash._fwd_sm90._scratch; the preprocess and
+convert kernels read only the first entry). A plan keeps the encoded maps of recent pointer sets and of recent
+pointers per map (cuflash._fwd_sm90.MapMemo, memo_args).
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from ._mods import has_dropout
 from ._params import BWD_PARAMS
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
-# Sm90BwdMaps (q, k, v, dout) at the forward's offset in the same per-thread parameter buffer (_fwd_sm90._scratch)
-ARGS_BYTES = 4 * MAP_BYTES
+# Sm90BwdMaps (q, k, v, dout, dk, dv) at the forward's offset in the same per-thread parameter buffer
+# (_fwd_sm90._scratch)
+ARGS_BYTES = 6 * MAP_BYTES
 assert BWD_PARAMS.size <= MAPS_OFFSET and MAPS_OFFSET + ARGS_BYTES <= _MAX_PARAM_BYTES
 SK_WS_OFFSET = BWD_PARAMS.offsets()["sk_workspace"][0]  # stream-K's workspace pointer, put in per call
 
@@ -183,8 +185,8 @@ def main_grid(persistent, n_blocks, kv_heads, batch, device):
 
 
 def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softcap=False):
-    """(KernelSpec of the main kernel, its Sm90BwdTile, the (q, k, v, dout) TensorMapSpecs, persistent, the stream-K
-    workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
+    """(KernelSpec of the main kernel, its Sm90BwdTile, the (q, k, v, dout, dk, dv) TensorMapSpecs, persistent, the
+    stream-K workspace's bytes or 0) of an eligible call; strategy: the dQ strategy's name ("ordered": the kernel of
     sm90_bwd_ordered_order's order, CAUSAL_ORDER / PLAIN_ORDER); seqlen_k: the keys per sequence (None: packed
     sequences), which the dispatch order's and the persistent and stream-K forms' choices read; softcap: whether the
     soft-cap is on (the persistent modifier form has its own key limit then, SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K, and
@@ -199,8 +201,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
         n_kv = -(-seqlen_k // tile.block_n) if seqlen_k is not None else 0
         order = sm90_bwd_ordered_order(causal, mod, n_kv, sm_count(qa.device), d, qa.shape[2] // ka.shape[2],
                                        PLAIN_ORDER, CAUSAL_ORDER)
-    group = 0
-    if causal and not mod and order == DQ_ORDER_PLAIN:
+    group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
+    if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k, softcap)
     sk = 0
@@ -221,10 +223,14 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     if cap_only_form(d, mod) and (not persistent or softcap):
         tile = replace(tile, cap_only=True)
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
+    _, keys, hk, hd = ka.shape  # dk, dv: the plan's contiguous outputs of k's shape
+    out = (keys * hk * hd, hk * hd, hd, 1)
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),
-            attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m))
+            attention_map_spec(da.dtype, da.shape, da.strides, tile.block_m),
+            attention_map_spec(ka.dtype, ka.shape, out, tile.block_n),
+            attention_map_spec(va.dtype, va.shape, out, tile.block_n))
     return spec, tile, maps, persistent, sk
 
 
@@ -234,7 +240,7 @@ def run_plan(plan, dp, qp, kp, vp, op, lp):
     while the stream is captured, and the kernel then walks whole tiles)."""
     (dq, dk, dv, _), (dqp, dkp, dvp, w), stream = plan.outs()
     o_lse, o_delta, o_acc = plan.ws_off
-    mb = memo_args(plan.encoded, plan.maps, (qp, kp, vp, dp))
+    mb = memo_args(plan.encoded, plan.maps, (qp, kp, vp, dp, dkp, dvp))
     buf, base, argv, _ = _scratch()
     plan.pack(buf, 0, qp, kp, vp, op, dp, lp, w + o_lse, w + o_delta, w + o_acc, dqp, dkp, dvp, *plan.rest)
     if plan.sk:

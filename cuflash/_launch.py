@@ -21,7 +21,7 @@ from ._params import BWD_PARAMS, FWD_PARAMS, ParamBlock, struct_format  # noqa: 
 FWD_FORMAT = FWD_PARAMS.format
 BWD_FORMAT = BWD_PARAMS.format
 
-_MAX_PARAM_BYTES = 1024
+_MAX_PARAM_BYTES = 1280  # the largest block: BwdParams at 0, the Hopper backward's six tensor maps at 512
 _tls = threading.local()
 
 

@@ -227,14 +227,19 @@ def test_auto_takes_the_sm90_backward_where_it_can(res, d, causal, dt):
         assert rec[1][0] == spec.name
         assert _configs.sm90_bwd_tile(kd).block_n == bn and ("split" in spec.name) == (kd == 256)
         assert rec[2][0] == _configs.bwd_convert_spec(dt, kd, causal, bn).name
-        # one parameter block for the three kernels; the main kernel's maps after it: q, k, v, dout, whose boxes are
-        # 64 columns by the tile's rows, their dims the inputs' (head dim, seqlen, heads, batch)
+        # one parameter block for the three kernels; the main kernel's maps after it: q, k, v, dout and the outputs
+        # dk, dv, whose boxes are 64 columns by the tile's rows, their dims the inputs' (head dim, seqlen, heads,
+        # batch), dk's and dv's at the parameter block's output pointers
         assert rec[0][2][:2 * BWD_PARAMS.size] == rec[1][2][:2 * BWD_PARAMS.size] == rec[2][2][:2 * BWD_PARAMS.size]
         bm = _configs.sm90_bwd_tile(kd).block_m
-        shapes = [(d, 300, 8, 2), (d, 777, 2, 2), (d, 777, 2, 2), (d, 300, 8, 2)]
-        for m, rows, dims in zip(_maps(rec[1][2]), (bm, bn, bn, bm), shapes):
+        shapes = [(d, 300, 8, 2), (d, 777, 2, 2), (d, 777, 2, 2), (d, 300, 8, 2), (d, 777, 2, 2), (d, 777, 2, 2)]
+        maps = _maps(rec[1][2])
+        assert len(maps) == 6
+        for m, rows, dims in zip(maps, (bm, bn, bn, bm, bn, bn), shapes):
             ptr, _, got_dims, box = _map_fields(m)
             assert ptr and tuple(got_dims) == dims and box == [64, rows, 1, 1]
+        f = _fields(rec)
+        assert [_map_fields(m)[0] for m in maps[4:]] == [f["dk"], f["dv"]] and f["dk"] != f["dv"]
     else:
         assert "bwd_sm90" not in rec[1][0] and "flash_bwd_kernel" in rec[1][0]
 
@@ -282,10 +287,13 @@ def test_deterministic_strategies(res):
 def test_memoized_maps(res):
     r1, r2, r3, p1, p2 = res["memo"]
     m1, m2, m3 = _maps(r1[1][2]), _maps(r2[1][2]), _maps(r3[1][2])
-    assert m1 == m2 and [r[0] for r in r1] == [r[0] for r in r2]  # the same pointers: the same maps
-    # map order q, k, v, dout; the tensors' order in the call: dout, q, k, v, out, lse
-    assert [_map_fields(m)[0] for m in m1] == [p1[1], p1[2], p1[3], p1[0]]
-    assert [_map_fields(m)[0] for m in m3] == [p2[1], p2[2], p2[3], p2[0]]
+    # the same inputs: the same maps of q, k, v, dout (dk's and dv's follow the outputs' addresses, new arrays here)
+    assert m1[:4] == m2[:4] and [r[0] for r in r1] == [r[0] for r in r2]
+    # map order q, k, v, dout, dk, dv; the tensors' order in the call: dout, q, k, v, out, lse; dk and dv the plan's
+    # outputs (the parameter block's pointers)
+    for r, m, p in ((r1, m1, p1), (r2, m2, p1), (r3, m3, p2)):
+        f = _fields(r)
+        assert [_map_fields(x)[0] for x in m] == [p[1], p[2], p[3], p[0], f["dk"], f["dv"]]
 
 
 # ---- "ordered" under the causal mask: the turn protocol of cuda_src/flash_bwd_sm90.cu, emulated -------------------
@@ -1022,7 +1030,8 @@ def test_m80_form_launches(res):
             assert conv[0] == _configs.bwd_convert_t_spec("float16", 128, 80).name
             assert conv[1] == [c_div(b * h * -(-sq // 80) * 5 * 4 * 32, _configs.BWD_CONVERT_THREADS), 1, 1]
             boxes = [_map_fields(m)[3] for m in _maps(main[2])]
-            assert boxes == [[64, 80, 1, 1], [64, 128, 1, 1], [64, 128, 1, 1], [64, 80, 1, 1]]
+            assert boxes == [[64, 80, 1, 1], [64, 128, 1, 1], [64, 128, 1, 1], [64, 80, 1, 1], [64, 128, 1, 1],
+                             [64, 128, 1, 1]]  # q, k, v, dout, dk, dv
         for name in ("causal", "window", "ordered", "d64", "d96"):
             main = res[f"m80 {persist} {name}"][1][0]
             assert ", 80, 2, " not in main and "convert_dq_t" not in res[f"m80 {persist} {name}"][2][0], name

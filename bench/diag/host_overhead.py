@@ -111,7 +111,6 @@ def _fake_torch():
 
 
 LAUNCHES: list = []  # with record=True: (kernel name, grid, threads, smem, parameter bytes) per launch
-_PARAM_BYTES = 1024
 
 
 def install_fakes(record=False):
@@ -130,7 +129,9 @@ def install_fakes(record=False):
         _Counters.launches += 1
         if record:
             base = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))[0]
-            LAUNCHES.append((names[func], (gx, gy, gz), bx, smem, ctypes.string_at(base, _PARAM_BYTES)))
+            LAUNCHES.append((names[func], (gx, gy, gz), bx, smem, ctypes.string_at(base, _MAX_PARAM_BYTES)))
+
+    from cuflash._launch import _MAX_PARAM_BYTES  # (the parameter buffer: every byte a launch could read)
 
     driver.launchKernel = launch
     driver.occupancyMaxActiveBlocksPerMultiprocessor = lambda func, threads, smem: 2

@@ -72,6 +72,24 @@ __device__ __forceinline__ void tma_store_4d(const TmaDesc* map, const void* src
                : "memory");
 }
 
+// A warpgroup's fp32 accumulator fragments (wgmma's C layout: this thread's rows r0 and r0 + 8, columns 8 f + 2 tq
+// and + 1 of each n8 block f) -> 16-bit values in a tile of ROWS rows in the layout above (64-column chunk c at
+// + c * ROWS * 128), for tma_store_4d: the blocks of columns below D (a quad's 4-byte stores of one row fill one
+// 16-byte piece; the 8 rows of a store land on 8 different pieces, so no bank is hit twice).
+template <typename T, int D, int ROWS, int NF>
+__device__ __forceinline__ void stage_frags(unsigned char* tile, const float (&acc)[NF][4], int r0, int tq) {
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    if (f * 8 >= D) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      *reinterpret_cast<uint32_t*>(tile + (f / 8) * ROWS * 128 + r * 128 + (((f % 8) ^ (r % 8)) * 16) + tq * 4) =
+          pack2<T>(acc[f][2 * h], acc[f][2 * h + 1]);
+    }
+  }
+}
+
 // 9.7.9.25.4.1 cp.async.bulk: `bytes` contiguous bytes global -> shared memory at dst (both 16-byte aligned, bytes
 // a multiple of 16), completing that many transaction bytes on bar.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -27,7 +27,8 @@
 //     have added theirs, in a fixed KV-tile order through a semaphore per Q tile ("ordered": deterministic,
 //     bitwise reproducible, no extra memory; which order: ORDER below); or a bulk store into the KV tile's own
 //     buffer ("seqpar") -- so that no consumer waits for a reduction.
-//   and at the end dK = softmax_scale dK_w, dV_w -> global (16-bit), rows past seqlen_k not stored.
+//   and at the end dK = softmax_scale dK_w, dV_w -> global (16-bit), rows past seqlen_k not stored: above head dim
+//   64, one block per tile stages them in K's and V's tiles and stores them by TMA (sm90_bwd_store_dkdv_tma).
 //
 // Shared memory (cuda_src/common/sm90.cuh for the swizzled tile layout; DP = D rounded up to 64, the columns past D
 // zero-filled by TMA): K, V [128, DP]; STAGES x Q, dO [BLOCK_M, DP]; 2 x dS^T [128 keys, BLOCK_M] (64-query chunks);

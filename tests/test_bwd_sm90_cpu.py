@@ -1147,3 +1147,43 @@ def test_m80_kernels_compile():
     from conftest import compile_problems
 
     assert compile_problems(_configs.sm90_bwd_m80_specs()) == []
+
+
+def test_dkdv_store_forms_in_the_sass():
+    """The dK / dV epilogue each configured form compiles to (an offline sm_90a build of five kernels in one program):
+    one block per tile above head dim 64 -- the 64-row, 80-row and column-split kernels -- stores both tiles by TMA,
+    one UTMASTG per 64-column chunk of dK and of dV (and nothing else in the backward issues one); head dim 64 and the
+    persistent form keep the 16-byte stores. None spills or uses local memory."""
+    import re
+
+    from bench.bench_micro import cubin_sass
+    from cuflash._loader import compile_offline
+
+    dt = "bfloat16"
+    cases = {  # spec -> UTMASTG count
+        _configs.sm90_bwd_spec(dt, 128, True, group=_configs.sm90_bwd_causal_group(128, 4096)): 4,
+        _configs.sm90_bwd_spec(dt, 128, False, _configs.sm90_bwd_m80_tile(128)): 4,
+        _configs.sm90_bwd_spec(dt, 256, True): 8,
+        _configs.sm90_bwd_spec(dt, 64, False): 0,
+        _configs.sm90_bwd_spec(dt, 128, True, _configs.sm90_bwd_persist_tile(128)): 0,
+    }
+    specs = list(cases)
+    res = compile_offline(specs[0].filename, [s.name for s in specs], "90a")
+    for s in specs:
+        info = res["kernels"][s.name]
+        assert info["stack"] == 0 and info["spill_st"] == 0 and info["spill_ld"] == 0, s.name
+    sass, why = cubin_sass(res["cubin"])
+    assert sass is not None, why  # (the test extra installs cuobjdump)
+    bodies = re.split(r"\n\s*Function : ", sass)[1:]
+    lowered = {res["kernels"][s.name]["lowered"]: s for s in specs}
+    seen = set()
+    for body in bodies:
+        name = body.split("\n", 1)[0].strip()
+        spec = lowered[name]
+        ops = re.findall(r"\b([A-Z][A-Z0-9]+)[.\s]", body)
+        assert ops.count("UTMASTG") == cases[spec], (spec.name, ops.count("UTMASTG"))
+        if "split" not in spec.name:  # (the 128-key kernels hand dQ to bulk operations: their STGs are dK, dV's)
+            assert ("STG" in ops) == (cases[spec] == 0), spec.name
+        assert not {"LDL", "STL"} & set(ops), spec.name
+        seen.add(spec.name)
+    assert seen == {s.name for s in specs}

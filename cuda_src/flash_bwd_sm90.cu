@@ -115,11 +115,7 @@ __device__ __forceinline__ void sm90_bwd_store_dkdv_tma(const BwdParams& p, cons
                                                         unsigned char* k_tile, unsigned char* v_tile, int c0,
                                                         float (&dk)[NF][4], const float (&dv)[NF][4], int n0,
                                                         int kv_head, int batch, int r0, int tq, bool issue) {
-  const float scale = (float)p.softmax_scale;
-#pragma unroll
-  for (int f = 0; f < NF; ++f)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[f][e] *= scale;
+  scale_frags(reinterpret_cast<float(&)[1][NF][4]>(dk), (float)p.softmax_scale);
   named_bar_sync(1, 256);
   stage_frags<T, D, BLOCK_N>(k_tile + c0 * BLOCK_N * 128, dk, r0, tq);
   stage_frags<T, D, BLOCK_N>(v_tile + c0 * BLOCK_N * 128, dv, r0, tq);

@@ -35,7 +35,7 @@ from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BW
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
-from ._params import BWD_PARAMS
+from ._params import BWD_PARAMS, contiguous_strides
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
 # Sm90BwdMaps (q, k, v, dout, dk, dv) at the forward's offset in the same per-thread parameter buffer
@@ -223,8 +223,7 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     if cap_only_form(d, mod) and (not persistent or softcap):
         tile = replace(tile, cap_only=True)
     spec = sm90_bwd_spec(qa.dtype, d, causal, tile, mod, order, group)
-    _, keys, hk, hd = ka.shape  # dk, dv: the plan's contiguous outputs of k's shape
-    out = (keys * hk * hd, hk * hd, hd, 1)
+    out = contiguous_strides(ka.shape)  # dk, dv: the plan's contiguous outputs of k's shape
     maps = (attention_map_spec(qa.dtype, qa.shape, qa.strides, tile.block_m),
             attention_map_spec(ka.dtype, ka.shape, ka.strides, tile.block_n),
             attention_map_spec(va.dtype, va.shape, va.strides, tile.block_n),

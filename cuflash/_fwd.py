@@ -25,7 +25,7 @@ from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, fol
 from ._interop import desc
 from ._launch import _scratch, _tls, get_launcher, smem_per_block
 from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
-from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
+from ._params import FWD_PARAMS, NO_CACHE, NO_WALK, contiguous_strides
 from ._plan import HostPlan, remember
 from ._validate import MAX_ROW_STRIDE, check_qkv, check_softmax_scale
 
@@ -238,8 +238,8 @@ def _make_plan(qa, ka, va, softmax_scale, causal, grid_order, backend="sm80", mo
 
         if _fwd_sm90.resolve_backend(backend, qa, ka, va, mods) == "sm90":
             return _fwd_sm90.make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods)
-    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
-                                      mods=mods)
+    lau, grid, fields = _launch_setup(qa, ka, va, softmax_scale, causal, grid_order,
+                                      contiguous_strides(qa.shape)[:3], mods=mods)
     p = _FwdPlan(qa)
     p.bind(FWD_PARAMS, ("q", "k", "v", "o", "lse"), o_accum=0, lse_accum=0, cu_seqlens_q=0, cu_seqlens_k=0,
            **NO_CACHE, **fields)

@@ -29,7 +29,7 @@ from ._configs import (MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_HEADDIMS, kernel_h
                        sm90_smem_capped, stream_k_eligible, stream_k_max_kv)
 from ._launch import _MAX_PARAM_BYTES, get_launcher, sm_count
 from ._mods import MOD_NONE, has_right_edge, kernel_mode, mod_fields
-from ._params import FWD_PARAMS, NO_CACHE, NO_WALK
+from ._params import FWD_PARAMS, NO_CACHE, NO_WALK, contiguous_strides
 from ._plan import HostPlan
 from ._tma import MAP_BYTES, attention_map_spec, tma_compatible
 
@@ -351,8 +351,8 @@ def make_plan(qa, ka, va, softmax_scale, causal, grid_order, mods=None, tile=Non
     """The memoized forward (cuflash._fwd._make_plan's sm90 branch); `tile` overrides the configured one
     (diagnostics time a variant through the same memoized calls)."""
     b, sq, h, d = qa.shape
-    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order, (sq * h * d, h * d, d),
-                                           tile=tile, mods=mods)
+    lau, grid, fields, maps = launch_setup(qa, ka, va, softmax_scale, causal, grid_order,
+                                           contiguous_strides(qa.shape)[:3], tile=tile, mods=mods)
     p = Sm90Plan(qa)
     p.walk = fields["walk_slot"] == _walk.DYNAMIC  # (its slot put in per call: Sm90Plan.run)
     p.sk = None

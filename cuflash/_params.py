@@ -112,10 +112,15 @@ def stride_fields(name: str, strides) -> dict:
     return {f"{name}_batch_stride": strides[0], f"{name}_row_stride": strides[1], f"{name}_head_stride": strides[2]}
 
 
+def contiguous_strides(shape) -> tuple:
+    """The element strides of a contiguous [b, s, h, d] array of `shape`."""
+    _, s, h, d = shape
+    return (s * h * d, h * d, d, 1)
+
+
 def contiguous_fields(name: str, shape) -> dict:
     """The stride fields of a contiguous [b, s, h, d] array of `shape`."""
-    _, s, h, d = shape
-    return stride_fields(name, (s * h * d, h * d, d))
+    return stride_fields(name, contiguous_strides(shape))
 
 
 def _strides(*tensors) -> tuple:

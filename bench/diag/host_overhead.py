@@ -131,13 +131,12 @@ def install_fakes(record=False):
             base = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))[0]
             LAUNCHES.append((names[func], (gx, gy, gz), bx, smem, ctypes.string_at(base, _MAX_PARAM_BYTES)))
 
-    from cuflash._launch import _MAX_PARAM_BYTES  # (the parameter buffer: every byte a launch could read)
-
     driver.launchKernel = launch
     driver.occupancyMaxActiveBlocksPerMultiprocessor = lambda func, threads, smem: 2
     runtime.getDevice = lambda: 0
     driver.ctxGetCurrent = lambda: 1  # a context is current (cuflash._interop.ensure_context)
     from cuflash import _loader
+    from cuflash._launch import _MAX_PARAM_BYTES  # (the parameter buffer: every byte a launch could read)
 
     def get_function(filename, name, device, arch_suffix=""):
         raw = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0x1000 + 16 * len(names)), num_regs=128,

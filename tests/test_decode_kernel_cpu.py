@@ -410,6 +410,29 @@ def test_host_overhead_script_runs():
     assert len(bwd) == 2 and all("torch.empty x4  launches x3" in x for x in bwd)
 
 
+def test_host_overhead_recycled_addresses():
+    """host_overhead's --recycle: a dropped tensor's address goes to the next torch.empty of its size (as torch's
+    caching allocator), never while a view of it lives, and never to another size."""
+    import importlib
+
+    ho = importlib.import_module(HO)
+    torch = ho._fake_torch()
+    ho.RECYCLE[0] = True
+    try:
+        a = torch.empty((4, 8), dtype=torch.float16)
+        p = a.data_ptr()
+        view = a.transpose(0, 1)
+        del a
+        b = torch.empty((4, 8), dtype=torch.float16)
+        assert b.data_ptr() != p  # the view holds it
+        del view
+        assert torch.empty((4, 8), dtype=torch.float32).data_ptr() != p  # another size
+        assert torch.empty((8, 4), dtype=torch.float16).data_ptr() == p
+    finally:
+        ho.RECYCLE[0] = False
+    assert torch.empty((4, 8), dtype=torch.float16).data_ptr() not in (p, b.data_ptr())  # the default: new
+
+
 def test_kvcache_signature_is_flash_attns():
     """flash_attn_with_kvcache takes flash-attn's arguments in flash-attn's order (cuflash's own options after them,
     keyword-only), so positional calls written for flash-attn mean the same here."""

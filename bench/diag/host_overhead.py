@@ -1,7 +1,7 @@
 """Diagnostic (CPU): host-side cost of one `flash_attn_with_kvcache` / `flash_attn_func` call, measured WITHOUT
 a GPU.
 
-    python -m bench.diag.host_overhead [--calls N]
+    python -m bench.diag.host_overhead [--calls N] [--recycle]
 
 Everything outside cuflash's own Python is replaced, in this process only, by near-free stand-ins: a fake
 `torch` module (tensors that only carry a pointer, shape, strides, dtype), a no-op `cuLaunchKernel`, a
@@ -59,7 +59,7 @@ def _fake_torch():
     class Tensor:
         """As cheap as possible, so that the timing is cuflash's, not the stand-in's."""
 
-        __slots__ = ("shape", "dtype", "_strides", "_ptr")
+        __slots__ = ("shape", "dtype", "_strides", "_ptr", "_base")
         is_cuda = True
         requires_grad = False
         device = "cuda:0"
@@ -87,7 +87,7 @@ def _fake_torch():
             t = Tensor.__new__(Tensor)
             sh, st = list(self.shape), list(self._strides)
             sh[a], sh[b], st[a], st[b] = sh[b], sh[a], st[b], st[a]
-            t.shape, t.dtype, t._strides, t._ptr = tuple(sh), self.dtype, tuple(st), self._ptr
+            t.shape, t.dtype, t._strides, t._ptr, t._base = tuple(sh), self.dtype, tuple(st), self._ptr, self
             return t
 
         def select(self, dim, i):  # a view, as torch's: one dim dropped, the base moved by i strides
@@ -96,11 +96,33 @@ def _fake_torch():
             t.dtype = self.dtype
             t._strides = self._strides[:dim] + self._strides[dim + 1:]
             t._ptr = self._ptr + i * self._strides[dim] * self.dtype.itemsize
+            t._base = self  # a view keeps its base's address from being handed out again (--recycle)
             return t
+
+    class Owned(Tensor):
+        """A tensor made by torch.empty with RECYCLE on: its address goes back to a free list by size when it is
+        dropped, and the next torch.empty of that size takes it (as torch's caching allocator hands blocks back)."""
+
+        __slots__ = ("_key",)
+
+        def __del__(self):
+            _free.setdefault(self._key, []).append(self._ptr)
+
+    _free = {}
 
     def empty(shape, dtype=None, device=None):
         _Counters.empty += 1
-        return Tensor(shape, dtype)
+        if not RECYCLE[0]:
+            return Tensor(shape, dtype)
+        t = Owned(shape, dtype)
+        n = 1
+        for x in t.shape:
+            n *= x
+        t._key = key = n * dtype.itemsize
+        pool = _free.get(key)
+        if pool:
+            t._ptr = pool.pop()
+        return t
 
     torch.Tensor = Tensor
     torch.empty = empty
@@ -110,6 +132,7 @@ def _fake_torch():
     return torch
 
 
+RECYCLE = [False]  # torch.empty's addresses: new every time, or recycled (--recycle)
 LAUNCHES: list = []  # with record=True: (kernel name, grid, threads, smem, parameter bytes) per launch
 
 
@@ -326,7 +349,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--kernels", default="", help="comma list of kernel= values to pass (default: none)")
+    ap.add_argument("--recycle", action="store_true",
+                    help="torch.empty hands a dropped tensor's address to the next one of its size, as torch's "
+                         "caching allocator does (default: a new address every time, every output's maps new)")
     args = ap.parse_args(argv)
+    RECYCLE[0] = args.recycle
     kernels = tuple(args.kernels.split(",")) if args.kernels else (None,)
     for name, kernel, med, best, empties, launches in measure(args.calls, kernels=kernels):
         k = f" kernel={kernel}" if kernel else ""

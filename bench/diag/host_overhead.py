@@ -18,6 +18,7 @@ a step (new arrays with new strides, as transformers' cache makes them).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import struct
 import sys
@@ -115,10 +116,7 @@ def _fake_torch():
         if not RECYCLE[0]:
             return Tensor(shape, dtype)
         t = Owned(shape, dtype)
-        n = 1
-        for x in t.shape:
-            n *= x
-        t._key = key = n * dtype.itemsize
+        t._key = key = math.prod(t.shape) * dtype.itemsize
         pool = _free.get(key)
         if pool:
             t._ptr = pool.pop()

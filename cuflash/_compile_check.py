@@ -126,9 +126,9 @@ def _worker_env(nvrtc):
 class _Worker:
     def __init__(self, nvrtc):
         self.nvrtc = nvrtc
-        # its own session, so that a signal to the caller's process group (Ctrl-C, `timeout -s INT` around pytest)
-        # interrupts the caller alone rather than killing the worker under a running task, which would turn that
-        # task into a compile error; the worker ends when its stdin closes, with the caller
+        # setsid (a process group of its own), so that a signal to the caller's group (Ctrl-C, `timeout -s INT`
+        # around pytest) interrupts the caller alone rather than killing the worker under a running task, which
+        # would turn that task into a compile error; the worker ends when its stdin closes, with the caller
         self.proc = subprocess.Popen([sys.executable, "-m", "cuflash._compile_check", "--worker"],
                                      env=_worker_env(nvrtc), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)

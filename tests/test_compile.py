@@ -71,8 +71,8 @@ def test_compile_pass_runs_each_task_once_and_reports_errors():
 
 def test_compile_worker_outside_the_callers_process_group():
     """A signal to the caller's process group (Ctrl-C, `timeout -s INT` around pytest) must not reach the compile
-    workers: killed under a running task, they would turn it into a compile error. A caller in a session of its own
-    starts a worker, ignores SIGINT itself, sends SIGINT to its whole process group, then compiles a kernel
+    workers: killed under a running task, they would turn it into a compile error. A caller in a process group of its
+    own starts a worker, ignores SIGINT itself, sends SIGINT to its whole process group, then compiles a kernel
     through the worker: it must get ptxas' report, not a dead worker."""
     import subprocess
     import sys
@@ -86,10 +86,8 @@ def test_compile_worker_outside_the_callers_process_group():
         "res = w.run(_compile_check.tasks([_configs.softmax_spec('float16')], (80,))[0])\n"
         "w.close()\n"
         "print(res['info']['regs'])\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
-                         start_new_session=True)
+    out = subprocess.run([sys.executable, "-c", script], env=_compile_check._worker_env(None), capture_output=True,
+                         text=True, timeout=600, start_new_session=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.split()[-1]) > 0
 

@@ -78,7 +78,7 @@
 //   CAP_MAX           MOD_SCORE: on tiles where the soft-cap is the only change (Mask::cap_only), the row max taken
 //                     of the raw scores and capped once (OnlineSoftmax::update_max_capped) rather than of the capped
 //                     scores after Mask::apply; false by default (the configured modifier kernels at head dims
-//                     64 and 128 set it: Sm90FwdTile.cap_max, cuflash._configs.SM90_FWD_CAP_MAX_HEADDIMS)
+//                     in SM90_FWD_CAP_MAX_HEADDIMS set it: Sm90FwdTile.cap_max, cuflash._configs)
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"

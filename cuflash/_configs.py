@@ -723,8 +723,9 @@ def sm90_fwd_specs():
 # The modifier kernels (MOD_SCORE, no dropout) at these head dims take the capped-max form (Sm90FwdTile.cap_max):
 # measured against the same tiles without it (H200, fp16, 4k and 16k, causal and not, soft-cap 50;
 # bench/results/softcap-check.log), the soft-cap's cost over the plain kernel went from +40-50% to +30-41% at head
-# dim 64 and from +33-41% to +20-30% at 128. Head dim 256 keeps the form without it (not compiled).
-SM90_FWD_CAP_MAX_HEADDIMS = (64, 128)
+# dim 64 and from +33-41% to +20-30% at 128. Head dims 96 and 256 take it as well (their modifier kernels with it compile
+# with no spill under NVRTC 13.5 and 13.0, 168 registers).
+SM90_FWD_CAP_MAX_HEADDIMS = (64, 96, 128, 256)
 
 
 def sm90_fwd_mod_persist_tiles(headdim: int) -> dict:

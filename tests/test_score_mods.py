@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cuflash
+from cuflash import _configs
 from cuflash import backward as bwd_mod
 from cuflash import reference
 from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
@@ -126,7 +127,7 @@ def sm90_modifier_inputs(d, dtype, heads, sq, sk, causal, window, cap, akind):
     return q, k, v, alibi, (qa, ka, va), mods_for(qa, ka, causal, window, cap, alibi, None)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", _configs.SM90_FWD_CAP_MAX_HEADDIMS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
                                                      (False, (300, 0), 5.0, None), (True, (-1, -1), 20.0, "head"),
@@ -138,14 +139,14 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     the row max of the raw scores capped once) against the float64 reference, with large logits (inputs x3): the
     soft-cap alone, causal (diagonal tiles take Mask::apply), a window, with ALiBi (no tile takes the form) and
     ALiBi alone, GQA 4/2, ragged tails and seqlen_q != seqlen_k both ways; that a call's configuration takes it at
-    head dims 64 and 128; and against the same tile without it on the same inputs, to rounding (the same capped
-    scores and, where tanh.approx keeps two scores in order, the same row max: out within 2 units in the last place
-    at its scale, the LSE within 1e-5)."""
+    every head dim of SM90_FWD_CAP_MAX_HEADDIMS; and against the same tile without it on the same inputs, to rounding
+    (the same capped scores and, where tanh.approx keeps two scores in order, the same row max: out within 2 units in
+    the last place at its scale, the LSE within 1e-5)."""
     from dataclasses import replace
 
     import torch
 
-    from cuflash import _configs, _fwd_sm90
+    from cuflash import _fwd_sm90
 
     q, k, v, alibi, (qa, ka, va), mods = sm90_modifier_inputs(d, dtype, (2, 4, 2), sq, sk, causal, window, cap, akind)
     tile = _configs.sm90_fwd_tile(d, False, sk, _configs.MOD_SCORE)

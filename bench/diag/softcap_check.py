@@ -9,7 +9,7 @@ check of that form first.
 1. Correctness: the capped-max form's out and LSE against the float64 reference (the tests' rule: out within 2x
    torch's own error in the inputs' dtype + 2^-10 of the reference's scale, LSE within 2e-4) and against the form
    without it on the same inputs (max |difference| of out and LSE printed), soft-cap 20 on large logits (inputs x3:
-   the tests' case), causal and not, head dims 64 and 128, fp16 and bf16, 1500 x 2100 (GQA 4/2).
+   the tests' case), causal and not, every head dim of SM90_FWD_CAP_MAX_HEADDIMS, fp16 and bf16, 1500 x 2100 (GQA 4/2).
 2. Timing (fp16, batch x seqlen = 16k tokens, hidden 2048, seqlen 4k and 16k, causal and not; bench.harness.
    time_rounds, medians of `rounds` rounds, the three timed in turn, each round starting at the next of them): the
    plain kernel, the soft-capped tile without the capped-max form ("cap") and with it ("capmax", the configured
@@ -58,11 +58,11 @@ def check() -> int:
     """Prints one line per case; returns the number of failures."""
     import torch
 
-    from cuflash import reference
+    from cuflash import _configs, reference
 
     fails = 0
     b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
-    for d in (64, 128):
+    for d in _configs.SM90_FWD_CAP_MAX_HEADDIMS:
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
                 q = (3 * torch.randn(b, sq, h, d, device="cuda")).to(dtype)
@@ -101,11 +101,13 @@ def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
     the Hopper backward, timed in turn; each row's cost over the plain kernel."""
     import torch
 
+    from cuflash import _configs
+
     from ..harness import time_rounds
 
     form = "caponly" if bwd else "capmax"
     rows = []
-    for d in ((64, 96, 128) if bwd else (64, 128)):
+    for d in (_configs.SM90_BWD_CAP_ONLY_HEADDIMS if bwd else _configs.SM90_FWD_CAP_MAX_HEADDIMS):
         h = HIDDEN // d
         for s in ((4096,) if quick else (4096, 16384)):
             b = max(1, TOKENS // s)

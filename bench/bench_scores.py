@@ -6,12 +6,17 @@ causal problem (SDPA's fused backends take no window, soft-cap or ALiBi argument
 TFLOP/s is FlashAttention-2's causal formula for every record (so a window's rate is the causal problem's FLOPs
 over its time, and its speed-up is its time ratio); `visible_fraction` is the share of the causal problem's
 (query, key) pairs the window keeps: a kernel whose cost follows the band runs in about that fraction of the
-plain causal time. `ratio_to_plain` = the plain causal time / this record's time (> 1: faster)."""
+plain causal time. `ratio_to_plain` = the plain causal time / this record's time (> 1: faster).
+
+queued (suite scores_queued): every call queued behind a spin kernel (harness.time_queued_ms), so that each time is
+the kernels' GPU time without what a lone call's host path does before its first kernel starts (at 4k, batch 4, a
+forward of about half a millisecond, that host time is a visible share of a single call's time); records carry
+timing="queued"."""
 from __future__ import annotations
 
 import gc
 
-from .harness import record, sdpa, time_rounds
+from .harness import record, sdpa, time_queued_ms, time_rounds
 
 TOKENS, HIDDEN = 16384, 2048
 WINDOW = 4096  # Mistral's sliding window
@@ -39,11 +44,12 @@ def options(h, device):
     }
 
 
-def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384), rounds=3):
+def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384), rounds=3, queued=False):
     import torch
 
     import cuflash
 
+    timer = dict(timer=lambda fn: time_queued_ms(fn, rep=10)) if queued else {}
     recs = []
     for dtype in dtypes:
         dt = getattr(torch, dtype)
@@ -65,8 +71,8 @@ def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384),
                 for prov in ("flash", "cudnn"):
                     fn = sdpa(prov)
                     fns[f"sdpa/{prov}"] = lambda fn=fn: fn(qt, kt, vt, True)
-                res = time_rounds(fns, rounds)
-                recs += _records(res, "fwd", dtype, b, h, s, d, rounds)
+                res = time_rounds(fns, rounds, **timer)
+                recs += _records(res, "fwd", dtype, b, h, s, d, rounds, queued)
                 # backward, each backend: from each forward's own out and LSE
                 fns = {}
                 for name, kw in [("plain", {})] + list(opts.items()):
@@ -74,27 +80,28 @@ def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384),
                     for be in ("sm90", "sm80"):
                         fns[f"{be}/{name}"] = (lambda out=out, lse=lse, kw=kw, be=be: cuflash.flash_attn_backward(
                             dout, q, k, v, out, lse, causal=True, backend=be, **kw))
-                res = time_rounds(fns, rounds)
-                recs += _records(res, "bwd", dtype, b, h, s, d, rounds)
+                res = time_rounds(fns, rounds, **timer)
+                recs += _records(res, "bwd", dtype, b, h, s, d, rounds, queued)
                 del q, k, v, qt, kt, vt, dout
                 gc.collect()
     return recs
 
 
-def _records(res, mode, dtype, b, h, s, d, rounds):
+def _records(res, mode, dtype, b, h, s, d, rounds, queued=False):
     out = []
+    timing = dict(timing="queued") if queued else {}
     plain = {key.split("/")[0]: ms for key, (ms, _) in res.items() if key.endswith("/plain")}
     for key, (ms, per) in res.items():
         prov, name = key.split("/")
         if prov == "sdpa":
             out.append(record(name, "sdpa", mode, dtype, b, h, s, s, d, True, ms, rounds=rounds, round_ms=per,
-                              option="plain"))
+                              option="plain", **timing))
             continue
         base = plain.get(prov)
         frac = visible_fraction(s, WINDOW) if name in ("window", "all") else 1.0
         out.append(record("cuflash", f"v2-{prov}-{name}" if prov == "sm90" else f"v2-{name}", mode, dtype, b, h, s,
                           s, d, True, ms, backend=prov, rounds=rounds, round_ms=per, option=name,
-                          visible_fraction=frac, ratio_to_plain=(base / ms) if base and ms else None))
+                          visible_fraction=frac, ratio_to_plain=(base / ms) if base and ms else None, **timing))
     line = " ".join(f"{k}={v[0]:.3f}ms" if v[0] else f"{k}=n/a" for k, v in res.items())
     print(f"{mode} {dtype} d={d} s={s}: {line}", flush=True)
     return out

@@ -636,6 +636,7 @@ README_BLOCKS = {
     "bwd90_queued": lambda rs: hopper_bwd_table(rs, "bwd90_queued"),
     "micro90": micro90_table,
     "scores": scores_table,
+    "scores_queued": lambda rs: scores_table(rs, "scores_queued"),
     "dropout": dropout_table,
     "headdims": headdims_table,
     "varlen": varlen_table,
@@ -820,6 +821,10 @@ def markdown(head, records) -> str:
     if sc:
         parts.append("### Score modifiers (suite scores): TFLOP/s by the causal FLOP count, the time ratio to the plain "
                      "kernel of the same backend (> 1: faster), the window's share of the causal pairs\n\n" + sc)
+    scq = scores_table(records, "scores_queued")
+    if scq:
+        parts.append("### Score modifiers, every call queued behind a spin kernel (suite scores_queued: GPU time; the "
+                     "cells as in suite scores)\n\n" + scq)
     m90 = micro90_table(records)
     if m90:
         parts.append("### Hopper microbenchmarks (suite micro90)\n\n" + m90)

@@ -71,6 +71,11 @@ SUITES = {s.name: s for s in (
           "the score modifiers (sliding window 4096, soft-cap 50, ALiBi, all three) next to the plain causal "
           "kernels, forward and backward (sm90, sm80), fp16 hdim 64/128 at 4k-16k, SDPA FLASH / cuDNN on the plain "
           "causal problem, timed in turn, medians of 3 rounds"),
+    Suite("scores_queued", "bench_scores", "scores", 2.0,
+          "suite scores with every call queued behind a ~3 ms spin kernel (the start event after it): each "
+          "modifier's GPU time next to the plain kernel's, without the host time a lone call spends before its "
+          "kernel starts",
+          dict(queued=True)),
     Suite("dropout", "bench_parity", "dropout", 1.5,
           "attention dropout (p 0.1) next to the same call without it, forward and forward + backward, fp16 hdim "
           "64/128 at 2k/8k, causal or not, SDPA FLASH / cuDNN with the same dropout, timed in turn, 3 rounds"),

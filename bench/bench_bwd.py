@@ -10,11 +10,12 @@ from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
 from .harness import SDPA_PROVIDERS, record, sdpa, time_ms, time_queued_ms, time_rounds
 
 
-def _inputs(b, s, h, d, dt):
-    """q, k, v (requiring grad) and dout in cuflash's [b, s, h, d] layout."""
+def _inputs(b, s, h, d, dt, hk=None):
+    """q, k, v (requiring grad; k and v with hk heads, default h) and dout in cuflash's [b, s, h, d] layout."""
     import torch
 
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True)
+    k, v = (torch.randn(b, s, hk or h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
     return q, k, v, torch.randn(b, s, h, d, device="cuda", dtype=dt)
 
 
@@ -24,19 +25,22 @@ def _sdpa_inputs(q, k, v, dout):
     return qt, kt, vt, dout.transpose(1, 2).contiguous()
 
 
-def _grid_cases(headdims, seqlens, dt):
-    """(d, h, s, b, (q, k, v, dout), (the same in SDPA's layout)) per grid point, freed after each."""
+def _grid_cases(headdims, seqlens, dt, extra=False):
+    """(d, h, hk, s, b, (q, k, v, dout), (the same in SDPA's layout)) per grid point (hk = h), freed after each;
+    extra: then the Hopper forward grid's extra points (bench_fwd._hopper_points): batch 1 x 64k at the head dims
+    up to 128, and GQA 64 query / 8 KV heads at 8k (batch 2, head dim 128)."""
     import torch
 
-    for d in headdims:
-        h = HIDDEN // d
-        for s in seqlens:
-            b = TOKENS // s
-            ours = _inputs(b, s, h, d, dt)
-            yield d, h, s, b, ours, _sdpa_inputs(*ours)
-            del ours
-            gc.collect()
-            torch.cuda.empty_cache()
+    pts = [(d, HIDDEN // d, HIDDEN // d, s, TOKENS // s) for d in headdims for s in seqlens]
+    if extra:
+        pts += [(d, HIDDEN // d, HIDDEN // d, 65536, 1) for d in headdims if d <= 128]
+        pts += [(128, 64, 8, 8192, 2)] if 128 in headdims else []
+    for d, h, hk, s, b in pts:
+        ours = _inputs(b, s, h, d, dt, hk)
+        yield d, h, hk, s, b, ours, _sdpa_inputs(*ours)
+        del ours
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _grad_fn(out, inputs, dout):
@@ -62,7 +66,7 @@ def _timing(calls, queued=False):
 
 def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, strategies=("atomic", "seqpar", "loop"),
         rounds=1, providers=SDPA_PROVIDERS, backends=("sm80",), strategies_dtypes=("float16",), calls=1,
-        queued=False):
+        queued=False, extra=False):
     """rounds > 1: the strategies and the SDPA `providers` timed in turn `rounds` times per point, the median per
     provider recorded (every round's ms in `round_ms`; bench_fwd.fa2_grid). backends: the cuflash kernel paths timed
     ("sm80": the mma.sync backward; "sm90": the Hopper backward, where it runs the head dim and strategy: each
@@ -70,7 +74,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
     calls: backward calls per event pair (1: single calls, each carrying autograd's hand-off before its first kernel;
     > 1: back to back, the hand-off under the previous call's kernels as in training, ms per call; records then
     carry `calls`), max(3, 10 // calls) timings per provider and round. queued: each single call queued behind a spin
-    kernel, so that the host's hand-off is hidden and the GPU time is timed (records carry timing="queued")."""
+    kernel, so that the host's hand-off is hidden and the GPU time is timed (records carry timing="queued").
+    extra: also the Hopper forward grid's extra points (_grid_cases; records carry kv_heads), SDPA with enable_gqa
+    where the KV heads are fewer."""
     import torch
 
     import cuflash
@@ -79,7 +85,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
     hopper = torch.cuda.get_device_capability() == (9, 0)
     recs = []
     for dtype in dtypes:
-        for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
+        for d, h, hk, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens,
+                                                                                 getattr(torch, dtype), extra):
+            gqa = dict(kv_heads=hk) if hk != h else {}
             for causal in (False, True):
                 n0 = len(recs)
                 fns = {}  # timed name -> backward call (the forward graph kept for the whole point)
@@ -108,7 +116,8 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                         paths[name] = (strat, bk)
                 for prov in providers:
                     try:
-                        fns[prov] = _grad_fn(sdpa(prov)(qt, kt, vt, causal), (qt, kt, vt), doutt)
+                        fns[prov] = _grad_fn(sdpa(prov)(qt, kt, vt, causal, enable_gqa=bool(gqa)), (qt, kt, vt),
+                                             doutt)
                     except RuntimeError as e:
                         fns[prov] = None
                         print(f"sdpa {prov} bwd failed: {e}")
@@ -116,17 +125,17 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                                     **_timing(calls, queued))
                 for name in fns:
                     ms, per = timed.get(name, (None, []))
-                    extra = dict(rounds=rounds, round_ms=per) if rounds > 1 else {}
+                    more = dict(rounds=rounds, round_ms=per, **gqa) if rounds > 1 else dict(gqa)
                     if calls > 1:
-                        extra["calls"] = calls
+                        more["calls"] = calls
                     if queued:
-                        extra["timing"] = "queued"
+                        more["timing"] = "queued"
                     if name in providers:
-                        recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **extra))
+                        recs.append(record(name, "sdpa", "bwd", dtype, b, h, s, s, d, causal, ms, **more))
                     else:
                         strat, bk = paths[name]
                         recs.append(record("cuflash", f"v2-{name}", "bwd", dtype, b, h, s, s, d, causal, ms,
-                                           backend=bk, dq_strategy=strat, **extra))
+                                           backend=bk, dq_strategy=strat, **more))
                 del fns, timed
                 print(_line(recs[n0:]))  # this case's records (some strategies skip long seqlens)
             del q, k, v, qt, kt, vt, dout, doutt
@@ -145,7 +154,8 @@ def bwd_loop(dtypes=("float16",), headdims=(64, 128), seqlens=(1024, 4096, 16384
 
     recs = []
     for dtype in dtypes:
-        for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens, getattr(torch, dtype)):
+        for d, h, _, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(headdims, seqlens,
+                                                                                getattr(torch, dtype)):
             for causal in (False, True):
                 n0 = len(recs)
                 out = cuflash.flash_attn_func(q, k, v, causal=causal)
@@ -280,7 +290,7 @@ def _bwd_tile_sweep(seqlens, dtype, rounds, headdims, keep):
     recs = []
     sweep = {d: [(part, t) for part, t in ts if keep is None or keep(t)]
              for d, ts in _bwd_sweep_tiles().items() if d in headdims}
-    for d, h, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(sweep, seqlens, getattr(torch, dtype)):
+    for d, h, _, s, b, (q, k, v, dout), (qt, kt, vt, doutt) in _grid_cases(sweep, seqlens, getattr(torch, dtype)):
         for causal in (False, True):
             with torch.no_grad():
                 out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)

@@ -634,6 +634,7 @@ README_BLOCKS = {
     "fwd90_queued": lambda rs: hopper_table(rs, "fwd90_queued"),
     "bwd90": hopper_bwd_table,
     "bwd90_queued": lambda rs: hopper_bwd_table(rs, "bwd90_queued"),
+    "bwd90_extra": lambda rs: hopper_bwd_table(rs, "bwd90_extra"),
     "micro90": micro90_table,
     "scores": scores_table,
     "scores_queued": lambda rs: scores_table(rs, "scores_queued"),
@@ -817,6 +818,11 @@ def markdown(head, records) -> str:
         if q90:
             parts.append(f"### {what}, every call queued behind a spin kernel (suite {sec}: GPU time; the cells as in "
                          f"the suite without queueing)\n\n" + q90)
+    x90 = hopper_bwd_table(records, "bwd90_extra")
+    if x90:
+        parts.append("### Backward on Hopper at the extra points, every call queued behind a spin kernel (suite "
+                     "bwd90_extra: 65536 = batch 1 x 64k; 8192 = GQA 64 query / 8 KV heads, batch 2; the cells as in "
+                     "suite bwd90)\n\n" + x90)
     sc = scores_table(records)
     if sc:
         parts.append("### Score modifiers (suite scores): TFLOP/s by the causal FLOP count, the time ratio to the plain "

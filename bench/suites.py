@@ -116,6 +116,11 @@ SUITES = {s.name: s for s in (
           "suite bwd90 with every call queued behind a ~3 ms spin kernel (the start event after it): the backwards' "
           "GPU time through autograd, without the host hand-off a lone call exposes, as in a training step",
           dict(BWD90, queued=True)),
+    Suite("bwd90_extra", "bench_bwd", "bwd", 3.0,
+          "suite bwd90_queued's providers and strategies at the Hopper forward grid's extra points alone: batch 1 x "
+          "64k at head dims 64 and 128, GQA 64 query / 8 KV heads at 8k (head dim 128), fp16/bf16, causal or not, "
+          "every call queued behind a spin kernel, one round (the 64k points take seconds per round)",
+          dict(BWD90, queued=True, seqlens=(), extra=True, headdims=(64, 128), rounds=1)),
     Suite("bwd_strategies", "bench_bwd", "bwd", 2.0,
           "backward through autograd, every dQ strategy (atomic, seqpar, loop up to 2k) next to SDPA "
           "FLASH / cuDNN / EFFICIENT, one call per timing", dict(seqlens=(1024, 4096, 16384))),

@@ -1,7 +1,7 @@
 """Diagnostic (GPU, compute capability 9.0): the Hopper backward's causal kernels in the launch's dispatch order
 (each head's KV tiles in turn) against the grouped orders (cuda_src/flash_bwd_sm90.cu, GROUP: the longest KV tiles
 first within groups of G (KV head, batch) pairs; cuflash._bwd_sm90.CAUSAL_GROUP), with SDPA's cuDNN backward, timed
-in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen, 2048 / d heads) and three GQA points
+in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen, 2048 / d heads) and four GQA points
 (bench/diag/ordered_probe.py's):
 
     python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--headdims 64,128] [--json FILE]
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from .ordered_probe import points  # the FA2 grid's causal points and three GQA points
+from .ordered_probe import points  # the FA2 grid's causal points and four GQA points
 
 GROUPS = (4, 8, 16)
 

@@ -29,14 +29,14 @@ VARIANTS_NO_MASK = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("rot", DQ_ORDE
 
 def points(quick=False, headdims=(64, 128), seqlens=None):
     """(dtype, d, seqlen, batch, heads, kv heads): the FA2 grid's points at `headdims` (seqlens: those lengths), and
-    three GQA points at those of them among 64 and 128."""
+    four GQA points at those of them among 64 and 128 (the last, 64 / 8 heads at 8k, is suite bwd90_extra's)."""
     out = []
     for dt in ("float16", "bfloat16"):
         for d in headdims:
             for s in seqlens or ((2048, 16384) if quick else (2048, 4096, 8192, 16384)):
                 out.append((dt, d, s, 16384 // s, 2048 // d, 2048 // d))
     out += [p for p in (("float16", 128, 4096, 4, 16, 2), ("float16", 128, 16384, 1, 16, 2),
-                        ("float16", 64, 16384, 1, 32, 8)) if p[1] in headdims]
+                        ("float16", 64, 16384, 1, 32, 8), ("float16", 128, 8192, 2, 64, 8)) if p[1] in headdims]
     return out
 
 

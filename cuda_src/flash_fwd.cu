@@ -46,6 +46,9 @@
 //              copies' address registers to S (the zeroing of S then waited for the copies to read them:
 //              bench/NOTES.md, forward tiles). Issuing after the softmax, or K after S and V after the softmax,
 //              was measured too and removed.
+//   CAP_MAX    MOD_SCORE without dropout, fixed lengths: on tiles where the soft-cap is the only change for a warp's
+//              rows (Mask::cap_only), the row max taken of the raw scores and capped once (the Hopper forward's
+//              form, cuda_src/flash_fwd_sm90.cu); false by default (cuflash/_configs.py: FwdTile.cap_max)
 #include "common/ptx.cuh"
 #include "common/tile.cuh"
 #include "common/warp_gemm.cuh"
@@ -61,7 +64,7 @@ namespace cuflash {
 
 template <typename T, int D, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL, bool SPLIT, int SMEM_BYTES,
           int EXP_VARIANT = EXP_FFMA_EX2, int KUNROLL = 0, int LOAD_AT = 0, int MOD = MOD_NONE, int DO = 0,
-          bool VARLEN = false, bool UA = false>
+          bool VARLEN = false, bool UA = false, bool CAP_MAX = false>
 // Launch bounds: the packed head-dim-32 kernel is capped at 168 registers by ptxas for sm_90 (to fit more blocks)
 // and spills 28 B there; one block per SM as the minimum (0: none) lets it keep its registers.
 __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
@@ -90,6 +93,7 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
   static_assert(!(DROP && SPLIT), "dropout: the plain forward only");
   static_assert(!(VARLEN && SPLIT), "packed sequences: the plain forward only");
   static_assert(!(UA && SPLIT), "rows that are not 16-byte units: the plain forward only");
+  static_assert(!CAP_MAX || (MOD == MOD_SCORE && !SPLIT), "the capped-max form: the modifier kernels without dropout");
   constexpr int PAD_Q = UA ? PAD_ELEM : PAD_ZERO, PAD_KV = UA ? PAD_ELEM : PAD_COPY;
   static_assert(WARP_M % 16 == 0 && BLOCK_M == NWARPS * WARP_M, "each warp owns whole m16 fragments");
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && NF % 2 == 0 && DF % 2 == 0, "tile shapes");
@@ -187,6 +191,21 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
     else
       mask.clear_shift(shift);
   };
+  // The masked scores of tile n, then the new row max (whether a row of this lane moved). CAP_MAX: on a tile where
+  // the soft-cap is the only change for this warp's rows (Mask::cap_only: warp-uniform), the row max is taken of the
+  // raw scores and capped once (OnlineSoftmax::update_max_capped; the Hopper forward's form), so that its reduction
+  // does not wait for the per-score tanh.
+  auto mask_and_max = [&](float (&s)[MF][NF][4], float (&shift)[MF][2], int n) {
+    if constexpr (CAP_MAX) {
+      const int r0 = m0 + warp * WARP_M;
+      if (mask.cap_only(r0, r0 + WARP_M - 1, n * BLOCK_N, n * BLOCK_N + BLOCK_N - 1)) {
+        mask.clear_shift(shift);
+        return softmax.update_max_capped(s, scale_log2, mask.cap_pre);
+      }
+    }
+    mask_s(s, shift, n);
+    return softmax.update_max(s, scale_log2, mask.shift_arg(shift));
+  };
   // acc_o += P V. A operand: P packed to 16 bits one k16 step at a time, straight from the accumulator
   // registers (k16 step kn = S fragments 2kn, 2kn + 1: the C layout is the A layout; no smem trip). B operand
   // (V, [keys, d] row-major, needed col-major) from ldmatrix.trans.
@@ -259,8 +278,7 @@ __global__ void __launch_bounds__(NWARPS * 32, VARLEN && D <= 32 ? 1 : 0)
       compute_s(s_a, k_lane + (i & 1) * STAGE_BYTES);
       if (LOAD_AT == 1) issue_next();
       float shift[MF][2];
-      mask_s(s_a, shift, tile_n(i));
-      if (__any_sync(0xffffffffu, softmax.update_max(s_a, scale_log2, mask.shift_arg(shift)))) softmax.rescale(acc_o);
+      if (__any_sync(0xffffffffu, mask_and_max(s_a, shift, tile_n(i)))) softmax.rescale(acc_o);
       softmax.exp_and_sum<EXP_VARIANT>(s_a, scale_log2, mask.shift_arg(shift));
       if constexpr (DROP)  // the row sums keep every probability; O += P V only the kept ones
         Dropout(p, (int64_t)blk.batch * p.nheads + blk.head)

@@ -90,6 +90,7 @@ class FwdTile:
     kunroll: int = 0  # k16 steps of S = Q K^T unrolled per loop trip (0: all; cuda_src/flash_fwd.cu KUNROLL)
     load_at: int = 0  # where a KV step issues the next tile's cp.async: 0 or 1 (cuda_src/flash_fwd.cu LOAD_AT)
     o_split: int = 1  # blocks per (Q tile, head), each computing headdim / o_split O columns (flash_fwd.cu DO)
+    cap_max: bool = False  # MOD_SCORE, fixed lengths: the soft-cap's capped-max form (flash_fwd.cu CAP_MAX)
 
 
 # Forward tiles per head dim (tuned on the H200: bench/results/fwd_sweep.* records the sweep).
@@ -145,6 +146,26 @@ FWD_TILES_SCORE: dict[int, FwdTile] = {
     # shift (cuda_src/attn/mask.cuh) holds 4 registers more
     128: replace(FWD_TILES[128], kunroll=1),
 }
+# The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX: the Hopper forward's, on tiles where
+# the soft-cap is the only change for a warp's rows the row max taken of the raw scores and capped once), at every head
+# dim of the modifier kernels: built and compiled as a variant, reached through an explicit tile (cuflash._fwd.forward,
+# bench.diag.softcap_check --sm80, tests/test_score_mods.py); no call takes it until a GPU run has timed it. Each is
+# the modifier kernel's tile with the form, but at head dim 128 32-key tiles (the 64-key tile with it spills 4 B on
+# sm_90 under both NVRTCs, with every scale_log2 form; 32 keys: 235-242 registers, no spill).
+FWD_CAP_MAX_TILES = {128: FwdTile(128, 32, 4, 0, 1)}
+
+
+def fwd_cap_max_tile(headdim: int) -> FwdTile:
+    """The mma.sync forward's capped-max tile at a head dim (FWD_CAP_MAX_TILES, else the modifier kernel's)."""
+    return replace(FWD_CAP_MAX_TILES.get(headdim) or fwd_tile(headdim, False, MOD_SCORE), cap_max=True)
+
+
+def fwd_cap_max_specs():
+    """The fixed-length modifier forward kernels (MOD_SCORE) with the capped-max form, every dtype and head dim."""
+    return [fwd_spec(dt, d, False, False, fwd_cap_max_tile(d), mod=MOD_SCORE)
+            for dt in DTYPES for d in (*HEADDIMS, *(x for x in FWD_HEADDIMS if x not in HEADDIMS))]
+
+
 # MOD_SCORE_DROPOUT forward tiles that differ from the MOD_SCORE ones (the Philox state and its words): with
 # 64-key tiles head dim 128 spilled 28-44 B at every unrolling; 32-key tiles (head dim 128's causal tile) hold half
 # the S registers.
@@ -213,8 +234,14 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
         tile = split_tile(headdim) if split else fwd_tile(headdim, causal, mod)
     if split and mod & MOD_DROPOUT:
         raise ValueError("dropout: the split-KV forward has no dropout kernel")
+    if tile.cap_max and (mod != MOD_SCORE or split or varlen or ua):
+        raise ValueError(f"tile {tile}: the capped-max form is the fixed-length modifier kernel's, without dropout or "
+                         f"split-KV (mod {mod}, split {split}, varlen {varlen}, ua {ua})")
     smem = fwd_smem_bytes(headdim, tile)
-    if varlen or ua:
+    if tile.cap_max:  # (every trailing argument spelled out up to CAP_MAX)
+        do = headdim // tile.o_split if tile.o_split > 1 else 0
+        extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {mod}, {do}, false, false, true"
+    elif varlen or ua:
         if split:
             raise ValueError("varlen: the split-KV forward has no packed-sequence kernel")
         do = headdim // tile.o_split if tile.o_split > 1 else 0
@@ -1953,6 +1980,7 @@ def all_specs():
     specs += varlen_specs()  # packed sequences (flash_attn_varlen_func): the VARLEN forward and backward kernels
     specs += decode_specs()  # the dedicated Flash-Decoding kernel (cuda_src/flash_decode.cu)
     specs += [s for s in v1_specs() if s not in specs]  # FlashAttention-1 kernels (cuda_src/flash_v1.cu)
+    specs += fwd_cap_max_specs()  # the mma.sync forward's capped-max form (a variant: tile overrides)
     specs += sm90_fwd_specs()  # the Hopper forward (cuda_src/flash_fwd_sm90.cu), sm_90a only
     specs += sm90_fwd_variant_specs()  # its variants the diagnostics launch (tile overrides)
     specs += sm90_fwd_mod_persist_specs()  # the modifier kernels' persistent form (tile overrides)

@@ -161,6 +161,42 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
         1.0, lse_c[fin].abs().max().item())
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
+                                                     (False, (300, 0), 5.0, None), (True, (-1, -1), 20.0, "head"),
+                                                     (False, (-1, -1), 0.0, "head")],
+                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
+def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, sk):
+    """The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX, through an explicit tile:
+    _configs.fwd_cap_max_tile) on the cases of the Hopper form's test: against the float64 reference with large
+    logits, and against the configured modifier kernel on the same inputs to rounding (out within 2 units in the
+    last place at its scale, the LSE within 1e-5; at head dim 128 the form runs 32-key tiles, the configured kernel
+    64, so the two also sum in another order)."""
+    import torch
+
+    from cuflash import _fwd
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    b, h, hk = 2, 4, 2
+    q, k, v = torch_inputs((b, sq, h, d), (b, sk, hk, d), dtype, scale=3.0)
+    alibi = make_alibi(akind, b, h)
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, window, cap, alibi, None)
+    tile = _configs.fwd_cap_max_tile(d)
+    assert tile.cap_max and not _configs.fwd_tile(d, False, _configs.MOD_SCORE).cap_max
+    out, lse = _fwd.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+    check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"sm80 capped max {dtype} d{d}")
+    out_c, lse_c = _fwd.forward(qa, ka, va, None, causal, mods=mods)
+    ulp = 2.0 ** (-10 if dtype == "float16" else -7)
+    assert (out.float() - out_c.float()).abs().max().item() <= 2 * ulp * max(1.0, out_c.float().abs().max().item())
+    fin = lse_c.isfinite()
+    assert torch.equal(fin, lse.isfinite()) and (lse - lse_c)[fin].abs().max().item() <= 1e-5 * max(
+        1.0, lse_c[fin].abs().max().item())
+
+
 # The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles, through an explicit tile: every
 # variant, configured or not): (head dim, variant) pairs, and the cases: each modifier alone, causal with each, a
 # window with rows that see no key, all three.

@@ -189,3 +189,33 @@ def test_mod_values_match_the_kernels():
     assert values == {"MOD_NONE": _configs.MOD_NONE, "MOD_SCORE": _configs.MOD_SCORE,
                       "MOD_DROPOUT": _configs.MOD_DROPOUT, "MOD_SCORE_DROPOUT": _configs.MOD_SCORE_DROPOUT}
     assert (_mods.MOD_NONE, _mods.MOD_SCORE, _mods.MOD_SCORE_DROPOUT) == (0, 1, 3)
+
+
+def test_mma_sync_capped_max_variant_specs():
+    """The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX): a variant of the fixed-length
+    modifier kernel at every head dim (at 128 on 32-key tiles), named with every trailing template argument up to
+    CAP_MAX, among the configurations CI compiles; no configured tile takes it, and it is refused on a kernel without
+    the modifiers, with dropout, split-KV, packed sequences or the UA form."""
+    from dataclasses import replace
+
+    every = set(_configs.all_specs())
+    specs = _configs.fwd_cap_max_specs()
+    dims = (*_configs.HEADDIMS, *(d for d in _configs.FWD_HEADDIMS if d not in _configs.HEADDIMS))
+    assert len(specs) == len(_configs.DTYPES) * len(dims) and set(specs) <= every
+    for d in dims:
+        t = _configs.fwd_cap_max_tile(d)
+        assert t.cap_max and t.block_n == (32 if d == 128 else _configs.fwd_tile(d, False, _configs.MOD_SCORE).block_n)
+        assert not _configs.fwd_tile(d, False, _configs.MOD_SCORE).cap_max
+        spec = _configs.fwd_spec("float16", d, False, False, t, mod=_configs.MOD_SCORE)
+        assert spec.name.endswith(", 1, %d, false, false, true>" % (d // t.o_split if t.o_split > 1 else 0))
+        for kw in (dict(mod=0), dict(mod=_configs.MOD_SCORE_DROPOUT), dict(mod=_configs.MOD_SCORE, varlen=True),
+                   dict(mod=_configs.MOD_SCORE, ua=True)):
+            with pytest.raises(ValueError):
+                _configs.fwd_spec("float16", d, False, False, t, **kw)
+        if d in _configs.DECODE_TILES:
+            with pytest.raises(ValueError):
+                _configs.fwd_spec("float16", d, False, True, replace(_configs.split_tile(d), cap_max=True),
+                                  mod=_configs.MOD_SCORE)
+    fwd = [s for s in every if s.name.startswith("cuflash::flash_fwd_kernel<")]
+    for s in fwd:  # CAP_MAX is the 16th template argument: only the variants spell it out
+        assert (len(s.name[s.name.index("<") + 1:-1].split(", ")) == 16) == (s in specs), s.name

@@ -17,6 +17,10 @@ check of that form first.
    plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only.
 
+--sm80: the same check and table for the mma.sync forward (cuflash._fwd) and its capped-max variant
+(cuflash._configs.fwd_cap_max_tile: flash_fwd.cu CAP_MAX; no call takes it yet), at head dims 64, 96, 128 and 256;
+"plain" and "cap" are the configured kernels (at head dim 128 the variant runs 32-key tiles, "cap" 64).
+
 --bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, configured at
 SM90_BWD_CAP_ONLY_HEADDIMS; forced on and off here through cuflash._bwd_sm90.CAP_ONLY: on the tiles where the
 soft-cap is the only change the scores capped in the P loop and the derivative 1 - tanh^2 alone, without the band
@@ -54,22 +58,44 @@ def _call(q, k, v, causal, cap, cap_max):
     return lambda: _fwd_sm90.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
 
 
-def check() -> int:
+def _call_sm80(q, k, v, causal, cap, cap_max):
+    """fn() running the mma.sync forward (cuflash._fwd) of q, k, v with soft-cap `cap` (0: the plain kernel), on the
+    configured modifier tile or the capped-max one (cuflash._configs.fwd_cap_max_tile: a variant no call takes yet)."""
+    from cuflash import _configs, _fwd
+    from cuflash._mods import mods_for
+    from cuflash._validate import check_qkv
+
+    qa, ka, va = check_qkv(q, k, v)
+    mods = mods_for(qa, ka, causal, (-1, -1), cap, None, None) if cap else None
+    tile = _configs.fwd_cap_max_tile(q.shape[3]) if cap and cap_max else None
+    return lambda: _fwd.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
+
+
+def _forward(sm80: bool):
+    """(the call maker, the head dims) of the forward checked and timed: the Hopper forward's capped-max form at
+    SM90_FWD_CAP_MAX_HEADDIMS, or (sm80) the mma.sync forward's at head dims 64, 96, 128, 256."""
+    from cuflash import _configs
+
+    return (_call_sm80, (64, 96, 128, 256)) if sm80 else (_call, _configs.SM90_FWD_CAP_MAX_HEADDIMS)
+
+
+def check(sm80: bool = False) -> int:
     """Prints one line per case; returns the number of failures."""
     import torch
 
-    from cuflash import _configs, reference
+    from cuflash import reference
 
+    call, dims = _forward(sm80)
     fails = 0
     b, sq, sk, h, hk = 1, 1500, 2100, 4, 2
-    for d in _configs.SM90_FWD_CAP_MAX_HEADDIMS:
+    for d in dims:
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
                 q = (3 * torch.randn(b, sq, h, d, device="cuda")).to(dtype)
                 k = (3 * torch.randn(b, sk, hk, d, device="cuda")).to(dtype)
                 v = torch.randn(b, sk, hk, d, device="cuda").to(dtype)
-                out, lse = _call(q, k, v, causal, CAP, True)()
-                out_c, lse_c = _call(q, k, v, causal, CAP, False)()
+                out, lse = call(q, k, v, causal, CAP, True)()
+                out_c, lse_c = call(q, k, v, causal, CAP, False)()
                 d_o = (out.float() - out_c.float()).abs().max().item()
                 d_l = (lse - lse_c).abs().max().item()
                 scale = d ** -0.5
@@ -96,9 +122,9 @@ def check() -> int:
     return fails
 
 
-def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
-    """The timing table: plain, cap and (bwd=False) capmax through the Hopper forward, or (bwd=True) caponly through
-    the Hopper backward, timed in turn; each row's cost over the plain kernel."""
+def timing(quick: bool, rounds: int, bwd: bool = False, sm80: bool = False) -> None:
+    """The timing table: plain, cap and (bwd=False) capmax through the Hopper forward (sm80: the mma.sync forward),
+    or (bwd=True) caponly through the Hopper backward, timed in turn; each row's cost over the plain kernel."""
     import torch
 
     from cuflash import _configs
@@ -106,14 +132,15 @@ def timing(quick: bool, rounds: int, bwd: bool = False) -> None:
     from ..harness import time_rounds
 
     form = "caponly" if bwd else "capmax"
+    fwd_call, fwd_dims = _forward(sm80)
     rows = []
-    for d in (_configs.SM90_BWD_CAP_ONLY_HEADDIMS if bwd else _configs.SM90_FWD_CAP_MAX_HEADDIMS):
+    for d in (_configs.SM90_BWD_CAP_ONLY_HEADDIMS if bwd else fwd_dims):
         h = HIDDEN // d
         for s in ((4096,) if quick else (4096, 16384)):
             b = max(1, TOKENS // s)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
             for causal in (True, False):
-                call = _bwd_call if bwd else _call
+                call = _bwd_call if bwd else fwd_call
                 fns = {"plain": call(q, k, v, causal, 0.0, None if bwd else False),
                        "cap": call(q, k, v, causal, CAP_TIMED, False), form: call(q, k, v, causal, CAP_TIMED, True)}
                 res = {n: r[0] for n, r in time_rounds(fns, rounds, rotate=True).items()}
@@ -201,14 +228,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="seqlen 4k only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bwd", action="store_true", help="the backward and its CAP_ONLY form")
+    ap.add_argument("--sm80", action="store_true", help="the mma.sync forward and its capped-max variant")
     a = ap.parse_args(argv)
     if a.bwd:
         fails = check_bwd()
         timing(a.quick, a.rounds, bwd=True)
         print(f"correctness: {'all ok' if not fails else f'{fails} FAILED'}")
         return 1 if fails else 0
-    fails = check()
-    timing(a.quick, a.rounds)
+    fails = check(a.sm80)
+    timing(a.quick, a.rounds, sm80=a.sm80)
     print(f"correctness: {'all ok' if not fails else f'{fails} FAILED'}")
     return 1 if fails else 0
 

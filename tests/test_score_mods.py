@@ -127,12 +127,16 @@ def sm90_modifier_inputs(d, dtype, heads, sq, sk, causal, window, cap, akind):
     return q, k, v, alibi, (qa, ka, va), mods_for(qa, ka, causal, window, cap, alibi, None)
 
 
+# The capped-max forms' cases (Hopper and mma.sync forward): the soft-cap alone, causal, a window, with ALiBi (no
+# tile takes the form), ALiBi alone.
+CAPPED_MAX_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 0), 5.0, None),
+                    (True, (-1, -1), 20.0, "head"), (False, (-1, -1), 0.0, "head")]
+CAPPED_MAX_IDS = ["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"]
+
+
 @pytest.mark.parametrize("d", _configs.SM90_FWD_CAP_MAX_HEADDIMS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
-                                                     (False, (300, 0), 5.0, None), (True, (-1, -1), 20.0, "head"),
-                                                     (False, (-1, -1), 0.0, "head")],
-                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("causal,window,cap,akind", CAPPED_MAX_CASES, ids=CAPPED_MAX_IDS)
 @pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
 def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     """The Hopper forward's capped-max form (Sm90FwdTile.cap_max: on tiles where the soft-cap is the only change,
@@ -163,10 +167,7 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal,window,cap,akind", [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None),
-                                                     (False, (300, 0), 5.0, None), (True, (-1, -1), 20.0, "head"),
-                                                     (False, (-1, -1), 0.0, "head")],
-                         ids=["cap", "cap-causal", "cap-window", "cap-alibi-causal", "alibi"])
+@pytest.mark.parametrize("causal,window,cap,akind", CAPPED_MAX_CASES, ids=CAPPED_MAX_IDS)
 @pytest.mark.parametrize("sq,sk", [(1500, 2100), (2048, 1024)])
 def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, sk):
     """The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX, through an explicit tile:

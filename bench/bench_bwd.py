@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gc
 
-from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _line
-from .harness import SDPA_PROVIDERS, record, sdpa, time_ms, time_queued_ms, time_rounds
+from .bench_fwd import HIDDEN, SEQLENS, TOKENS, _hopper_points, _line
+from .harness import SDPA_PROVIDERS, queued_timer, record, sdpa, time_ms, time_rounds
 
 
 def _inputs(b, s, h, d, dt, hk=None):
@@ -33,8 +33,7 @@ def _grid_cases(headdims, seqlens, dt, extra=False):
 
     pts = [(d, HIDDEN // d, HIDDEN // d, s, TOKENS // s) for d in headdims for s in seqlens]
     if extra:
-        pts += [(d, HIDDEN // d, HIDDEN // d, 65536, 1) for d in headdims if d <= 128]
-        pts += [(128, 64, 8, 8192, 2)] if 128 in headdims else []
+        pts += [(d, h, hk, s, b) for _, b, s, h, hk, d in _hopper_points((None,), headdims, (), True) if d in headdims]
     for d, h, hk, s, b in pts:
         ours = _inputs(b, s, h, d, dt, hk)
         yield d, h, hk, s, b, ours, _sdpa_inputs(*ours)
@@ -58,7 +57,7 @@ def _timing(calls, queued=False):
     if queued:
         if calls != 1:
             raise ValueError(f"queued timing is of single calls; got calls={calls}")
-        return dict(timer=lambda fn: time_queued_ms(fn, rep=10))
+        return queued_timer()
     if calls == 1:
         return dict(rep=10)
     return dict(timer=lambda fn: time_ms(lambda: [fn() for _ in range(calls)], rep=max(3, 10 // calls)) / calls)

@@ -8,7 +8,7 @@ import gc
 
 from cuflash._configs import FwdTile, fwd_spec, fwd_tile
 
-from .harness import SDPA_PROVIDERS, host_us_per_call, record, sdpa, time_ms, time_queued_ms, time_rounds
+from .harness import SDPA_PROVIDERS, host_us_per_call, queued_timer, record, sdpa, time_ms, time_rounds
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
@@ -132,7 +132,7 @@ def hopper_grid(dtypes=("float16", "bfloat16"), headdims=(64, 128, 256), seqlens
                 fns[prov] = lambda fn=fn: fn(qt, kt, vt, causal, enable_gqa=gqa)
             grid_point = b * s == TOKENS and not gqa
             log = None if grid_point else f"{dtype} d{d} {b} x {s} heads {h}/{hk} causal={causal}"
-            timer = dict(timer=lambda fn: time_queued_ms(fn, rep=10)) if queued else {}
+            timer = queued_timer() if queued else {}
             for name, (ms, per) in time_rounds(fns, rounds, log=log, **timer).items():
                 if name.startswith("cuflash"):
                     be = name.split("-")[1]

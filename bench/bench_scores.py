@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 
-from .harness import record, sdpa, time_queued_ms, time_rounds
+from .harness import queued_timer, record, sdpa, time_rounds
 
 TOKENS, HIDDEN = 16384, 2048
 WINDOW = 4096  # Mistral's sliding window
@@ -49,7 +49,7 @@ def scores(dtypes=("float16",), headdims=(64, 128), seqlens=(4096, 8192, 16384),
 
     import cuflash
 
-    timer = dict(timer=lambda fn: time_queued_ms(fn, rep=10)) if queued else {}
+    timer = queued_timer() if queued else {}
     recs = []
     for dtype in dtypes:
         dt = getattr(torch, dtype)

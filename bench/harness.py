@@ -117,6 +117,12 @@ def time_queued_ms(fn, warmup=3, rep=10, spin_ms=3.0) -> float:
     return event_median_ms(fn, rep, before=spin)
 
 
+def queued_timer(rep=10) -> dict:
+    """time_rounds' keywords for timing each call queued behind a spin kernel (time_queued_ms, `rep` calls): the
+    suites' queued timing."""
+    return dict(timer=lambda fn: time_queued_ms(fn, rep=rep))
+
+
 def host_us_per_call(fn, n=200) -> float:
     """Wall-clock microseconds per call of a loop of calls from Python (latency-bound small shapes)."""
     import torch

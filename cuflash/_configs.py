@@ -238,13 +238,12 @@ def fwd_spec(dtype: str, headdim: int, causal: bool, split: bool, tile: FwdTile 
         raise ValueError(f"tile {tile}: the capped-max form is the fixed-length modifier kernel's, without dropout or "
                          f"split-KV (mod {mod}, split {split}, varlen {varlen}, ua {ua})")
     smem = fwd_smem_bytes(headdim, tile)
+    do = headdim // tile.o_split if tile.o_split > 1 else 0  # the kernel's DO (0: every column)
     if tile.cap_max:  # (every trailing argument spelled out up to CAP_MAX)
-        do = headdim // tile.o_split if tile.o_split > 1 else 0
         extra = f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {mod}, {do}, false, false, true"
     elif varlen or ua:
         if split:
             raise ValueError("varlen: the split-KV forward has no packed-sequence kernel")
-        do = headdim // tile.o_split if tile.o_split > 1 else 0
         extra = (f", {exp_variant}, {tile.kunroll}, {tile.load_at}, {_mod_checked(causal, mod)}, {do}, "
                  f"{'true' if varlen else 'false'}{', true' if ua else ''}")
     elif tile.o_split > 1:

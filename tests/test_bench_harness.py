@@ -288,7 +288,7 @@ def test_calls_option_reaches_the_backward_suites(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match="calls"):
             bench_bwd._timing(bad)
     # queued: single calls through harness.time_queued_ms; not with back-to-back calls
-    monkeypatch.setattr(bench_bwd, "time_queued_ms", lambda fn, rep: (seen.append(("q", rep)), fn(), 7.0)[2])
+    monkeypatch.setattr(harness, "time_queued_ms", lambda fn, rep: (seen.append(("q", rep)), fn(), 7.0)[2])
     n.clear()
     assert bench_bwd._timing(1, queued=True)["timer"](lambda: n.append(1)) == 7.0 and n == [1]
     assert seen[-1] == ("q", 10)

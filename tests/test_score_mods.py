@@ -127,6 +127,18 @@ def sm90_modifier_inputs(d, dtype, heads, sq, sk, causal, window, cap, akind):
     return q, k, v, alibi, (qa, ka, va), mods_for(qa, ka, causal, window, cap, alibi, None)
 
 
+def assert_same_to_rounding(out, lse, out_c, lse_c, dtype):
+    """Two forms of one forward agree to rounding: out within 2 units in the last place of its dtype at its scale,
+    the same rows without keys (an infinite LSE), and the finite LSE within 1e-5 of its scale."""
+    import torch
+
+    ulp = 2.0 ** (-10 if dtype == "float16" else -7)
+    assert (out.float() - out_c.float()).abs().max().item() <= 2 * ulp * max(1.0, out_c.float().abs().max().item())
+    fin = lse_c.isfinite()
+    assert torch.equal(fin, lse.isfinite()) and (lse - lse_c)[fin].abs().max().item() <= 1e-5 * max(
+        1.0, lse_c[fin].abs().max().item())
+
+
 # The capped-max forms' cases (Hopper and mma.sync forward): the soft-cap alone, causal, a window, with ALiBi (no
 # tile takes the form), ALiBi alone.
 CAPPED_MAX_CASES = [(False, (-1, -1), 20.0, None), (True, (-1, -1), 20.0, None), (False, (300, 0), 5.0, None),
@@ -148,8 +160,6 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     the last place at its scale, the LSE within 1e-5)."""
     from dataclasses import replace
 
-    import torch
-
     from cuflash import _fwd_sm90
 
     q, k, v, alibi, (qa, ka, va), mods = sm90_modifier_inputs(d, dtype, (2, 4, 2), sq, sk, causal, window, cap, akind)
@@ -158,11 +168,7 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
     out, lse = _fwd_sm90.forward(qa, ka, va, None, causal, mods=mods)
     check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"capped max {dtype} d{d}")
     out_c, lse_c = _fwd_sm90.forward(qa, ka, va, None, causal, tile=replace(tile, cap_max=False), mods=mods)
-    ulp = 2.0 ** (-10 if dtype == "float16" else -7)
-    assert (out.float() - out_c.float()).abs().max().item() <= 2 * ulp * max(1.0, out_c.float().abs().max().item())
-    fin = lse_c.isfinite()
-    assert torch.equal(fin, lse.isfinite()) and (lse - lse_c)[fin].abs().max().item() <= 1e-5 * max(
-        1.0, lse_c[fin].abs().max().item())
+    assert_same_to_rounding(out, lse, out_c, lse_c, dtype)
 
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
@@ -175,8 +181,6 @@ def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, 
     logits, and against the configured modifier kernel on the same inputs to rounding (out within 2 units in the
     last place at its scale, the LSE within 1e-5; at head dim 128 the form runs 32-key tiles, the configured kernel
     64, so the two also sum in another order)."""
-    import torch
-
     from cuflash import _fwd
     from cuflash._mods import mods_for
     from cuflash._validate import check_qkv
@@ -191,11 +195,7 @@ def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, 
     out, lse = _fwd.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
     check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"sm80 capped max {dtype} d{d}")
     out_c, lse_c = _fwd.forward(qa, ka, va, None, causal, mods=mods)
-    ulp = 2.0 ** (-10 if dtype == "float16" else -7)
-    assert (out.float() - out_c.float()).abs().max().item() <= 2 * ulp * max(1.0, out_c.float().abs().max().item())
-    fin = lse_c.isfinite()
-    assert torch.equal(fin, lse.isfinite()) and (lse - lse_c)[fin].abs().max().item() <= 1e-5 * max(
-        1.0, lse_c[fin].abs().max().item())
+    assert_same_to_rounding(out, lse, out_c, lse_c, dtype)
 
 
 # The modifier kernels' persistent form (cuflash._configs.sm90_fwd_mod_persist_tiles, through an explicit tile: every

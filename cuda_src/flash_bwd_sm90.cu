@@ -46,7 +46,9 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC, without a mask DQ_ORDER_ROT (the host's
-//                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only
+//                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only; or for
+//                 "atomic" and "seqpar" with the causal mask DQ_ORDER_HEADS_INNER (Q tiles last first, the group's
+//                 query heads inner: the blocks of a KV head read each Q and dO tile together; GQA)
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
 //   CAP_ONLY      a form of the modifier kernel (MOD_SCORE; one block per tile or PERSIST): on the tiles where
@@ -133,15 +135,29 @@ __device__ __forceinline__ void sm90_bwd_store_dkdv_tma(const BwdParams& p, cons
   }
 }
 
-// The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, last first (DQ_ORDER_Q_DESC), or
-// DQ_ORDER_ROT's rot - m (mod num_m), rot = the KV tile's index mod num_m (rot_of_tile).
+// The Q tile of a query head's iteration m (0 .. num_m): m_begin + m, last first (DQ_ORDER_Q_DESC,
+// DQ_ORDER_HEADS_INNER), or DQ_ORDER_ROT's rot - m (mod num_m), rot = the KV tile's index mod num_m (rot_of_tile).
 template <int ORDER>
 __device__ __forceinline__ int q_tile_at(int m_begin, int num_m, int m, int rot) {
   if constexpr (ORDER == DQ_ORDER_ROT) {
     const int r = rot - m;
     return m_begin + (r < 0 ? r + num_m : r);
   }
-  return ORDER == DQ_ORDER_Q_DESC ? m_begin + num_m - 1 - m : m_begin + m;
+  return ORDER == DQ_ORDER_Q_DESC || ORDER == DQ_ORDER_HEADS_INNER ? m_begin + num_m - 1 - m : m_begin + m;
+}
+// The step after iteration (query head h, Q tile index m) of a block: each head's Q tiles in turn (heads outer), or
+// with DQ_ORDER_HEADS_INNER the group's heads at each Q tile (Q tiles outer).
+template <int ORDER>
+__device__ __forceinline__ void walk_step(int& h, int& m, int num_m, int group) {
+  if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
+    if (++h == group) {
+      h = 0;
+      ++m;
+    }
+  } else if (++m == num_m) {
+    m = 0;
+    ++h;
+  }
 }
 template <int ORDER>
 __device__ __forceinline__ int rot_of_tile(int n_block, int num_m) {
@@ -353,10 +369,17 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
   QTileWalk<ROT> walk;
   walk.h = i0 / num_m;
   walk.m = i0 - walk.h * num_m;
+  static_assert(ORDER != DQ_ORDER_HEADS_INNER || (!ROT && !PERSIST), "DQ_ORDER_HEADS_INNER: one block per tile");
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
     const int s = (it0 + it) % STAGES, ph = ((it0 + it) / STAGES) & 1;
-    const int2 hm = walk.next(num_m, rot);
+    int2 hm;
+    if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
+      hm = make_int2(walk.h, walk.m);
+      walk_step<ORDER>(walk.h, walk.m, num_m, group);
+    } else {
+      hm = walk.next(num_m, rot);
+    }
     const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, rot_o) * BLOCK_M;
     mbar_wait(&empty[s], ph ^ 1);
     if (issue) {
@@ -387,7 +410,7 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
                                                   uint64_t* dq_empty, float* dq_stage, int n_block, int kv_head,
                                                   int batch, int group, int m_begin, int num_m, int total, int it0,
                                                   int i0 = 0) {
-  const int strategy = ORDER == DQ_ORDER_PLAIN ? (int)p.dq_strategy : DQ_ORDERED;
+  const int strategy = ORDER == DQ_ORDER_PLAIN || ORDER == DQ_ORDER_HEADS_INNER ? (int)p.dq_strategy : DQ_ORDERED;
   const bool ordered = ORDERED && !PERSIST && strategy == DQ_ORDERED;
   const int64_t ws_rows = bwd_ws_rows(p, false);
   int* sem = reinterpret_cast<int*>(p.dq_accum + ws_rows * D);  // "ordered": one counter per 64 rows
@@ -398,10 +421,7 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     // (DQ_ORDER_ROT: the rotation derived at each step, not held: see the turn below)
     const int rot = ORDER == DQ_ORDER_ROT ? rot_of_tile<ORDER>(opaque(n_block), num_m) : 0;
     const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m, rot) * BLOCK_M;
-    if (++m == num_m) {
-      m = 0;
-      ++h;
-    }
+    walk_step<ORDER>(h, m, num_m, group);
     const int64_t row = ((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0;
     float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
     int* sem_at = nullptr;
@@ -558,7 +578,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool TRANS_DQ = BLOCK_M == 80;
   // the dQ writer's "ordered" turns: not in the kernels the host never runs it on (cuflash/_bwd_sm90.py: the
   // modifier kernels, the grouped dispatch order's, the 80-row tiles')
-  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ;
+  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ && ORDER != DQ_ORDER_HEADS_INNER;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
@@ -575,8 +595,10 @@ __global__ void __launch_bounds__(384, 1)
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
   static_assert(ORDER == DQ_ORDER_PLAIN || (MOD == MOD_NONE && CAUSAL == (ORDER != DQ_ORDER_ROT)),
-                "the other orders: ordered, causal only (DQ_ORDER_ROT: without a mask only)");
-  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && ORDER == DQ_ORDER_PLAIN)),
+                "the other orders: ordered (or DQ_ORDER_HEADS_INNER: atomic, seqpar), causal only (DQ_ORDER_ROT: "
+                "without a mask only)");
+  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE &&
+                                              (ORDER == DQ_ORDER_PLAIN || ORDER == DQ_ORDER_HEADS_INNER))),
                 "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
@@ -678,10 +700,7 @@ __global__ void __launch_bounds__(384, 1)
       const int gi = it0 + it;  // the iteration's place in the block's stage ring, dS^T buffers and dQ hand-offs
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
       const int hq = kv_head * group + h, m0 = q_tile_at<ORDER>(m_begin, num_m, m, rot) * BLOCK_M;
-      if (++m == num_m) {
-        m = 0;
-        ++h;
-      }
+      walk_step<ORDER>(h, m, num_m, group);
       const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
       const uint32_t ka = k_base + cw * 64 * 128, va = v_base + cw * 64 * 128;  // this consumer's 64 keys
       const float* lse_s = reinterpret_cast<const float*>(sm + L::LSE_OFF) + s * BLOCK_M;
@@ -944,7 +963,8 @@ __global__ void __launch_bounds__(384, 1)
 // There is no shared memory left for a dQ staging tile (K, V, 2 stages of Q and dO: 192 KB, P^T and dS^T double
 // buffered: 32 KB), so there is no dQ writer warp and no "ordered" strategy (the host runs deterministic calls as
 // "seqpar", or on the mma.sync kernels). Plain non-causal blocks start their Q tiles at n_block % num_m (wrapping), so
-// that the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal.
+// that the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal
+// (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the group's query heads inner, as the 128-key kernel's).
 // MOD_SCORE (window, soft-cap, ALiBi: attn/mask.cuh): consumer 0 applies them to S^T on the tiles that need it and
 // hands the soft-cap's derivative to consumer 1 through the dS^T buffer.
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
@@ -975,7 +995,7 @@ struct Sm90BwdSplitLayout {
 };
 
 template <typename T, int D, int STAGES, bool CAUSAL, int REGS_MMA, int REGS_LOAD, int SMEM_BYTES, int MOD = MOD_NONE,
-          int GROUP = 0, bool PERSIST = false, bool SK = false>
+          int GROUP = 0, bool PERSIST = false, bool SK = false, int ORDER = DQ_ORDER_PLAIN>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_sm90_split_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
   using L = Sm90BwdSplitLayout<D, STAGES, PERSIST>;
@@ -994,6 +1014,8 @@ __global__ void __launch_bounds__(384, 1)
                 "GROUP: the causal kernels only (the persistent form walks the launch's order)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
+  static_assert(ORDER == DQ_ORDER_PLAIN || (ORDER == DQ_ORDER_HEADS_INNER && CAUSAL && MOD == MOD_NONE && !PERSIST),
+                "ORDER: DQ_ORDER_PLAIN, or DQ_ORDER_HEADS_INNER (causal, no modifiers, one block per tile)");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -1033,7 +1055,7 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // ------------------------------------------------------------------------------ producer
     setmaxnreg_dec<REGS_LOAD>();
     if (threadIdx.x == 0 && (PERSIST || total1 > 0))
-      sm90_bwd_produce<L, BLOCK_M, STAGES, DQ_ORDER_PLAIN, !CAUSAL && MOD == MOD_NONE, PERSIST, SK>(
+      sm90_bwd_produce<L, BLOCK_M, STAGES, ORDER, !CAUSAL && MOD == MOD_NONE, PERSIST, SK>(
           p, maps, sm, bar_kv, full, empty, kv_empty, si, band, group, blk1, qr1, rot1, rot_of);
     return;
   }
@@ -1071,8 +1093,14 @@ __global__ void __launch_bounds__(384, 1)
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
-      const int2 hm = walk.next(num_m, rot);
-      const int hq = kv_head * group + hm.x, m0 = (m_begin + hm.y) * BLOCK_M;
+      int2 hm;
+      if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
+        hm = make_int2(walk.h, walk.m);
+        walk_step<ORDER>(walk.h, walk.m, num_m, group);
+      } else {
+        hm = walk.next(num_m, rot);
+      }
+      const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, 0) * BLOCK_M;
       const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
       const uint32_t pt = pt_base + (gi % 2) * L::PS_BYTES, ds = ds_base + (gi % 2) * L::PS_BYTES;
       unsigned char* const pt_buf = sm + L::PT_OFF + (gi % 2) * L::PS_BYTES;

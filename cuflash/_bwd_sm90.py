@@ -25,9 +25,9 @@ import ctypes
 from dataclasses import replace
 
 from . import _walk
-from ._configs import (DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
+from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
                        SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
-                       sm90_bwd_causal_group, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
+                       sm90_bwd_causal_group, sm90_bwd_heads_inner, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
                        sm90_bwd_m80_tile,
                        sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
@@ -101,6 +101,10 @@ PLAIN_ORDER = None
 # The dispatch order of the causal "atomic" and "seqpar" kernels: None, cuflash._configs.sm90_bwd_causal_group's; a
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
+# The causal "atomic" / "seqpar" kernels' heads-inner walk (DQ_ORDER_HEADS_INNER): None, cuflash._configs.
+# sm90_bwd_heads_inner's choice; True / False force it on or off where it can run (one block per tile: a call that
+# would take the persistent form keeps it); a diagnostic or a test; clear cuflash.backward._PLANS.
+HEADS_INNER = None
 # The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
 # while CAUSAL_GROUP is set); True / False force it where it can run (head dims sm90_bwd_persist_headdims(mod), "atomic"
 # / "seqpar") or off (a diagnostic or a test; clear cuflash.backward._PLANS). PERSIST_MAX_GRID: None, one block per SM; an int caps the persistent grid (a
@@ -204,6 +208,9 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
     if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
         group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
+        heads = qa.shape[2] // ka.shape[2]
+        if sm90_bwd_heads_inner(d, heads) if HEADS_INNER is None else HEADS_INNER:
+            order = DQ_ORDER_HEADS_INNER
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k, softcap)
     sk = 0
     if seqlen_k is not None:
@@ -213,7 +220,7 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
         if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid, iters):
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)
-        tile, group = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0
+        tile, group, order = sm90_bwd_stream_k_tile(d) if sk else sm90_bwd_persist_tile(d), 0, DQ_ORDER_PLAIN
     if m80_form(d, causal, mod, strategy, seqlen_k):  # (in place of the 64-row tile's persistent and stream-K forms)
         persistent, sk = m80_persistent(d, seqlen_k), 0
         tile = sm90_bwd_m80_tile(d, persistent)

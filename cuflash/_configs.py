@@ -882,6 +882,18 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # 128 from 8k and with GQA (a block there holds group times the iterations): 0.86-0.93x of atomic against PLAIN's
 # 0.96-0.99x.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
+# The causal "atomic" / "seqpar" kernels' walk with the Q tiles outer (last first) and the KV head's query heads inner
+# (cuda_src/attn/bwd.cuh), so that with GQA the blocks of one (KV head, batch) pair that run together read each Q
+# and dO tile at the same step: its kernels are compiled at every kernel head dim (sm90_bwd_heads_inner_specs);
+# SM90_BWD_HEADS_INNER_MIN_GROUP: the fewest query heads per KV head at which the host takes it (0: never).
+DQ_ORDER_HEADS_INNER = 4
+SM90_BWD_HEADS_INNER_MIN_GROUP = 0
+
+
+def sm90_bwd_heads_inner(headdim: int, group: int) -> bool:
+    """Whether a causal "atomic" / "seqpar" call without modifiers, `group` query heads per KV head, one block per tile,
+    takes DQ_ORDER_HEADS_INNER's walk."""
+    return 0 < SM90_BWD_HEADS_INNER_MIN_GROUP <= group
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}
 SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
@@ -945,12 +957,13 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         raise ValueError(f"the CAP_ONLY form is the modifier kernel's (mod {MOD_SCORE}, 128 keys, one block per tile or "
                          f"persistent without stream-K); got mod={mod!r}, stream_k={tile.stream_k!r}, "
                          f"split={tile.split!r}, order={order!r}, group={group!r}")
-    if (order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT)
+    if (order not in (DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT, DQ_ORDER_HEADS_INNER)
             or (order and (mod or bool(causal) == (order == DQ_ORDER_ROT)))):
-        raise ValueError(f"order must be one of 0, 1, 2, 3 (1, 2: causal, 3: not causal; non-zero: mod 0); got "
+        raise ValueError(f"order must be one of 0, 1, 2, 3, 4 (1, 2, 4: causal, 3: not causal; non-zero: mod 0); got "
                          f"order={order!r}, causal={causal!r}, mod={mod!r}")
-    if not isinstance(group, int) or group < 0 or (group and (not causal or mod or order)):
-        raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0); got group={group!r}, "
+    if (not isinstance(group, int) or group < 0
+            or (group and (not causal or mod or order not in (DQ_ORDER_PLAIN, DQ_ORDER_HEADS_INNER)))):
+        raise ValueError(f"group must be an int >= 0 (non-zero: causal, mod 0, order 0 or 4); got group={group!r}, "
                          f"causal={causal!r}, mod={mod!r}, order={order!r}")
     if tile.persistent and (order or group):
         raise ValueError(f"the persistent form walks the launch's order (no \"ordered\", no group); got "
@@ -959,9 +972,11 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         raise ValueError(f"stream-K is a persistent form without a mask; got causal={causal!r}, mod={mod!r}, "
                          f"persistent={tile.persistent!r}")
     if tile.split:
-        if order:
-            raise ValueError(f"the column-split tile (head dim {headdim}) has no visiting orders; got order={order!r}")
+        if order not in (DQ_ORDER_PLAIN, DQ_ORDER_HEADS_INNER):
+            raise ValueError(f"the column-split tile (head dim {headdim}) has no \"ordered\" visiting orders; got "
+                             f"order={order!r}")
         tail = (f", {mod}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
+                f", {mod}, {group}, false, false, {order}" if order else
                 f", {mod}, {group}" if group else
                 (f", {mod}" if _mod_checked(causal, mod) else ""))
         name = (f"cuflash::flash_bwd_sm90_split_kernel<{CTYPE[dtype]}, {headdim}, {tile.stages}, {b(causal)}, "
@@ -1181,10 +1196,17 @@ def sm90_bwd_cap_only_variant_specs():
             for t in (sm90_bwd_tile(d),) + ((sm90_bwd_persist_tile(d),) if d in SM90_BWD_PERSIST_MOD_HEADDIMS else ())]
 
 
+def sm90_bwd_heads_inner_specs():
+    """The causal kernels of DQ_ORDER_HEADS_INNER's walk the host can launch: every kernel head dim, in the launch's
+    dispatch order and, where the causal kernels take the grouped one (sm90_bwd_causal_group), in that."""
+    return [sm90_bwd_spec(dt, d, True, order=DQ_ORDER_HEADS_INNER, group=g) for dt in DTYPES for d in SM90_BWD_HEADDIMS
+            for g in ((0, SM90_BWD_CAUSAL_GROUP) if sm90_bwd_grouped_headdim(d) else (0,))]
+
+
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and its
     ROT kernels without a mask, the
-    grouped causal kernels (sm90_bwd_causal_group), the persistent forms of the plain and causal kernels (which
+    grouped causal kernels (sm90_bwd_causal_group), the causal kernels of the heads-inner walk, the persistent forms of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
     call far more unequal) and the stream-K forms of the plain ones."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
@@ -1197,8 +1219,8 @@ def sm90_bwd_specs():
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in full] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
-             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + persist + sm90_bwd_cap_only_variant_specs() +
-            sm90_bwd_m80_specs())
+             for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + sm90_bwd_heads_inner_specs() + persist +
+            sm90_bwd_cap_only_variant_specs() + sm90_bwd_m80_specs())
 
 
 @dataclass(frozen=True)

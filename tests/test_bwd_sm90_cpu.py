@@ -117,6 +117,23 @@ for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 
                     ("longest grouped", (1, 64, 8192, 2, 2, 128))):
     rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
     res["default " + name] = rec[1][0]
+# the heads-inner walk forced on (cuflash._bwd_sm90.HEADS_INNER), alone and with a grouped order: which kernels take it
+_bwd_sm90.HEADS_INNER = True
+for grp in (None, 3):
+    _bwd_sm90.CAUSAL_GROUP = grp
+    for name, shape, kw in (("atomic", (2, 300, 777, 8, 2, 128), {}),
+                            ("seqpar", (2, 300, 777, 8, 2, 128), dict(dq_strategy="seqpar")),
+                            ("ordered", (2, 300, 777, 8, 2, 128), dict(deterministic=True)),
+                            ("window", (2, 300, 777, 8, 2, 128), dict(window_size=(100, 0))),
+                            ("d256", (2, 300, 777, 8, 2, 256), {}), ("long", (1, 64, 8193, 2, 2, 128), {})):
+        bwd_mod._PLANS.clear()
+        rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True, **kw))
+        res[f"inner {grp} {name}"] = rec[1][0]
+    bwd_mod._PLANS.clear()
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
+    res[f"inner {grp} non-causal"] = rec[1][0]
+_bwd_sm90.HEADS_INNER = _bwd_sm90.CAUSAL_GROUP = None
+bwd_mod._PLANS.clear()
 # the persistent form and stream-K forced on (cuflash._bwd_sm90.PERSIST, STREAM_K; PERSIST_MAX_GRID): the kernel, grid
 # and parameter bytes (stream-K's workspace pointer is put in per call) of each call's main kernel
 from cuflash import _walk
@@ -590,6 +607,46 @@ def test_group_kernels(res):
     assert res["default longest grouped"] == grouped  # (at 777 keys the persistent form: test_persistent_form_launches)
     assert res["default long"] == _configs.sm90_bwd_spec("float16", 128, True).name
     assert res["default d64"] == _configs.sm90_bwd_spec("float16", 64, True, _configs.sm90_bwd_persist_tile(64)).name
+
+
+def test_heads_inner_kernels(res):
+    """The heads-inner walk (DQ_ORDER_HEADS_INNER) is taken, when forced, by the causal kernels of "atomic" and "seqpar"
+    of one block per tile, in the launch's or the grouped dispatch order, at 128 keys and with the column-split kernel;
+    "ordered" keeps its own order, the modifier and non-causal kernels theirs, and a call in the persistent form keeps
+    that (its walk is the launch's). Its spec names the order after the group; orders and forms it cannot run with
+    are refused."""
+    hi = _configs.DQ_ORDER_HEADS_INNER
+    # no dispatch order forced: at 777 keys the persistent form, as configured; past the grouped order's key limit
+    # the launch's order
+    for d in (128, 256):
+        assert res[f"inner None {'atomic' if d == 128 else 'd256'}"] == _configs.sm90_bwd_spec(
+            "float16", d, True, _configs.sm90_bwd_persist_tile(d)).name
+    assert res["inner None long"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
+    assert res["inner 3 atomic"] == res["inner 3 seqpar"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi,
+                                                                                    group=3).name
+    assert res["inner 3 d256"] == _configs.sm90_bwd_spec("float16", 256, True, order=hi, group=3).name
+    assert res["inner 3 long"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=3).name
+    for grp in (None, 3):
+        assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True,
+                                                                      order=_configs.SM90_BWD_CAUSAL_ORDER).name
+        for name in ("window", "non-causal"):
+            assert ", 4>" not in res[f"inner {grp} {name}"] and ", 4, 3>" not in res[f"inner {grp} {name}"]
+    assert _configs.sm90_bwd_spec("float16", 128, True, order=hi).name.endswith(", 0, 4>")
+    assert _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=3).name.endswith(", 0, 4, 3>")
+    assert _configs.sm90_bwd_spec("float16", 256, True, order=hi, group=3).name.endswith(", 0, 3, false, false, 4>")
+    for causal, kw in ((False, {}), (True, dict(mod=_configs.MOD_SCORE))):
+        with pytest.raises(ValueError, match="order"):
+            _configs.sm90_bwd_spec("float16", 128, causal, order=hi, **kw)
+    with pytest.raises(ValueError, match="persistent"):
+        _configs.sm90_bwd_spec("float16", 128, True, _configs.sm90_bwd_persist_tile(128), order=hi)
+    names = {s.name for s in _configs.sm90_bwd_specs()}
+    assert {s.name for s in _configs.sm90_bwd_heads_inner_specs()} <= names
+    for d in _configs.SM90_BWD_HEADDIMS:
+        assert _configs.sm90_bwd_spec("bfloat16", d, True, order=hi).name in names
+    # the host's rule: from SM90_BWD_HEADS_INNER_MIN_GROUP query heads per KV head (0: never)
+    m = _configs.SM90_BWD_HEADS_INNER_MIN_GROUP
+    for grp in (1, 2, 4, 8, 16):
+        assert _configs.sm90_bwd_heads_inner(128, grp) == (0 < m <= grp)
 
 
 def test_default_group_rule():

@@ -207,6 +207,41 @@ def test_grouped_dispatch_causal(causal_group, dq_strategy, b, sq, sk, h, hk, d)
     assert [p.launches[1][0] for p in plans] == [get_launcher(spec, q.device.index).ptr]
 
 
+@pytest.mark.parametrize("group", [0, 3])
+@pytest.mark.parametrize("b,sq,sk,h,hk,d,dtype", [(2, 17, 300, 2, 2, 128, "float16"), (2, 300, 17, 4, 2, 64, "bfloat16"),
+                                                  (1, 700, 130, 6, 2, 96, "float16"),
+                                                  (2, 1100, 1300, 8, 2, 128, "bfloat16"),
+                                                  (2, 640, 1300, 8, 1, 48, "float16"),
+                                                  (1, 2100, 2100, 16, 2, 128, "float16"),
+                                                  (2, 300, 700, 4, 2, 256, "bfloat16"),
+                                                  (1, 530, 530, 3, 1, 200, "float16")])
+def test_heads_inner_walk(monkeypatch, group, b, sq, sk, h, hk, d, dtype):
+    """The causal kernels' heads-inner walk (DQ_ORDER_HEADS_INNER: Q tiles last first, the KV head's query heads
+    inner; cuflash._bwd_sm90.HEADS_INNER) in the launch's and a grouped dispatch order, at every kernel head dim (the
+    column-split kernel's at 256; 48 and 200 padded): against the float64 reference with "atomic"; the plan's kernel
+    is the walk's; with "seqpar" dQ bitwise that of the heads-outer walk (each KV tile's partial is the same products)
+    and dK, dV equal to fp32 rounding (the same products summed in another order); rows that see no key: zero dQ."""
+    import torch
+
+    monkeypatch.setattr(_bwd_sm90, "HEADS_INNER", True)
+    monkeypatch.setattr(_bwd_sm90, "CAUSAL_GROUP", group)
+    bwd_mod._PLANS.clear()
+    (q, k, v, out, lse, dout), got = check(b, sq, sk, h, hk, d, dtype, True, dq_strategy="atomic")
+    kd = _configs.kernel_headdim(d)
+    spec = _configs.sm90_bwd_spec(dtype, kd, True, order=_configs.DQ_ORDER_HEADS_INNER, group=group)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+    if sq > sk:
+        assert torch.count_nonzero(got[0][:, : sq - sk]) == 0
+    seqpar = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="seqpar", backend="sm90")
+    monkeypatch.setattr(_bwd_sm90, "HEADS_INNER", False)
+    bwd_mod._PLANS.clear()
+    outer = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="seqpar", backend="sm90")
+    bwd_mod._PLANS.clear()
+    assert torch.equal(seqpar[0], outer[0])
+    assert_same_to_rounding(seqpar, outer)
+    assert_same_to_rounding(got, outer)
+
+
 @pytest.fixture(params=[None, 3], ids=["grid-sms", "grid-3"])
 def persistent(request, monkeypatch):
     """The persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of one block per SM, or of 3 blocks that

@@ -5,8 +5,12 @@ in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen
 (bench/diag/ordered_probe.py's):
 
     python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--headdims 64,128] [--json FILE]
+                                         [--heads-inner] [--gqa-only]
     python -m bench.diag.bwd_order_probe --model      (CPU: bench/diag/bwd_grid_model.py's prediction, no GPU)
 
+--heads-inner adds the walk with the Q tiles outer, last first, and the KV head's query heads inner
+(DQ_ORDER_HEADS_INNER; cuflash._bwd_sm90.HEADS_INNER) in the launch's order (hi0) and in each grouped order (hi<G>);
+--gqa-only keeps the points with more than one query head per KV head.
 Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly, 5
 back-to-back calls per timing (cuDNN through autograd the same way; bench/diag/ordered_probe.py: time_with_cudnn).
 Before timing, each grouped variant's gradients must match the launch order's to fp32 rounding (the additions into
@@ -34,29 +38,37 @@ def predicted(d, s, b, h, hk, group):
     return overhead(s, hk, b, bm, True, "head-major") / overhead(s, hk, b, bm, True, f"tile-major/{group}")
 
 
-def _plan(views, group):
+def _plan(views, group, heads_inner=False):
     from .ordered_probe import plan_call
 
-    return plan_call(views, True, "atomic", CAUSAL_GROUP=group)
+    return plan_call(views, True, "atomic", CAUSAL_GROUP=group, HEADS_INNER=heads_inner)
 
 
-def run_point(dt, d, s, b, h, hk, rounds, groups):
+def variants(groups, heads_inner):
+    """(name, group, heads_inner) of every variant timed beside the launch order ("launch")."""
+    out = [(f"g{g}", g, False) for g in groups]
+    if heads_inner:
+        out += [(f"hi{g}", g, True) for g in (0,) + tuple(groups)]
+    return out
+
+
+def run_point(dt, d, s, b, h, hk, rounds, groups, heads_inner=False):
     import torch
 
     from .ordered_probe import causal_problem, time_with_cudnn
 
     q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk)
     fns = {"launch": _plan(views, 0)}
-    fns.update({f"g{g}": _plan(views, g) for g in groups})
+    fns.update({name: _plan(views, g, hi) for name, g, hi in variants(groups, heads_inner)})
     ok = True
     ref = [x.float() for x in fns["launch"]()]
-    for g in groups:
-        a = fns[f"g{g}"]()
+    for name, _, _ in variants(groups, heads_inner):
+        a = fns[name]()
         torch.cuda.synchronize()
         close = all((x.float() - r).abs().max().item() <= 2 ** -6 * r.abs().max().item() for x, r in zip(a, ref))
         if not close:
             ok = False
-            print(f"FAIL {dt} d{d} s{s} h{h}/{hk} group {g}: gradients differ from the launch order's", flush=True)
+            print(f"FAIL {dt} d{d} s{s} h{h}/{hk} {name}: gradients differ from the launch order's", flush=True)
         del a
     del ref
     return time_with_cudnn(fns, q, k, v, dout, rounds, f"{dt} d{d} s{s} h{h}/{hk}"), ok
@@ -90,18 +102,20 @@ def main(argv):
         return 0
     from .ordered_probe import run_points
 
-    rows, all_ok = run_points(argv, points("--quick" in argv, dims), lambda *a: run_point(*a, groups),
-                              default_rounds=3)
+    hi = "--heads-inner" in argv
+    pts = [p for p in points("--quick" in argv, dims) if "--gqa-only" not in argv or p[4] != p[5]]
+    rows, all_ok = run_points(argv, pts, lambda *a: run_point(*a, groups, hi), default_rounds=3)
     if rows is None:
         return 2
-    print("\ncausal backward (atomic), ms per call (launch order, cuDNN) and each grouped order's speed as a fraction "
-          "of the launch order's, measured (model)")
+    names = variants(groups, hi)
+    print("\ncausal backward (atomic), ms per call (launch order, cuDNN) and each variant's speed as a fraction "
+          "of the launch order's, measured (model: the grouped orders')")
     print(f"{'dtype':>8} {'d':>4} {'seqlen':>6} {'h/hk':>6} | {'launch':>7} {'cudnn':>7} | "
-          + " ".join(f"{f'g{g}':>14}" for g in groups) + " | check")
+          + " ".join(f"{n:>14}" for n, _, _ in names) + " | check")
     for (dt, d, s, b, h, hk), ms, ok in rows:
         a = ms.get("launch")
-        fr = " ".join(f"{a / ms[f'g{g}']:>6.3f} ({predicted(d, s, b, h, hk, g):>5.3f})"
-                      if a and ms.get(f"g{g}") else f"{'-':>14}" for g in groups)
+        fr = " ".join((f"{a / ms[n]:>6.3f} ({predicted(d, s, b, h, hk, g):>5.3f})" if not inner else
+                       f"{a / ms[n]:>14.3f}") if a and ms.get(n) else f"{'-':>14}" for n, g, inner in names)
         cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
     return 0 if all_ok else 1

@@ -27,7 +27,7 @@ from dataclasses import replace
 from . import _walk
 from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
                        SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
-                       sm90_bwd_causal_group, sm90_bwd_heads_inner, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
+                       sm90_bwd_causal_walk, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
                        sm90_bwd_m80_tile,
                        sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
                        sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
@@ -102,8 +102,9 @@ PLAIN_ORDER = None
 # diagnostic or a test may set a group size here (0: the launch's order), and clear cuflash.backward._PLANS
 CAUSAL_GROUP = None
 # The causal "atomic" / "seqpar" kernels' heads-inner walk (DQ_ORDER_HEADS_INNER): None, cuflash._configs.
-# sm90_bwd_heads_inner's choice; True / False force it on or off where it can run (one block per tile: a call that
-# would take the persistent form keeps it); a diagnostic or a test; clear cuflash.backward._PLANS.
+# sm90_bwd_causal_walk's choice (with its dispatch group, unless CAUSAL_GROUP is set); True / False force it on or off
+# where it can run (one block per tile: a call that would take the persistent form keeps it); a diagnostic or a test;
+# clear cuflash.backward._PLANS.
 HEADS_INNER = None
 # The persistent form (cuflash._configs.sm90_bwd_persistent): None, the configuration's choice (not for causal calls
 # while CAUSAL_GROUP is set); True / False force it where it can run (head dims sm90_bwd_persist_headdims(mod), "atomic"
@@ -207,10 +208,12 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
                                        PLAIN_ORDER, CAUSAL_ORDER)
     group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
     if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
-        group = sm90_bwd_causal_group(d, seqlen_k) if CAUSAL_GROUP is None else CAUSAL_GROUP
-        heads = qa.shape[2] // ka.shape[2]
-        if sm90_bwd_heads_inner(d, heads) if HEADS_INNER is None else HEADS_INNER:
-            order = DQ_ORDER_HEADS_INNER
+        walk, group = sm90_bwd_causal_walk(d, seqlen_k, qa.shape[2] // ka.shape[2])
+        if CAUSAL_GROUP is not None:
+            group = CAUSAL_GROUP
+        if HEADS_INNER is not None:
+            walk = DQ_ORDER_HEADS_INNER if HEADS_INNER else DQ_ORDER_PLAIN
+        order = walk
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k, softcap)
     sk = 0
     if seqlen_k is not None:

@@ -884,16 +884,28 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
 # The causal "atomic" / "seqpar" kernels' walk with the Q tiles outer (last first) and the KV head's query heads inner
 # (cuda_src/attn/bwd.cuh), so that with GQA the blocks of one (KV head, batch) pair that run together read each Q
-# and dO tile at the same step: its kernels are compiled at every kernel head dim (sm90_bwd_heads_inner_specs);
-# SM90_BWD_HEADS_INNER_MIN_GROUP: the fewest query heads per KV head at which the host takes it (0: never).
+# and dO tile at the same step: its kernels are compiled at every kernel head dim (sm90_bwd_heads_inner_specs). The
+# host takes it with GQA (at least SM90_BWD_HEADS_INNER_MIN_HEADS query heads per KV head) where the grouped dispatch
+# order is configured (sm90_bwd_causal_group > 0), in that order below SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query
+# heads per KV head and in the launch's from there. Measured (python -m bench.diag.bwd_order_probe --heads-inner, H100,
+# GPU time, bench/results/h100/bwd-heads-inner.log) against the grouped order it replaces, head dim 128: 16 / 2 heads
+# at 4k and 8k 1.09-1.21x (grouped) and 1.03-1.07x (launch); 64 / 8 at 4k and 8k 1.07-1.11x (launch) and 0.93-1.02x
+# (grouped); 32 / 8 at 2k-8k 0.99-1.01x (launch), 0.93-1.02x (grouped); head dim 256: 16 / 2 at 4k 1.35x (launch),
+# 1.18x (grouped); 16 / 8 at 8k 1.02x (grouped), 0.95x (launch). Without GQA it measured 0.93-1.01x (not taken); past
+# the grouped order's key limit (16 / 2 at 16k) 0.93-0.95x in the launch's order, 1.00-1.02x grouped (not taken).
 DQ_ORDER_HEADS_INNER = 4
-SM90_BWD_HEADS_INNER_MIN_GROUP = 0
+SM90_BWD_HEADS_INNER_MIN_HEADS = 2
+SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS = 4
 
 
-def sm90_bwd_heads_inner(headdim: int, group: int) -> bool:
-    """Whether a causal "atomic" / "seqpar" call without modifiers, `group` query heads per KV head, one block per tile,
-    takes DQ_ORDER_HEADS_INNER's walk."""
-    return 0 < SM90_BWD_HEADS_INNER_MIN_GROUP <= group
+def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int) -> tuple:
+    """(order, group) of a causal "atomic" / "seqpar" call without modifiers that runs one block per tile:
+    (DQ_ORDER_HEADS_INNER, its dispatch group) with GQA where the grouped order is configured (see above), else
+    (DQ_ORDER_PLAIN, sm90_bwd_causal_group's)."""
+    group = sm90_bwd_causal_group(headdim, seqlen_k)
+    if group and heads_per_kv >= SM90_BWD_HEADS_INNER_MIN_HEADS:
+        return DQ_ORDER_HEADS_INNER, (0 if heads_per_kv >= SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS else group)
+    return DQ_ORDER_PLAIN, group
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}
 SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
@@ -1776,8 +1788,11 @@ def model_specs(dtypes=DTYPES, headdims=HEADDIMS, causal=(False, True), backward
                     if arch == 90 and d90 and d in SM90_BWD_HEADDIMS:  # the Hopper backward and its convert
                         t90 = sm90_bwd_tile(d)
                         out += [sm90_bwd_spec(dt, d, c, t90, m), bwd_convert_spec(dt, d, c, t90.block_n, mod=m)]
-                        if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences)
-                            out.append(sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP))
+                        if c and not m and sm90_bwd_grouped_headdim(d):  # the grouped order (shorter sequences),
+                            # and with GQA the heads-inner walk in it or in the launch's (sm90_bwd_causal_walk)
+                            out += [sm90_bwd_spec(dt, d, c, t90, m, group=SM90_BWD_CAUSAL_GROUP),
+                                    sm90_bwd_spec(dt, d, c, t90, m, DQ_ORDER_HEADS_INNER, SM90_BWD_CAUSAL_GROUP),
+                                    sm90_bwd_spec(dt, d, c, t90, m, DQ_ORDER_HEADS_INNER)]
                         if not m and SM90_BWD_PERSIST_MAX_SEQLEN_K.get((d, c)) is not None:  # the persistent form
                             out.append(sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)))
                         if not m and not c and SM90_BWD_SK_SEQLEN_K.get(d) is not None:  # stream-K

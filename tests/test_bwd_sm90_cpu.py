@@ -103,7 +103,7 @@ r3, _ = launches(lambda: cuflash.flash_attn_backward(*args2))
 res["memo"] = [r1, r2, r3, [a.data_ptr() for a in args], [a.data_ptr() for a in args2]]
 # a dispatch order of groups of (KV head, batch) pairs (cuflash._bwd_sm90.CAUSAL_GROUP): which kernels take it
 from cuflash import _bwd_sm90, _configs, backward as bwd_mod
-_bwd_sm90.CAUSAL_GROUP = 8
+_bwd_sm90.CAUSAL_GROUP, _bwd_sm90.HEADS_INNER = 8, False  # (the heads-outer walk: the heads-inner one's are below)
 bwd_mod._PLANS.clear()
 for name, kw in (("atomic", {}), ("seqpar", dict(dq_strategy="seqpar")), ("ordered", dict(deterministic=True)),
                  ("window", dict(window_size=(100, 0)))):
@@ -111,10 +111,12 @@ for name, kw in (("atomic", {}), ("seqpar", dict(dq_strategy="seqpar")), ("order
     res["group " + name] = rec[1][0]
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128)))
 res["group non-causal"] = rec[1][0]
-_bwd_sm90.CAUSAL_GROUP = None  # the default choice: by head dim and keys per sequence
+_bwd_sm90.CAUSAL_GROUP = _bwd_sm90.HEADS_INNER = None  # the default choice: by head dim, keys per sequence, GQA
 bwd_mod._PLANS.clear()
 for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 2, 128)),
-                    ("longest grouped", (1, 64, 8192, 2, 2, 128))):
+                    ("longest grouped", (1, 64, 8192, 2, 2, 128)), ("gqa 2", (1, 64, 4100, 4, 2, 128)),
+                    ("gqa 8", (1, 64, 8192, 16, 2, 128)), ("gqa 8 long", (1, 64, 8193, 16, 2, 128)),
+                    ("gqa 8 d64", (1, 64, 8192, 16, 2, 64))):
     rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
     res["default " + name] = rec[1][0]
 # the heads-inner walk forced on (cuflash._bwd_sm90.HEADS_INNER), alone and with a grouped order: which kernels take it
@@ -643,10 +645,31 @@ def test_heads_inner_kernels(res):
     assert {s.name for s in _configs.sm90_bwd_heads_inner_specs()} <= names
     for d in _configs.SM90_BWD_HEADDIMS:
         assert _configs.sm90_bwd_spec("bfloat16", d, True, order=hi).name in names
-    # the host's rule: from SM90_BWD_HEADS_INNER_MIN_GROUP query heads per KV head (0: never)
-    m = _configs.SM90_BWD_HEADS_INNER_MIN_GROUP
-    for grp in (1, 2, 4, 8, 16):
-        assert _configs.sm90_bwd_heads_inner(128, grp) == (0 < m <= grp)
+
+
+def test_heads_inner_rule(res):
+    """The host's choice of walk for a causal call of one block per tile: the heads-inner walk with GQA where the grouped
+    dispatch order is configured, in that order below SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query heads per KV head and
+    in the launch's from there; the plain walk without GQA, past the grouped order's key limit and at the other head
+    dims; and the default calls launch those kernels."""
+    hi, plain = _configs.DQ_ORDER_HEADS_INNER, _configs.DQ_ORDER_PLAIN
+    lim, g = _configs.SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K, _configs.SM90_BWD_CAUSAL_GROUP
+    lo, hi_heads = _configs.SM90_BWD_HEADS_INNER_MIN_HEADS, _configs.SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS
+    assert 2 <= lo < hi_heads
+    for d in _configs.SM90_BWD_HEADDIMS:
+        grouped = _configs.sm90_bwd_grouped_headdim(d)
+        for heads in (1, lo, hi_heads - 1, hi_heads, 8, 16):
+            for sk in (4096, lim, lim + 1, None):
+                got = _configs.sm90_bwd_causal_walk(d, sk, heads)
+                gr = _configs.sm90_bwd_causal_group(d, sk)
+                if grouped and gr and heads >= lo:
+                    assert got == (hi, 0 if heads >= hi_heads else g), (d, heads, sk)
+                else:
+                    assert got == (plain, gr), (d, heads, sk)
+    assert res["default gqa 2"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=g).name
+    assert res["default gqa 8"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
+    assert res["default gqa 8 long"] == _configs.sm90_bwd_spec("float16", 128, True).name
+    assert res["default gqa 8 d64"] == _configs.sm90_bwd_spec("float16", 64, True).name
 
 
 def test_default_group_rule():
@@ -666,6 +689,9 @@ def test_default_group_rule():
             models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}
             grouped = _configs.sm90_bwd_spec(dt, d, True, group=_configs.SM90_BWD_CAUSAL_GROUP).name
             assert (grouped in names) == (grouped in models) == on
+            for grp in (0, _configs.SM90_BWD_CAUSAL_GROUP) if on else (0,):  # the heads-inner walk (GQA, grouped)
+                inner = _configs.sm90_bwd_spec(dt, d, True, order=_configs.DQ_ORDER_HEADS_INNER, group=grp).name
+                assert inner in names and (inner in models) == on
 
 
 def test_group_kernels_compile():

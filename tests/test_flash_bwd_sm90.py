@@ -184,8 +184,10 @@ def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
 @pytest.fixture(params=[3, 8])
 def causal_group(request, monkeypatch):
     """The causal "atomic" / "seqpar" kernels in a grouped dispatch order (cuflash._bwd_sm90.CAUSAL_GROUP: the
-    longest KV tiles first within groups of that many (KV head, batch) pairs), fresh plans for each."""
+    longest KV tiles first within groups of that many (KV head, batch) pairs) with the heads-outer walk, fresh plans for
+    each."""
     monkeypatch.setattr(_bwd_sm90, "CAUSAL_GROUP", request.param)
+    monkeypatch.setattr(_bwd_sm90, "HEADS_INNER", False)
     bwd_mod._PLANS.clear()
     yield request.param
     bwd_mod._PLANS.clear()

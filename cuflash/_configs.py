@@ -148,11 +148,17 @@ FWD_TILES_SCORE: dict[int, FwdTile] = {
 }
 # The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX: the Hopper forward's, on tiles where
 # the soft-cap is the only change for a warp's rows the row max taken of the raw scores and capped once), at every head
-# dim of the modifier kernels: built and compiled as a variant, reached through an explicit tile (cuflash._fwd.forward,
-# bench.diag.softcap_check --sm80, tests/test_score_mods.py); no call takes it until a GPU run has timed it. Each is
-# the modifier kernel's tile with the form, but at head dim 128 32-key tiles (the 64-key tile with it spills 4 B on
-# sm_90 under both NVRTCs, with every scale_log2 form; 32 keys: 235-242 registers, no spill).
+# dim of the modifier kernels: compiled at every head dim (fwd_cap_max_specs; an explicit tile reaches any of them:
+# cuflash._fwd.forward, bench.diag.softcap_check --sm80, tests/test_score_mods.py). Each is the modifier kernel's tile
+# with the form, but at head dim 128 32-key tiles (the 64-key tile with it spills 4 B on sm_90 under both NVRTCs, with
+# every scale_log2 form; 32 keys: 235-242 registers, no spill). Soft-capped fixed-length calls (no split, no packed
+# sequences) at the head dims FWD_CAP_MAX_HEADDIMS take it where its tile fits the device. Measured (H100, GPU time,
+# softcap_check --sm80, bench/results/h100/softcap-check-sm80.log): the soft-cap's cost over the plain kernel at 4k /
+# 16k, causal or not, head dim 64 +24.9-32.6% -> +20.2-28.5%, 96 +26.0-34.5% -> +20.6-28.6%, 128 +16.9-23.2% ->
+# +11.4-16.7% (faster at 12 of 12 points); at 256, where the soft-cap costs -1.3 to +2.2% without it, -0.4 to +4.6%
+# with it (not taken).
 FWD_CAP_MAX_TILES = {128: FwdTile(128, 32, 4, 0, 1)}
+FWD_CAP_MAX_HEADDIMS = (64, 96, 128)
 
 
 def fwd_cap_max_tile(headdim: int) -> FwdTile:

@@ -18,13 +18,15 @@ fields packed per call (`_FwdPlan.run_kv`), after checking inline what validatio
 from __future__ import annotations
 
 from . import _interop
-from ._configs import (FWD_HEADDIMS, SMALL_SMEM_PER_BLOCK, combine_spec, fit_fwd_tile, fwd_smem_bytes, fwd_spec,
-                       fwd_tile, kernel_headdim, split_tile, ua_fwd_tile, unaligned)
+from ._configs import (FWD_CAP_MAX_HEADDIMS, FWD_HEADDIMS, MOD_SCORE, SMALL_SMEM_PER_BLOCK, combine_spec,
+                       fit_fwd_tile, fwd_cap_max_tile, fwd_smem_bytes, fwd_spec, fwd_tile, kernel_headdim, split_tile,
+                       ua_fwd_tile, unaligned)
 from ._fwd_grid import (GRID_ORDER_CHOICES, GRID_ORDERS, _grid, _strides_of, folds_gqa, outputs,  # noqa: F401
                         resolve_grid_order)
 from ._interop import desc
 from ._launch import _scratch, _tls, get_launcher, smem_per_block
-from ._mods import LOG2E, kernel_mode, memo_key, mod_fields, mods_for, score_mods, window_of  # noqa: F401 (LOG2E)
+from ._mods import (LOG2E, has_softcap, kernel_mode, memo_key, mod_fields, mods_for, score_mods,  # noqa: F401 (LOG2E)
+                    window_of)
 from ._params import FWD_PARAMS, NO_CACHE, NO_WALK, contiguous_strides
 from ._plan import HostPlan, remember
 from ._validate import MAX_ROW_STRIDE, check_qkv, check_softmax_scale
@@ -74,6 +76,12 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     split = num_splits > 1
     if ua:
         tile = ua_fwd_tile(d, mod)
+    if (tile is None and not ua and not split and packed is None and mod == MOD_SCORE and has_softcap(mods)
+            and d in FWD_CAP_MAX_HEADDIMS):  # the soft-cap's capped-max form, where its tile fits
+        cap_tile = fwd_cap_max_tile(d)
+        if fwd_smem_bytes(d, cap_tile) <= SMALL_SMEM_PER_BLOCK or fwd_smem_bytes(d, cap_tile) <= smem_per_block(
+                qa.device):
+            tile = cap_tile
     if tile is None or ua:  # the configured tile, fitted to the device's shared memory per block (99 KB GPUs)
         tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))
         if fwd_smem_bytes(d, tile) > SMALL_SMEM_PER_BLOCK:

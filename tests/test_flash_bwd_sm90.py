@@ -250,6 +250,7 @@ def persistent(request, monkeypatch):
     walk every tile between them; fresh plans for each."""
     monkeypatch.setattr(_bwd_sm90, "PERSIST", True)
     monkeypatch.setattr(_bwd_sm90, "STREAM_K", False)  # (the fixed walk: test_stream_k_form takes the other)
+    monkeypatch.setattr(_bwd_sm90, "HEADS_INNER", False)  # (one block per tile in the persistent form's walk)
     monkeypatch.setattr(_bwd_sm90, "PERSIST_MAX_GRID", request.param)
     bwd_mod._PLANS.clear()
     yield request.param

@@ -178,9 +178,9 @@ def test_forward_capped_max_form(d, dtype, causal, window, cap, akind, sq, sk):
 def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, sk):
     """The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX, through an explicit tile:
     _configs.fwd_cap_max_tile) on the cases of the Hopper form's test: against the float64 reference with large
-    logits, and against the configured modifier kernel on the same inputs to rounding (out within 2 units in the
-    last place at its scale, the LSE within 1e-5; at head dim 128 the form runs 32-key tiles, the configured kernel
-    64, so the two also sum in another order)."""
+    logits, and against the modifier kernel without the form (its tile given) on the same inputs to rounding (out
+    within 2 units in the last place at its scale, the LSE within 1e-5; at head dim 128 the form runs 32-key tiles,
+    the modifier kernel 64, so the two also sum in another order)."""
     from cuflash import _fwd
     from cuflash._mods import mods_for
     from cuflash._validate import check_qkv
@@ -194,7 +194,8 @@ def test_forward_capped_max_form_sm80(d, dtype, causal, window, cap, akind, sq, 
     assert tile.cap_max and not _configs.fwd_tile(d, False, _configs.MOD_SCORE).cap_max
     out, lse = _fwd.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
     check_forward(q, k, v, out, lse, d ** -0.5, causal, window, cap, alibi, f"sm80 capped max {dtype} d{d}")
-    out_c, lse_c = _fwd.forward(qa, ka, va, None, causal, mods=mods)
+    out_c, lse_c = _fwd.forward(qa, ka, va, None, causal, tile=_configs.fwd_tile(d, False, _configs.MOD_SCORE),
+                                mods=mods)
     assert_same_to_rounding(out, lse, out_c, lse_c, dtype)
 
 

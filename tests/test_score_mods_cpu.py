@@ -94,6 +94,18 @@ recs, _ = launches(lambda: cuflash.flash_attn_func(q, k, v, window_size=(-1, 0))
 out["causal_band"] = recs[-1][0]
 recs, _ = launches(lambda: cuflash.flash_attn_func(q, k, v, window_size=(8, 8), backend="sm80"))
 out["window_only"] = [recs[-1][0], fields(recs[-1], FWD_PARAMS)]
+# the mma.sync forward's capped-max form: soft-capped fixed-length calls at each head dim, a packed one, ALiBi alone
+for d in (64, 96, 128, 256, 200):
+    qd, kd = T((2, 100, 8, d), torch.float16), T((2, 300, 4, d), torch.float16)
+    recs, _ = launches(lambda: cuflash.flash_attn_func(qd, kd, kd, softcap=30.0, backend="sm80"))
+    out[f"cap {d}"] = recs[-1][0]
+recs, _ = launches(lambda: cuflash.flash_attn_func(q, k, v, alibi_slopes=al, backend="sm80"))
+out["alibi_only"] = recs[-1][0]
+qp, kp = T((200, 8, 64), torch.float16), T((600, 4, 64), torch.float16)
+cu_q, cu_k = T((3,), torch.int32), T((3,), torch.int32)
+recs, _ = launches(lambda: cuflash.flash_attn_varlen_func(qp, kp, kp, cu_q, cu_k, 100, 300, softcap=30.0,
+                                                          backend="sm80"))
+out["cap packed"] = recs[-1][0]
 do = T((2, 100, 8, 64), torch.float16)
 o = T((2, 100, 8, 64), torch.float16)
 lse = T((2, 8, 100), torch.float32)
@@ -124,9 +136,9 @@ def stood_in():
 def test_forward_launches_the_score_kernels(stood_in):
     for backend, kernel in (("sm80", "flash_fwd_kernel<"), ("sm90", "flash_fwd_sm90_kernel<")):
         name, f = stood_in[backend]
-        # MOD_SCORE (1) last; on the Hopper forward (head dim 64) then O_TMA, MINB, PERSIST and SK, and CAP_MAX true:
-        # the soft-cap's capped-max form, configured for the modifier kernels at head dims 64 and 128
-        ends = (", 1>",) if backend == "sm80" else (", 1, true, 1, false, false, true>",)
+        # MOD_SCORE (1) last, then on the mma.sync forward (head dim 64) O_SPLIT, PERSIST, SK and CAP_MAX true, on the
+        # Hopper forward O_TMA, MINB, PERSIST, SK and CAP_MAX true: the soft-cap's capped-max forms
+        ends = (", 1, 0, false, false, true>",) if backend == "sm80" else (", 1, true, 1, false, false, true>",)
         assert kernel in name and name.endswith(ends) and ", false, " in name, name
         assert (f["window_left"], f["window_right"]) == (16, 0)  # causal: right = 0
         assert f["softcap_pre"] == pytest.approx(64 ** -0.5 / 30.0) and f["scale_log2"] == pytest.approx(30 * LOG2E)
@@ -191,10 +203,27 @@ def test_mod_values_match_the_kernels():
     assert (_mods.MOD_NONE, _mods.MOD_SCORE, _mods.MOD_SCORE_DROPOUT) == (0, 1, 3)
 
 
+def test_mma_sync_capped_max_form_taken(stood_in):
+    """Soft-capped fixed-length calls on the mma.sync forward take the capped-max form at FWD_CAP_MAX_HEADDIMS (head
+    dim 200 runs the 256 kernel: not there), with its tile; calls without the soft-cap and packed sequences keep the
+    modifier kernel."""
+    for d in (64, 96, 128, 256, 200):
+        kd = _configs.kernel_headdim(d, _configs.FWD_HEADDIMS)
+        on = kd in _configs.FWD_CAP_MAX_HEADDIMS
+        tile = _configs.fwd_cap_max_tile(kd) if on else _configs.fwd_tile(kd, False, _configs.MOD_SCORE)
+        assert stood_in[f"cap {d}"] == _configs.fwd_spec("float16", kd, False, False, tile,
+                                                         mod=_configs.MOD_SCORE).name, d
+    assert set(_configs.FWD_CAP_MAX_HEADDIMS) == {64, 96, 128}
+    assert stood_in["alibi_only"] == _configs.fwd_spec("float16", 64, False, False, mod=_configs.MOD_SCORE).name
+    assert stood_in["cap packed"] == _configs.fwd_spec("float16", 64, False, False, mod=_configs.MOD_SCORE,
+                                                       varlen=True).name
+
+
 def test_mma_sync_capped_max_variant_specs():
     """The mma.sync forward's capped-max form (FwdTile.cap_max, flash_fwd.cu CAP_MAX): a variant of the fixed-length
     modifier kernel at every head dim (at 128 on 32-key tiles), named with every trailing template argument up to
-    CAP_MAX, among the configurations CI compiles; no configured tile takes it, and it is refused on a kernel without
+    CAP_MAX, among the configurations CI compiles; no configured tile is it (the host picks it: fwd_cap_max_tile), and
+    it is refused on a kernel without
     the modifiers, with dropout, split-KV, packed sequences or the UA form."""
     from dataclasses import replace
 

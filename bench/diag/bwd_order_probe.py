@@ -5,12 +5,13 @@ in turn (medians of rounds), on the FA2 grid's causal points (batch 16k / seqlen
 (bench/diag/ordered_probe.py's):
 
     python -m bench.diag.bwd_order_probe [--rounds N] [--groups 4,8,16] [--quick] [--headdims 64,128] [--json FILE]
-                                         [--heads-inner] [--gqa-only]
+                                         [--heads-inner] [--gqa-only] [--gqa-grid]
     python -m bench.diag.bwd_order_probe --model      (CPU: bench/diag/bwd_grid_model.py's prediction, no GPU)
 
 --heads-inner adds the walk with the Q tiles outer, last first, and the KV head's query heads inner
 (DQ_ORDER_HEADS_INNER; cuflash._bwd_sm90.HEADS_INNER) in the launch's order (hi0) and in each grouped order (hi<G>);
---gqa-only keeps the points with more than one query head per KV head.
+--gqa-only keeps the points with more than one query head per KV head; --gqa-grid times GQA_GRID's points instead
+(query / KV heads 64 / 8, 32 / 8, 16 / 2 at 2k-8k, head dims 128 and 256: bench/results/h100/bwd-heads-inner.log).
 Each cuflash variant is one plan (cuflash.backward._make_plan, dq_strategy "atomic") called directly, 5
 back-to-back calls per timing (cuDNN through autograd the same way; bench/diag/ordered_probe.py: time_with_cudnn).
 Before timing, each grouped variant's gradients must match the launch order's to fp32 rounding (the additions into
@@ -23,6 +24,10 @@ import sys
 from .ordered_probe import points  # the FA2 grid's causal points and four GQA points
 
 GROUPS = (4, 8, 16)
+# (dtype, d, seqlen, batch, heads, kv heads): GQA points beside the FA2 grid's 16k tokens per batch
+GQA_GRID = (("bfloat16", 128, 8192, 2, 64, 8), ("float16", 128, 4096, 4, 32, 8), ("float16", 128, 8192, 2, 32, 8),
+            ("float16", 128, 2048, 8, 32, 8), ("float16", 128, 8192, 2, 16, 2), ("float16", 256, 8192, 2, 16, 8),
+            ("float16", 256, 4096, 4, 16, 2), ("float16", 128, 4096, 4, 64, 8))
 
 
 def predicted(d, s, b, h, hk, group):
@@ -103,7 +108,8 @@ def main(argv):
     from .ordered_probe import run_points
 
     hi = "--heads-inner" in argv
-    pts = [p for p in points("--quick" in argv, dims) if "--gqa-only" not in argv or p[4] != p[5]]
+    pts = list(GQA_GRID) if "--gqa-grid" in argv else [p for p in points("--quick" in argv, dims)
+                                                        if "--gqa-only" not in argv or p[4] != p[5]]
     rows, all_ok = run_points(argv, pts, lambda *a: run_point(*a, groups, hi), default_rounds=3)
     if rows is None:
         return 2

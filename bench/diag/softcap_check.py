@@ -17,9 +17,10 @@ check of that form first.
    plain kernel (the aim: <= +10%).
 --quick: seqlen 4k only.
 
---sm80: the same check and table for the mma.sync forward (cuflash._fwd) and its capped-max variant
-(cuflash._configs.fwd_cap_max_tile: flash_fwd.cu CAP_MAX; no call takes it yet), at head dims 64, 96, 128 and 256;
-"plain" and "cap" are the configured kernels (at head dim 128 the variant runs 32-key tiles, "cap" 64).
+--sm80: the same check and table for the mma.sync forward (cuflash._fwd) and its capped-max form
+(cuflash._configs.fwd_cap_max_tile: flash_fwd.cu CAP_MAX; configured at FWD_CAP_MAX_HEADDIMS), at head dims 64, 96,
+128 and 256; "plain" is the configured kernel, "cap" the modifier kernel's tile without the form (at head dim 128 the
+form runs 32-key tiles, "cap" 64).
 
 --bwd: the Hopper backward instead, and its CAP_ONLY form (cuflash._configs.Sm90BwdTile.cap_only, configured at
 SM90_BWD_CAP_ONLY_HEADDIMS; forced on and off here through cuflash._bwd_sm90.CAP_ONLY: on the tiles where the
@@ -60,14 +61,16 @@ def _call(q, k, v, causal, cap, cap_max):
 
 def _call_sm80(q, k, v, causal, cap, cap_max):
     """fn() running the mma.sync forward (cuflash._fwd) of q, k, v with soft-cap `cap` (0: the plain kernel), on the
-    configured modifier tile or the capped-max one (cuflash._configs.fwd_cap_max_tile: a variant no call takes yet)."""
+    modifier kernel's tile without the form or the capped-max one (cuflash._configs.fwd_cap_max_tile), each given."""
     from cuflash import _configs, _fwd
     from cuflash._mods import mods_for
     from cuflash._validate import check_qkv
 
     qa, ka, va = check_qkv(q, k, v)
     mods = mods_for(qa, ka, causal, (-1, -1), cap, None, None) if cap else None
-    tile = _configs.fwd_cap_max_tile(q.shape[3]) if cap and cap_max else None
+    d = q.shape[3]
+    tile = None if not cap else _configs.fwd_cap_max_tile(d) if cap_max else _configs.fwd_tile(d, False,
+                                                                                                _configs.MOD_SCORE)
     return lambda: _fwd.forward(qa, ka, va, None, causal, tile=tile, mods=mods)
 
 

@@ -337,6 +337,17 @@ struct QTileWalk {
     }
     return r;
   }
+  // the same in the order ORDER (DQ_ORDER_HEADS_INNER: walk_step's, the group's heads inner; else next's)
+  template <int ORDER>
+  __device__ __forceinline__ int2 step(int num_m, int rot, int group) {
+    if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
+      const int2 r = make_int2(h, m);
+      walk_step<ORDER>(h, m, num_m, group);
+      return r;
+    } else {
+      return next(num_m, rot);
+    }
+  }
 };
 
 // The producer thread (layout L: Sm90BwdLayout or Sm90BwdSplitLayout): K_j and V_j once, then for every (query head,
@@ -373,13 +384,7 @@ __device__ __forceinline__ void sm90_bwd_load(const BwdParams& p, const Sm90BwdM
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
     const int s = (it0 + it) % STAGES, ph = ((it0 + it) / STAGES) & 1;
-    int2 hm;
-    if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
-      hm = make_int2(walk.h, walk.m);
-      walk_step<ORDER>(walk.h, walk.m, num_m, group);
-    } else {
-      hm = walk.next(num_m, rot);
-    }
+    const int2 hm = walk.template step<ORDER>(num_m, rot, group);
     const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, rot_o) * BLOCK_M;
     mbar_wait(&empty[s], ph ^ 1);
     if (issue) {
@@ -1093,13 +1098,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int it = 0; it < total; ++it) {
       const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
-      int2 hm;
-      if constexpr (ORDER == DQ_ORDER_HEADS_INNER) {
-        hm = make_int2(walk.h, walk.m);
-        walk_step<ORDER>(walk.h, walk.m, num_m, group);
-      } else {
-        hm = walk.next(num_m, rot);
-      }
+      const int2 hm = walk.template step<ORDER>(num_m, rot, group);
       const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, 0) * BLOCK_M;
       const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
       const uint32_t pt = pt_base + (gi % 2) * L::PS_BYTES, ds = ds_base + (gi % 2) * L::PS_BYTES;

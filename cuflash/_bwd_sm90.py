@@ -208,7 +208,10 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
                                        PLAIN_ORDER, CAUSAL_ORDER)
     group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
     if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
-        walk, group = sm90_bwd_causal_walk(d, seqlen_k, qa.shape[2] // ka.shape[2])
+        from ._launch import sm_count
+
+        blocks = -(-seqlen_k // tile.block_n) * ka.shape[2] * ka.shape[0] if seqlen_k is not None else 0
+        walk, group = sm90_bwd_causal_walk(d, seqlen_k, qa.shape[2] // ka.shape[2], blocks, sm_count(qa.device))
         if CAUSAL_GROUP is not None:
             group = CAUSAL_GROUP
         if HEADS_INNER is not None:

@@ -892,25 +892,36 @@ DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
 # (cuda_src/attn/bwd.cuh), so that with GQA the blocks of one (KV head, batch) pair that run together read each Q
 # and dO tile at the same step: its kernels are compiled at every kernel head dim (sm90_bwd_heads_inner_specs). The
 # host takes it with GQA (at least SM90_BWD_HEADS_INNER_MIN_HEADS query heads per KV head) where the grouped dispatch
-# order is configured (sm90_bwd_causal_group > 0), in that order below SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query
-# heads per KV head and in the launch's from there. Measured (python -m bench.diag.bwd_order_probe --heads-inner, H100,
-# GPU time, bench/results/h100/bwd-heads-inner.log) against the grouped order it replaces, head dim 128: 16 / 2 heads
-# at 4k and 8k 1.09-1.21x (grouped) and 1.03-1.07x (launch); 64 / 8 at 4k and 8k 1.07-1.11x (launch) and 0.93-1.02x
-# (grouped); 32 / 8 at 2k-8k 0.99-1.01x (launch), 0.93-1.02x (grouped); head dim 256: 16 / 2 at 4k 1.35x (launch),
-# 1.18x (grouped); 16 / 8 at 8k 1.02x (grouped), 0.95x (launch). Without GQA it measured 0.93-1.01x (not taken); past
-# the grouped order's key limit (16 / 2 at 16k) 0.93-0.95x in the launch's order, 1.00-1.02x grouped (not taken).
+# order is configured (sm90_bwd_causal_group > 0), in the launch's dispatch order from
+# SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query heads per KV head on grids of more than
+# SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES blocks per SM, else in the grouped one. Measured (python -m
+# bench.diag.bwd_order_probe --heads-inner / --gqa-grid, H100, GPU time, bench/results/h100/bwd-heads-inner.log) as
+# speed over the heads-outer walk in the launch's order, next to the grouped order g4 it replaces (query / KV heads):
+#   head dim 128, 16 / 2 at 4k and 8k (256 blocks): g4 0.98-1.08, launch 1.05-1.11, grouped 1.17-1.20;
+#   head dim 128, 64 / 8 at 4k and 8k (1024 blocks): g4 0.96-0.97, launch 1.03-1.08, grouped 0.90-0.99;
+#   head dim 128, 32 / 8 at 2k-8k (1024 blocks): g4 1.00-1.07, launch 1.01-1.07, grouped 1.00-1.05;
+#   head dim 256, 16 / 2 at 4k (512 blocks of 64 keys): g4 0.97, launch 1.31, grouped 1.15;
+#   head dim 256, 16 / 8 at 8k (2 per KV head): g4 0.98, launch 0.93, grouped 0.99.
+# Where a pair's blocks all fit one or two waves, the grouped order's longest blocks first keeps the tail short;
+# on longer grids the launch's order runs a pair's KV tiles together, which is what the walk shares. Without GQA it
+# measured 0.93-1.01 (not taken); past the grouped order's key limit (16 / 2 at 16k) 0.93-0.95 in the launch's order
+# and 1.00-1.02 grouped against the heads-outer launch order configured there (not taken).
 DQ_ORDER_HEADS_INNER = 4
 SM90_BWD_HEADS_INNER_MIN_HEADS = 2
 SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS = 4
+SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES = 2
 
 
-def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int) -> tuple:
-    """(order, group) of a causal "atomic" / "seqpar" call without modifiers that runs one block per tile:
-    (DQ_ORDER_HEADS_INNER, its dispatch group) with GQA where the grouped order is configured (see above), else
-    (DQ_ORDER_PLAIN, sm90_bwd_causal_group's)."""
+def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, blocks: int = 0,
+                         sms: int = 132) -> tuple:
+    """(order, group) of a causal "atomic" / "seqpar" call without modifiers that runs one block per tile, `blocks` of
+    them on a GPU of `sms` SMs: (DQ_ORDER_HEADS_INNER, its dispatch group) with GQA where the grouped order is
+    configured (see above), else (DQ_ORDER_PLAIN, sm90_bwd_causal_group's)."""
     group = sm90_bwd_causal_group(headdim, seqlen_k)
     if group and heads_per_kv >= SM90_BWD_HEADS_INNER_MIN_HEADS:
-        return DQ_ORDER_HEADS_INNER, (0 if heads_per_kv >= SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS else group)
+        launch = (heads_per_kv >= SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS
+                  and blocks > SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES * sms)
+        return DQ_ORDER_HEADS_INNER, 0 if launch else group
     return DQ_ORDER_PLAIN, group
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}

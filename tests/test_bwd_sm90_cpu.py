@@ -116,6 +116,7 @@ bwd_mod._PLANS.clear()
 for name, shape in (("d64", (1, 300, 777, 4, 4, 64)), ("long", (1, 64, 8193, 2, 2, 128)),
                     ("longest grouped", (1, 64, 8192, 2, 2, 128)), ("gqa 2", (1, 64, 4100, 4, 2, 128)),
                     ("gqa 8", (1, 64, 8192, 16, 2, 128)), ("gqa 8 long", (1, 64, 8193, 16, 2, 128)),
+                    ("gqa 8 many", (4, 64, 8192, 64, 8, 128)),
                     ("gqa 8 d64", (1, 64, 8192, 16, 2, 64))):
     rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), causal=True))
     res["default " + name] = rec[1][0]
@@ -649,25 +650,31 @@ def test_heads_inner_kernels(res):
 
 def test_heads_inner_rule(res):
     """The host's choice of walk for a causal call of one block per tile: the heads-inner walk with GQA where the grouped
-    dispatch order is configured, in that order below SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query heads per KV head and
-    in the launch's from there; the plain walk without GQA, past the grouped order's key limit and at the other head
-    dims; and the default calls launch those kernels."""
+    dispatch order is configured -- in the launch's dispatch order from SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS query
+    heads per KV head on grids of more than SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES blocks per SM, else in the grouped
+    one --; the plain walk without GQA, past the grouped order's key limit and at the other head dims; and the default
+    calls launch those kernels (the stand-ins' GPU: 132 SMs)."""
     hi, plain = _configs.DQ_ORDER_HEADS_INNER, _configs.DQ_ORDER_PLAIN
     lim, g = _configs.SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K, _configs.SM90_BWD_CAUSAL_GROUP
     lo, hi_heads = _configs.SM90_BWD_HEADS_INNER_MIN_HEADS, _configs.SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS
-    assert 2 <= lo < hi_heads
+    waves = _configs.SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES
+    assert 2 <= lo < hi_heads and waves >= 1
     for d in _configs.SM90_BWD_HEADDIMS:
         grouped = _configs.sm90_bwd_grouped_headdim(d)
         for heads in (1, lo, hi_heads - 1, hi_heads, 8, 16):
             for sk in (4096, lim, lim + 1, None):
-                got = _configs.sm90_bwd_causal_walk(d, sk, heads)
-                gr = _configs.sm90_bwd_causal_group(d, sk)
-                if grouped and gr and heads >= lo:
-                    assert got == (hi, 0 if heads >= hi_heads else g), (d, heads, sk)
-                else:
-                    assert got == (plain, gr), (d, heads, sk)
+                for blocks, sms in ((256, 132), (264, 132), (265, 132), (1024, 132), (1024, 512)):
+                    got = _configs.sm90_bwd_causal_walk(d, sk, heads, blocks, sms)
+                    gr = _configs.sm90_bwd_causal_group(d, sk)
+                    if grouped and gr and heads >= lo:
+                        launch = heads >= hi_heads and blocks > waves * sms
+                        assert got == (hi, 0 if launch else g), (d, heads, sk, blocks, sms)
+                    else:
+                        assert got == (plain, gr), (d, heads, sk)
     assert res["default gqa 2"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=g).name
-    assert res["default gqa 8"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
+    # 8 query heads per KV head: 128 blocks (one wave) in the grouped order, 2048 in the launch's
+    assert res["default gqa 8"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=g).name
+    assert res["default gqa 8 many"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
     assert res["default gqa 8 long"] == _configs.sm90_bwd_spec("float16", 128, True).name
     assert res["default gqa 8 d64"] == _configs.sm90_bwd_spec("float16", 64, True).name
 

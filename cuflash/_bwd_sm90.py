@@ -25,8 +25,8 @@ import ctypes
 from dataclasses import replace
 
 from . import _walk
-from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM, SM90_BWD_CAP_ONLY_HEADDIMS,
-                       SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
+from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM,
+                       SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
                        sm90_bwd_causal_walk, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
                        sm90_bwd_m80_tile,
                        sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
@@ -196,22 +196,21 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     sequences), which the dispatch order's and the persistent and stream-K forms' choices read; softcap: whether the
     soft-cap is on (the persistent modifier form has its own key limit then, SM90_BWD_PERSIST_CAP_MAX_SEQLEN_K, and
     runs in the CAP_ONLY form)."""
+    from ._launch import sm_count
+
     d = kernel_headdim(qa.shape[3])
     tile = sm90_bwd_tile(d)
+    hk, b = ka.shape[2], ka.shape[0]
+    heads = qa.shape[2] // hk  # query heads per KV head
+    n_blocks = -(-seqlen_k // tile.block_n) if seqlen_k is not None else 0  # KV tiles per sequence (fixed lengths)
     order = DQ_ORDER_PLAIN
     # (without a mask, fixed lengths only: ROT's turns count the grid's KV tiles, every sequence's)
     if strategy == "ordered" and (causal or seqlen_k is not None):
-        from ._launch import sm_count
-
-        n_kv = -(-seqlen_k // tile.block_n) if seqlen_k is not None else 0
-        order = sm90_bwd_ordered_order(causal, mod, n_kv, sm_count(qa.device), d, qa.shape[2] // ka.shape[2],
-                                       PLAIN_ORDER, CAUSAL_ORDER)
+        order = sm90_bwd_ordered_order(causal, mod, n_blocks, sm_count(qa.device), d, heads, PLAIN_ORDER,
+                                       CAUSAL_ORDER)
     group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
     if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
-        from ._launch import sm_count
-
-        blocks = -(-seqlen_k // tile.block_n) * ka.shape[2] * ka.shape[0] if seqlen_k is not None else 0
-        walk, group = sm90_bwd_causal_walk(d, seqlen_k, qa.shape[2] // ka.shape[2], blocks, sm_count(qa.device))
+        walk, group = sm90_bwd_causal_walk(d, seqlen_k, heads, n_blocks * hk * b, sm_count(qa.device))
         if CAUSAL_GROUP is not None:
             group = CAUSAL_GROUP
         if HEADS_INNER is not None:
@@ -220,9 +219,8 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     persistent = persistent_form(d, causal, mod, strategy, seqlen_k, softcap)
     sk = 0
     if seqlen_k is not None:
-        n_blocks, hk, b = -(-seqlen_k // tile.block_n), ka.shape[2], ka.shape[0]
         grid = main_grid(True, n_blocks, hk, b, qa.device)[0]
-        iters = qa.shape[2] // hk * -(-qa.shape[1] // tile.block_m)  # (query head, Q tile) pairs of a tile (no mask)
+        iters = heads * -(-qa.shape[1] // tile.block_m)  # (query head, Q tile) pairs of a tile (no mask)
         if stream_k_form(d, causal, mod, strategy, seqlen_k, n_blocks * hk * b, grid, iters):
             persistent, sk = True, _walk.bwd_sk_bytes(grid, d, tile.split)
     if persistent:  # (its static walk balances the causal tiles in the launch's order, not in the grouped one)

@@ -912,8 +912,7 @@ SM90_BWD_HEADS_INNER_LAUNCH_MIN_HEADS = 4
 SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES = 2
 
 
-def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, blocks: int = 0,
-                         sms: int = 132) -> tuple:
+def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, blocks: int, sms: int) -> tuple:
     """(order, group) of a causal "atomic" / "seqpar" call without modifiers that runs one block per tile, `blocks` of
     them on a GPU of `sms` SMs: (DQ_ORDER_HEADS_INNER, its dispatch group) with GQA where the grouped order is
     configured (see above), else (DQ_ORDER_PLAIN, sm90_bwd_causal_group's)."""
@@ -923,6 +922,8 @@ def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, 
                   and blocks > SM90_BWD_HEADS_INNER_GROUPED_MAX_WAVES * sms)
         return DQ_ORDER_HEADS_INNER, 0 if launch else group
     return DQ_ORDER_PLAIN, group
+
+
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
 SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}
 SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
@@ -1235,7 +1236,8 @@ def sm90_bwd_heads_inner_specs():
 def sm90_bwd_specs():
     """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and its
     ROT kernels without a mask, the
-    grouped causal kernels (sm90_bwd_causal_group), the causal kernels of the heads-inner walk, the persistent forms of the plain and causal kernels (which
+    grouped causal kernels (sm90_bwd_causal_group), the causal kernels of the heads-inner walk, the persistent forms
+    of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
     call far more unequal) and the stream-K forms of the plain ones."""
     full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]

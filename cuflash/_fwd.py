@@ -79,8 +79,8 @@ def _launch_setup(qa, ka, va, softmax_scale, causal, grid_order, o_strides, tile
     if (tile is None and not ua and not split and packed is None and mod == MOD_SCORE and has_softcap(mods)
             and d in FWD_CAP_MAX_HEADDIMS):  # the soft-cap's capped-max form, where its tile fits
         cap_tile = fwd_cap_max_tile(d)
-        if fwd_smem_bytes(d, cap_tile) <= SMALL_SMEM_PER_BLOCK or fwd_smem_bytes(d, cap_tile) <= smem_per_block(
-                qa.device):
+        smem = fwd_smem_bytes(d, cap_tile)
+        if smem <= SMALL_SMEM_PER_BLOCK or smem <= smem_per_block(qa.device):  # (the device asked only past 99 KB)
             tile = cap_tile
     if tile is None or ua:  # the configured tile, fitted to the device's shared memory per block (99 KB GPUs)
         tile = tile or (split_tile(d) if split else fwd_tile(d, causal, mod))

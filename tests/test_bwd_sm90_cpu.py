@@ -603,7 +603,9 @@ def test_group_kernels(res):
     # non-causal calls have no dispatch order to take: at 777 keys the persistent form, as configured
     assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False,
                                                              _configs.sm90_bwd_persist_tile(128)).name
-    assert "bwd_sm90" in res["group window"] and not res["group window"].endswith(", 8>")
+    # the window's band kernel (mod MOD_SCORE: no dispatch order; its CAP_ONLY form where configured)
+    band = replace(_configs.sm90_bwd_tile(128), cap_only=128 in _configs.SM90_BWD_CAP_ONLY_HEADDIMS)
+    assert res["group window"] == _configs.sm90_bwd_spec("float16", 128, False, band, mod=_configs.MOD_SCORE).name
     g = _configs.SM90_BWD_CAUSAL_GROUP
     assert g > 1 and 128 in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS and 64 not in _configs.SM90_BWD_CAUSAL_GROUP_HEADDIMS
     grouped = _configs.sm90_bwd_spec("float16", 128, True, group=g).name
@@ -632,8 +634,11 @@ def test_heads_inner_kernels(res):
     for grp in (None, 3):
         assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True,
                                                                       order=_configs.SM90_BWD_CAUSAL_ORDER).name
-        for name in ("window", "non-causal"):
-            assert ", 4>" not in res[f"inner {grp} {name}"] and ", 4, 3>" not in res[f"inner {grp} {name}"]
+        # the window's band kernel (mod MOD_SCORE: no dispatch order; its CAP_ONLY form where configured) and the
+        # non-causal call (at 777 keys the persistent form) keep theirs
+        assert res[f"inner {grp} window"] == res["group window"]
+        assert res[f"inner {grp} non-causal"] == _configs.sm90_bwd_spec("float16", 128, False,
+                                                                         _configs.sm90_bwd_persist_tile(128)).name
     assert _configs.sm90_bwd_spec("float16", 128, True, order=hi).name.endswith(", 0, 4>")
     assert _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=3).name.endswith(", 0, 4, 3>")
     assert _configs.sm90_bwd_spec("float16", 256, True, order=hi, group=3).name.endswith(", 0, 3, false, false, 4>")

@@ -46,9 +46,10 @@
 //   SMEM_BYTES    dynamic shared memory the host reserves;  MOD  MOD_SCORE: window, soft-cap, ALiBi (attn/mask.cuh)
 //   ORDER         the visiting order (attn/bwd.cuh: DqOrder): DQ_ORDER_PLAIN, or for "ordered" with the causal mask
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC, without a mask DQ_ORDER_ROT (the host's
-//                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only; or for
-//                 "atomic" and "seqpar" with the causal mask DQ_ORDER_HEADS_INNER (Q tiles last first, the group's
-//                 query heads inner: the blocks of a KV head read each Q and dO tile together; GQA)
+//                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only; or with
+//                 the causal mask DQ_ORDER_HEADS_INNER (Q tiles last first, the group's query heads inner: the blocks
+//                 of a KV head read each Q and dO tile together; GQA) for "atomic", "seqpar" and, in the launch's
+//                 dispatch order, "ordered" (KV tiles ascending at each Q tile)
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
 //   CAP_ONLY      a form of the modifier kernel (MOD_SCORE; one block per tile or PERSIST): on the tiles where
@@ -79,6 +80,11 @@
 // head: no block waits once the blocks run (GQA too). The cost: the grid's longest blocks start last (a tail).
 // DQ_ORDER_Q_DESC: block j trails block j - 1 by one step at the shared last Q tile, but a block with more Q tiles
 // per head reaches the next head later: with GQA the waits come back (bench/NOTES.md, "Hopper backward").
+// DQ_ORDER_HEADS_INNER (GQA): the Q tiles last first outside, the group's query heads inside, and KV tile j adds after
+// 0 .. j - 1 (the launch's dispatch order: KV tile j - 1 starts first). KV tile j's range is a suffix of KV tile
+// j - 1's, so both reach (head h, Q tile m) at step (M - 1 - m) G + h of their walks: at each step a block waits
+// only for the additions of the blocks before it at that step, so the lag of block j behind block 0 is j hand-offs
+// once, not a growing one, and the blocks of a pair still read each Q and dO tile together.
 //
 // "ordered" without a mask. Every KV tile sees every Q tile. In plain ascending order all blocks of a head start at
 // Q tile 0 and KV tile j adds after j - 1 at every Q tile, so the last block starts its additions N hand-offs (a bulk
@@ -583,7 +589,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool TRANS_DQ = BLOCK_M == 80;
   // the dQ writer's "ordered" turns: not in the kernels the host never runs it on (cuflash/_bwd_sm90.py: the
   // modifier kernels, the grouped dispatch order's, the 80-row tiles')
-  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ && ORDER != DQ_ORDER_HEADS_INNER;
+  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows

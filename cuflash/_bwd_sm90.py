@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM,
-                       SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_CAUSAL_ORDER, SM90_BWD_HEADDIMS, kernel_headdim,
+                       SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_HEADDIMS, kernel_headdim,
                        sm90_bwd_causal_walk, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
                        sm90_bwd_m80_tile,
                        sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
@@ -91,9 +91,10 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
     return "sm90" if cc == 90 and why is None else "sm80"
 
 
-# The order of dq_strategy="ordered" with the causal mask (cuflash._configs: SM90_BWD_CAUSAL_ORDER; a diagnostic
-# may set DQ_ORDER_Q_DESC here, and clear cuflash.backward._PLANS, to time the alternative)
-CAUSAL_ORDER = SM90_BWD_CAUSAL_ORDER
+# The order of dq_strategy="ordered" with the causal mask: None, the configuration's (cuflash._configs.
+# sm90_bwd_ordered_order: SM90_BWD_CAUSAL_ORDER, DQ_ORDER_HEADS_INNER with GQA); a diagnostic or a test may force
+# DQ_ORDER_KV_DESC, DQ_ORDER_Q_DESC or DQ_ORDER_HEADS_INNER here, and clear cuflash.backward._PLANS
+CAUSAL_ORDER = None
 # The order of "ordered" without a mask: None, the configuration's (cuflash._configs.sm90_bwd_ordered_order); a
 # diagnostic or a test may force DQ_ORDER_PLAIN or DQ_ORDER_ROT (ROT still only where a head's blocks fit the GPU at
 # once) here, and clear the plans

@@ -925,20 +925,32 @@ def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, 
 
 
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
+# "ordered" with the causal mask and GQA: the heads-inner walk in the launch's dispatch order with ascending turns (KV
+# tile j adds after 0 .. j - 1; cuda_src/flash_bwd_sm90.cu), the same kernels as "atomic"'s heads-inner walk, from
+# SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS query heads per KV head with fixed lengths. KV tiles last first keeps the
+# heads-outer walk, whose blocks of a pair read a Q tile steps apart, and starts each pair's longest block last (the
+# grid's tail); in the heads-inner walk every block of a pair reaches (head, Q tile) at the same step of its walk, the
+# longest one first.
+SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS = 2
 SM90_BWD_ROT_MAX_TILES = {64: 64, 96: 32, 128: 32}
 SM90_BWD_ROT_MAX_SM_FRACTION = 0.5
 
 
 def sm90_bwd_ordered_order(causal: bool, mod: int, n_blocks: int, sms: int, headdim: int, group: int,
-                           plain_order: int | None = None, causal_order: int = SM90_BWD_CAUSAL_ORDER) -> int:
-    """The visiting order of a dq_strategy="ordered" launch of n_blocks KV tiles per (KV head, batch), `group` query
-    heads per KV head, kernel head dim `headdim`, on a GPU of `sms` SMs: causal_order with the causal mask; without a
-    mask plain_order (None: the configuration's, ROT where group == 1 and n_blocks <= SM90_BWD_ROT_MAX_TILES[headdim],
+                           plain_order: int | None = None, causal_order: int | None = None) -> int:
+    """The visiting order of a dq_strategy="ordered" launch of n_blocks KV tiles per (KV head, batch) (0: packed
+    sequences), `group` query heads per KV head, kernel head dim `headdim`, on a GPU of `sms` SMs: with the causal
+    mask causal_order (None: the configuration's, DQ_ORDER_HEADS_INNER with fixed lengths and at least
+    SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS query heads per KV head, else SM90_BWD_CAUSAL_ORDER); without a mask
+    plain_order (None: the configuration's, ROT where group == 1 and n_blocks <= SM90_BWD_ROT_MAX_TILES[headdim],
     else PLAIN), ROT only while a head's blocks fit (n_blocks <= SM90_BWD_ROT_MAX_SM_FRACTION x sms); PLAIN with
     modifiers (they take seqpar)."""
     if mod:
         return DQ_ORDER_PLAIN
     if causal:
+        if causal_order is None:
+            gqa = n_blocks > 0 and group >= SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS
+            causal_order = DQ_ORDER_HEADS_INNER if gqa else SM90_BWD_CAUSAL_ORDER
         return causal_order
     if plain_order is None:
         fits = group == 1 and n_blocks <= SM90_BWD_ROT_MAX_TILES.get(headdim, 0)

@@ -65,6 +65,9 @@ res["deterministic"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True,
                                                       deterministic=True))
 res["deterministic causal"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 4, 4, 64), causal=True,
+                                                      deterministic=True))
+res["deterministic causal mha"] = rec
 # "ordered" without a mask: ROT at one query head per KV head up to SM90_BWD_ROT_MAX_TILES KV tiles (64 at head dim
 # 64, 32 at 128), else plain; forced (cuflash._bwd_sm90.PLAIN_ORDER), ROT with GQA too but only while a sequence's KV
 # tiles fit half the SMs (66 of the stand-in's 132), and plain anywhere
@@ -329,11 +332,15 @@ def _ordered_blocks(sq, sk, bm, group, order, causal=True, bn=128):
         m_begin = c_div(n0 - diag, bm) if causal and n0 - diag > 0 else 0
         num_m = max(0, -(-sq // bm) - m_begin)
         items = []
-        for h in range(group):
-            for it in range(num_m):
-                m = m_begin + num_m - 1 - it if order == _configs.DQ_ORDER_Q_DESC else m_begin + it
-                last = c_div(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
-                items.append((h, m, last - j if order == _configs.DQ_ORDER_KV_DESC else j))
+        if order == _configs.DQ_ORDER_HEADS_INNER:  # walk_step's: the Q tiles (last first) outer, the heads inner
+            walk = [(h, it) for it in range(num_m) for h in range(group)]
+        else:
+            walk = [(h, it) for h in range(group) for it in range(num_m)]
+        for h, it in walk:
+            last_first = order in (_configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_HEADS_INNER)
+            m = m_begin + num_m - 1 - it if last_first else m_begin + it
+            last = c_div(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
+            items.append((h, m, last - j if order == _configs.DQ_ORDER_KV_DESC else j))
         out.append((j, items))
     return out
 
@@ -428,7 +435,15 @@ def test_ordered_rot_dispatch(res):
             assert _fields(rec)["dq_strategy"] == 3
     assert res["rot None d64 64 tiles"][1][1] == [64, 2, 1]
     assert spec(64, rot).name.endswith(", 0, 3>") and spec(64, rot) in _configs.sm90_bwd_specs()
-    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 4) == _configs.SM90_BWD_CAUSAL_ORDER
+    # causal: the heads-inner walk with GQA and fixed lengths (n_blocks > 0), else KV tiles last first; or as forced
+    inner, kv_desc = _configs.DQ_ORDER_HEADS_INNER, _configs.SM90_BWD_CAUSAL_ORDER
+    assert _configs.SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS == 2 and kv_desc == _configs.DQ_ORDER_KV_DESC
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 4) == inner
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 64, 2) == inner
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 1) == kv_desc
+    assert _configs.sm90_bwd_ordered_order(True, 0, 0, 132, 128, 4) == kv_desc  # (packed sequences)
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 4, causal_order=kv_desc) == kv_desc
+    assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 1, causal_order=inner) == inner
     assert _configs.sm90_bwd_ordered_order(False, _configs.MOD_SCORE, 5, 132, 128, 1) == plain
     assert _configs.sm90_bwd_ordered_order(False, 0, 32, 60, 128, 1) == plain  # (30 of 60 SMs)
     with pytest.raises(ValueError, match="order"):
@@ -437,11 +452,12 @@ def test_ordered_rot_dispatch(res):
         _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE, order=rot)
 
 
-@pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC])
+@pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC,
+                                   _configs.DQ_ORDER_HEADS_INNER])
 @pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
                                    (4096, 4096), (4095, 4097), (130, 2100)])
-@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("group", [1, 3, 8])
 def test_ordered_causal_turns(order, bm, sq, sk, group):
     """Every Q tile's turns are a permutation of 0 .. (KV tiles that see it) - 1 -- exactly the KV tiles the mask
     lets see it (a prefix), each once -- and the blocks finish with any number of resident blocks (in-order
@@ -474,11 +490,18 @@ def test_the_emulation_sees_a_deadlock():
     assert _run(blocks, 1)[1] and not _run(blocks, 132)[1]
 
 
-def test_ordered_causal_takes_the_kv_desc_kernel(res):
+def test_ordered_causal_kernels(res):
+    """Causal "ordered": with GQA the heads-inner walk's kernel (the one "atomic" runs in the launch's dispatch order),
+    without it KV tiles last first; both with the "ordered" strategy's value and one block per KV tile."""
     rec = res["deterministic causal"]
-    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
-    assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
+    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER).name
+    assert rec[1][0].endswith(", 0, 4>") and _fields(rec)["dq_strategy"] == 3
+    assert rec[1][0] in {s.name for s in _configs.sm90_bwd_heads_inner_specs()}
     assert rec[1][1] == [-(-777 // 128), 2, 2]
+    rec = res["deterministic causal mha"]
+    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 64, True, order=_configs.SM90_BWD_CAUSAL_ORDER).name
+    assert rec[1][0].endswith(", 0, 2>") and _fields(rec)["dq_strategy"] == 3
+    assert rec[1][1] == [-(-777 // 128), 4, 2]
     # the other strategies keep the plain order (causal "atomic" at 777 keys: the persistent form), and so does
     # "ordered" without a mask with GQA (test_ordered_rot_dispatch)
     assert res["deterministic"][1][0] == _configs.sm90_bwd_spec("float16", 128, False).name
@@ -598,7 +621,8 @@ def test_group_kernels(res):
         with pytest.raises(ValueError, match="group"):
             _configs.sm90_bwd_spec("float16", 128, causal, **dict(dict(group=8), **kw))
     assert res["group atomic"] == res["group seqpar"] == spec.name
-    ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.SM90_BWD_CAUSAL_ORDER)
+    # "ordered" (GQA: the heads-inner walk's kernel) keeps the launch's dispatch order
+    ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER)
     assert res["group ordered"] == ordered.name
     # non-causal calls have no dispatch order to take: at 777 keys the persistent form, as configured
     assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False,
@@ -632,8 +656,8 @@ def test_heads_inner_kernels(res):
     assert res["inner 3 d256"] == _configs.sm90_bwd_spec("float16", 256, True, order=hi, group=3).name
     assert res["inner 3 long"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=3).name
     for grp in (None, 3):
-        assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True,
-                                                                      order=_configs.SM90_BWD_CAUSAL_ORDER).name
+        # ("ordered" with GQA: the heads-inner walk whatever HEADS_INNER says, in the launch's dispatch order)
+        assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
         # the window's band kernel (mod MOD_SCORE: no dispatch order; its CAP_ONLY form where configured) and the
         # non-causal call (at 777 keys the persistent form) keep theirs
         assert res[f"inner {grp} window"] == res["group window"]

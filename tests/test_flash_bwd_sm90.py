@@ -153,17 +153,20 @@ def test_ordered_no_mask(plain_order, b, sq, sk, h, hk, d):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.fixture(params=["kv_desc", "q_desc"])
+@pytest.fixture(params=["kv_desc", "q_desc", "heads_inner"])
 def causal_order(request, monkeypatch):
-    """"ordered" under the causal mask in the package's order (KV tiles last first) and the alternative (Q tiles
-    last first, cuflash._bwd_sm90.CAUSAL_ORDER), fresh plans for each."""
+    """"ordered" under the causal mask in the package's orders (KV tiles last first; with GQA the heads-inner walk,
+    KV tiles ascending at each Q tile) and the alternative (Q tiles last first), forced through
+    cuflash._bwd_sm90.CAUSAL_ORDER, fresh plans for each."""
     yield from _forced_order(monkeypatch, "CAUSAL_ORDER",
-                             {"kv_desc": _configs.DQ_ORDER_KV_DESC, "q_desc": _configs.DQ_ORDER_Q_DESC}[request.param])
+                             {"kv_desc": _configs.DQ_ORDER_KV_DESC, "q_desc": _configs.DQ_ORDER_Q_DESC,
+                              "heads_inner": _configs.DQ_ORDER_HEADS_INNER}[request.param])
 
 
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
                                             (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
-                                            (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128)])
+                                            (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128),
+                                            (1, 3000, 4100, 16, 2, 128)])
 def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
     """The causal "ordered" kernels: ragged tails, seqlen_q != seqlen_k both ways (rows that see no key: zero dQ;
     KV tiles whose range begins past the first Q tiles), GQA / MQA; bitwise repeatable, and the plan's kernel is the

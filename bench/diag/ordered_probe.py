@@ -4,11 +4,13 @@ without a mask in its two (--no-mask; cuflash._bwd_sm90.PLAIN_ORDER), next to th
 SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2 grid's points (batch 16k / seqlen, 2048 / d
 heads) and a few GQA points:
 
-    python -m bench.diag.ordered_probe [--no-mask] [--rounds N] [--quick] [--seqlens S,S] [--json FILE]
+    python -m bench.diag.ordered_probe [--no-mask] [--rounds N] [--quick] [--seqlens S,S] [--gqa-only] [--json FILE]
     python -m bench.diag.ordered_probe --model      (CPU: the scheduling model's prediction, no GPU)
 
-Variants, causal: atomic; plain (ordered, KV tiles ascending from each block's diagonal: the order before the
-change); kv_desc (ordered, KV tiles last first: the package's); q_desc (ordered, Q tiles last first). Without a
+Variants, causal: atomic (the package's walk and dispatch order for it); plain (ordered, KV tiles ascending from each
+block's diagonal: the order before the change); kv_desc (ordered, KV tiles last first: the package's without GQA);
+q_desc (ordered, Q tiles last first); heads_inner (ordered, the Q tiles last first outside and the KV head's query
+heads inside, KV tiles ascending at each Q tile: the package's with GQA). --gqa-only keeps the GQA points. Without a
 mask: atomic; plain (ordered, every block's Q tiles ascending, KV tile j adding after j - 1); rot (ordered, block x
 at Q tile x - s mod M at step s: the package's where a head's KV tiles fit half the SMs). Each cuflash variant
 is one plan (cuflash.backward._make_plan) called directly, `CALLS` back-to-back calls per timing (cuDNN through
@@ -20,10 +22,11 @@ from __future__ import annotations
 import json
 import sys
 
-from cuflash._configs import DQ_ORDER_KV_DESC, DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_ROT
+from cuflash._configs import DQ_ORDER_HEADS_INNER, DQ_ORDER_KV_DESC, DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_ROT
 
 CALLS = 5
-VARIANTS = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("kv_desc", DQ_ORDER_KV_DESC), ("q_desc", DQ_ORDER_Q_DESC))
+VARIANTS = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("kv_desc", DQ_ORDER_KV_DESC), ("q_desc", DQ_ORDER_Q_DESC),
+            ("heads_inner", DQ_ORDER_HEADS_INNER))
 VARIANTS_NO_MASK = (("atomic", None), ("plain", DQ_ORDER_PLAIN), ("rot", DQ_ORDER_ROT))
 
 
@@ -166,20 +169,23 @@ def model(quick=False):
         for bb, kh, j in blocks:
             t = w = heapq.heappop(free)
             ms = list(range(j * bn // bm, m_total))
-            if scheme == "q_desc":
+            if scheme in ("q_desc", "heads_inner"):
                 ms.reverse()
-            for hh in range(group):
-                for m in ms:
-                    staged = max(t + 1.0, w)
-                    if scheme == "atomic":
-                        dep = 0.0
-                    elif scheme == "kv_desc":
-                        dep = done.get((bb, kh, hh, m, j + 1), 0.0) if j < min(n - 1, ((m + 1) * bm - 1) // bn) else 0.0
-                    else:
-                        dep = done.get((bb, kh, hh, m, j - 1), 0.0) if j else 0.0
-                    w = max(staged, dep) + r
-                    done[(bb, kh, hh, m, j)] = w
-                    t = staged
+            if scheme == "heads_inner":
+                walk = [(hh, m) for m in ms for hh in range(group)]
+            else:
+                walk = [(hh, m) for hh in range(group) for m in ms]
+            for hh, m in walk:
+                staged = max(t + 1.0, w)
+                if scheme == "atomic":
+                    dep = 0.0
+                elif scheme == "kv_desc":
+                    dep = done.get((bb, kh, hh, m, j + 1), 0.0) if j < min(n - 1, ((m + 1) * bm - 1) // bn) else 0.0
+                else:
+                    dep = done.get((bb, kh, hh, m, j - 1), 0.0) if j else 0.0
+                w = max(staged, dep) + r
+                done[(bb, kh, hh, m, j)] = w
+                t = staged
             end = max(end, t, w)
             heapq.heappush(free, max(t, w))
         return end
@@ -189,7 +195,7 @@ def model(quick=False):
         if dt != "float16":
             continue
         bm = 128 if d == 64 else 64
-        t = {sc: simulate(s, bm, h, hk, b, sc) for sc in ("atomic", "plain", "kv_desc", "q_desc")}
+        t = {sc: simulate(s, bm, h, hk, b, sc) for sc in ("atomic",) + tuple(n for n, _ in VARIANTS[1:])}
         rows.append(((d, s, b, h, hk), {sc: t["atomic"] / t[sc] for sc in t}))
     return rows
 
@@ -204,8 +210,10 @@ def main(argv):
     causal = "--no-mask" not in argv
     variants = VARIANTS if causal else VARIANTS_NO_MASK
     seqlens = [int(x) for x in argv[argv.index("--seqlens") + 1].split(",")] if "--seqlens" in argv else None
-    rows, all_ok = run_points(argv, points("--quick" in argv, seqlens=seqlens),
-                              lambda *pt: run_point(*pt, causal=causal), default_rounds=2)
+    pts = points("--quick" in argv, seqlens=seqlens)
+    if "--gqa-only" in argv:
+        pts = [p for p in pts if p[4] != p[5]]
+    rows, all_ok = run_points(argv, pts, lambda *pt: run_point(*pt, causal=causal), default_rounds=2)
     if rows is None:
         return 2
     print(f"\n{'causal' if causal else 'no-mask'} backward, ms per call (atomic, cuDNN) and ordered's speed as a "

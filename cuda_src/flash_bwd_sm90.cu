@@ -48,8 +48,8 @@
 //                 DQ_ORDER_KV_DESC (the host's choice) or DQ_ORDER_Q_DESC, without a mask DQ_ORDER_ROT (the host's
 //                 choice while a head's KV tiles fit the GPU at once); those kernels run "ordered" only; or with
 //                 the causal mask DQ_ORDER_HEADS_INNER (Q tiles last first, the group's query heads inner: the blocks
-//                 of a KV head read each Q and dO tile together; GQA) for "atomic", "seqpar" and, in the launch's
-//                 dispatch order, "ordered" (KV tiles ascending at each Q tile)
+//                 of a KV head read each Q and dO tile together; GQA) for "atomic", "seqpar" and "ordered" (KV
+//                 tiles ascending at each Q tile)
 //   GROUP         the blocks' dispatch order (sm90_bwd_block): 0, the launch's; > 0, the causal kernels of "atomic"
 //                 and "seqpar" with the longest KV tiles first within groups of GROUP (KV head, batch) pairs
 //   CAP_ONLY      a form of the modifier kernel (MOD_SCORE; one block per tile or PERSIST): on the tiles where
@@ -81,10 +81,11 @@
 // DQ_ORDER_Q_DESC: block j trails block j - 1 by one step at the shared last Q tile, but a block with more Q tiles
 // per head reaches the next head later: with GQA the waits come back (bench/NOTES.md, "Hopper backward").
 // DQ_ORDER_HEADS_INNER (GQA): the Q tiles last first outside, the group's query heads inside, and KV tile j adds after
-// 0 .. j - 1 (the launch's dispatch order: KV tile j - 1 starts first). KV tile j's range is a suffix of KV tile
-// j - 1's, so both reach (head h, Q tile m) at step (M - 1 - m) G + h of their walks: at each step a block waits
-// only for the additions of the blocks before it at that step, so the lag of block j behind block 0 is j hand-offs
-// once, not a growing one, and the blocks of a pair still read each Q and dO tile together.
+// 0 .. j - 1 (both dispatch orders start a pair's KV tile j - 1 before its KV tile j: the launch's, and the grouped
+// one's tile by tile). KV tile j's range is a suffix of KV tile j - 1's, so both reach (head h, Q tile m) at step
+// (M - 1 - m) G + h of their walks: at each step a block waits only for the additions of the blocks before it at
+// that step, so the lag of block j behind block 0 is j hand-offs once, not a growing one, and the blocks of a pair
+// still read each Q and dO tile together.
 //
 // "ordered" without a mask. Every KV tile sees every Q tile. In plain ascending order all blocks of a head start at
 // Q tile 0 and KV tile j adds after j - 1 at every Q tile, so the last block starts its additions N hand-offs (a bulk
@@ -588,8 +589,8 @@ __global__ void __launch_bounds__(384, 1)
   // staged in the transposed accumulator layout (attn/bwd.cuh: the T80 tiles; flash_bwd.cu: their convert kernel).
   constexpr bool TRANS_DQ = BLOCK_M == 80;
   // the dQ writer's "ordered" turns: not in the kernels the host never runs it on (cuflash/_bwd_sm90.py: the
-  // modifier kernels, the grouped dispatch order's, the 80-row tiles')
-  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && GROUP == 0 && !TRANS_DQ;
+  // modifier kernels, the grouped dispatch order's but for the heads-inner walk, the 80-row tiles')
+  constexpr bool WRITER_ORDERED = MOD == MOD_NONE && (GROUP == 0 || ORDER == DQ_ORDER_HEADS_INNER) && !TRANS_DQ;
   constexpr int KM = BLOCK_M / 16;   // k16 steps over the Q rows (dV, dK)
   constexpr int KN = BLOCK_N / 16;   // k16 steps over the keys (dQ)
   constexpr int MF = BLOCK_M / 8;    // n8 blocks of S^T along the Q rows
@@ -610,7 +611,7 @@ __global__ void __launch_bounds__(384, 1)
                 "without a mask only)");
   static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE &&
                                               (ORDER == DQ_ORDER_PLAIN || ORDER == DQ_ORDER_HEADS_INNER))),
-                "GROUP: the causal kernels of atomic and seqpar only (ordered needs its own dispatch order)");
+                "GROUP: the causal kernels of atomic and seqpar (and ordered on the heads-inner walk) only");
   static_assert(!PERSIST || (ORDER == DQ_ORDER_PLAIN && GROUP == 0), "PERSIST: atomic and seqpar, the launch's order");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
   static_assert(!CAP_ONLY || (MOD == MOD_SCORE && !SK && ORDER == DQ_ORDER_PLAIN && GROUP == 0),

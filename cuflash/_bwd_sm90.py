@@ -28,10 +28,10 @@ from . import _walk
 from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM,
                        SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_HEADDIMS, kernel_headdim,
                        sm90_bwd_causal_walk, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
-                       sm90_bwd_m80_tile,
-                       sm90_bwd_ordered_order, sm90_bwd_persist_headdims, sm90_bwd_persist_tile,
-                       sm90_bwd_persistent, sm90_bwd_spec, sm90_bwd_stream_k, sm90_bwd_stream_k_eligible,
-                       sm90_bwd_stream_k_tile, sm90_bwd_tile, sm90_smem_capped)
+                       sm90_bwd_m80_tile, sm90_bwd_ordered_group, sm90_bwd_ordered_order,
+                       sm90_bwd_persist_headdims, sm90_bwd_persist_tile, sm90_bwd_persistent, sm90_bwd_spec,
+                       sm90_bwd_stream_k, sm90_bwd_stream_k_eligible, sm90_bwd_stream_k_tile, sm90_bwd_tile,
+                       sm90_smem_capped)
 from ._fwd_sm90 import MAPS_OFFSET, MAX_MAP_SETS, _scratch, device_cc, memo_args  # noqa: F401 (re-exported)
 from ._launch import _MAX_PARAM_BYTES
 from ._mods import has_dropout
@@ -209,7 +209,9 @@ def main_launch(da, qa, ka, va, causal, mod, strategy=None, seqlen_k=None, softc
     if strategy == "ordered" and (causal or seqlen_k is not None):
         order = sm90_bwd_ordered_order(causal, mod, n_blocks, sm_count(qa.device), d, heads, PLAIN_ORDER,
                                        CAUSAL_ORDER)
-    group = 0  # (the grouped kernels have no "ordered" turns: flash_bwd_sm90.cu, WRITER_ORDERED)
+    group = 0
+    if causal and not mod and strategy == "ordered":  # (on the heads-inner walk, "atomic"'s dispatch order there)
+        group = sm90_bwd_ordered_group(order, d, seqlen_k, heads, n_blocks * hk * b, sm_count(qa.device))
     if causal and not mod and order == DQ_ORDER_PLAIN and strategy != "ordered":
         walk, group = sm90_bwd_causal_walk(d, seqlen_k, heads, n_blocks * hk * b, sm_count(qa.device))
         if CAUSAL_GROUP is not None:

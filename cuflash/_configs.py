@@ -925,9 +925,9 @@ def sm90_bwd_causal_walk(headdim: int, seqlen_k: int | None, heads_per_kv: int, 
 
 
 SM90_BWD_CAUSAL_ORDER = DQ_ORDER_KV_DESC
-# "ordered" with the causal mask and GQA: the heads-inner walk in the launch's dispatch order with ascending turns (KV
-# tile j adds after 0 .. j - 1; cuda_src/flash_bwd_sm90.cu), the same kernels as "atomic"'s heads-inner walk, from
-# SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS query heads per KV head with fixed lengths. KV tiles last first keeps the
+# "ordered" with the causal mask and GQA: the heads-inner walk with ascending turns (KV tile j adds after 0 .. j - 1;
+# cuda_src/flash_bwd_sm90.cu), the kernels and dispatch order of "atomic"'s heads-inner walk (sm90_bwd_ordered_group),
+# from SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS query heads per KV head with fixed lengths. KV tiles last first keeps the
 # heads-outer walk, whose blocks of a pair read a Q tile steps apart, and starts each pair's longest block last (the
 # grid's tail); in the heads-inner walk every block of a pair reaches (head, Q tile) at the same step of its walk, the
 # longest one first.
@@ -958,6 +958,17 @@ def sm90_bwd_ordered_order(causal: bool, mod: int, n_blocks: int, sms: int, head
     if plain_order == DQ_ORDER_ROT and n_blocks > int(SM90_BWD_ROT_MAX_SM_FRACTION * sms):
         return DQ_ORDER_PLAIN
     return plain_order
+
+
+def sm90_bwd_ordered_group(order: int, headdim: int, seqlen_k: int | None, heads_per_kv: int, blocks: int,
+                           sms: int) -> int:
+    """The dispatch group of a causal "ordered" launch in `order` (sm90_bwd_ordered_order's; the arguments as
+    sm90_bwd_causal_walk's): on the heads-inner walk the one "atomic" takes there (its turns hold in either dispatch
+    order), else 0, the launch's."""
+    if order != DQ_ORDER_HEADS_INNER:
+        return 0
+    walk, group = sm90_bwd_causal_walk(headdim, seqlen_k, heads_per_kv, blocks, sms)
+    return group if walk == DQ_ORDER_HEADS_INNER else 0
 # The causal "atomic" / "seqpar" kernels' dispatch order (the kernel's GROUP): 0, the launch's (each head's KV tiles in
 # turn), or the longest KV tiles first within groups of SM90_BWD_CAUSAL_GROUP (KV head, batch) pairs, which the host
 # takes at the head dims SM90_BWD_CAUSAL_GROUP_HEADDIMS up to SM90_BWD_CAUSAL_GROUP_MAX_SEQLEN_K keys per sequence

@@ -444,6 +444,12 @@ def test_ordered_rot_dispatch(res):
     assert _configs.sm90_bwd_ordered_order(True, 0, 0, 132, 128, 4) == kv_desc  # (packed sequences)
     assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 4, causal_order=kv_desc) == kv_desc
     assert _configs.sm90_bwd_ordered_order(True, 0, 5, 132, 128, 1, causal_order=inner) == inner
+    # its dispatch group: "atomic"'s on the heads-inner walk (sm90_bwd_causal_walk), else the launch's
+    g = _configs.SM90_BWD_CAUSAL_GROUP
+    for order, args, want in ((inner, (128, 4096, 8, 256, 132), g), (inner, (128, 8192, 8, 1024, 132), 0),
+                              (inner, (128, 8193, 8, 256, 132), 0), (inner, (64, 4096, 8, 256, 132), 0),
+                              (inner, (128, 4096, 1, 256, 132), 0), (kv_desc, (128, 4096, 8, 256, 132), 0)):
+        assert _configs.sm90_bwd_ordered_group(order, *args) == want, (order, args)
     assert _configs.sm90_bwd_ordered_order(False, _configs.MOD_SCORE, 5, 132, 128, 1) == plain
     assert _configs.sm90_bwd_ordered_order(False, 0, 32, 60, 128, 1) == plain  # (30 of 60 SMs)
     with pytest.raises(ValueError, match="order"):
@@ -491,11 +497,13 @@ def test_the_emulation_sees_a_deadlock():
 
 
 def test_ordered_causal_kernels(res):
-    """Causal "ordered": with GQA the heads-inner walk's kernel (the one "atomic" runs in the launch's dispatch order),
-    without it KV tiles last first; both with the "ordered" strategy's value and one block per KV tile."""
+    """Causal "ordered": with GQA the heads-inner walk's kernel in "atomic"'s dispatch order for it (here, 28 blocks,
+    the grouped one), without it KV tiles last first; both with the "ordered" strategy's value and one block per KV
+    tile."""
     rec = res["deterministic causal"]
-    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER).name
-    assert rec[1][0].endswith(", 0, 4>") and _fields(rec)["dq_strategy"] == 3
+    assert rec[1][0] == _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER,
+                                               group=_configs.SM90_BWD_CAUSAL_GROUP).name
+    assert rec[1][0].endswith(f", 0, 4, {_configs.SM90_BWD_CAUSAL_GROUP}>") and _fields(rec)["dq_strategy"] == 3
     assert rec[1][0] in {s.name for s in _configs.sm90_bwd_heads_inner_specs()}
     assert rec[1][1] == [-(-777 // 128), 2, 2]
     rec = res["deterministic causal mha"]
@@ -621,8 +629,9 @@ def test_group_kernels(res):
         with pytest.raises(ValueError, match="group"):
             _configs.sm90_bwd_spec("float16", 128, causal, **dict(dict(group=8), **kw))
     assert res["group atomic"] == res["group seqpar"] == spec.name
-    # "ordered" (GQA: the heads-inner walk's kernel) keeps the launch's dispatch order
-    ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER)
+    # "ordered" (GQA: the heads-inner walk's kernel) takes the configuration's dispatch order, not CAUSAL_GROUP's
+    ordered = _configs.sm90_bwd_spec("float16", 128, True, order=_configs.DQ_ORDER_HEADS_INNER,
+                                     group=_configs.SM90_BWD_CAUSAL_GROUP)
     assert res["group ordered"] == ordered.name
     # non-causal calls have no dispatch order to take: at 777 keys the persistent form, as configured
     assert res["group non-causal"] == _configs.sm90_bwd_spec("float16", 128, False,
@@ -656,8 +665,9 @@ def test_heads_inner_kernels(res):
     assert res["inner 3 d256"] == _configs.sm90_bwd_spec("float16", 256, True, order=hi, group=3).name
     assert res["inner 3 long"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi, group=3).name
     for grp in (None, 3):
-        # ("ordered" with GQA: the heads-inner walk whatever HEADS_INNER says, in the launch's dispatch order)
-        assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi).name
+        # ("ordered" with GQA: the heads-inner walk whatever HEADS_INNER says, in the configuration's dispatch order)
+        assert res[f"inner {grp} ordered"] == _configs.sm90_bwd_spec("float16", 128, True, order=hi,
+                                                                      group=_configs.SM90_BWD_CAUSAL_GROUP).name
         # the window's band kernel (mod MOD_SCORE: no dispatch order; its CAP_ONLY form where configured) and the
         # non-causal call (at 777 keys the persistent form) keep theirs
         assert res[f"inner {grp} window"] == res["group window"]

@@ -10,7 +10,7 @@ import pytest
 
 import cuflash
 from cuflash import _bwd_sm90, _configs, _fwd_sm90, backward as bwd_mod, reference
-from cuflash._launch import get_launcher
+from cuflash._launch import get_launcher, sm_count
 from cuflash.backward import check_backward_inputs
 from conftest import assert_close_to_ref, to_np, torch_attention_lowp, torch_inputs
 
@@ -166,7 +166,7 @@ def causal_order(request, monkeypatch):
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", [(2, 1, 1, 2, 2, 64), (2, 17, 300, 2, 2, 128), (2, 300, 17, 2, 2, 64),
                                             (1, 700, 130, 4, 2, 128), (2, 1000, 700, 8, 2, 64),
                                             (2, 640, 1300, 6, 3, 96), (1, 2100, 2100, 8, 1, 128),
-                                            (1, 3000, 4100, 16, 2, 128)])
+                                            (1, 3000, 4100, 16, 2, 128), (3, 500, 8000, 8, 2, 128)])
 def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
     """The causal "ordered" kernels: ragged tails, seqlen_q != seqlen_k both ways (rows that see no key: zero dQ;
     KV tiles whose range begins past the first Q tiles), GQA / MQA; bitwise repeatable, and the plan's kernel is the
@@ -175,7 +175,10 @@ def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
 
     (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
                                              deterministic=True)
-    spec = _configs.sm90_bwd_spec("float16", _configs.kernel_headdim(d), True, order=causal_order)
+    kd = _configs.kernel_headdim(d)
+    blocks = -(-sk // 128) * hk * b
+    group = _configs.sm90_bwd_ordered_group(causal_order, kd, sk, h // hk, blocks, sm_count(q.device.index))
+    spec = _configs.sm90_bwd_spec("float16", kd, True, order=causal_order, group=group)
     assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
     if sq > sk:
         assert torch.count_nonzero(first[0][:, : sq - sk]) == 0

@@ -36,9 +36,9 @@ enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
 // DQ_ORDER_HEADS_INNER, compiled with the causal mask (no modifiers, one block per tile): every block visits its Q
 //   tiles last first and, at each, the query heads of its KV head's group in turn (Q tiles outer, heads inner), so
 //   that the blocks of one (KV head, batch) pair that start together read the same Q and dO tiles at the same step,
-//   however many query heads share the KV head. For DQ_ATOMIC / DQ_SEQPAR, and for DQ_ORDERED in the launch's
-//   dispatch order with DQ_ORDER_PLAIN's turns (KV tile j adds after 0 .. j - 1): every block reaches (head, Q tile
-//   m) at the same step of its walk, and the one it waits on was dispatched before it.
+//   however many query heads share the KV head. For DQ_ATOMIC / DQ_SEQPAR, and for DQ_ORDERED with DQ_ORDER_PLAIN's
+//   turns (KV tile j adds after 0 .. j - 1): every block reaches (head, Q tile m) at the same step of its walk, and
+//   the one it waits on was dispatched before it (in either dispatch order).
 enum DqOrder { DQ_ORDER_PLAIN = 0, DQ_ORDER_Q_DESC = 1, DQ_ORDER_KV_DESC = 2, DQ_ORDER_ROT = 3,
                DQ_ORDER_HEADS_INNER = 4 };
 

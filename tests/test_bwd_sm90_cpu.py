@@ -336,8 +336,8 @@ def _ordered_blocks(sq, sk, bm, group, order, causal=True, bn=128):
             walk = [(h, it) for it in range(num_m) for h in range(group)]
         else:
             walk = [(h, it) for h in range(group) for it in range(num_m)]
+        last_first = order in (_configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_HEADS_INNER)
         for h, it in walk:
-            last_first = order in (_configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_HEADS_INNER)
             m = m_begin + num_m - 1 - it if last_first else m_begin + it
             last = c_div(min(sk, (m + 1) * bm + diag) + bn - 1, bn) - 1
             items.append((h, m, last - j if order == _configs.DQ_ORDER_KV_DESC else j))

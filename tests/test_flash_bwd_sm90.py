@@ -176,7 +176,7 @@ def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
     (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
                                              deterministic=True)
     kd = _configs.kernel_headdim(d)
-    blocks = -(-sk // 128) * hk * b
+    blocks = -(-sk // _configs.sm90_bwd_tile(kd).block_n) * hk * b
     group = _configs.sm90_bwd_ordered_group(causal_order, kd, sk, h // hk, blocks, sm_count(q.device.index))
     spec = _configs.sm90_bwd_spec("float16", kd, True, order=causal_order, group=group)
     assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]

@@ -79,6 +79,7 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
     import torch
 
     import cuflash
+    from cuflash import _bwd_sm90
     from cuflash._configs import SM90_BWD_HEADDIMS, kernel_headdim, sm90_bwd_tile
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
@@ -100,8 +101,9 @@ def bwd(dtypes=("float16", "bfloat16"), headdims=(64, 128), seqlens=SEQLENS, str
                         if bk == "sm90" and not (hopper and kernel_headdim(d) in SM90_BWD_HEADDIMS
                                                  and strat != "loop"):
                             continue
-                        if bk == "sm90" and strat == "ordered" and sm90_bwd_tile(kernel_headdim(d)).split:
-                            continue  # (the column-split kernel of head dim 256 runs "atomic" and "seqpar")
+                        if (bk == "sm90" and strat == "ordered" and sm90_bwd_tile(kernel_headdim(d)).split
+                                and not _bwd_sm90.split_ordered()):
+                            continue  # (the column-split kernel's "ordered" runs where turned on: SPLIT_ORDERED)
                         if bk != "sm90" and strat == "ordered":
                             continue  # (a Hopper backward strategy)
                         if strat != "atomic" and bk != backends[0]:

@@ -973,10 +973,17 @@ __global__ void __launch_bounds__(384, 1)
 //                (RED.E.ADD.F32x4) per thread and accumulator fragment, or with "seqpar" a 16-byte store into this KV
 //                tile's buffer.
 // There is no shared memory left for a dQ staging tile (K, V, 2 stages of Q and dO: 192 KB, P^T and dS^T double
-// buffered: 32 KB), so there is no dQ writer warp and no "ordered" strategy (the host runs deterministic calls as
-// "seqpar", or on the mma.sync kernels). Plain non-causal blocks start their Q tiles at n_block % num_m (wrapping), so
-// that the blocks of one head add into different accumulator tiles at a time; causal blocks start at their diagonal
-// (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the group's query heads inner, as the 128-key kernel's).
+// buffered: 32 KB), so there is no dQ writer warp: with "ordered" each consumer warp takes its own turn at the Q tile
+// before its reductions -- lane 0 waits until the warp's semaphore (one per consumer warp: 8 per 64 accumulator rows)
+// counts the KV tiles that add before this one, the warp adds, fences, and lane 0 raises the semaphore -- so every
+// accumulator element takes its additions in one fixed KV-tile order (bitwise reproducible). The turns are the 128-key
+// kernel's: without a mask ascending (KV tile j after 0 .. j - 1, every block starting at Q tile 0), with the causal
+// mask DQ_ORDER_KV_DESC's (the grid's KV tiles last first, each Q tile's additions from its last KV tile down) or on
+// the heads-inner walk ascending. A warp waits only on the same warp of a block dispatched before its own, and the
+// wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar" start their Q tiles at
+// n_block % num_m (wrapping), so that the blocks of one head add into different accumulator tiles at a time; causal
+// blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the group's query heads inner, as
+// the 128-key kernel's).
 // MOD_SCORE (window, soft-cap, ALiBi: attn/mask.cuh): consumer 0 applies them to S^T on the tiles that need it and
 // hands the soft-cap's derivative to consumer 1 through the dS^T buffer.
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
@@ -1022,12 +1029,17 @@ __global__ void __launch_bounds__(384, 1)
                     REGS_LOAD % 8 == 0,
                 "setmaxnreg register counts");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout");
-  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && !PERSIST)),
+  static_assert(GROUP >= 0 && (GROUP == 0 || (CAUSAL && MOD == MOD_NONE && !PERSIST && ORDER != DQ_ORDER_KV_DESC)),
                 "GROUP: the causal kernels only (the persistent form walks the launch's order)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
-  static_assert(ORDER == DQ_ORDER_PLAIN || (ORDER == DQ_ORDER_HEADS_INNER && CAUSAL && MOD == MOD_NONE && !PERSIST),
-                "ORDER: DQ_ORDER_PLAIN, or DQ_ORDER_HEADS_INNER (causal, no modifiers, one block per tile)");
+  static_assert(ORDER == DQ_ORDER_PLAIN || ((ORDER == DQ_ORDER_HEADS_INNER || ORDER == DQ_ORDER_KV_DESC) && CAUSAL &&
+                                            MOD == MOD_NONE && !PERSIST),
+                "ORDER: DQ_ORDER_PLAIN, or DQ_ORDER_HEADS_INNER / DQ_ORDER_KV_DESC (causal, no modifiers, one block "
+                "per tile)");
+  // "ordered"'s turns: not in the kernels the host never runs it on (the modifier kernels, the persistent form, the
+  // grouped dispatch order's but for the heads-inner walk)
+  constexpr bool ORDERED = MOD == MOD_NONE && !PERSIST && (GROUP == 0 || ORDER == DQ_ORDER_HEADS_INNER);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -1037,7 +1049,7 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* kv_empty = empty + STAGES;  // PERSIST: the consumers are done with the tile's K and V
 
   // the launch's tile (one block per tile; PERSIST: Sm90BwdTiles' walk, each role in sm90_bwd_for_tiles)
-  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<DQ_ORDER_PLAIN, GROUP>(blockIdx);
+  const int3 blk1 = PERSIST ? make_int3(0, 0, 0) : sm90_bwd_block<ORDER, GROUP>(blockIdx);
   const int n0_1 = blk1.x * BLOCK_N;
   const SeqInfo si = seqinfo_fixed(p);
   const int group = (int)p.heads_per_kv;
@@ -1045,9 +1057,9 @@ __global__ void __launch_bounds__(384, 1)
   const int2 qr1 = PERSIST ? make_int2(0, 0) : sm90_bwd_q_tiles<BLOCK_M, BLOCK_N>(band, si, n0_1);  // its Q tiles
   const int total1 = group * qr1.y;
   // a tile's first Q tile, plain non-causal: its KV tile's index modulo its Q tiles, so that the blocks of one head
-  // add into different accumulator tiles at a time
+  // add into different accumulator tiles at a time ("ordered": Q tile 0, its turns' order)
   auto rot_of = [&](int n_block, int num_m) {
-    return CAUSAL || MOD != MOD_NONE || num_m == 0 ? 0 : n_block % num_m;
+    return CAUSAL || MOD != MOD_NONE || num_m == 0 || (ORDERED && p.dq_strategy == DQ_ORDERED) ? 0 : n_block % num_m;
   };
   const int rot1 = rot_of(blk1.x, qr1.y);
   const int wg = threadIdx.x / 128;
@@ -1085,6 +1097,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t q_base = smem_addr(sm + L::Q_OFF), do_base = smem_addr(sm + L::DO_OFF);
   const uint32_t pt_base = smem_addr(sm + L::PT_OFF), ds_base = smem_addr(sm + L::DS_OFF);
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
+  const bool ordered = ORDERED && p.dq_strategy == DQ_ORDERED;
+  int* const sem = reinterpret_cast<int*>(p.dq_accum + bwd_ws_rows(p, false) * D);  // "ordered" (attn/bwd.cuh)
 
   sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
       p, si, band, group, blk1, qr1,
@@ -1209,8 +1223,20 @@ __global__ void __launch_bounds__(384, 1)
 
       // dQ_c: this warp's 16 rows, n8 blocks [HF cw, HF cw + HF) of the accumulator (attn/bwd.cuh's layout); one
       // 16-byte reduction (RED.E.ADD.F32x4) per thread and fragment, or with "seqpar" a 16-byte store into this KV
-      // tile's buffer.
+      // tile's buffer. "ordered": the warp's turn first (its own semaphore of the Q tile's eight), and the semaphore
+      // raised once the warp's reductions are done (each lane's fence, then the warp's barrier, before the release:
+      // cumulative), so the next KV tile's same warp adds after them.
       float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
+      int* sem_at = nullptr;
+      if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE)
+        const int turn = ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / 8 + 4 * cw + warp;
+        if (lane == 0) {
+          while (ld_acquire_gpu(sem_at) != turn) {
+          }
+        }
+        __syncwarp();
+      }
 #pragma unroll
       for (int j = 0; j < HF; ++j) {
         float4* dst = reinterpret_cast<float4*>(band_dq + 128 * j);
@@ -1219,6 +1245,11 @@ __global__ void __launch_bounds__(384, 1)
           *dst = v;
         else
           atomicAdd(dst, v);
+      }
+      if (ordered) {
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) red_release_gpu_add(sem_at, 1);
       }
       wgmma_wait<0>();  // dK done: stage s, the P^T and dS^T buffers are free
       reg_fence(acc_dk);

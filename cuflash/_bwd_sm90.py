@@ -5,7 +5,7 @@ device whenever the call allows (`ineligible`), else the mma.sync (sm80) kernels
 ("sm90" on a call it cannot take is a ValueError naming why). Calls the sm90 backward cannot take: head dims
 outside SM90_BWD_HEADDIMS' range, dropout, packed sequences, dq_strategy="loop", an explicit warp_partition or
 tile (both select sm80 kernels), empty sequences, views whose base or strides are not 16-byte aligned (TMA), and at
-the head dims of the column-split kernel (256) dq_strategy="ordered".
+the head dims of the column-split kernel (256) dq_strategy="ordered" unless `split_ordered()`.
 
 The main kernel runs one block per (KV tile, KV head, batch), or in its persistent form (`persistent_form`:
 cuflash._configs.sm90_bwd_persistent, head dims 64, 128 and 256 up to a key count per head dim and mask) on a 1-d grid
@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from . import _walk
 from ._configs import (DQ_ORDER_HEADS_INNER, DQ_ORDER_PLAIN, MOD_SCORE, SM80_ONLY_MAX_HEADDIM,
-                       SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_HEADDIMS, kernel_headdim,
+                       SM90_BWD_CAP_ONLY_HEADDIMS, SM90_BWD_HEADDIMS, SM90_BWD_SPLIT_ORDERED, kernel_headdim,
                        sm90_bwd_causal_walk, sm90_bwd_m80, sm90_bwd_m80_eligible, sm90_bwd_m80_persistent,
                        sm90_bwd_m80_tile, sm90_bwd_ordered_group, sm90_bwd_ordered_order,
                        sm90_bwd_persist_headdims, sm90_bwd_persist_tile, sm90_bwd_persistent, sm90_bwd_spec,
@@ -57,9 +57,9 @@ def ineligible(da, qa, ka, va, mods=None, packed=None, dq_strategy=None, warp_pa
                 f"{SM90_BWD_HEADDIMS[-1]})")
     if has_dropout(mods):
         return "dropout (the mma.sync kernels run it)"
-    if sm90_bwd_tile(kd).split and dq_strategy == "ordered":  # the column-split kernel (head dim 256)
-        return (f"dq_strategy='ordered' at head dim {d} (the sm90 backward's head-dim-{kd} kernel has 'atomic' and "
-                "'seqpar')")
+    if sm90_bwd_tile(kd).split and dq_strategy == "ordered" and not split_ordered():
+        return (f"dq_strategy='ordered' at head dim {d} (the sm90 backward's head-dim-{kd} kernel takes 'atomic' and "
+                "'seqpar'; its 'ordered' turns are not configured: cuflash._bwd_sm90.SPLIT_ORDERED)")
     if packed is not None:
         return "packed sequences (the mma.sync kernels run them)"
     if dq_strategy == "loop":
@@ -89,6 +89,16 @@ def resolve_backend(backend: str, da, qa, ka, va, mods=None, packed=None, dq_str
             raise ValueError(f"backend='sm90' cannot take this backward: {why}")
         return "sm90"
     return "sm90" if cc == 90 and why is None else "sm80"
+
+
+# "ordered" on the column-split kernel (head dim 256): None, the configuration's (cuflash._configs.
+# SM90_BWD_SPLIT_ORDERED); True / False force it on or off (a test or a benchmark; clear cuflash.backward._PLANS)
+SPLIT_ORDERED = None
+
+
+def split_ordered() -> bool:
+    """Whether calls at the column-split kernel's head dims take "ordered" (SPLIT_ORDERED, else the configuration)."""
+    return SM90_BWD_SPLIT_ORDERED if SPLIT_ORDERED is None else bool(SPLIT_ORDERED)
 
 
 # The order of dq_strategy="ordered" with the causal mask: None, the configuration's (cuflash._configs.

@@ -19,7 +19,7 @@ from ._validate import check_backward_headdim, check_grad_inputs, check_qkv, che
 
 DQ_STRATEGIES = {"atomic": 0, "seqpar": 1, "loop": 2, "ordered": 3}
 # "ordered" (the Hopper backward, without score modifiers): the atomic accumulator, added to in KV-tile order through
-# a semaphore per Q tile: deterministic without seqpar's buffers (cuda_src/flash_bwd_sm90.cu).
+# semaphores per Q tile: deterministic without seqpar's buffers (cuda_src/flash_bwd_sm90.cu).
 # seqpar's per-KV-tile dQ buffers may take at most this fraction of the free device memory.
 SEQPAR_MAX_FREE_FRACTION = 0.5
 
@@ -177,7 +177,8 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
         raise ValueError("dq_strategy='ordered' runs on the Hopper backward without window_size / softcap / "
                          "alibi_slopes" + ("" if path == "sm90" else " (this call takes the sm80 kernels)") +
                          "; use 'seqpar' or 'loop' for a deterministic backward")
-    if dq_strategy is None and deterministic and path == "sm90" and not mod and not sm90_bwd_tile(d).split:
+    if (dq_strategy is None and deterministic and path == "sm90" and not mod
+            and (not sm90_bwd_tile(d).split or _bwd_sm90.split_ordered())):
         dq_strategy = "ordered"  # deterministic at the atomic strategy's memory (and nearly its speed)
     strategy = choose_dq_strategy(dq_strategy, deterministic, (n_blocks or 0) * rows * d * 4, qa.device)
     if path == "sm90" and strategy == "loop":  # seqpar's buffers did not fit: "loop" runs on the sm80 kernels
@@ -198,7 +199,8 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes
-    sems = rows // 64 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh)
+    sems = rows // 8 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh:
+    # eight per 64 rows)
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d) + sems,), float32=True))
     p.ws_off = (0, 4 * rows, 8 * rows)

@@ -46,6 +46,20 @@ rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4
 res["forced d256 window"] = rec
 res["forced d256 ordered"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
                                                                     dq_strategy="ordered", deterministic=True))
+# the column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED): which kernels calls take
+from cuflash import _bwd_sm90 as _b90s, backward as _bms
+_b90s.SPLIT_ORDERED = True
+_bms._PLANS.clear()
+for causal in (False, True):
+    rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 700, 4, 4, 256), backend="sm90",
+                                                          causal=causal, dq_strategy="ordered", deterministic=True))
+    res[f"forced d256 ordered {causal}"] = rec
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
+res["deterministic d256 split ordered"] = rec
+res["forced d256 ordered softcap"] = err(lambda: cuflash.flash_attn_backward(
+    *tensors(1, 200, 200, 4, 4, 256), backend="sm90", softcap=5.0, dq_strategy="ordered"))
+_b90s.SPLIT_ORDERED = None
+_bms._PLANS.clear()
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), softcap=5.0))
 res["auto d256 softcap"] = rec
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
@@ -276,8 +290,11 @@ def test_options_of_the_sm80_kernels(res, name, why):
 
 
 def test_refusals_name_the_reason(res):
-    kind, msg = res["forced d256 ordered"]
+    kind, msg = res["forced d256 ordered"]  # (the column-split kernel's "ordered" is not configured)
     assert kind == "ValueError" and "backend='sm90'" in msg and "dq_strategy='ordered' at head dim 256" in msg, msg
+    assert "SPLIT_ORDERED" in msg and not _configs.SM90_BWD_SPLIT_ORDERED
+    kind, msg = res["forced d256 ordered softcap"]  # turned on: "ordered" runs without score modifiers, as elsewhere
+    assert kind == "ValueError" and "dq_strategy='ordered'" in msg and "softcap" in msg, msg
     # the score modifiers at 256: the column-split kernel's MOD_SCORE form (mod 1)
     for name in ("forced d256 window", "auto d256 softcap"):
         main = res[name][1][0]
@@ -294,10 +311,12 @@ def _fields(rec):
 
 def test_deterministic_strategies(res):
     """deterministic=True: "ordered" (3, one accumulator) without modifiers, seqpar (1) with 128-key buffers with a
-    window or when asked for, and with 64-key buffers at head dim 256 (the column-split kernel has no "ordered");
-    "ordered" refused with a window or on the sm80 kernels."""
+    window or when asked for, and with 64-key buffers at head dim 256 (the column-split kernel's "ordered" is not
+    configured) -- "ordered" there once turned on (its consumer warps take the turns); "ordered" refused with a
+    window or on the sm80 kernels."""
     for name, strategy, splits in (("deterministic", 3, 1), ("deterministic window", 1, -(-777 // 128)),
-                                   ("seqpar", 1, -(-777 // 128)), ("deterministic d256", 1, -(-777 // 64))):
+                                   ("seqpar", 1, -(-777 // 128)), ("deterministic d256", 1, -(-777 // 64)),
+                                   ("deterministic d256 split ordered", 3, 1)):
         rec = res[name]
         assert "bwd_sm90" in rec[1][0], name
         f = _fields(rec)
@@ -305,6 +324,13 @@ def test_deterministic_strategies(res):
     for name in ("ordered window", "ordered sm80"):
         kind, msg = res[name]
         assert kind == "ValueError" and "ordered" in msg, name
+    # head dim 256, "ordered" turned on and asked for: the column-split kernel's, without a mask in the launch's order
+    # (ascending turns, every block from Q tile 0), causal with KV tiles last first (SM90_BWD_CAUSAL_ORDER: 11 KV tiles
+    # of 64 keys)
+    for causal, order in ((False, _configs.DQ_ORDER_PLAIN), (True, _configs.SM90_BWD_CAUSAL_ORDER)):
+        rec = res[f"forced d256 ordered {causal}"]
+        assert rec[1][0] == _configs.sm90_bwd_spec("float16", 256, causal, order=order).name, causal
+        assert rec[1][1] == [-(-700 // 64), 4, 1] and _fields(rec)["dq_strategy"] == 3
 
 
 def test_memoized_maps(res):
@@ -458,17 +484,24 @@ def test_ordered_rot_dispatch(res):
         _configs.sm90_bwd_spec("float16", 64, False, mod=_configs.MOD_SCORE, order=rot)
 
 
-@pytest.mark.parametrize("order", [_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC, _configs.DQ_ORDER_KV_DESC,
-                                   _configs.DQ_ORDER_HEADS_INNER])
-@pytest.mark.parametrize("bm", [64, 128])
+# (order, KV tile, Q tile): the 128-key kernels' orders at both Q tiles, and the column-split kernel's (64 x 64 tiles;
+# no Q_DESC there)
+_CAUSAL_TURN_CASES = [(o, 128, bm) for o in (_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_Q_DESC,
+                                              _configs.DQ_ORDER_KV_DESC, _configs.DQ_ORDER_HEADS_INNER)
+                      for bm in (64, 128)] + [(o, 64, 64) for o in (_configs.DQ_ORDER_PLAIN, _configs.DQ_ORDER_KV_DESC,
+                                                                     _configs.DQ_ORDER_HEADS_INNER)]
+
+
+@pytest.mark.parametrize("order,bn,bm", _CAUSAL_TURN_CASES)
 @pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
                                    (4096, 4096), (4095, 4097), (130, 2100)])
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_ordered_causal_turns(order, bm, sq, sk, group):
+def test_ordered_causal_turns(order, bn, bm, sq, sk, group):
     """Every Q tile's turns are a permutation of 0 .. (KV tiles that see it) - 1 -- exactly the KV tiles the mask
     lets see it (a prefix), each once -- and the blocks finish with any number of resident blocks (in-order
-    dispatch), so the additions run in one fixed order: deterministic, no deadlock."""
-    blocks = _ordered_blocks(sq, sk, bm, group, order)
+    dispatch), so the additions run in one fixed order: deterministic, no deadlock. The column-split kernel takes the
+    turns per consumer warp (8 semaphores per Q tile), each warp the same sequence as its Q tile's."""
+    blocks = _ordered_blocks(sq, sk, bm, group, order, bn=bn)
     diag = sk - sq
     turns = {}
     for j, items in blocks:
@@ -477,7 +510,7 @@ def test_ordered_causal_turns(order, bm, sq, sk, group):
     for (h, m), tj in turns.items():
         seen = sorted(j for _, j in tj)
         # the KV tiles whose keys some row of Q tile m sees (bottom-right causal), rows past seqlen_q included
-        assert seen == [j for j in range(-(-sk // 128)) if j * 128 <= (m + 1) * bm - 1 + diag], (h, m)
+        assert seen == [j for j in range(-(-sk // bn)) if j * bn <= (m + 1) * bm - 1 + diag], (h, m)
         assert sorted(t for t, _ in tj) == list(range(len(tj))), (h, m, tj)
     # Q tiles whose rows all see no key are never waited for (their dQ stays the preprocess's zeros)
     assert all((m + 1) * bm - 1 + diag >= 0 for _, m in turns)
@@ -486,6 +519,28 @@ def test_ordered_causal_turns(order, bm, sq, sk, group):
         adders, dead = _run(blocks, slots)
         assert not dead, slots
         assert expect is None or adders == expect  # the same order whatever the residency
+        expect = adders
+
+
+@pytest.mark.parametrize("bn,bm", [(128, 64), (128, 128), (64, 64)])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (2048, 2048), (130, 9000)])
+@pytest.mark.parametrize("group", [1, 3])
+def test_ordered_plain_turns(bn, bm, sq, sk, group):
+    """"ordered" without a mask in the plain order (DQ_ORDER_PLAIN: every block from Q tile 0, KV tile j after
+    0 .. j - 1; the column-split kernel's only order without a mask, its rotated start off under "ordered"): every
+    Q tile takes all N KV tiles once, and the blocks finish in one fixed order with any residency, 1 slot included."""
+    blocks = _ordered_blocks(sq, sk, bm, group, _configs.DQ_ORDER_PLAIN, causal=False, bn=bn)
+    N, M = -(-sk // bn), -(-sq // bm)
+    turns = {}
+    for j, items in blocks:
+        for h, m, t in items:
+            turns.setdefault((h, m), []).append(t)
+    assert len(turns) == group * M and all(sorted(t) == list(range(N)) for t in turns.values())
+    expect = None
+    for slots in (1, 2, 5, 132):
+        adders, dead = _run(blocks, slots)
+        assert not dead, slots
+        assert expect is None or adders == expect
         expect = adders
 
 
@@ -727,9 +782,13 @@ def test_default_group_rule():
         assert _configs.sm90_bwd_causal_group(d, 1) == _configs.sm90_bwd_causal_group(d, lim) == (
             _configs.SM90_BWD_CAUSAL_GROUP if on else 0)
         assert _configs.sm90_bwd_causal_group(d, lim + 1) == _configs.sm90_bwd_causal_group(d, None) == 0
-        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: no visiting orders ("ordered")
+        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: KV tiles last first, not Q_DESC or ROT
+            assert _configs.sm90_bwd_spec("float16", d, True, order=_configs.DQ_ORDER_KV_DESC) in \
+                _configs.sm90_bwd_specs()
             with pytest.raises(ValueError, match="column-split"):
-                _configs.sm90_bwd_spec("float16", d, True, order=_configs.SM90_BWD_CAUSAL_ORDER)
+                _configs.sm90_bwd_spec("float16", d, True, order=_configs.DQ_ORDER_Q_DESC)
+            with pytest.raises(ValueError, match="column-split"):
+                _configs.sm90_bwd_spec("float16", d, False, order=_configs.DQ_ORDER_ROT)
         for dt in _configs.DTYPES:
             names = {s.name for s in _configs.sm90_bwd_specs()}
             models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}

@@ -582,30 +582,117 @@ def test_headdim_256_gqa(h, hk, causal):
     check(2, 300, 451, h, hk, 256, "float16", causal)
 
 
-@pytest.mark.parametrize("dq_strategy", ["atomic", "seqpar"])
+@pytest.fixture
+def split_ordered(monkeypatch):
+    """The column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED), fresh plans before and after."""
+    monkeypatch.setattr(_bwd_sm90, "SPLIT_ORDERED", True)
+    bwd_mod._PLANS.clear()
+    yield
+    bwd_mod._PLANS.clear()
+
+
+@pytest.mark.parametrize("dq_strategy", ["atomic", "ordered", "seqpar"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_headdim_256_dq_strategies(dq_strategy, causal):
-    """Non-causal blocks start at Q tile n_block % num_m (wrapping): many KV tiles over few Q tiles and the other way."""
+def test_headdim_256_dq_strategies(dq_strategy, causal, monkeypatch):
+    """Non-causal blocks of "atomic" / "seqpar" start at Q tile n_block % num_m (wrapping), those of "ordered"
+    (turned on) at Q tile 0: many KV tiles over few Q tiles and the other way."""
+    if dq_strategy == "ordered":
+        monkeypatch.setattr(_bwd_sm90, "SPLIT_ORDERED", True)
+    bwd_mod._PLANS.clear()
     check(2, 700, 1100, 4, 2, 256, "bfloat16", causal, dq_strategy=dq_strategy, deterministic=dq_strategy != "atomic")
     check(1, 1500, 200, 2, 2, 256, "float16", causal, dq_strategy=dq_strategy, deterministic=dq_strategy != "atomic")
 
 
+@pytest.mark.parametrize("split_on", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_headdim_256_deterministic_is_bitwise(causal):
-    """deterministic=True at head dim 256 takes seqpar (the column-split kernel has no "ordered"): bitwise repeats."""
+def test_headdim_256_deterministic_is_bitwise(split_on, causal, monkeypatch):
+    """deterministic=True at head dim 256 takes seqpar, or "ordered" once turned on (the column-split kernel's
+    consumer warps take each Q tile's turns): bitwise repeats (many KV tiles per Q tile and heads per KV head)."""
     import torch
 
+    monkeypatch.setattr(_bwd_sm90, "SPLIT_ORDERED", split_on)
+    bwd_mod._PLANS.clear()
     (q, k, v, out, lse, dout), first = check(2, 513, 1100, 8, 2, 256, "float16", causal, deterministic=True)
     plan = bwd_mod._make_plan(*check_backward_inputs(dout, q, k, v, out, lse), None, causal, None, True, None, "auto")
-    assert (plan.backend, plan.strategy) == ("sm90", "seqpar")  # (seqpar plans are not memoized: made here)
-    for _ in range(2):
+    assert (plan.backend, plan.strategy) == ("sm90", "ordered" if split_on else "seqpar")
+    for _ in range(3):
         again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    bwd_mod._PLANS.clear()
+
+
+@pytest.fixture(params=["kv_desc", "heads_inner"])
+def causal_order_256(request, monkeypatch):
+    """The column-split kernel's causal "ordered" orders (KV tiles last first; the heads-inner walk, KV tiles
+    ascending at each Q tile), turned on and forced through cuflash._bwd_sm90.CAUSAL_ORDER, fresh plans for each."""
+    monkeypatch.setattr(_bwd_sm90, "SPLIT_ORDERED", True)
+    yield from _forced_order(monkeypatch, "CAUSAL_ORDER", {"kv_desc": _configs.DQ_ORDER_KV_DESC,
+                                                           "heads_inner": _configs.DQ_ORDER_HEADS_INNER}[request.param])
+
+
+# 64-key KV tiles (N) against 64-row Q tiles (M): N < M, N = M, N > M, ragged tails, sq != sk both ways (rows that see
+# no key), GQA / MQA, a padded head dim
+ORDERED_256 = [(2, 1, 1, 2, 2, 256), (2, 17, 300, 2, 2, 256), (2, 300, 17, 2, 2, 256), (1, 700, 130, 4, 2, 256),
+               (2, 640, 1300, 6, 3, 256), (1, 1100, 1100, 4, 1, 256), (1, 333, 517, 4, 2, 200)]
+
+
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", ORDERED_256)
+def test_ordered_headdim_256_causal(causal_order_256, b, sq, sk, h, hk, d):
+    """The column-split kernel's causal "ordered": within the reference's error, zero dQ on rows that see no key,
+    bitwise repeatable, and the plan's kernel is the order's."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
+                                             deterministic=True)
+    blocks = -(-sk // 64) * hk * b
+    group = _configs.sm90_bwd_ordered_group(causal_order_256, 256, sk, h // hk, blocks, sm_count(q.device.index))
+    spec = _configs.sm90_bwd_spec("float16", 256, True, order=causal_order_256, group=group)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+    if sq > sk:
+        assert torch.count_nonzero(first[0][:, : sq - sk]) == 0
+    for _ in range(3):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("b,sq,sk,h,hk,d", ORDERED_256)
+def test_ordered_headdim_256_no_mask(split_ordered, b, sq, sk, h, hk, d):
+    """The column-split kernel's "ordered" without a mask (the plain kernel, every block from Q tile 0, KV tiles
+    ascending): within the reference's error and bitwise repeatable."""
+    import torch
+
+    (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "bfloat16", False, dq_strategy="ordered",
+                                             deterministic=True)
+    spec = _configs.sm90_bwd_spec("bfloat16", 256, False)
+    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
+    for _ in range(3):
+        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, backend="sm90")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ordered_headdim_256_more_kv_tiles_than_sms(split_ordered, causal):
+    """150 KV tiles of 64 keys in one head (more blocks than the GPU holds at once): every warp's wait is on the same
+    warp of a block that started before its own, so the grid finishes; the gradients match "atomic"'s to fp32
+    rounding, and repeat bitwise."""
+    import torch
+
+    q, k, v = torch_inputs((1, 9600, 1, 256), (1, 9600, 1, 256), "bfloat16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    ref = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy="atomic", backend="sm90")
+    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
+    torch.cuda.synchronize()
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (a.float() - r.float()).abs().max().item()
+        assert err <= 2 ** -6 * r.float().abs().max().item(), (name, err)
+    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
 def test_headdim_256_ordered_refused_and_modifiers_on_sm90():
-    """"ordered" at head dim 256: backend="sm90" names why, auto takes the mma.sync kernels; the score modifiers run
-    on the column-split kernel (auto's plan is the sm90 one)."""
+    """"ordered" at head dim 256 (not configured there): backend="sm90" names why; the score modifiers run on the
+    column-split kernel (auto's plan is the sm90 one)."""
     import torch
 
     q, k, v = torch_inputs((1, 200, 2, 256), (1, 200, 2, 256), "float16")

@@ -7,6 +7,8 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     compute-sanitizer --tool synccheck python -m bench.diag.sm90_bwd_check --quick
     ... [--dq atomic,ordered,seqpar] [--causal-only] [--headdims 256]   (a subset: those dQ strategies, the causal
                                                                           cases only, those head dims)
+    ... --split-ordered     the column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED; without
+                            it head dim 256 skips "ordered")
     ... --persistent N      the persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of at most N
                             blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
                             and "seqpar", no modifiers; the other cases take their usual kernels)
@@ -88,6 +90,10 @@ def main(argv):
         causals, dims = (False,), [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if (
             "--headdims" in argv) else (128, 120)
         strategies = [x for x in strategies if x != "ordered"]
+    if "--split-ordered" in argv:
+        from cuflash import _bwd_sm90
+
+        _bwd_sm90.SPLIT_ORDERED = True
     if "--persistent" in argv:
         from cuflash import _bwd_sm90
 
@@ -95,13 +101,13 @@ def main(argv):
     failed = 0
     for dtype in dtypes:
         for d in dims:
-            split = d == 256  # the column-split kernel: no "ordered"
+            split = d == 256  # the column-split kernel: "ordered" only with --split-ordered
             for causal in causals:
                 for dq in strategies:
                     for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):
                         if (quick and opts and dq != "atomic") or (opts and (causal or dq == "ordered")):
                             continue
-                        if split and dq == "ordered":
+                        if split and dq == "ordered" and "--split-ordered" not in argv:
                             continue
                         for b, sq, sk, h, hk in cases:
                             ok, errs = _case(b, sq, sk, h, hk, d, dtype, causal, dq, opts)

@@ -19,8 +19,10 @@
 
 namespace cuflash {
 
-// DQ_ORDERED (the Hopper backward only): the atomic accumulator, added to in KV-tile order (a semaphore per 64
-// accumulator rows, int32, right after the accumulator in the workspace, zeroed by the preprocess).
+// DQ_ORDERED (the Hopper backward only): the atomic accumulator, added to in KV-tile order through int32 semaphores
+// right after the accumulator in the workspace, eight per 64 accumulator rows, zeroed by the preprocess: the 128-key
+// kernel's dQ writer takes one per 64 rows (index row / 64, within the first eighth), the column-split kernel's
+// consumer warps one each (index row / 8 + warp).
 enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
 // The Hopper backward's visiting order (its ORDER template parameter; cuflash/_configs.py: the same numbers).
 // DQ_ORDER_PLAIN: block x is KV tile x, the Q tiles ascending; under DQ_ORDERED KV tile j adds after 0 .. j - 1.

@@ -171,6 +171,12 @@ def test_ordered_causal(causal_order, b, sq, sk, h, hk, d):
     """The causal "ordered" kernels: ragged tails, seqlen_q != seqlen_k both ways (rows that see no key: zero dQ;
     KV tiles whose range begins past the first Q tiles), GQA / MQA; bitwise repeatable, and the plan's kernel is the
     order's."""
+    ordered_causal_checked(b, sq, sk, h, hk, d, causal_order)
+
+
+def ordered_causal_checked(b, sq, sk, h, hk, d, causal_order):
+    """check() of causal "ordered" in `causal_order`, then: the plan's kernel is that order's (in its dispatch group),
+    dQ is zero on the rows that see no key, and three repeats are bitwise equal."""
     import torch
 
     (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
@@ -525,22 +531,28 @@ def test_stream_k_graph_capture_walks_whole_tiles(monkeypatch):
     bwd_mod._PLANS.clear()
 
 
-def test_ordered_causal_more_kv_tiles_than_sms(causal_order):
-    """133 KV tiles of one head (more blocks than the H200's 132 SMs hold at once): every block's wait is on one
-    that started before it, so the grid finishes; the gradients match the atomic strategy's to fp32 rounding."""
+def deterministic_matches_atomic(seqlen, d, causal):
+    """One head of `seqlen` keys and queries, bf16: deterministic=True's gradients against "atomic"'s to fp32 rounding
+    (2^-6 of the largest element), then bitwise over a repeat."""
     import torch
 
-    q, k, v = torch_inputs((1, 17000, 1, 64), (1, 17000, 1, 64), "bfloat16")
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    q, k, v = torch_inputs((1, seqlen, 1, d), (1, seqlen, 1, d), "bfloat16")
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     dout = torch.randn_like(out)
-    ref = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, dq_strategy="atomic", backend="sm90")
-    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
+    ref = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy="atomic", backend="sm90")
+    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
     torch.cuda.synchronize()
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):
         err = (a.float() - r.float()).abs().max().item()
         assert err <= 2 ** -6 * r.float().abs().max().item(), (name, err)
-    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
+    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
     assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+def test_ordered_causal_more_kv_tiles_than_sms(causal_order):
+    """133 KV tiles of one head (more blocks than the H200's 132 SMs hold at once): every block's wait is on one
+    that started before it, so the grid finishes; the gradients match the atomic strategy's to fp32 rounding."""
+    deterministic_matches_atomic(17000, 64, True)
 
 
 def test_ordered_is_refused_where_it_cannot_run():
@@ -585,10 +597,7 @@ def test_headdim_256_gqa(h, hk, causal):
 @pytest.fixture
 def split_ordered(monkeypatch):
     """The column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED), fresh plans before and after."""
-    monkeypatch.setattr(_bwd_sm90, "SPLIT_ORDERED", True)
-    bwd_mod._PLANS.clear()
-    yield
-    bwd_mod._PLANS.clear()
+    yield from _forced_order(monkeypatch, "SPLIT_ORDERED", True)
 
 
 @pytest.mark.parametrize("dq_strategy", ["atomic", "ordered", "seqpar"])
@@ -640,19 +649,7 @@ ORDERED_256 = [(2, 1, 1, 2, 2, 256), (2, 17, 300, 2, 2, 256), (2, 300, 17, 2, 2,
 def test_ordered_headdim_256_causal(causal_order_256, b, sq, sk, h, hk, d):
     """The column-split kernel's causal "ordered": within the reference's error, zero dQ on rows that see no key,
     bitwise repeatable, and the plan's kernel is the order's."""
-    import torch
-
-    (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "float16", True, dq_strategy="ordered",
-                                             deterministic=True)
-    blocks = -(-sk // 64) * hk * b
-    group = _configs.sm90_bwd_ordered_group(causal_order_256, 256, sk, h // hk, blocks, sm_count(q.device.index))
-    spec = _configs.sm90_bwd_spec("float16", 256, True, order=causal_order_256, group=group)
-    assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
-    if sq > sk:
-        assert torch.count_nonzero(first[0][:, : sq - sk]) == 0
-    for _ in range(3):
-        again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=True, deterministic=True, backend="sm90")
-        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    ordered_causal_checked(b, sq, sk, h, hk, d, causal_order_256)
 
 
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", ORDERED_256)
@@ -675,19 +672,7 @@ def test_ordered_headdim_256_more_kv_tiles_than_sms(split_ordered, causal):
     """150 KV tiles of 64 keys in one head (more blocks than the GPU holds at once): every warp's wait is on the same
     warp of a block that started before its own, so the grid finishes; the gradients match "atomic"'s to fp32
     rounding, and repeat bitwise."""
-    import torch
-
-    q, k, v = torch_inputs((1, 9600, 1, 256), (1, 9600, 1, 256), "bfloat16")
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    dout = torch.randn_like(out)
-    ref = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, dq_strategy="atomic", backend="sm90")
-    got = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
-    torch.cuda.synchronize()
-    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
-        err = (a.float() - r.float()).abs().max().item()
-        assert err <= 2 ** -6 * r.float().abs().max().item(), (name, err)
-    again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend="sm90")
-    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    deterministic_matches_atomic(9600, 256, causal)
 
 
 def test_headdim_256_ordered_refused_and_modifiers_on_sm90():

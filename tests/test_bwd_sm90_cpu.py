@@ -522,28 +522,6 @@ def test_ordered_causal_turns(order, bn, bm, sq, sk, group):
         expect = adders
 
 
-@pytest.mark.parametrize("bn,bm", [(128, 64), (128, 128), (64, 64)])
-@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (2048, 2048), (130, 9000)])
-@pytest.mark.parametrize("group", [1, 3])
-def test_ordered_plain_turns(bn, bm, sq, sk, group):
-    """"ordered" without a mask in the plain order (DQ_ORDER_PLAIN: every block from Q tile 0, KV tile j after
-    0 .. j - 1; the column-split kernel's only order without a mask, its rotated start off under "ordered"): every
-    Q tile takes all N KV tiles once, and the blocks finish in one fixed order with any residency, 1 slot included."""
-    blocks = _ordered_blocks(sq, sk, bm, group, _configs.DQ_ORDER_PLAIN, causal=False, bn=bn)
-    N, M = -(-sk // bn), -(-sq // bm)
-    turns = {}
-    for j, items in blocks:
-        for h, m, t in items:
-            turns.setdefault((h, m), []).append(t)
-    assert len(turns) == group * M and all(sorted(t) == list(range(N)) for t in turns.values())
-    expect = None
-    for slots in (1, 2, 5, 132):
-        adders, dead = _run(blocks, slots)
-        assert not dead, slots
-        assert expect is None or adders == expect
-        expect = adders
-
-
 def test_the_emulation_sees_a_deadlock():
     """The emulation's check is live: KV tiles last first without the reversed dispatch (block x = KV tile x) waits
     on a block that cannot start while one slot holds the waiter."""

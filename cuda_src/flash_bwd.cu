@@ -158,8 +158,8 @@ __global__ void flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams p)
     acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (p.dq_strategy == DQ_ORDERED && c == 0 && row % 8 == 0)  // its semaphores (attn/bwd.cuh: 8 per 64 rows)
-    reinterpret_cast<int*>(p.dq_accum + rows * D)[row / 8] = 0;
+  if (p.dq_strategy == DQ_ORDERED && c == 0 && row % DQ_ORDERED_ROWS_PER_SEM == 0)  // its semaphores (attn/bwd.cuh)
+    reinterpret_cast<int*>(p.dq_accum + rows * D)[row / DQ_ORDERED_ROWS_PER_SEM] = 0;
 }
 
 // dQ = softmax_scale * sum of the fp32 partials. Each thread takes BWD_CONVERT_SLOTS 16-byte slots of the

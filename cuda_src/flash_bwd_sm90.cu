@@ -1230,7 +1230,7 @@ __global__ void __launch_bounds__(384, 1)
       int* sem_at = nullptr;
       if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE)
         const int turn = ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
-        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / 8 + 4 * cw + warp;
+        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw + warp;
         if (lane == 0) {
           while (ld_acquire_gpu(sem_at) != turn) {
           }

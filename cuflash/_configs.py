@@ -863,6 +863,9 @@ SM90_BWD_TILES = {
 # it is timed against "seqpar", calls at head dims 136-256 keep "seqpar" for deterministic=True and refuse
 # dq_strategy="ordered" (cuflash._bwd_sm90.SPLIT_ORDERED forces it on, for the tests and the benchmarks).
 SM90_BWD_SPLIT_ORDERED = False
+# dq_strategy="ordered"'s int32 semaphores after the fp32 accumulator: one per this many accumulator rows (eight per
+# 64-row Q tile, one per consumer warp of the column-split kernel; cuda_src/attn/bwd.cuh: the same number).
+DQ_ORDERED_ROWS_PER_SEM = 8
 
 
 def sm90_bwd_tile(headdim: int) -> Sm90BwdTile:

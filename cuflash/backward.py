@@ -7,9 +7,10 @@ from typing import Any, Optional, Tuple
 from . import _bwd_sm90, _interop, _loader
 from ._fwd_sm90 import MapMemo, check_backend
 from ._configs import (BWD_AUTO_PARTITION, BWD_CONVERT_SLOTS, BWD_PARTITIONS, BWD_ROW_PAD, BWD_SCORE_UNSUPPORTED,
-                       SM90_BWD_M80_ROWS, SMALL_SMEM_PER_BLOCK, bwd_convert_spec, bwd_convert_t_spec,
-                       bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_smem_bytes, bwd_spec, bwd_tile, bwd_tiles,
-                       fit_bwd_partition, kernel_headdim, sm90_bwd_sq_pad, sm90_bwd_tile, ua_bwd_tile, unaligned)
+                       DQ_ORDERED_ROWS_PER_SEM, SM90_BWD_M80_ROWS, SMALL_SMEM_PER_BLOCK, bwd_convert_spec,
+                       bwd_convert_t_spec, bwd_pre_lanes_per_row, bwd_preprocess_spec, bwd_smem_bytes, bwd_spec,
+                       bwd_tile, bwd_tiles, fit_bwd_partition, kernel_headdim, sm90_bwd_sq_pad, sm90_bwd_tile,
+                       ua_bwd_tile, unaligned)
 from ._interop import desc
 from ._launch import get_launcher, smem_per_block
 from ._mods import MOD_SCORE, has_dropout, has_softcap, is_plain, kernel_mode, mod_fields, mods_for, score_mods
@@ -199,8 +200,7 @@ def _make_plan(da, qa, ka, va, oa, la, softmax_scale, causal, dq_strategy, deter
     splits = n_blocks if strategy == "seqpar" else 1
     p = _BwdPlan(qa)
     p.strategy, p.backend, p.maps, p.encoded, p.sk = strategy, path, maps, MapMemo(), sk_bytes
-    sems = rows // 8 if strategy == "ordered" else 0  # int32 semaphores after the accumulator (cuda_src/attn/bwd.cuh:
-    # eight per 64 rows)
+    sems = rows // DQ_ORDERED_ROWS_PER_SEM if strategy == "ordered" else 0  # int32 semaphores after the accumulator
     p.outs = p.allocator(p.spec(dq_shape), p.spec(dkv_shape), p.spec(dkv_shape),
                          p.spec((rows * (2 + splits * d) + sems,), float32=True))
     p.ws_off = (0, 4 * rows, 8 * rows)

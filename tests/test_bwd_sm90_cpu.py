@@ -333,6 +333,24 @@ def test_deterministic_strategies(res):
         assert rec[1][1] == [-(-700 // 64), 4, 1] and _fields(rec)["dq_strategy"] == 3
 
 
+
+def test_dq_numbers_match_the_kernels():
+    """The numbers the host and the kernels must agree on, read from cuda_src/attn/bwd.cuh: the dQ strategies, the
+    visiting orders and the "ordered" semaphores' rows (the host sizes and the preprocess zeroes rows / that many)."""
+    from pathlib import Path
+
+    src = (Path(_configs.__file__).resolve().parent.parent / "cuda_src" / "attn" / "bwd.cuh").read_text()
+    enums = {m[0]: int(m[1]) for m in re.findall(r"\b(DQ_[A-Z_]+) = (\d+)", src)}
+    from cuflash.backward import DQ_STRATEGIES
+
+    assert {k: enums[f"DQ_{k.upper()}"] for k in DQ_STRATEGIES} == DQ_STRATEGIES
+    for name in ("PLAIN", "Q_DESC", "KV_DESC", "ROT", "HEADS_INNER"):
+        assert enums[f"DQ_ORDER_{name}"] == getattr(_configs, f"DQ_ORDER_{name}"), name
+    rows = re.search(r"constexpr int DQ_ORDERED_ROWS_PER_SEM = (\d+);", src)
+    assert rows and int(rows[1]) == _configs.DQ_ORDERED_ROWS_PER_SEM
+    # the column-split kernel's consumer warps (2 consumers x 4 warps) each own one semaphore of a 64-row Q tile
+    assert 64 // _configs.DQ_ORDERED_ROWS_PER_SEM == 8
+
 def test_memoized_maps(res):
     r1, r2, r3, p1, p2 = res["memo"]
     m1, m2, m3 = _maps(r1[1][2]), _maps(r2[1][2]), _maps(r3[1][2])

@@ -98,10 +98,12 @@ def main(argv):
         from cuflash import _bwd_sm90
 
         _bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--persistent") + 1])
+    from cuflash._configs import kernel_headdim, sm90_bwd_tile
+
     failed = 0
     for dtype in dtypes:
         for d in dims:
-            split = d == 256  # the column-split kernel: "ordered" only with --split-ordered
+            split = sm90_bwd_tile(kernel_headdim(d)).split  # column-split: "ordered" only with --split-ordered
             for causal in causals:
                 for dq in strategies:
                     for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):

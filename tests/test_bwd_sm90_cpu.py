@@ -44,10 +44,17 @@ for name, kw in opts.items():
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
                                                       window_size=(50, 0)))
 res["forced d256 window"] = rec
+from cuflash import _bwd_sm90 as _b90s, backward as _bms
+# head dim 256 as configured (SM90_BWD_SPLIT_ORDERED), then with the column-split kernel's "ordered" turned off and on
+# (cuflash._bwd_sm90.SPLIT_ORDERED): which kernels calls take
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
+res["deterministic d256 configured"] = rec
+_b90s.SPLIT_ORDERED = False
+_bms._PLANS.clear()
 res["forced d256 ordered"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), backend="sm90",
                                                                     dq_strategy="ordered", deterministic=True))
-# the column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED): which kernels calls take
-from cuflash import _bwd_sm90 as _b90s, backward as _bms
+rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
+res["deterministic d256"] = rec
 _b90s.SPLIT_ORDERED = True
 _bms._PLANS.clear()
 for causal in (False, True):
@@ -62,8 +69,6 @@ _b90s.SPLIT_ORDERED = None
 _bms._PLANS.clear()
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 256), softcap=5.0))
 res["auto d256 softcap"] = rec
-rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 256), deterministic=True))
-res["deterministic d256"] = rec
 res["forced d32"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 32), backend="sm90"))
 res["bad backend"] = err(lambda: cuflash.flash_attn_backward(*tensors(1, 200, 200, 4, 4, 64), backend="hopper"))
 # a head stride that TMA cannot step (an expanded KV head): auto falls back, forced refuses
@@ -290,9 +295,9 @@ def test_options_of_the_sm80_kernels(res, name, why):
 
 
 def test_refusals_name_the_reason(res):
-    kind, msg = res["forced d256 ordered"]  # (the column-split kernel's "ordered" is not configured)
+    kind, msg = res["forced d256 ordered"]  # (the column-split kernel's "ordered" turned off)
     assert kind == "ValueError" and "backend='sm90'" in msg and "dq_strategy='ordered' at head dim 256" in msg, msg
-    assert "SPLIT_ORDERED" in msg and not _configs.SM90_BWD_SPLIT_ORDERED
+    assert "SPLIT_ORDERED" in msg
     kind, msg = res["forced d256 ordered softcap"]  # turned on: "ordered" runs without score modifiers, as elsewhere
     assert kind == "ValueError" and "dq_strategy='ordered'" in msg and "softcap" in msg, msg
     # the score modifiers at 256: the column-split kernel's MOD_SCORE form (mod 1)
@@ -311,12 +316,13 @@ def _fields(rec):
 
 def test_deterministic_strategies(res):
     """deterministic=True: "ordered" (3, one accumulator) without modifiers, seqpar (1) with 128-key buffers with a
-    window or when asked for, and with 64-key buffers at head dim 256 (the column-split kernel's "ordered" is not
-    configured) -- "ordered" there once turned on (its consumer warps take the turns); "ordered" refused with a
-    window or on the sm80 kernels."""
+    window or when asked for; at head dim 256 seqpar with 64-key buffers while the column-split kernel's "ordered"
+    is turned off, "ordered" once turned on (its consumer warps take the turns), and as configured
+    (SM90_BWD_SPLIT_ORDERED) by default; "ordered" refused with a window or on the sm80 kernels."""
+    d256 = (3, 1) if _configs.SM90_BWD_SPLIT_ORDERED else (1, -(-777 // 64))
     for name, strategy, splits in (("deterministic", 3, 1), ("deterministic window", 1, -(-777 // 128)),
                                    ("seqpar", 1, -(-777 // 128)), ("deterministic d256", 1, -(-777 // 64)),
-                                   ("deterministic d256 split ordered", 3, 1)):
+                                   ("deterministic d256 split ordered", 3, 1), ("deterministic d256 configured", *d256)):
         rec = res[name]
         assert "bwd_sm90" in rec[1][0], name
         f = _fields(rec)

@@ -676,8 +676,8 @@ def test_ordered_headdim_256_more_kv_tiles_than_sms(split_ordered, causal):
 
 
 def test_headdim_256_ordered_refused_and_modifiers_on_sm90():
-    """"ordered" at head dim 256 (not configured there): backend="sm90" names why; the score modifiers run on the
-    column-split kernel (auto's plan is the sm90 one)."""
+    """"ordered" with a score modifier at head dim 256 (as at every head dim, "ordered" runs without modifiers):
+    backend="sm90" names why; the score modifiers run on the column-split kernel (auto's plan is the sm90 one)."""
     import torch
 
     q, k, v = torch_inputs((1, 200, 2, 256), (1, 200, 2, 256), "float16")

@@ -8,7 +8,7 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
     ... [--dq atomic,ordered,seqpar] [--causal-only] [--headdims 256]   (a subset: those dQ strategies, the causal
                                                                           cases only, those head dims)
     ... --split-ordered     the column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED; without
-                            it head dim 256 skips "ordered")
+                            it head dim 256 runs "ordered" only where configured: SM90_BWD_SPLIT_ORDERED)
     ... --persistent N      the persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of at most N
                             blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
                             and "seqpar", no modifiers; the other cases take their usual kernels)
@@ -98,19 +98,20 @@ def main(argv):
         from cuflash import _bwd_sm90
 
         _bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--persistent") + 1])
+    from cuflash import _bwd_sm90
     from cuflash._configs import kernel_headdim, sm90_bwd_tile
 
     failed = 0
     for dtype in dtypes:
         for d in dims:
-            split = sm90_bwd_tile(kernel_headdim(d)).split  # column-split: "ordered" only with --split-ordered
+            split = sm90_bwd_tile(kernel_headdim(d)).split  # the column-split kernel
             for causal in causals:
                 for dq in strategies:
                     for opts in ({}, dict(window_size=(40, 8), softcap=5.0)):
                         if (quick and opts and dq != "atomic") or (opts and (causal or dq == "ordered")):
                             continue
-                        if split and dq == "ordered" and "--split-ordered" not in argv:
-                            continue
+                        if split and dq == "ordered" and not _bwd_sm90.split_ordered():
+                            continue  # (its "ordered" turned off)
                         for b, sq, sk, h, hk in cases:
                             ok, errs = _case(b, sq, sk, h, hk, d, dtype, causal, dq, opts)
                             failed += not ok

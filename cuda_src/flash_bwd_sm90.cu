@@ -977,10 +977,12 @@ __global__ void __launch_bounds__(384, 1)
 // before its reductions -- lane 0 waits until the warp's semaphore (one per consumer warp: 8 per 64 accumulator rows)
 // counts the KV tiles that add before this one, the warp adds, fences, and lane 0 raises the semaphore -- so every
 // accumulator element takes its additions in one fixed KV-tile order (bitwise reproducible). The turns are the 128-key
-// kernel's: without a mask ascending (KV tile j after 0 .. j - 1, every block starting at Q tile 0), with the causal
-// mask DQ_ORDER_KV_DESC's (the grid's KV tiles last first, each Q tile's additions from its last KV tile down) or on
-// the heads-inner walk ascending. A warp waits only on the same warp of a block dispatched before its own, and the
-// wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar" start their Q tiles at
+// kernel's: without a mask ascending (KV tile j after 0 .. j - 1, every block starting at Q tile 0) or DQ_ORDER_ROT's
+// (block x at Q tile (x - s) mod M at step s, additions in (step, KV tile) order: rot_turn; only while a head's KV
+// tiles are resident together, which the host checks), with the causal mask DQ_ORDER_KV_DESC's (the grid's KV tiles
+// last first, each Q tile's additions from its last KV tile down) or on the heads-inner walk ascending. A warp waits
+// only on the same warp of a block dispatched before its own (DQ_ORDER_ROT: or, at the wrap, on the head's last
+// block, resident with it), and the wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar" start their Q tiles at
 // n_block % num_m (wrapping), so that the blocks of one head add into different accumulator tiles at a time; causal
 // blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the group's query heads inner, as
 // the 128-key kernel's).
@@ -1033,10 +1035,12 @@ __global__ void __launch_bounds__(384, 1)
                 "GROUP: the causal kernels only (the persistent form walks the launch's order)");
   static_assert(MOD == MOD_NONE || MOD == MOD_SCORE, "MOD: none or MOD_SCORE (dropout runs on the sm80 kernels)");
   static_assert(!SK || (PERSIST && !CAUSAL && MOD == MOD_NONE), "SK: the persistent form without a mask");
-  static_assert(ORDER == DQ_ORDER_PLAIN || ((ORDER == DQ_ORDER_HEADS_INNER || ORDER == DQ_ORDER_KV_DESC) && CAUSAL &&
-                                            MOD == MOD_NONE && !PERSIST),
-                "ORDER: DQ_ORDER_PLAIN, or DQ_ORDER_HEADS_INNER / DQ_ORDER_KV_DESC (causal, no modifiers, one block "
-                "per tile)");
+  static_assert(ORDER == DQ_ORDER_PLAIN ||
+                    ((ORDER == DQ_ORDER_HEADS_INNER || ORDER == DQ_ORDER_KV_DESC) == CAUSAL &&
+                     (ORDER == DQ_ORDER_HEADS_INNER || ORDER == DQ_ORDER_KV_DESC || ORDER == DQ_ORDER_ROT) &&
+                     MOD == MOD_NONE && !PERSIST),
+                "ORDER: DQ_ORDER_PLAIN, DQ_ORDER_HEADS_INNER / DQ_ORDER_KV_DESC (causal) or DQ_ORDER_ROT (no mask); "
+                "no modifiers, one block per tile");
   // "ordered"'s turns: not in the kernels the host never runs it on (the modifier kernels, the persistent form, the
   // grouped dispatch order's but for the heads-inner walk)
   constexpr bool ORDERED = MOD == MOD_NONE && !PERSIST && (GROUP == 0 || ORDER == DQ_ORDER_HEADS_INNER);
@@ -1120,7 +1124,8 @@ __global__ void __launch_bounds__(384, 1)
       const int gi = it0 + it;  // the iteration's place in the block's stage ring and P^T / dS^T buffers
       const int s = gi % STAGES, ph = (gi / STAGES) & 1;
       const int2 hm = walk.template step<ORDER>(num_m, rot, group);
-      const int hq = kv_head * group + hm.x, m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, 0) * BLOCK_M;
+      const int hq = kv_head * group + hm.x;
+      const int m0 = q_tile_at<ORDER>(m_begin, num_m, hm.y, rot_of_tile<ORDER>(n_block, num_m)) * BLOCK_M;
       const uint32_t qs = q_base + s * L::Q_BYTES, dos = do_base + s * L::Q_BYTES;
       const uint32_t pt = pt_base + (gi % 2) * L::PS_BYTES, ds = ds_base + (gi % 2) * L::PS_BYTES;
       unsigned char* const pt_buf = sm + L::PT_OFF + (gi % 2) * L::PS_BYTES;
@@ -1228,8 +1233,11 @@ __global__ void __launch_bounds__(384, 1)
       // cumulative), so the next KV tile's same warp adds after them.
       float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
       int* sem_at = nullptr;
-      if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE)
-        const int turn = ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block : n_block;
+      if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE); DQ_ORDER_ROT: every KV tile of the
+        // launch (gridDim.x of them) sees every Q tile
+        const int turn = ORDER == DQ_ORDER_ROT      ? rot_turn(n_block, m0 / BLOCK_M, (int)gridDim.x, num_m)
+                         : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
+                                                     : n_block;
         sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw + warp;
         if (lane == 0) {
           while (ld_acquire_gpu(sem_at) != turn) {

@@ -895,7 +895,8 @@ def sm90_bwd_smem_bytes(headdim: int, tile: Sm90BwdTile) -> int:
 # blocks do not start together -- the head whose blocks straddle the resident set, the blocks dispatched one by one as
 # the previous heads' finish -- every block of it waits for the last one to start, which is what ROT lost at head dim
 # 128 from 8k and with GQA (a block there holds group times the iterations): 0.86-0.93x of atomic against PLAIN's
-# 0.96-0.99x.
+# 0.96-0.99x. The column-split kernel (head dim 256, 64-key tiles) has a ROT kernel too, each consumer warp taking
+# the turns at its own semaphore; it has no SM90_BWD_ROT_MAX_TILES entry (PLAIN_ORDER forces it) until it is timed.
 DQ_ORDER_PLAIN, DQ_ORDER_Q_DESC, DQ_ORDER_KV_DESC, DQ_ORDER_ROT = 0, 1, 2, 3
 # The causal "atomic" / "seqpar" kernels' walk with the Q tiles outer (last first) and the KV head's query heads inner
 # (cuda_src/attn/bwd.cuh), so that with GQA the blocks of one (KV head, batch) pair that run together read each Q
@@ -1034,9 +1035,9 @@ def sm90_bwd_spec(dtype: str, headdim: int, causal: bool, tile: Sm90BwdTile | No
         raise ValueError(f"stream-K is a persistent form without a mask; got causal={causal!r}, mod={mod!r}, "
                          f"persistent={tile.persistent!r}")
     if tile.split:
-        if order not in (DQ_ORDER_PLAIN, DQ_ORDER_HEADS_INNER, DQ_ORDER_KV_DESC):
-            raise ValueError(f"the column-split tile (head dim {headdim}) visits in orders 0, 2 and 4 (\"ordered\" "
-                             f"without a mask takes order 0); got order={order!r}")
+        if order not in (DQ_ORDER_PLAIN, DQ_ORDER_HEADS_INNER, DQ_ORDER_KV_DESC, DQ_ORDER_ROT):
+            raise ValueError(f"the column-split tile (head dim {headdim}) visits in orders 0, 2, 3 and 4; got "
+                             f"order={order!r}")
         tail = (f", {mod}, {group}, true" + (", true" if tile.stream_k else "") if tile.persistent else
                 f", {mod}, {group}, false, false, {order}" if order else
                 f", {mod}, {group}" if group else
@@ -1266,13 +1267,12 @@ def sm90_bwd_heads_inner_specs():
 
 
 def sm90_bwd_specs():
-    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER: every head
-    dim, the column-split kernel's included) and its ROT kernels without a mask (the 128-key kernels), the
+    """The sm90 backward's kernels: every mask mode, "ordered"'s causal kernels (SM90_BWD_CAUSAL_ORDER) and its ROT
+    kernels without a mask (every head dim, the column-split kernel's included), the
     grouped causal kernels (sm90_bwd_causal_group), the causal kernels of the heads-inner walk, the persistent forms
     of the plain and causal kernels (which
     walk the launch's order: a static walk of the grouped order, longest tiles first, leaves the blocks of a causal
     call far more unequal) and the stream-K forms of the plain ones."""
-    full = [d for d in SM90_BWD_HEADDIMS if not sm90_bwd_tile(d).split]
     persist = [sm90_bwd_spec(dt, d, c, sm90_bwd_persist_tile(d)) for dt in DTYPES for d in SM90_BWD_PERSIST_HEADDIMS
                for c in (False, True)]
     persist += [sm90_bwd_spec(dt, d, False, sm90_bwd_stream_k_tile(d)) for dt in DTYPES for d in SM90_BWD_SK_HEADDIMS]
@@ -1280,7 +1280,7 @@ def sm90_bwd_specs():
                 for d in SM90_BWD_PERSIST_MOD_HEADDIMS]
     return ([sm90_bwd_spec(dt, d, c, mod=m) for dt in DTYPES for d in SM90_BWD_HEADDIMS for c, m in MASK_MODES] +
             [sm90_bwd_spec(dt, d, True, order=SM90_BWD_CAUSAL_ORDER) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
-            [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in full] +
+            [sm90_bwd_spec(dt, d, False, order=DQ_ORDER_ROT) for dt in DTYPES for d in SM90_BWD_HEADDIMS] +
             [sm90_bwd_spec(dt, d, True, group=SM90_BWD_CAUSAL_GROUP) for dt in DTYPES
              for d in SM90_BWD_HEADDIMS if sm90_bwd_grouped_headdim(d)] + sm90_bwd_heads_inner_specs() + persist +
             sm90_bwd_cap_only_variant_specs() + sm90_bwd_m80_specs())

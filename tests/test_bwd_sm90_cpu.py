@@ -89,8 +89,10 @@ rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 4, 4
 res["deterministic causal mha"] = rec
 # "ordered" without a mask: ROT at one query head per KV head up to SM90_BWD_ROT_MAX_TILES KV tiles (64 at head dim
 # 64, 32 at 128), else plain; forced (cuflash._bwd_sm90.PLAIN_ORDER), ROT with GQA too but only while a sequence's KV
-# tiles fit half the SMs (66 of the stand-in's 132), and plain anywhere
+# tiles fit half the SMs (66 of the stand-in's 132), and plain anywhere; head dim 256 (the column-split kernel's
+# "ordered" turned on, 64-key tiles) likewise
 from cuflash import _bwd_sm90 as _b90, _configs, backward as _bm
+_b90.SPLIT_ORDERED = True
 for knob in (None, 3, 0):
     _b90.PLAIN_ORDER = knob
     _bm._PLANS.clear()
@@ -100,10 +102,12 @@ for knob in (None, 3, 0):
                         ("d64 67 tiles", (1, 64, 66 * 128 + 1, 2, 2, 64)),
                         ("d128 32 tiles", (1, 64, 32 * 128, 2, 2, 128)),
                         ("d128 33 tiles", (1, 64, 32 * 128 + 1, 2, 2, 128)),
-                        ("d128 gqa", (2, 300, 777, 8, 2, 128))):
+                        ("d128 gqa", (2, 300, 777, 8, 2, 128)),
+                        ("d256 66 tiles", (1, 64, 66 * 64, 2, 2, 256)),
+                        ("d256 67 tiles", (1, 64, 66 * 64 + 1, 2, 2, 256))):
         rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(*shape), deterministic=True))
         res[f"rot {knob} {name}"] = rec
-_b90.PLAIN_ORDER = None
+_b90.PLAIN_ORDER = _b90.SPLIT_ORDERED = None
 _bm._PLANS.clear()
 rec, _ = launches(lambda: cuflash.flash_attn_backward(*tensors(2, 300, 777, 8, 2, 128), causal=True))
 res["atomic causal"] = rec
@@ -433,17 +437,18 @@ def _rot_blocks(sq, sk, bm, group, bn=128):
             for x in range(N)]
 
 
-@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("bm,bn", [(64, 128), (128, 128), (64, 64)])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (17, 300), (300, 17), (700, 130), (1000, 700), (640, 1300),
                                    (2048, 2048), (4095, 4097), (130, 2100), (64, 8448)])
 @pytest.mark.parametrize("group", [1, 3])
-def test_ordered_rot_turns(bm, sq, sk, group):
+def test_ordered_rot_turns(bm, bn, sq, sk, group):
     """DQ_ORDER_ROT: every Q tile's turns are a permutation of 0 .. N - 1 in (step, KV tile) order -- the kernel's
     closed form equals that definition, so a block's predecessor at a Q tile added there at an earlier step or, at
     the same step, from a lower KV tile (no waits while all run side by side) --, and the blocks finish in one fixed
     order with any residency of at least N blocks; with fewer than N <= M it deadlocks (KV tile 0 waits on the last
-    one), which is why the host takes this order only where N <= half the SMs."""
-    blocks = _rot_blocks(sq, sk, bm, group)
+    one), which is why the host takes this order only where N <= half the SMs. bn = 64: the column-split kernel's
+    64 x 64 tiles, whose consumer warps take the same turns each."""
+    blocks = _rot_blocks(sq, sk, bm, group, bn)
     N, M = len(blocks), -(-sq // bm)
     turns = {}
     for x, items in blocks:
@@ -472,19 +477,23 @@ def test_ordered_rot_dispatch(res):
     rot, plain = _configs.DQ_ORDER_ROT, _configs.DQ_ORDER_PLAIN
     assert _configs.SM90_BWD_ROT_MAX_TILES == {64: 64, 96: 32, 128: 32}
     expect = {None: {"d64 64 tiles": rot, "d64 65 tiles": plain, "d64 66 tiles": plain, "d64 67 tiles": plain,
-                     "d128 32 tiles": rot, "d128 33 tiles": plain, "d128 gqa": plain},
+                     "d128 32 tiles": rot, "d128 33 tiles": plain, "d128 gqa": plain, "d256 66 tiles": plain,
+                     "d256 67 tiles": plain},
               3: {"d64 64 tiles": rot, "d64 65 tiles": rot, "d64 66 tiles": rot, "d64 67 tiles": plain,
-                  "d128 32 tiles": rot, "d128 33 tiles": rot, "d128 gqa": rot},
+                  "d128 32 tiles": rot, "d128 33 tiles": rot, "d128 gqa": rot, "d256 66 tiles": rot,
+                  "d256 67 tiles": plain},
               0: dict.fromkeys(("d64 64 tiles", "d64 65 tiles", "d64 66 tiles", "d64 67 tiles", "d128 32 tiles",
-                                "d128 33 tiles", "d128 gqa"), plain)}
+                                "d128 33 tiles", "d128 gqa", "d256 66 tiles", "d256 67 tiles"), plain)}
     for knob, cases in expect.items():
         for name, order in cases.items():
             rec = res[f"rot {knob} {name}"]
-            d = 64 if name.startswith("d64") else 128
+            d = int(name.split()[0][1:])
             assert rec[1][0] == spec(d, order).name, (knob, name)
             assert _fields(rec)["dq_strategy"] == 3
-    assert res["rot None d64 64 tiles"][1][1] == [64, 2, 1]
-    assert spec(64, rot).name.endswith(", 0, 3>") and spec(64, rot) in _configs.sm90_bwd_specs()
+    assert res["rot None d64 64 tiles"][1][1] == [64, 2, 1] and res["rot 3 d256 66 tiles"][1][1] == [66, 2, 1]
+    for d in (64, 256):
+        assert spec(d, rot).name.endswith(", 3>") and spec(d, rot) in _configs.sm90_bwd_specs()
+    assert "split" in spec(256, rot).name
     # causal: the heads-inner walk with GQA and fixed lengths (n_blocks > 0), else KV tiles last first; or as forced
     inner, kv_desc = _configs.DQ_ORDER_HEADS_INNER, _configs.SM90_BWD_CAUSAL_ORDER
     assert _configs.SM90_BWD_ORDERED_HEADS_INNER_MIN_HEADS == 2 and kv_desc == _configs.DQ_ORDER_KV_DESC
@@ -784,13 +793,11 @@ def test_default_group_rule():
         assert _configs.sm90_bwd_causal_group(d, 1) == _configs.sm90_bwd_causal_group(d, lim) == (
             _configs.SM90_BWD_CAUSAL_GROUP if on else 0)
         assert _configs.sm90_bwd_causal_group(d, lim + 1) == _configs.sm90_bwd_causal_group(d, None) == 0
-        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: KV tiles last first, not Q_DESC or ROT
-            assert _configs.sm90_bwd_spec("float16", d, True, order=_configs.DQ_ORDER_KV_DESC) in \
-                _configs.sm90_bwd_specs()
+        if _configs.sm90_bwd_tile(d).split:  # the column-split kernel: KV tiles last first and ROT, not Q_DESC
+            for causal, order in ((True, _configs.DQ_ORDER_KV_DESC), (False, _configs.DQ_ORDER_ROT)):
+                assert _configs.sm90_bwd_spec("float16", d, causal, order=order) in _configs.sm90_bwd_specs()
             with pytest.raises(ValueError, match="column-split"):
                 _configs.sm90_bwd_spec("float16", d, True, order=_configs.DQ_ORDER_Q_DESC)
-            with pytest.raises(ValueError, match="column-split"):
-                _configs.sm90_bwd_spec("float16", d, False, order=_configs.DQ_ORDER_ROT)
         for dt in _configs.DTYPES:
             names = {s.name for s in _configs.sm90_bwd_specs()}
             models = {s.name for s in _configs.model_specs((dt,), (d,), (True,), decode=False, arch=90)}

@@ -653,14 +653,15 @@ def test_ordered_headdim_256_causal(causal_order_256, b, sq, sk, h, hk, d):
 
 
 @pytest.mark.parametrize("b,sq,sk,h,hk,d", ORDERED_256)
-def test_ordered_headdim_256_no_mask(split_ordered, b, sq, sk, h, hk, d):
-    """The column-split kernel's "ordered" without a mask (the plain kernel, every block from Q tile 0, KV tiles
-    ascending): within the reference's error and bitwise repeatable."""
+def test_ordered_headdim_256_no_mask(split_ordered, plain_order, b, sq, sk, h, hk, d):
+    """The column-split kernel's "ordered" without a mask in both orders (the plain kernel: every block from Q tile 0,
+    KV tiles ascending; ROT: block x from Q tile x mod M down, turns in (step, KV tile) order; at most 21 KV tiles
+    here, resident together): within the reference's error and bitwise repeatable."""
     import torch
 
     (q, k, v, out, lse, dout), first = check(b, sq, sk, h, hk, d, "bfloat16", False, dq_strategy="ordered",
                                              deterministic=True)
-    spec = _configs.sm90_bwd_spec("bfloat16", 256, False)
+    spec = _configs.sm90_bwd_spec("bfloat16", 256, False, order=plain_order)
     assert [p.launches[1][0] for p in bwd_mod._PLANS.values()] == [get_launcher(spec, q.device.index).ptr]
     for _ in range(3):
         again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, backend="sm90")

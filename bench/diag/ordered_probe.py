@@ -4,7 +4,8 @@ without a mask in its two (--no-mask; cuflash._bwd_sm90.PLAIN_ORDER), next to th
 SDPA's cuDNN backward, timed in turn (medians of rounds), on the FA2 grid's points (batch 16k / seqlen, 2048 / d
 heads) and a few GQA points:
 
-    python -m bench.diag.ordered_probe [--no-mask] [--rounds N] [--quick] [--seqlens S,S] [--gqa-only] [--json FILE]
+    python -m bench.diag.ordered_probe [--no-mask] [--rounds N] [--quick] [--seqlens S,S] [--headdims D,D]
+                                       [--gqa-only] [--json FILE]
     python -m bench.diag.ordered_probe --model      (CPU: the scheduling model's prediction, no GPU)
 
 Variants, causal: atomic (the package's walk and dispatch order for it); plain (ordered, KV tiles ascending from each
@@ -16,7 +17,9 @@ at Q tile x - s mod M at step s: the package's where a head's KV tiles fit half 
 is one plan (cuflash.backward._make_plan) called directly, `CALLS` back-to-back calls per timing (cuDNN through
 autograd the same way, so its host latency overlaps too). Before timing, each ordered variant's gradients must equal
 a second run bitwise and the atomic strategy's to fp32 rounding; a failure prints FAIL and sets exit status 1.
-The table (last) gives ms and each variant's speed as a fraction of atomic's (atomic ms / variant ms)."""
+The table (last) gives ms and each variant's speed as a fraction of atomic's (atomic ms / variant ms).
+--headdims (default 64,128): at head dim 256 the column-split kernel, its "ordered" turned on
+(cuflash._bwd_sm90.SPLIT_ORDERED) for the probe, and without q_desc (a 128-key order)."""
 from __future__ import annotations
 
 import json
@@ -65,8 +68,22 @@ def plan_call(views, causal, strategy, **knobs):
 
 
 def _plan(views, causal, strategy, order):
+    from cuflash._configs import kernel_headdim, sm90_bwd_tile
+
     knob = "CAUSAL_ORDER" if causal else "PLAIN_ORDER"
-    return plan_call(views, causal, strategy, **({} if order is None else {knob: order}))
+    knobs = {} if order is None else {knob: order}
+    if sm90_bwd_tile(kernel_headdim(views[1].shape[3])).split:
+        knobs["SPLIT_ORDERED"] = True  # (the column-split kernel's "ordered", whether configured or not)
+    return plan_call(views, causal, strategy, **knobs)
+
+
+def _variants(d, causal):
+    """The variants of a point: VARIANTS or VARIANTS_NO_MASK, the column-split kernel's without Q_DESC."""
+    from cuflash._configs import kernel_headdim, sm90_bwd_tile
+
+    variants = VARIANTS if causal else VARIANTS_NO_MASK
+    split = sm90_bwd_tile(kernel_headdim(d)).split
+    return tuple(v for v in variants if not (split and v[1] == DQ_ORDER_Q_DESC))
 
 
 def causal_problem(dt, d, s, b, h, hk, causal=True):
@@ -88,7 +105,7 @@ def causal_problem(dt, d, s, b, h, hk, causal=True):
 def run_point(dt, d, s, b, h, hk, rounds, causal=True):
     import torch
 
-    variants = VARIANTS if causal else VARIANTS_NO_MASK
+    variants = _variants(d, causal)
     q, k, v, dout, views = causal_problem(dt, d, s, b, h, hk, causal)
     fns = {name: _plan(views, causal, "atomic" if order is None else "ordered", order) for name, order in variants}
     ok = True
@@ -210,7 +227,8 @@ def main(argv):
     causal = "--no-mask" not in argv
     variants = VARIANTS if causal else VARIANTS_NO_MASK
     seqlens = [int(x) for x in argv[argv.index("--seqlens") + 1].split(",")] if "--seqlens" in argv else None
-    pts = points("--quick" in argv, seqlens=seqlens)
+    headdims = [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if "--headdims" in argv else (64, 128)
+    pts = points("--quick" in argv, headdims=headdims, seqlens=seqlens)
     if "--gqa-only" in argv:
         pts = [p for p in pts if p[4] != p[5]]
     rows, all_ok = run_points(argv, pts, lambda *pt: run_point(*pt, causal=causal), default_rounds=2)
@@ -222,7 +240,7 @@ def main(argv):
           + " ".join(f"{n:>8}" for n, _ in variants[1:]) + " | check")
     for (dt, d, s, b, h, hk), ms, ok in rows:
         a = ms.get("atomic")
-        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in variants[1:])
+        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in variants[1:])  # (- absent)
         cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
     return 0 if all_ok else 1

@@ -9,6 +9,8 @@ against the float64 reference -- fast enough to run under compute-sanitizer:
                                                                           cases only, those head dims)
     ... --split-ordered     the column-split kernel's "ordered" turned on (cuflash._bwd_sm90.SPLIT_ORDERED; without
                             it head dim 256 runs "ordered" only where configured: SM90_BWD_SPLIT_ORDERED)
+    ... --rot               "ordered" without a mask forced into DQ_ORDER_ROT (cuflash._bwd_sm90.PLAIN_ORDER; the
+                            cases' KV tiles fit half the SMs, so it runs wherever "ordered" does)
     ... --persistent N      the persistent form forced on (cuflash._bwd_sm90.PERSIST) with a grid of at most N
                             blocks, so that each block walks several tiles (it runs at head dims 64 and 128, "atomic"
                             and "seqpar", no modifiers; the other cases take their usual kernels)
@@ -94,6 +96,11 @@ def main(argv):
         from cuflash import _bwd_sm90
 
         _bwd_sm90.SPLIT_ORDERED = True
+    if "--rot" in argv:
+        from cuflash import _bwd_sm90
+        from cuflash._configs import DQ_ORDER_ROT
+
+        _bwd_sm90.PLAIN_ORDER = DQ_ORDER_ROT
     if "--persistent" in argv:
         from cuflash import _bwd_sm90
 

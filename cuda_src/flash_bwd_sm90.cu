@@ -982,10 +982,10 @@ __global__ void __launch_bounds__(384, 1)
 // tiles are resident together, which the host checks), with the causal mask DQ_ORDER_KV_DESC's (the grid's KV tiles
 // last first, each Q tile's additions from its last KV tile down) or on the heads-inner walk ascending. A warp waits
 // only on the same warp of a block dispatched before its own (DQ_ORDER_ROT: or, at the wrap, on the head's last
-// block, resident with it), and the wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar" start their Q tiles at
-// n_block % num_m (wrapping), so that the blocks of one head add into different accumulator tiles at a time; causal
-// blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the group's query heads inner, as
-// the 128-key kernel's).
+// block, resident with it), and the wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar"
+// start their Q tiles at n_block % num_m (wrapping), so that the blocks of one head add into different accumulator
+// tiles at a time; causal blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the
+// group's query heads inner, as the 128-key kernel's).
 // MOD_SCORE (window, soft-cap, ALiBi: attn/mask.cuh): consumer 0 applies them to S^T on the tiles that need it and
 // hands the soft-cap's derivative to consumer 1 through the dS^T buffer.
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
@@ -1238,7 +1238,8 @@ __global__ void __launch_bounds__(384, 1)
         const int turn = ORDER == DQ_ORDER_ROT      ? rot_turn(n_block, m0 / BLOCK_M, (int)gridDim.x, num_m)
                          : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
                                                      : n_block;
-        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw + warp;
+        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw +
+                 warp;
         if (lane == 0) {
           while (ld_acquire_gpu(sem_at) != turn) {
           }

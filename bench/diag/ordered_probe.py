@@ -240,7 +240,7 @@ def main(argv):
           + " ".join(f"{n:>8}" for n, _ in variants[1:]) + " | check")
     for (dt, d, s, b, h, hk), ms, ok in rows:
         a = ms.get("atomic")
-        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in variants[1:])  # (- absent)
+        fr = " ".join(f"{a / ms[n]:>8.2f}" if a and ms.get(n) else f"{'-':>8}" for n, _ in variants[1:])
         cd = f"{ms['cudnn']:>7.3f}" if ms.get("cudnn") else f"{'-':>7}"
         print(f"{dt:>8} {d:>4} {s:>6} {f'{h}/{hk}':>6} | {a:>7.3f} {cd} | {fr} | {'ok' if ok else 'FAIL'}")
     return 0 if all_ok else 1

@@ -24,7 +24,7 @@ namespace cuflash {
 // kernel's dQ writer takes one per 64 rows (index row / 64, within the first eighth), the column-split kernel's
 // consumer warps one each (index row / 8 + warp).
 enum DqStrategy { DQ_ATOMIC = 0, DQ_SEQPAR = 1, DQ_LOOP = 2, DQ_ORDERED = 3 };
-// DQ_ORDERED's accumulator rows per semaphore (eight semaphores per 64 rows; cuflash/_configs.py: DQ_ORDERED_ROWS_PER_SEM).
+// DQ_ORDERED's accumulator rows per semaphore (eight semaphores per 64 rows; cuflash/_configs.py: the same name).
 constexpr int DQ_ORDERED_ROWS_PER_SEM = 8;
 // The Hopper backward's visiting order (its ORDER template parameter; cuflash/_configs.py: the same numbers).
 // DQ_ORDER_PLAIN: block x is KV tile x, the Q tiles ascending; under DQ_ORDERED KV tile j adds after 0 .. j - 1.

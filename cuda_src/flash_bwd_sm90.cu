@@ -975,17 +975,22 @@ __global__ void __launch_bounds__(384, 1)
 // There is no shared memory left for a dQ staging tile (K, V, 2 stages of Q and dO: 192 KB, P^T and dS^T double
 // buffered: 32 KB), so there is no dQ writer warp: with "ordered" each consumer warp takes its own turn at the Q tile
 // before its reductions -- lane 0 waits until the warp's semaphore (one per consumer warp: 8 per 64 accumulator rows)
-// counts the KV tiles that add before this one, the warp adds, fences, and lane 0 raises the semaphore -- so every
-// accumulator element takes its additions in one fixed KV-tile order (bitwise reproducible). The turns are the 128-key
-// kernel's: without a mask ascending (KV tile j after 0 .. j - 1, every block starting at Q tile 0) or DQ_ORDER_ROT's
-// (block x at Q tile (x - s) mod M at step s, additions in (step, KV tile) order: rot_turn; only while a head's KV
-// tiles are resident together, which the host checks), with the causal mask DQ_ORDER_KV_DESC's (the grid's KV tiles
-// last first, each Q tile's additions from its last KV tile down) or on the heads-inner walk ascending. A warp waits
-// only on the same warp of a block dispatched before its own (DQ_ORDER_ROT: or, at the wrap, on the head's last
-// block, resident with it), and the wait runs under dK's products. Plain non-causal blocks of "atomic" and "seqpar"
-// start their Q tiles at n_block % num_m (wrapping), so that the blocks of one head add into different accumulator
-// tiles at a time; causal blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the last Q tile, the
-// group's query heads inner, as the 128-key kernel's).
+// counts the KV tiles that add before this one, the warp adds, and lane 0 raises the semaphore after the warp's
+// barrier (a release, cumulative: no fence per lane) -- so every accumulator element takes its additions in one fixed
+// KV-tile order (bitwise reproducible). The turns are the 128-key kernel's: without a mask ascending (KV tile j after
+// 0 .. j - 1, every block starting at Q tile 0) or DQ_ORDER_ROT's (block x at Q tile (x - s) mod M at step s,
+// additions in (step, KV tile) order: rot_turn; only while a head's KV tiles are resident together, which the host
+// checks), with the causal mask DQ_ORDER_KV_DESC's (the grid's KV tiles last first, each Q tile's additions from its
+// last KV tile down) or on the heads-inner walk ascending. Under DQ_ORDER_ROT and DQ_ORDER_KV_DESC a Q tile's
+// previous addition was made one step earlier, so the warp raises the semaphore a step late (LATE_RELEASE: under the
+// next step's first product, or after the tile's last step), and the reductions complete under that work rather
+// than in a fence. A warp waits only on the same warp of a block dispatched before its own (DQ_ORDER_ROT: or, at the
+// wrap, on the head's last block, resident with it), and a late release only on its own block's next step (its
+// stage, filled by its own producer; the first product, which its warpgroup's other warps issue once past their own
+// turns); the first read of the semaphore runs under dQ's products, the waiting under dK's. Plain non-causal blocks
+// of "atomic" and "seqpar" start their Q tiles at n_block % num_m (wrapping), so that the blocks of one head add into
+// different accumulator tiles at a time; causal blocks start at their diagonal (ORDER = DQ_ORDER_HEADS_INNER: at the
+// last Q tile, the group's query heads inner, as the 128-key kernel's).
 // MOD_SCORE (window, soft-cap, ALiBi: attn/mask.cuh): consumer 0 applies them to S^T on the tiles that need it and
 // hands the soft-cap's derivative to consumer 1 through the dS^T buffer.
 // P^T and dS^T buffers: [64 keys, 64 queries] 16-bit, one 128-byte-swizzled chunk (the layout TMA writes), so that
@@ -1103,6 +1108,16 @@ __global__ void __launch_bounds__(384, 1)
   const bool seqpar = p.dq_strategy == DQ_SEQPAR;
   const bool ordered = ORDERED && p.dq_strategy == DQ_ORDERED;
   int* const sem = reinterpret_cast<int*>(p.dq_accum + bwd_ws_rows(p, false) * D);  // "ordered" (attn/bwd.cuh)
+  // "ordered": where a Q tile's previous KV tile added one step before this one (DQ_ORDER_ROT, DQ_ORDER_KV_DESC), the
+  // warp raises its semaphore one step late -- under the next step's first product, or after the tile's last step --
+  // so that its reductions complete under that work instead of in a fence; where it added at the same step (the
+  // ascending turns) the next one waits on it, and the warp raises it once its reductions are done.
+  constexpr bool LATE_RELEASE = ORDER == DQ_ORDER_ROT || ORDER == DQ_ORDER_KV_DESC;
+  // The release: the warp's reductions before lane 0's release (the warp barrier, then the release's cumulativity).
+  auto raise = [&](int* at) {
+    __syncwarp();
+    if (lane == 0) red_release_gpu_add(at, 1);
+  };
 
   sm90_bwd_for_tiles<PERSIST, SK, BLOCK_M, BLOCK_N>(
       p, si, band, group, blk1, qr1,
@@ -1117,6 +1132,7 @@ __global__ void __launch_bounds__(384, 1)
     zero_frags(acc_dv);
 
     if (total > 0) mbar_wait(bar_kv, tile_j & 1);
+    int* held = nullptr;  // LATE_RELEASE: the semaphore of the warp's last reductions, not yet raised
     QTileWalk<!CAUSAL && MOD == MOD_NONE> walk;
     walk.h = i0 / num_m;  // (i0: a stream-K segment's first iteration)
     walk.m = i0 - walk.h * num_m;
@@ -1137,6 +1153,10 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_fence();
       wgmma_ss_over_d<T, BLOCK_M, BLOCK_N, BLOCK_M, DP>(acc, cw ? v_base : k_base, cw ? dos : qs);
       wgmma_commit();
+      if (LATE_RELEASE && held) {  // (warp-uniform) the previous step's reductions, long issued
+        raise(held);
+        held = nullptr;
+      }
       wgmma_wait<0>();
       reg_fence(acc);
       // The word of fragment element pair (nf, h) (h = e / 2: rows g, g + 8) in a P^T / dS^T buffer: row r = 16 warp
@@ -1223,26 +1243,30 @@ __global__ void __launch_bounds__(384, 1)
         Wgmma<HD>::template ss<T, 0, 1>(acc_dk, smem_desc(ds + k * 32, 16, 1024),
                                         smem_desc(qs + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
       wgmma_commit();
+      // "ordered": the warp's turn at the Q tile (its own semaphore of the tile's eight), first read under dQ's
+      // products. The KV tiles that see this Q tile are 0 .. last (MOD_NONE); DQ_ORDER_ROT: every KV tile of the
+      // launch (gridDim.x of them) sees every Q tile.
+      int* sem_at = nullptr;
+      int turn = 0, seen = 0;
+      if (ordered) {
+        turn = ORDER == DQ_ORDER_ROT       ? rot_turn(n_block, m0 / BLOCK_M, (int)gridDim.x, num_m)
+               : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
+                                           : n_block;
+        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw +
+                 warp;
+        if (lane == 0) seen = ld_acquire_gpu(sem_at);
+      }
       wgmma_wait<1>();  // dV, dQ done (dK may still run)
       reg_fence(acc_dq);
 
       // dQ_c: this warp's 16 rows, n8 blocks [HF cw, HF cw + HF) of the accumulator (attn/bwd.cuh's layout); one
       // 16-byte reduction (RED.E.ADD.F32x4) per thread and fragment, or with "seqpar" a 16-byte store into this KV
-      // tile's buffer. "ordered": the warp's turn first (its own semaphore of the Q tile's eight), and the semaphore
-      // raised once the warp's reductions are done (each lane's fence, then the warp's barrier, before the release:
-      // cumulative), so the next KV tile's same warp adds after them.
+      // tile's buffer. "ordered": after the warp's turn; the semaphore raised once the reductions are done (now, or
+      // LATE_RELEASE's step later), so that the next KV tile's same warp adds after them.
       float* band_dq = dq_accum_band<D, false>(p, n_block, si, batch, hq, m0 + 16 * warp, lane) + 128 * HF * cw;
-      int* sem_at = nullptr;
-      if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE); DQ_ORDER_ROT: every KV tile of the
-        // launch (gridDim.x of them) sees every Q tile
-        const int turn = ORDER == DQ_ORDER_ROT      ? rot_turn(n_block, m0 / BLOCK_M, (int)gridDim.x, num_m)
-                         : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
-                                                     : n_block;
-        sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw +
-                 warp;
+      if (ordered) {
         if (lane == 0) {
-          while (ld_acquire_gpu(sem_at) != turn) {
-          }
+          while (seen != turn) seen = ld_acquire_gpu(sem_at);
         }
         __syncwarp();
       }
@@ -1256,9 +1280,10 @@ __global__ void __launch_bounds__(384, 1)
           atomicAdd(dst, v);
       }
       if (ordered) {
-        __threadfence();
-        __syncwarp();
-        if (lane == 0) red_release_gpu_add(sem_at, 1);
+        if (LATE_RELEASE)
+          held = sem_at;
+        else
+          raise(sem_at);
       }
       wgmma_wait<0>();  // dK done: stage s, the P^T and dS^T buffers are free
       reg_fence(acc_dk);
@@ -1269,6 +1294,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
 
+    if (LATE_RELEASE && held) raise(held);  // the tile's last reductions
     if constexpr (SK) {
       if (sm90_bwd_sk_part<HF>(p, part, acc_dk, acc_dv)) return;  // (a tail: the tile's dK, dV are the head's to store)
     }

@@ -183,6 +183,22 @@ __device__ __forceinline__ int rot_turn(unsigned n, int m, unsigned N, unsigned 
   return d * (int)q + below + (int)nq;
 }
 
+// "ordered": the turn of KV tile n_block at the Q tile of rows m0 .. m0 + BLOCK_M -- the additions made there before
+// its own: ascending (n_block), from the last KV tile that sees the tile down (DQ_ORDER_KV_DESC: its rows see the keys
+// before kv_block_end's tile, the same band q_block_begin reads), or rot_turn's among the launch's n_tiles KV tiles
+// (DQ_ORDER_ROT: every KV tile sees every Q tile). The KV tiles that see a Q tile are 0 .. last (MOD_NONE: the host's
+// rule). LEAN: ROT's operands through opaque, so that its divisions are done at each use rather than held as the
+// loop's invariants (they spilled at the dQ writer's 24 registers).
+template <int ORDER, int BLOCK_M, int BLOCK_N, bool LEAN = false, class M>
+__device__ __forceinline__ int dq_ordered_turn(const M& band, int n_block, int m0, int n_tiles, int num_m) {
+  if constexpr (ORDER == DQ_ORDER_ROT)
+    return rot_turn(LEAN ? opaque(n_block) : n_block, m0 / BLOCK_M, n_tiles, LEAN ? opaque(num_m) : num_m);
+  else if constexpr (ORDER == DQ_ORDER_KV_DESC)
+    return kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block;
+  else
+    return n_block;
+}
+
 // The block's (KV tile, KV head, batch) of the launch (KV tiles, KV heads, batch). GROUP = 0: blockIdx as launched
 // (DQ_ORDER_KV_DESC: KV tiles last first). GROUP > 0 (the causal kernels of "atomic" and "seqpar"): the linear block
 // index -- the order blocks are dispatched in -- taken as groups of GROUP (KV head, batch) pairs, one group after the
@@ -438,15 +454,8 @@ __device__ __forceinline__ void sm90_bwd_write_dq(const BwdParams& p, const M& b
     float* dst = p.dq_accum + ((strategy == DQ_SEQPAR ? n_block * ws_rows : 0) + row) * D;
     int* sem_at = nullptr;
     mbar_wait(dq_full, (it0 + it) & 1);
-    if (ordered) {  // the KV tiles that see this Q tile are 0 .. last (MOD_NONE: the host's rule)
-      // this KV tile's turn: ascending, from the last one down (DQ_ORDER_KV_DESC: the rows m0 .. m0 + BLOCK_M
-      // see keys before kv_block_end's tile, the same band q_block_begin reads), or DQ_ORDER_ROT's (every KV tile
-      // of the launch sees every Q tile: gridDim.x of them; its divisions done here each time, through opaque, as
-      // the loop's invariants they spilled at the producer's 24 registers)
-      const int turn = ORDER == DQ_ORDER_ROT
-                           ? rot_turn(opaque(n_block), m0 / BLOCK_M, (int)gridDim.x, opaque(num_m))
-                           : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
-                                                       : n_block;
+    if (ordered) {
+      const int turn = dq_ordered_turn<ORDER, BLOCK_M, BLOCK_N, true>(band, n_block, m0, (int)gridDim.x, num_m);
       sem_at = sem + row / 64;  // (from here held in place of the row: one 64-bit value less across the wait)
       while (ld_acquire_gpu(sem_at) != turn) {
       }
@@ -1244,14 +1253,11 @@ __global__ void __launch_bounds__(384, 1)
                                         smem_desc(qs + 2 * cw * BLOCK_M * 128 + k * 16 * 128, BLOCK_M * 128, 1024), 1);
       wgmma_commit();
       // "ordered": the warp's turn at the Q tile (its own semaphore of the tile's eight), first read under dQ's
-      // products. The KV tiles that see this Q tile are 0 .. last (MOD_NONE); DQ_ORDER_ROT: every KV tile of the
-      // launch (gridDim.x of them) sees every Q tile.
+      // products.
       int* sem_at = nullptr;
       int turn = 0, seen = 0;
       if (ordered) {
-        turn = ORDER == DQ_ORDER_ROT       ? rot_turn(n_block, m0 / BLOCK_M, (int)gridDim.x, num_m)
-               : ORDER == DQ_ORDER_KV_DESC ? kv_block_end<BLOCK_N>(band, m0 + BLOCK_M) - 1 - n_block
-                                           : n_block;
+        turn = dq_ordered_turn<ORDER, BLOCK_M, BLOCK_N>(band, n_block, m0, (int)gridDim.x, num_m);
         sem_at = sem + (((int64_t)batch * p.nheads + hq) * p.seqlen_q_pad + m0) / DQ_ORDERED_ROWS_PER_SEM + 4 * cw +
                  warp;
         if (lane == 0) seen = ld_acquire_gpu(sem_at);

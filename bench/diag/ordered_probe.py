@@ -67,23 +67,25 @@ def plan_call(views, causal, strategy, **knobs):
     return fn
 
 
-def _plan(views, causal, strategy, order):
+def _split(d):
+    """Whether head dim d runs on the column-split kernel."""
     from cuflash._configs import kernel_headdim, sm90_bwd_tile
 
+    return sm90_bwd_tile(kernel_headdim(d)).split
+
+
+def _plan(views, causal, strategy, order):
     knob = "CAUSAL_ORDER" if causal else "PLAIN_ORDER"
     knobs = {} if order is None else {knob: order}
-    if sm90_bwd_tile(kernel_headdim(views[1].shape[3])).split:
+    if _split(views[1].shape[3]):
         knobs["SPLIT_ORDERED"] = True  # (the column-split kernel's "ordered", whether configured or not)
     return plan_call(views, causal, strategy, **knobs)
 
 
 def _variants(d, causal):
     """The variants of a point: VARIANTS or VARIANTS_NO_MASK, the column-split kernel's without Q_DESC."""
-    from cuflash._configs import kernel_headdim, sm90_bwd_tile
-
     variants = VARIANTS if causal else VARIANTS_NO_MASK
-    split = sm90_bwd_tile(kernel_headdim(d)).split
-    return tuple(v for v in variants if not (split and v[1] == DQ_ORDER_Q_DESC))
+    return tuple(v for v in variants if not (_split(d) and v[1] == DQ_ORDER_Q_DESC))
 
 
 def causal_problem(dt, d, s, b, h, hk, causal=True):

@@ -79,34 +79,24 @@ def main(argv):
     causals = (True,) if "--causal-only" in argv else (False, True)
     dims = [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if "--headdims" in argv else (64, 96, 128,
                                                                                                           256)
-    if "--stream-k" in argv:
-        from cuflash import _bwd_sm90
+    from cuflash import _bwd_sm90
+    from cuflash._configs import DQ_ORDER_ROT, kernel_headdim, sm90_bwd_tile
 
+    if "--stream-k" in argv:
         _bwd_sm90.STREAM_K, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--stream-k") + 1])
         cases, causals = [(1, 77, 200, 2, 2), (1, 300, 520, 4, 2), (2, 130, 640, 4, 1)], (False,)
     if "--m80" in argv:
-        from cuflash import _bwd_sm90
-
         _bwd_sm90.M80 = True
         cases += [(1, 161, 700, 4, 4)]
         causals, dims = (False,), [int(x) for x in argv[argv.index("--headdims") + 1].split(",")] if (
             "--headdims" in argv) else (128, 120)
         strategies = [x for x in strategies if x != "ordered"]
     if "--split-ordered" in argv:
-        from cuflash import _bwd_sm90
-
         _bwd_sm90.SPLIT_ORDERED = True
     if "--rot" in argv:
-        from cuflash import _bwd_sm90
-        from cuflash._configs import DQ_ORDER_ROT
-
         _bwd_sm90.PLAIN_ORDER = DQ_ORDER_ROT
     if "--persistent" in argv:
-        from cuflash import _bwd_sm90
-
         _bwd_sm90.PERSIST, _bwd_sm90.PERSIST_MAX_GRID = True, int(argv[argv.index("--persistent") + 1])
-    from cuflash import _bwd_sm90
-    from cuflash._configs import kernel_headdim, sm90_bwd_tile
 
     failed = 0
     for dtype in dtypes:

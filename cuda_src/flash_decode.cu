@@ -84,6 +84,12 @@
 //   PAGED      the cache is paged (FwdParams::block_table; k, v [pages, page_size, hk, d], their batch stride the
 //              page stride)
 //   SWZ        the rings' rows unpadded and XOR-swizzled (RingSwizzle, below)
+//   UA         rows that are not 16-byte units (a head dim that is not a multiple of 8, strides or base addresses that
+//              are not 16-byte aligned): every global access of Q, K, V and O element by element (common/tile.cuh:
+//              PAD_ELEM; K and V synchronously into the padded ring, warp_load_tile), the columns past the head dim
+//              zero in shared memory and never stored; the host compiles it with the score-modifier mask only (plain
+//              and causal calls run as bands there) and the padded ring (not SWZ); the combines below take the same
+//              flag for O's stores
 //
 // Programmatic Dependent Launch (sm_90; common/ptx.cuh: grid_dependency_wait / grid_launch_dependents). The host
 // launches this kernel as the dependent of flash_attn_with_kvcache's append kernel, and the combine as this kernel's
@@ -161,12 +167,17 @@ struct RingSwizzle {
 // anything); their chunks get `base` (row 0 of the matrix, always mapped) as the address they do not read.
 // Full tiles (the common case, warp-uniform) take no per-row test.
 // SWZ: `dst` is the tile's own address, and pass i of the lane lands at RingSwizzle::offset(its row, its chunk).
-template <int ROWS, int D, bool SWZ = false, typename T>
+// UA (rows that are not 16-byte units; padded rows, not SWZ): `src` at the lane's own column (not clamped), each chunk
+// read element by element (common/tile.cuh: load_elems; columns at or past `cols` and rows at or past `nrows` read as
+// 0) and stored to shared memory synchronously -- in shared memory when the copy returns, so the ring's
+// cp.async.wait_group + __syncwarp that publish a cp.async tile publish it too (the empty groups keep the count).
+template <int ROWS, int D, bool SWZ = false, bool UA = false, typename T>
 __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const T* base, int64_t row_stride, int row0,
-                                               int nrows, int lane) {
+                                               int nrows, int lane, int cols = D) {
   using W = WarpTileLanes<D>;
   constexpr int LDS = PaddedRow<D>::LDS;
   static_assert(ROWS % W::RPP == 0, "whole passes per tile");
+  static_assert(!(UA && SWZ), "UA: the padded ring");
   if (W::USED < 32 && lane >= W::USED) return;
   const int64_t step = W::RPP * row_stride;
   const int lr = lane / W::CPR, lc = lane % W::CPR;
@@ -174,6 +185,13 @@ __device__ __forceinline__ void warp_load_tile(uint32_t dst, const T* src, const
     if constexpr (SWZ) return dst + RingSwizzle<D>::offset(lr + i * W::RPP, lc);
     else return dst + (uint32_t)(i * W::RPP * LDS * 2);
   };
+  if constexpr (UA) {
+    const int n = cols - lc * 8, left = nrows - row0 - lr;  // the lane's columns in its chunk; valid rows from its own
+#pragma unroll 4
+    for (int i = 0; i < ROWS / W::RPP; ++i)
+      st_shared_16(at(i), load_elems(src + i * step, i * W::RPP < left ? n : 0));
+    return;
+  }
   if (row0 + ROWS <= nrows) {
 #pragma unroll
     for (int i = 0; i < ROWS / W::RPP; ++i, src += step) cp_async_16(at(i), src, true);
@@ -214,16 +232,17 @@ struct PagedChunks {
 // warp_load_tile for the K and the V tile of rows [row0, row0 + ROWS) of a paged element, from the chunks' pages
 // (`pc`, looked up for this row0). `dst` as warp_load_tile's (the V tile TILE_BYTES after the K tile);
 // k_head / v_head: page 0 of the head (always mapped: the address of zero-filled chunks); col: the lane's
-// (clamped) source column.
-template <int ROWS, int D, int TILE_BYTES, bool SWZ = false, typename T>
+// (clamped) source column. UA: as warp_load_tile's (col the lane's own column, `cols` the row's columns).
+template <int ROWS, int D, int TILE_BYTES, bool SWZ = false, bool UA = false, typename T>
 __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head, const T* v_head,
                                                    const PagedChunks<ROWS>& pc, int64_t k_page_stride,
                                                    int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
-                                                   int row0, int nrows, int lane, int col) {
+                                                   int row0, int nrows, int lane, int col, int cols = D) {
   using W = WarpTileLanes<D>;
   constexpr int LDS = PaddedRow<D>::LDS;
   constexpr int CHUNK = 16;
   static_assert(ROWS % CHUNK == 0 && CHUNK % W::RPP == 0, "16-row page chunks in whole passes");
+  static_assert(!(UA && SWZ), "UA: the padded ring");
   if (W::USED < 32 && lane >= W::USED) return;
   const int lr = lane / W::CPR, lc = lane % W::CPR;
   auto at = [&](int row) -> uint32_t {  // this lane's copy into tile row `row` (SWZ: dst is the tile's address)
@@ -241,8 +260,13 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 #pragma unroll
       for (int i = 0; i < CHUNK / W::RPP; ++i) {
         const uint32_t d = at(ch * CHUNK + i * W::RPP);
-        cp_async_16(d, k_head, false);
-        cp_async_16(d + TILE_BYTES, v_head, false);
+        if constexpr (UA) {
+          st_shared_16(d, make_uint4(0u, 0u, 0u, 0u));
+          st_shared_16(d + TILE_BYTES, make_uint4(0u, 0u, 0u, 0u));
+        } else {
+          cp_async_16(d, k_head, false);
+          cp_async_16(d + TILE_BYTES, v_head, false);
+        }
       }
       continue;
     }
@@ -250,6 +274,17 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
     const char* ks = reinterpret_cast<const char*>(k_head + page * k_page_stride + in_page * k_row_stride + col);
     const char* vs = reinterpret_cast<const char*>(v_head + page * v_page_stride + in_page * v_row_stride + col);
     const int left = nrows - r0 - lr;  // valid rows from this lane's first one in the chunk
+    if constexpr (UA) {  // (one pass at a time: more in flight spilled the paged head-dim-256 kernels)
+      const int n = cols - col;
+#pragma unroll 1
+      for (int i = 0; i < CHUNK / W::RPP; ++i) {
+        const int m = i * W::RPP < left ? n : 0;
+        const uint32_t d = at(ch * CHUNK + i * W::RPP);
+        st_shared_16(d, load_elems(reinterpret_cast<const T*>(ks + (uint32_t)i * k_step), m));
+        st_shared_16(d + TILE_BYTES, load_elems(reinterpret_cast<const T*>(vs + (uint32_t)i * v_step), m));
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < CHUNK / W::RPP; ++i) {
       const bool valid = i * W::RPP < left;
@@ -261,7 +296,7 @@ __device__ __forceinline__ void warp_load_kv_paged(uint32_t dst, const T* k_head
 }
 
 template <typename T, int D, int MF, int BLOCK_N, int NWARPS, bool CAUSAL, int STAGES, int SMEM_BYTES,
-          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false>
+          int MOD = MOD_NONE, bool PAGED = false, bool SWZ = false, bool UA = false>
 // (NWARPS * 32, 1): with the thread count alone ptxas held the swizzled d32 kernels at 95-96 registers with 8 B of
 // spills, and d128 with two row fragments causal spilled 36 B at 255; told one block per SM suffices, it spills in
 // none (the footprints keep 1-3 blocks per SM resident: at most 170 registers are needed for 3 blocks of 128).
@@ -278,6 +313,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   static_assert(D % 16 == 0 && BLOCK_N % 16 == 0 && DF % 2 == 0, "tile shapes");
   static_assert(MF >= 1 && STAGES >= 2 && NWARPS >= 1, "configuration");
   static_assert(SMEM_BYTES == L::BYTES, "host smem size must match the layout (cuflash/_configs.py)");
+  static_assert(!(UA && SWZ), "UA: the padded ring");
   // Q fragments stay in registers when they take at most 32 of them (D <= 128 at MF = 1).
   constexpr bool Q_IN_REGS = MF * KD * 4 <= 32;
 
@@ -329,7 +365,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
     if (direct)
       for (int i = tid; i < valid_rows * (D / 4); i += NT) {
         const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-        if (c < (int)p.head_dim) *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) = make_uint2(0u, 0u);
+        if (c < (int)p.head_dim) store_quad<UA>(o_row0 + (int64_t)r * p.o_row_stride + c, 0u, 0u, (int)p.head_dim - c);
       }
     if (lse_row0 && tid < valid_rows) lse_row0[tid] = -INFINITY;
     return;
@@ -352,8 +388,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   const uint32_t ring_w = smem_addr(ring) + (uint32_t)(warp * STAGES * L::SLOT_BYTES);
   const int lane_row = lane / WarpTileLanes<D>::CPR, lane_col = (lane % WarpTileLanes<D>::CPR) * 8;
   const uint32_t lane_dst = SWZ ? ring_w : ring_w + (uint32_t)((lane_row * LDS + lane_col) * 2);
-  // A head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (the lane's source column clamped).
-  const int hd = (int)p.head_dim, src_col = lane_col < hd ? lane_col : 0;
+  // A head dim below D (common/tile.cuh): Q zero-padded, K and V PAD_COPY (the lane's source column clamped; UA:
+  // its own column, the columns past hd read as zeros).
+  const int hd = (int)p.head_dim, src_col = UA || lane_col < hd ? lane_col : 0;
   int next_row = first * BLOCK_N;
   const T* k_src = k_ptr + (int64_t)(next_row + lane_row) * p.k_row_stride + src_col;
   const T* v_src = v_ptr + (int64_t)(next_row + lane_row) * p.v_row_stride + src_col;
@@ -362,13 +399,14 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   auto load_next = [&](int slot) {  // the warp's next tile -> ring slot
     const uint32_t dst = lane_dst + (uint32_t)(slot * L::SLOT_BYTES);
     if constexpr (PAGED) {
-      warp_load_kv_paged<BLOCK_N, D, L::TILE_BYTES, SWZ>(dst, k_ptr, v_ptr, chunks, p.k_batch_stride, p.k_row_stride,
-                                                    p.v_batch_stride, p.v_row_stride, next_row, seqlen_k, lane,
-                                                    src_col);
+      warp_load_kv_paged<BLOCK_N, D, L::TILE_BYTES, SWZ, UA>(dst, k_ptr, v_ptr, chunks, p.k_batch_stride,
+                                                            p.k_row_stride, p.v_batch_stride, p.v_row_stride, next_row,
+                                                            seqlen_k, lane, src_col, hd);
       chunks.lookup(pages, (int)p.page_size, next_row + NWARPS * BLOCK_N, seqlen_k);  // one tile ahead
     } else {
-      warp_load_tile<BLOCK_N, D, SWZ>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane);
-      warp_load_tile<BLOCK_N, D, SWZ>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane);
+      warp_load_tile<BLOCK_N, D, SWZ, UA>(dst, k_src, k_ptr, p.k_row_stride, next_row, seqlen_k, lane, hd);
+      warp_load_tile<BLOCK_N, D, SWZ, UA>(dst + L::TILE_BYTES, v_src, v_ptr, p.v_row_stride, next_row, seqlen_k, lane,
+                                          hd);
       k_src += (int64_t)NWARPS * BLOCK_N * p.k_row_stride;
       v_src += (int64_t)NWARPS * BLOCK_N * p.v_row_stride;
     }
@@ -379,11 +417,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
   // attn/rotary.cuh: query row i at position seqlens_k[b] (+ i when causal or local)), then each warp's first
   // STAGES - 1 tiles (one group each, empty groups included so that the group count per iteration is static).
   if (p.rotary_cos) {
-    load_tile_rotated<BLOCK_M, D, NT>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd, p.rotary_cos,
+    load_tile_rotated<BLOCK_M, D, NT, UA>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd, p.rotary_cos,
                                       p.rotary_sin, (int)p.rotary_dim, p.rotary_interleaved != 0, (int)p.seqlen_ro,
                                       __ldg(p.seqlens_k + batch), p.rotary_q_per_row != 0);
   } else {
-    load_tile_async<BLOCK_M, D, NT, PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
+    load_tile_async<BLOCK_M, D, NT, UA ? PAD_ELEM : PAD_ZERO>(q_smem, q_ptr, p.q_row_stride, m0, seqlen_q, tid, hd);
   }
   cp_async_commit();
   // PDL (launched after flash_attn_with_kvcache's append kernel, cuda_src/flash_fwd.cu): everything above reads only
@@ -530,8 +568,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
     }
     if (direct) {
       if (c < (int)p.head_dim)
-        *reinterpret_cast<uint2*>(o_row0 + (int64_t)r * p.o_row_stride + c) =
-            make_uint2(pack2<T>(o.x, o.y), pack2<T>(o.z, o.w));
+        store_quad<UA>(o_row0 + (int64_t)r * p.o_row_stride + c, pack2<T>(o.x, o.y), pack2<T>(o.z, o.w),
+                       (int)p.head_dim - c);
     } else {
       *reinterpret_cast<float4*>(o_acc_row0 + (int64_t)r * D + c) = o;
     }
@@ -555,6 +593,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
 //      or negligible) is not loaded (its o may be unwritten: the decode kernel writes no o for an empty split)
 //   3. the SG partial sums of a column group through shared memory; split group 0 writes O in the input dtype
 //      (columns below head_dim) and thread 0 the LSE (-inf and O = 0 when no split saw a key: every w_s = 0)
+// UA: O's rows are not 16-byte units (the decode kernel's UA form): its columns stored element by element.
 // Reads the parameter block of the decode launch: batch, nheads, seqlen_q, num_splits (<= DECODE_MAX_SPLITS, the
 // host's MAX_SPLITS), o_accum, lse_accum, o, lse, the o strides and head_dim.
 // Programmatic Dependent Launch (sm_90, cuflash/_launch.py): the host launches it as the decode kernel's dependent,
@@ -563,7 +602,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash_decode_kernel(const __gr
 constexpr int DECODE_MAX_SPLITS = 128;
 constexpr int COMBINE_SPLIT_GROUPS = 8;
 
-template <typename T, int D>
+template <typename T, int D, bool UA = false>
 __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_combine_kernel(const __grid_constant__ FwdParams p) {
   constexpr int CG = D / 4;                   // column groups (one float4 each)
   constexpr int SG = COMBINE_SPLIT_GROUPS;   // split groups
@@ -657,7 +696,7 @@ __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_com
     const int64_t h = bh % p.nheads, b = bh / p.nheads;
     T* o = reinterpret_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
     if (cg * 4 < (int)p.head_dim)
-      *reinterpret_cast<uint2*>(o + cg * 4) = make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
+      store_quad<UA>(o + cg * 4, pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w), (int)p.head_dim - cg * 4);
   }
   if (p.lse && tid == 0) p.lse[row] = sum > 0.f ? base + __logf(sum) : -INFINITY;
 }
@@ -681,11 +720,12 @@ __global__ void __launch_bounds__(COMBINE_SPLIT_GROUPS * D / 4) flash_decode_com
 // Results: the same weights as flash_decode_combine_kernel, summed in another order (rounding-level differences).
 // PDL as that kernel: grid_dependency_wait before every read of the partials and every write.
 // MAXS: the most splits it takes: COMBINE_ROWS_MAX_SPLITS, or 16 at head dims up to 128 (cuflash/_configs.py:
-// COMBINE_ROWS_WIDE_SPLITS; a lane's 16 float4 loads in flight in 96 registers at head dim 128).
+// COMBINE_ROWS_WIDE_SPLITS; a lane's 16 float4 loads in flight in 96 registers at head dim 128). UA: as the block
+// combine's.
 constexpr int COMBINE_ROWS_MAX_SPLITS = 8;
 constexpr int COMBINE_ROWS_WARPS = 8;
 
-template <typename T, int D, int MAXS = COMBINE_ROWS_MAX_SPLITS>
+template <typename T, int D, int MAXS = COMBINE_ROWS_MAX_SPLITS, bool UA = false>
 __global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2)
     flash_decode_combine_rows_kernel(const __grid_constant__ FwdParams p) {
   constexpr int CG = D / 4;                       // float4 column groups of a row
@@ -774,7 +814,7 @@ __global__ void __launch_bounds__(COMBINE_ROWS_WARPS * 32, 2)
     for (int c = 0; c < CPL; ++c) {
       const int col = (lc + c * LCG) * 4;
       if (col < (int)p.head_dim)
-        *reinterpret_cast<uint2*>(o + col) = make_uint2(pack2<T>(acc[c].x, acc[c].y), pack2<T>(acc[c].z, acc[c].w));
+        store_quad<UA>(o + col, pack2<T>(acc[c].x, acc[c].y), pack2<T>(acc[c].z, acc[c].w), (int)p.head_dim - col);
     }
   }
   if (p.lse && lane == 0) p.lse[row] = sum > 0.f ? base + __logf(sum) : -INFINITY;

@@ -430,8 +430,8 @@ __global__ void dropout_mask_kernel(const __grid_constant__ FwdParams p) {
 
 // KV-cache append, before attending: k_cache[b, seqlens[b] + i] = k_new[b, i] and the same for v, one
 // 16-byte chunk per thread (headdim, a multiple of 8, is a run-time value: any head dim the attention kernels
-// take; UA: any head dim and 2-byte aligned rows, element by element, without rotary). Rows that would land past the cache's capacity (seqlen_cache) are dropped (the attention kernel clamps the
-// key count to the capacity too). Strides in elements; last dims contiguous. The cache indirections of
+// take; UA: any head dim and 2-byte aligned rows, each chunk element by element). Rows that would land past the
+// cache's capacity (seqlen_cache) are dropped (the attention kernel clamps the key count to the capacity too). Strides in elements; last dims contiguous. The cache indirections of
 // flash_attn_with_kvcache (null: none):
 //   cache_batch_idx [b]  element b writes cache row cache_batch_idx[b] (kc_bs / vc_bs apart);
 //   block_table [b, bt_stride]  paged: cache row r of element b is row r % page_size of page
@@ -471,17 +471,18 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
   }
   const T* src = is_v ? v_new + b * vn_bs + i * vn_rs + h * vn_hs : k_new + b * kn_bs + i * kn_rs + h * kn_hs;
   T* dst = is_v ? v_cache + dst_b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + dst_b * kc_bs + dst_row * kc_rs + h * kc_hs;
-  if constexpr (UA) {  // (the host runs no rotary embedding here)
-    store_elems(dst + c, load_elems(src + c, (int)headdim - c), (int)headdim - c);
-    return;
-  }
-  uint4 x = *reinterpret_cast<const uint4*>(src + c);
+  uint4 x;
   if (!is_v && rotary_cos) {
     const RotaryRow<T> rot = rotary_row<T>(rotary_cos, rotary_sin, (int)rotary_dim, rotary_interleaved != 0,
                                            (int)seqlen_ro, pos);
-    x = rot.chunk(x, *reinterpret_cast<const uint4*>(src + rot.partner_col(c)), c);
+    x = rot.template rotate<UA>(src, c, (int)headdim);
+  } else {
+    x = UA ? load_elems(src + c, (int)headdim - c) : *reinterpret_cast<const uint4*>(src + c);
   }
-  *reinterpret_cast<uint4*>(dst + c) = x;
+  if constexpr (UA)
+    store_elems(dst + c, x, (int)headdim - c);
+  else
+    *reinterpret_cast<uint4*>(dst + c) = x;
 }
 
 // Paged K/V of packed sequences, gathered into packed rows (flash_attn_varlen_func with a block_table; the packed
@@ -491,14 +492,15 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
 // which the host does not read). The rows after the total are zeroed: a kernel whose last KV tile runs past the last
 // sequence reads them (the Hopper forward's TMA tiles; a zero V row times a zero probability stays 0, a stale one
 // could be NaN), and the output is the same on every call. One 16-byte chunk per thread; a thread finds its
-// sequence by an upper-bound binary search over cu_seqlens_k. Strides in elements, last dims contiguous.
-template <typename T>
+// sequence by an upper-bound binary search over cu_seqlens_k. Strides in elements, last dims contiguous. UA: rows that
+// are not 16-byte units (any head dim, 2-byte aligned pages), each chunk element by element.
+template <typename T, bool UA = false>
 __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, const T* v_pages,
                                        const int* cu_seqlens_k, const int* block_table, int64_t kp_ps, int64_t kp_rs,
                                        int64_t kp_hs, int64_t vp_ps, int64_t vp_rs, int64_t vp_hs, int64_t batch,
                                        int64_t rows, int64_t nheads_k, int64_t headdim, int64_t bt_stride,
                                        int64_t page_size) {
-  const int64_t CHUNKS = headdim / 8;
+  const int64_t CHUNKS = (headdim + 7) / 8;
   const int64_t per_tensor = rows * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= 2 * per_tensor) return;
@@ -507,8 +509,12 @@ __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, con
   const int64_t c = idx % CHUNKS * 8, h = idx / CHUNKS % nheads_k, t = idx / (CHUNKS * nheads_k);
   T* dst = (is_v ? v_out : k_out) + (t * nheads_k + h) * headdim;
   const int64_t total = __ldg(cu_seqlens_k + batch);
+  const int n = (int)(headdim - c);  // the chunk's columns (UA: fewer than 8 in a row's last chunk)
   if (t >= total) {
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (UA)
+      store_elems(dst + c, make_uint4(0u, 0u, 0u, 0u), n);
+    else
+      *reinterpret_cast<uint4*>(dst + c) = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
   int lo = 0, hi = (int)batch - 1;  // the last sequence b with cu[b] <= t
@@ -520,7 +526,10 @@ __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, con
   const int64_t page = __ldg(block_table + lo * bt_stride + r / page_size), in_page = r % page_size;
   const T* src = is_v ? v_pages + page * vp_ps + in_page * vp_rs + h * vp_hs
                       : k_pages + page * kp_ps + in_page * kp_rs + h * kp_hs;
-  *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+  if constexpr (UA)
+    store_elems(dst + c, load_elems(src + c, n), n);
+  else
+    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 
 }  // namespace cuflash

@@ -49,7 +49,8 @@ def kernel_headdim(headdim: int, compiled=HEADDIMS) -> int | None:
 # for head dims that are not multiples of 8 and for views whose strides or base addresses are not 16-byte aligned.
 # Kept few: the score-modifier masks only (a plain or causal call runs as the band without edges, or with right = 0:
 # cuflash._mods.resolve(force=True)), the default tile of each, the default backward partition with its sm_80 tile
-# on every device, no split-KV or decode kernel (flash_attn_with_kvcache runs them on the V2 forward, one split).
+# on every device, no split-KV forward; the decode kernel (flash_attn_with_kvcache) with its configured tile's padded
+# ring (decode_ua_tile), its combines, the KV-cache append and the paged gather of packed sequences.
 UA_MODS = (1, 3)  # (MOD_SCORE, MOD_SCORE_DROPOUT), defined below
 
 
@@ -1351,14 +1352,26 @@ def decode_smem_bytes(headdim: int, tile: DecodeTile, mf: int) -> int:
     return block_m * lds * ELEM_BYTES + max(ring, red)
 
 
+def decode_ua_tile(headdim: int) -> DecodeTile:
+    """The UA decode kernel's tile (rows that are not 16-byte units): the configured one with the padded ring (its
+    chunks land at any 16-byte slot of a padded row; the swizzle pairs 32-byte global sectors that such rows do not
+    have)."""
+    return replace(decode_tile(headdim), swizzle=False)
+
+
 def decode_spec(dtype: str, headdim: int, causal: bool, mf: int = 1, tile: DecodeTile | None = None,
-                mod: int = 0, paged: bool = False) -> KernelSpec:
+                mod: int = 0, paged: bool = False, ua: bool = False) -> KernelSpec:
     """The dedicated decode kernel (cuda_src/flash_decode.cu: flash_decode_kernel); mod: see fwd_spec; paged: the
-    paged-cache kernel (its K/V loads look up a block table)."""
-    tile = tile or decode_tile(headdim)
+    paged-cache kernel (its K/V loads look up a block table); ua: rows that are not 16-byte units (the UA kernel:
+    MOD_SCORE, not causal, a padded ring; tile default decode_ua_tile)."""
+    if ua and (causal or mod != MOD_SCORE or tile is not None and tile.swizzle):
+        raise ValueError(f"the UA decode kernel runs mod={MOD_SCORE}, not causal, a padded ring; got mod={mod!r}, "
+                         f"causal={causal!r}, tile={tile!r}")
+    tile = tile or (decode_ua_tile(headdim) if ua else decode_tile(headdim))
     smem = decode_smem_bytes(headdim, tile, mf)
     mod = _mod_checked(causal, mod)
-    tail = (f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
+    tail = (f", {mod}, {'true' if paged else 'false'}, false, true" if ua else
+            f", {mod}, {'true' if paged else 'false'}, true" if tile.swizzle else f", {mod}, true" if paged
             else f", {mod}" if mod else "")
     name = (f"cuflash::flash_decode_kernel<{CTYPE[dtype]}, {headdim}, {mf}, {tile.block_n}, {tile.nwarps}, "
             f"{'true' if causal else 'false'}, {tile.stages}, {smem}{tail}>")
@@ -1406,8 +1419,10 @@ COMBINE_SPLIT_GROUPS = 8
 DECODE_MAX_SPLITS = 128
 
 
-def decode_combine_spec(dtype: str, headdim: int) -> KernelSpec:
-    return KernelSpec("flash_decode.cu", f"cuflash::flash_decode_combine_kernel<{CTYPE[dtype]}, {headdim}>",
+def decode_combine_spec(dtype: str, headdim: int, ua: bool = False) -> KernelSpec:
+    """The block combine; ua: O's rows are not 16-byte units (stored element by element)."""
+    tail = ", true" if ua else ""
+    return KernelSpec("flash_decode.cu", f"cuflash::flash_decode_combine_kernel<{CTYPE[dtype]}, {headdim}{tail}>",
                       COMBINE_SPLIT_GROUPS * headdim // 4, 0)
 
 
@@ -1431,21 +1446,23 @@ def combine_rows_max_splits(headdim: int) -> int:
     return COMBINE_ROWS_WIDE_SPLITS if headdim <= COMBINE_ROWS_WIDE_MAX_HEADDIM else COMBINE_ROWS_MAX_SPLITS
 
 
-def decode_combine_rows_spec(dtype: str, headdim: int, splits: int = COMBINE_ROWS_MAX_SPLITS) -> KernelSpec:
+def decode_combine_rows_spec(dtype: str, headdim: int, splits: int = COMBINE_ROWS_MAX_SPLITS,
+                             ua: bool = False) -> KernelSpec:
     """The rows combine for `splits` splits: its form of COMBINE_ROWS_MAX_SPLITS up to that many, else the wide
-    one."""
+    one; ua: O's rows are not 16-byte units."""
     if not 1 <= splits <= combine_rows_max_splits(headdim):
         raise ValueError(f"the rows combine takes at most {combine_rows_max_splits(headdim)} splits at head dim "
                          f"{headdim}; got {splits}")
-    tail = "" if splits <= COMBINE_ROWS_MAX_SPLITS else f", {COMBINE_ROWS_WIDE_SPLITS}"
+    maxs = COMBINE_ROWS_MAX_SPLITS if splits <= COMBINE_ROWS_MAX_SPLITS else COMBINE_ROWS_WIDE_SPLITS
+    tail = f", {maxs}, true" if ua else "" if maxs == COMBINE_ROWS_MAX_SPLITS else f", {maxs}"
     return KernelSpec("flash_decode.cu",
                       f"cuflash::flash_decode_combine_rows_kernel<{CTYPE[dtype]}, {headdim}{tail}>",
                       32 * COMBINE_ROWS_WARPS, 0)
 
 
-def decode_combine_rows_specs(dtype: str, headdim: int) -> list:
+def decode_combine_rows_specs(dtype: str, headdim: int, ua: bool = False) -> list:
     """The rows combine's kernels of a head dim: its form of 8 splits and, where it has one, the wide form."""
-    return [decode_combine_rows_spec(dtype, headdim, n) for n in dict.fromkeys(
+    return [decode_combine_rows_spec(dtype, headdim, n, ua) for n in dict.fromkeys(
         (COMBINE_ROWS_MAX_SPLITS, combine_rows_max_splits(headdim)))]
 
 
@@ -1460,9 +1477,11 @@ def dropout_mask_spec() -> KernelSpec:
     return KernelSpec("flash_fwd.cu", "cuflash::dropout_mask_kernel", DROPOUT_MASK_THREADS, 0)
 
 
-def gather_spec(dtype: str) -> KernelSpec:
-    """Paged K/V of packed sequences -> packed rows (cuda_src/flash_fwd.cu: paged_kv_gather_kernel)."""
-    return KernelSpec("flash_fwd.cu", f"cuflash::paged_kv_gather_kernel<{CTYPE[dtype]}>", APPEND_THREADS, 0)
+def gather_spec(dtype: str, ua: bool = False) -> KernelSpec:
+    """Paged K/V of packed sequences -> packed rows (cuda_src/flash_fwd.cu: paged_kv_gather_kernel; the head dim
+    is a run-time argument; ua: rows that are not 16-byte units, element by element)."""
+    return KernelSpec("flash_fwd.cu", f"cuflash::paged_kv_gather_kernel<{CTYPE[dtype]}{', true' if ua else ''}>",
+                      APPEND_THREADS, 0)
 
 
 def append_spec(dtype: str, ua: bool = False) -> KernelSpec:
@@ -1902,9 +1921,17 @@ def varlen_specs():
     return list(dict.fromkeys(specs))
 
 
+def decode_ua_specs(dtype: str, headdim: int, tile: DecodeTile | None = None) -> list:
+    """The UA decode kernels of a dtype and kernel head dim (`tile`: decode_ua_tile's, or a fitted one): every
+    row-fragment count, contiguous and paged."""
+    return [decode_spec(dtype, headdim, False, mf, tile, MOD_SCORE, pg, ua=True) for pg in (False, True)
+            for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
+
+
 def ua_specs():
     """The UA kernels (rows that are not 16-byte units): per dtype and head dim, the V2 forward (plain and packed)
-    and the default backward (main, plain and packed; preprocess; dQ convert) of each of UA_MODS; the append."""
+    and the default backward (main, plain and packed; preprocess; dQ convert) of each of UA_MODS; the decode kernel
+    and its combines; the append and the paged gather."""
     specs = []
     for dt in DTYPES:
         for d in FWD_HEADDIMS:
@@ -1917,7 +1944,11 @@ def ua_specs():
                 specs.append(bwd_convert_spec(dt, d, False, tile.block_n, MOD_SCORE, ua=True))
             if d in HEADDIMS:
                 specs.append(bwd_preprocess_spec(dt, d, ua=True))
+                specs += decode_ua_specs(dt, d)
+                specs.append(decode_combine_spec(dt, d, ua=True))
+                specs += decode_combine_rows_specs(dt, d, ua=True)
         specs.append(append_spec(dt, ua=True))
+        specs.append(gather_spec(dt, ua=True))
     return list(dict.fromkeys(specs))
 
 
@@ -1974,7 +2005,7 @@ def fit_decode_tile(headdim: int, tile: DecodeTile, mf: int, limit: int) -> Deco
     (down to 2); None where none fits."""
     if decode_smem_bytes(headdim, tile, mf) <= limit:
         return tile
-    wide = DECODE_WIDE_TILES.get(headdim)
+    wide = DECODE_WIDE_TILES.get(headdim) if tile.swizzle else None  # (a padded ring keeps its rows: the UA tile)
     if wide is not None and decode_smem_bytes(headdim, wide, mf) <= limit:
         return wide
     t = tile
@@ -1993,7 +2024,7 @@ def fit_decode_tile(headdim: int, tile: DecodeTile, mf: int, limit: int) -> Deco
 def fitted_specs(limit: int = SMALL_SMEM_PER_BLOCK) -> list:
     """The kernels a GPU allowing `limit` bytes a block launches in place of configured ones that do not fit it:
     the V2 forward (plain, split-KV, packed, UA), the backward's fallback partition (main kernel and dQ convert;
-    plain, packed, UA) and the decode kernel (every tile decode_auto_tile may take)."""
+    plain, packed, UA) and the decode kernel (every tile decode_auto_tile may take, and the UA one's)."""
     specs = []
     for dt in DTYPES:
         for d in FWD_HEADDIMS:
@@ -2029,6 +2060,10 @@ def fitted_specs(limit: int = SMALL_SMEM_PER_BLOCK) -> list:
                         fit = fit_decode_tile(d, tile, mf, limit)
                         if fit is not None and fit != tile:
                             specs += [decode_spec(dt, d, causal, mf, fit, m, paged=pg) for pg in (False, True)]
+            for mf in range(1, DECODE_MAX_MF[d] + 1):  # the UA decode kernel's padded ring
+                fit = fit_decode_tile(d, decode_ua_tile(d), mf, limit)
+                if fit is not None and fit != decode_ua_tile(d):
+                    specs += [decode_spec(dt, d, False, mf, fit, MOD_SCORE, pg, ua=True) for pg in (False, True)]
     return list(dict.fromkeys(specs))
 
 

@@ -129,12 +129,14 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     sequence b's key r is row r % page_size of page block_table[b, r // page_size] and lands at packed row
     cu_seqlens_k[b] + r (cuda_src/flash_fwd.cu: paged_kv_gather_kernel, one pass over the keys). Returns (k, v)
     [batch x max_pages x page_size, nheads_k, headdim], contiguous: room for every sequence's pages without reading
-    the total on the host; the rows after the total are zeros (the last KV tile of a forward kernel may read some)."""
+    the total on the host; the rows after the total are zeros (the last KV tile of a forward kernel may read some).
+    Pages whose rows are not 16-byte units (a head dim that is not a multiple of 8, strides or data not 16-byte
+    aligned) are copied element by element (the kernel's UA form); the packed rows then run the UA kernels too."""
     from . import _interop
-    from ._configs import gather_spec
+    from ._configs import gather_spec, unaligned
     from ._launch import get_launcher
     from ._params import GATHER_ARGS
-    from ._validate import check_aligned, check_block_table, check_headdim
+    from ._validate import check_block_table, check_headdim, check_layout
 
     qa = wrap(q, "q")
     ka, va = wrap(k, "k"), wrap(v, "v")
@@ -145,15 +147,16 @@ def gather_pages(q, k, v, block_table, cu_seqlens_k):
     if va.shape != ka.shape:
         raise ValueError(f"v must have the shape of k {ka.shape}; got {va.shape}")
     check_headdim(ka.shape[3], "k")
-    check_aligned(ka.shape[3], ((ka, "k"), (va, "v")), "block_table with packed sequences (the paged gather)")
+    for a, n in ((ka, "k"), (va, "v")):
+        check_layout(a, n)
     ck = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qa)
     batch = ck.shape[0] - 1
     bt = check_block_table(block_table, qa, batch, ka, "k")
     page_size, hk, d = ka.shape[1:]
     rows = batch * bt.shape[1] * page_size
     kg, vg = (_interop.empty(qa, (rows, hk, d), qa.dtype) for _ in range(2))
-    lau = get_launcher(gather_spec(qa.dtype), qa.device)
-    n = 2 * rows * hk * (d // 8)
+    lau = get_launcher(gather_spec(qa.dtype, unaligned(d, ka, va)), qa.device)
+    n = 2 * rows * hk * -(-d // 8)
     with _interop.device_guard(qa.device):
         lau.launch_block((-(-n // lau.threads), 1, 1), _interop.current_stream(qa), GATHER_ARGS, GATHER_ARGS.values(
             k_out=_interop.data_ptr(kg), v_out=_interop.data_ptr(vg), k_pages=ka.ptr, v_pages=va.ptr,

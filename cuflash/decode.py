@@ -41,12 +41,12 @@ from . import _interop, _launch
 from ._configs import (COMBINE_ROWS_WARPS, DECODE_MAX_MF, DECODE_MAX_SPLITS, SMALL_SMEM_PER_BLOCK,
                        DECODE_DEEP_TILES, DECODE_WIDE_TILES, DecodeTile, append_spec, decode_smem_bytes,
                        combine_rows_max_splits, combine_spec, decode_combine_rows_spec, decode_combine_spec, decode_mf,
-                       decode_spec, decode_tile, fit_decode_tile, fit_fwd_tile, fwd_smem_bytes, kernel_headdim,
-                       split_tile, unaligned)
+                       decode_spec, decode_tile, decode_ua_tile, fit_decode_tile, fit_fwd_tile, fwd_smem_bytes,
+                       kernel_headdim, split_tile, unaligned)
 from ._fwd import folds_gqa, forward
 from ._interop import desc as _desc, get_device as _get_device
 from ._launch import _props, _smem_cap, get_launcher, sm_count, smem_per_block, smem_per_sm
-from ._mods import kernel_mode, memo_key, mod_fields, mods_for
+from ._mods import kernel_mode, memo_key, mod_fields, mods_for, score_mods
 from ._params import APPEND_ARGS, FWD_PARAMS, NO_WALK, stride_fields
 from ._plan import HostPlan, remember
 from ._validate import (check_backward_headdim, check_block_table, check_bool, check_dtype, check_int_vector,
@@ -262,9 +262,10 @@ class _Plan(HostPlan):
     output allocators, indexed by 2 * return_lse + (scratch is None): out, [lse], [the fp32 partials when split
     and no `scratch` is given]. `append`: the KV-cache append kernel's plan, launched first, or None. `geometry`: the
     decode kernel's tile and row fragments ("32x4w2 mf2": keys x warps per tile, ring stages, fragments), for
-    benchmark records."""
+    benchmark records. `ua`: the plan runs the UA kernels (rows that are not 16-byte units), so data at any 2-byte
+    aligned address may take it."""
 
-    __slots__ = ("outs", "num_splits", "geometry", "scratch_elems", "lse_accum_offset", "append")
+    __slots__ = ("outs", "num_splits", "geometry", "scratch_elems", "lse_accum_offset", "append", "ua")
 
     def run(self, qp, kcp, vcp, knp, vnp, sp, xp, return_lse, scratch):
         """xp: the pointers of (block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin), 0 for None."""
@@ -299,10 +300,11 @@ def _append_fields(kca, vca, kna, vna, cache: CacheOptions) -> dict:
                 rotary_dim=cache.rotary_dim, rotary_interleaved=int(cache.interleaved), seqlen_ro=cache.seqlen_ro)
 
 
-def _append_plan(qa, kca, vca, kna, vna, cache: CacheOptions) -> HostPlan:
-    """The append kernel's plan: 2 x batch x seqlen_new x nheads_k x headdim / 8 chunks, one per thread."""
-    lau = get_launcher(append_spec(qa.dtype), qa.device)
-    n = 2 * kna.shape[0] * kna.shape[1] * kna.shape[2] * (kna.shape[3] // 8)
+def _append_plan(qa, kca, vca, kna, vna, cache: CacheOptions, ua: bool = False) -> HostPlan:
+    """The append kernel's plan: 2 x batch x seqlen_new x nheads_k x ceil(headdim / 8) chunks, one per thread (ua:
+    rows that are not 16-byte units, element by element)."""
+    lau = get_launcher(append_spec(qa.dtype, ua), qa.device)
+    n = 2 * kna.shape[0] * kna.shape[1] * kna.shape[2] * -(-kna.shape[3] // 8)
     p = HostPlan(qa)
     p.bind(APPEND_ARGS, APPEND_DYNAMIC, **_append_fields(kca, vca, kna, vna, cache))
     p.add_launch(lau, (-(-n // lau.threads), 1, 1))
@@ -335,15 +337,21 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     cache = cache or NO_CACHE_OPTIONS
     if pdl is None:
         pdl = _launch.PDL
-    if unaligned(qa.shape[3], qa, kca, vca, kna, vna):
-        raise NotImplementedError("the decode kernel needs 16-byte rows (a head dim that is a multiple of 8, strides "
-                                  "and data 16-byte aligned); flash_attn_with_kvcache runs other rows on the V2 "
-                                  "forward")
     rotate_rows = bool(causal) or local  # before kernel_mode: causal may become a band of the modifiers
     b, sq, h, d = qa.shape
     hk = kca.shape[2]
     if softmax_scale is None:
         softmax_scale = d ** -0.5
+    # rows that are not 16-byte units (cuflash._configs.unaligned): the UA kernel, compiled with the score modifiers'
+    # mask only (a plain or causal call as a band: cuflash._mods.score_mods), its padded ring, no GQA fold
+    ua = unaligned(d, qa, kca, vca, kna, vna)
+    if ua:
+        if tile is not None and tile.swizzle:
+            raise ValueError(f"tile {tile!r}: rows that are not 16-byte units run the padded ring (swizzle=False)")
+        if combine == "warp":
+            raise NotImplementedError("combine='warp' (flash_combine_kernel) stores 16-byte rows; rows that are not "
+                                      "16-byte units take 'auto', 'rows' or 'block'")
+        mods = score_mods(mods, causal, softmax_scale, sq, seqlen_k)
     hd, d = d, kernel_headdim(d)  # the inputs' head dim; the kernels' (padding columns zero-filled)
     causal, mod = kernel_mode(mods, causal)
     rows, kheads, heads_per_kv, fold, causal, mf0, m_blocks = decode_geometry(b, sq, h, hk, d, causal, bool(mod))
@@ -351,6 +359,8 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     dev = qa.device
     if mf is not None and mf not in range(1, DECODE_MAX_MF[d] + 1):
         raise ValueError(f"mf must be 1..{DECODE_MAX_MF[d]} at head dim {d}; got {mf!r}")
+    if ua and tile is None:
+        tile = decode_ua_tile(d)
     if mf is None:
         mf = decode_auto_mf(qa.dtype, d, causal, mod, paged, b * kheads, rows, mf0, seqlen_k, num_splits, tile,
                             split_rule, sm_count(dev), smem_per_sm(dev))
@@ -360,7 +370,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
                                 smem_per_sm(dev), seqlen_k)
         if decode_smem_bytes(d, tile, mf) > SMALL_SMEM_PER_BLOCK:  # GPUs of less shared memory a block
             tile = fit_decode_tile(d, tile, mf, smem_per_block(dev)) or tile
-    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged)
+    spec = decode_spec(qa.dtype, d, causal, mf, tile, mod, paged=paged, ua=ua)
     main = get_launcher(spec, dev)
     if num_splits == 0:
         num_splits = decode_num_splits(b * kheads * m_blocks, sm_count(dev) * _resident(spec, dev), seqlen_k, d,
@@ -378,6 +388,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     o_row, o_head = (osh, rows * osh) if fold else (osq, osh)
     p = _Plan(qa)
     p.num_splits = num_splits
+    p.ua = ua
     p.geometry = f"{tile.block_n}x{tile.nwarps}w{tile.stages} mf{mf}"  # the tile (keys x warps, stages), row fragments
     p.bind(FWD_PARAMS, DECODE_DYNAMIC, cu_seqlens_q=0, cu_seqlens_k=0,
            block_table_batch_stride=cache.bt_stride, page_size=cache.page_size, rotary_dim=cache.rotary_dim,
@@ -407,11 +418,11 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
             if num_splits > combine_rows_max_splits(d):
                 raise ValueError(f"combine='rows' takes at most {combine_rows_max_splits(d)} splits at head dim {hd}; "
                                  f"got {num_splits}")
-            p.add_launch(get_launcher(decode_combine_rows_spec(qa.dtype, d, num_splits), dev),
+            p.add_launch(get_launcher(decode_combine_rows_spec(qa.dtype, d, num_splits, ua), dev),
                          (-(-out_rows // COMBINE_ROWS_WARPS), 1, 1), pdl=pdl)
         elif combine == "block":  # one block per output row (cuda_src/flash_decode.cu); reads the same parameter
             # block; PDL: its blocks may be resident before the split kernel drains, they wait for it on the device
-            p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d), dev), (out_rows, 1, 1), pdl=pdl)
+            p.add_launch(get_launcher(decode_combine_spec(qa.dtype, d, ua), dev), (out_rows, 1, 1), pdl=pdl)
         else:  # one warp per output row (cuda_src/flash_fwd.cu); no griddepcontrol.wait in it: a plain launch
             comb = get_launcher(combine_spec(qa.dtype, d), dev)
             p.add_launch(comb, (-(-out_rows // (comb.threads // 32)), 1, 1))
@@ -419,7 +430,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
         p.scratch_elems, p.lse_accum_offset = 0, 0
         a_out, a_lse = p.allocator(out), p.allocator(out, lse)
         p.outs = (a_out, a_out, a_lse, a_lse)
-    p.append = None if kna is None else _append_plan(qa, kca, vca, kna, vna, cache)
+    p.append = None if kna is None else _append_plan(qa, kca, vca, kna, vna, cache, ua)
     return p
 
 
@@ -589,9 +600,10 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     Args:
         q: [batch, seqlen_q, nheads, headdim] (seqlen_q small: 1 for decoding, a few for speculative decoding).
         k_cache, v_cache: [batch, seqlen_cache, nheads_k, headdim], nheads a multiple of nheads_k. q, k_cache,
-            v_cache (and k, v) float16 or bfloat16 (all the same), any head dim up to 256 that is a multiple of 8,
-            on one CUDA device, of one kind, last dimension contiguous, other strides multiples of 8 elements, 16-byte
-            aligned.
+            v_cache (and k, v) float16 or bfloat16 (all the same), any head dim up to 256, on one CUDA device, of
+            one kind, last dimension contiguous. Rows that are not 16-byte units (a head dim that is not a multiple
+            of 8, strides that are not multiples of 8 elements, data not 16-byte aligned) run the decode kernel's UA
+            form: every access element by element, every option below included.
         k, v: optional [batch, seqlen_new, nheads_k, headdim], written into the caches at cache_seqlens first (in
             place; entries past the capacity are dropped); the kernel attends to cache_seqlens + seqlen_new keys.
             Need cache_seqlens as a device array.
@@ -681,21 +693,16 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
             plan = _PLANS.get(key)
         except TypeError:  # an unhashable argument: validate (and fail) below
             key = None
-    if plan is None or (qp | kcp | vcp | knp | vnp) & 15:
+    if plan is None or not plan.ua and (qp | kcp | vcp | knp | vnp) & 15:
         qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, cache = _validate(
             q, k_cache, v_cache, k, v, cache_seqlens, num_splits, softmax_scale, options)
-        if unaligned(qa.shape[3], qa, kca, vca, kna, vna):  # rows that are not 16-byte units: the V2 UA kernel
-            if options is not None:
-                _refuse_fwd_split(options, "rows that are not 16-byte units (a head dim that is not a multiple of 8, "
-                                           "strides or data not 16-byte aligned)")
-            return _fwd_split(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, 1, return_softmax_lse,
-                              scratch, opts)
         mods = None if plain else mods_for(qa, kca, causal, *opts, softmax_scale, seqlen_k)
         plan = _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale, causal, num_splits,
                           mods=mods, cache=cache, local=tuple(window_size) != _NO_WINDOW)
-        remember(_PLANS, key, plan, _MAX_PLANS)
         qp, kcp, vcp = qa.ptr, kca.ptr, vca.ptr
         knp, vnp = (kna.ptr, vna.ptr) if kna is not None else (0, 0)
+        if not (qp | kcp | vcp | knp | vnp) & 15:  # (a UA plan made for data that is not 16-byte aligned is not kept:
+            remember(_PLANS, key, plan, _MAX_PLANS)  # aligned calls of the same key take the 16-byte kernels)
         sp = ca.ptr if ca is not None else 0
         xp = _cache_ptrs(cache)
     return plan.run(qp, kcp, vcp, knp, vnp, sp, xp, return_softmax_lse, scratch)
@@ -707,15 +714,11 @@ def _cache_ptrs(cache: CacheOptions) -> tuple:
                                                          cache.sin))
 
 
-def _refuse_fwd_split(options, why: str = "") -> None:
-    """The cache indirections run on the decode kernel only: a NotImplementedError naming the first one given (why:
-    what sent the call to the V2 forward, when not kernel='fwd_split')."""
+def _refuse_fwd_split(options) -> None:
+    """The cache indirections run on the decode kernel only: a NotImplementedError naming the first one given."""
     names = ("rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table")
     for name, x in zip(names, options):
         if x is not None:
-            if why:
-                raise NotImplementedError(f"{name} runs on the decode kernel, which needs 16-byte rows; this call "
-                                          f"has {why}")
             raise NotImplementedError(f"{name} runs on kernel='decode' (the default), not on kernel='fwd_split'")
     check_bool(options[5], "rotary_interleaved")
 

@@ -229,13 +229,15 @@ try:
 except ValueError as e:
     res["rows16_d256"] = str(e)
 call("d256_9", q256, k256, k256, cache_seqlens=sl64, num_splits=9)
-# misaligned pointer on a memoized plan: the validating path (the V2 UA kernel runs it)
+# misaligned pointer on a memoized plan: the validating path (the decode kernel's UA form runs it; not memoized)
 bad = T((2, 1, 32, 128), torch.float16); bad._ptr += 2
+plans0 = len(decode._PLANS)
 try:
-    cuflash.flash_attn_with_kvcache(bad, kc, vc, cache_seqlens=sl)
+    call("misaligned_call", bad, kc, vc, cache_seqlens=sl)
     res["misaligned"] = "no error"
 except ValueError as e:
     res["misaligned"] = str(e)
+res["misaligned_kept"] = len(decode._PLANS) - plans0
 try:
     cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=T((2,), torch.float32))
     res["bad_seqlens"] = "no error"
@@ -260,6 +262,19 @@ call("batch_idx", q, k5, v5, cache_seqlens=sl, cache_batch_idx=bi, cache_leftpad
 cos = T((4096, 32), torch.float16); sin = T((4096, 32), torch.float16)
 call("rotary", q4, kc, vc, kn, vn, cos, sin, sl, causal=True, rotary_interleaved=False)
 call("rotary_fold", q, kc, vc, k1, v1, cos, sin, sl)
+# head dim 59 (rows of 118 bytes): paged (2 pages of 16 keys per sequence), a 3-token causal append rotated
+# (rotary_dim 48, interleaved), 3 splits; then a contiguous cache with cache_batch_idx and cache_leftpad, one split
+q59 = T((2, 3, 4, 59), torch.float16)
+kp59 = T((5, 16, 2, 59), torch.float16); vp59 = T((5, 16, 2, 59), torch.float16)
+kn59 = T((2, 3, 2, 59), torch.float16); vn59 = T((2, 3, 2, 59), torch.float16)
+bt59 = T((2, 2), torch.int32); cos59 = T((32, 24), torch.float16); sin59 = T((32, 24), torch.float16)
+call("ua_paged", q59, kp59, vp59, kn59, vn59, cos59, sin59, sl, block_table=bt59, causal=True, num_splits=3)
+call("ua_paged_again", q59, kp59, vp59, kn59, vn59, cos59, sin59, sl, block_table=bt59, causal=True, num_splits=3)
+k59 = T((4, 300, 2, 59), torch.float16); v59 = T((4, 300, 2, 59), torch.float16)
+q59d = T((2, 1, 4, 59), torch.float16)
+call("ua_batch_idx", q59d, k59, v59, cache_seqlens=sl, cache_batch_idx=bi, cache_leftpad=lp, num_splits=1,
+     return_softmax_lse=True)
+call("ua_block", q59d, k59, v59, cache_seqlens=sl, cache_batch_idx=bi, num_splits=20)
 errs = {}
 def err(tag, *args, **kw):
     try:
@@ -283,6 +298,12 @@ err("rotary_short", q, kc, vc, k1, v1, T((4000, 32), torch.float16), T((4000, 32
 err("rotary_dtype", q, kc, vc, k1, v1, T((4096, 32), torch.bfloat16), T((4096, 32), torch.bfloat16), sl)
 err("interleaved_int", q, kc, vc, k1, v1, cos, sin, sl, rotary_interleaved=1)
 err("fwd_split_paged", q, kp, vp, cache_seqlens=sl, block_table=bt, kernel="fwd_split")
+for tag, kw in (("ua_warp", dict(combine="warp")), ("ua_swizzled", dict(tile=decode.decode_tile(64)))):
+    try:
+        decode.plan_for(q59d, kp59, vp59, cache_seqlens=sl, block_table=bt59, num_splits=4, **kw)
+        errs[tag] = "no error"
+    except (ValueError, NotImplementedError) as e:
+        errs[tag] = type(e).__name__ + ": " + str(e)
 res["errors"] = errs
 print("RESULT" + json.dumps(res))
 """
@@ -390,6 +411,13 @@ def test_host_path_int_seqlens_bf16(host_path):
 
 def test_host_path_validation(host_path):
     assert host_path["misaligned"] == "no error"
+    # data at a 2-byte aligned address: the decode kernel's UA form (the modifiers' mask, no GQA fold, the padded
+    # ring), one plan made for the call and not kept
+    main = host_path["misaligned_call"]["launches"][0]
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 128, 1, 32, 4, false, 2, ")
+    assert main["name"].endswith(", 1, false, false, true>")
+    assert (main["p"]["nheads"], main["p"]["heads_per_kv"], main["p"]["seqlen_q"]) == (32, 4, 1)
+    assert host_path["misaligned_kept"] == 0
     assert "cache_seqlens must be int32" in host_path["bad_seqlens"]
     assert all("softmax_scale must be" in e for e in host_path["bad_scale"]), host_path["bad_scale"]
 
@@ -482,7 +510,33 @@ def test_host_path_rotary(host_path):
     assert p1["rotary_q_per_row"] == 0 and p1["rotary_interleaved"] == 1  # folded heads share one position
 
 
+def test_host_path_ua(host_path):
+    """Head dim 59: the append's and the decode kernel's UA forms with every indirection, the combines' UA forms, the
+    plans kept (their key fixes the head dim) and reused."""
+    app, main, comb = host_path["ua_paged"]["launches"]
+    assert app["name"] == "cuflash::kvcache_append_kernel<__half, true>"
+    assert app["grid"][0] == -(-2 * 2 * 3 * 2 * 8 // app["threads"])  # ceil(59 / 8) = 8 chunks a row
+    a = APPEND_ARGS.unpack(bytes.fromhex(app["raw"]))
+    assert (a["headdim"], a["rotary_dim"], a["page_size"]) == (59, 48, 16)
+    assert main["name"].startswith("cuflash::flash_decode_kernel<__half, 64, 1, 32, 4, false, 3, ")
+    assert main["name"].endswith(", 1, true, false, true>")  # MOD_SCORE, paged, padded ring, UA
+    p = main["p"]
+    assert (p["head_dim"], p["nheads"], p["seqlen_q"], p["num_splits"], p["rotary_q_per_row"]) == (59, 4, 3, 3, 1)
+    assert p["window_right"] == 0 and p["window_left"] == 2 * 16  # causal as the band (left: the capacity)
+    assert p["block_table"] == a["block_table"] and p["rotary_cos"] == a["rotary_cos"]
+    assert comb["name"] == "cuflash::flash_decode_combine_rows_kernel<__half, 64, 8, true>"
+    again = host_path["ua_paged_again"]
+    assert [r["name"] for r in again["launches"]] == [r["name"] for r in host_path["ua_paged"]["launches"]]
+    assert again["plans"] == host_path["ua_paged"]["plans"]
+    (main,) = host_path["ua_batch_idx"]["launches"]
+    assert main["name"].endswith(", 1, false, false, true>") and host_path["ua_batch_idx"]["tuple"]
+    assert main["p"]["cache_batch_idx"] and main["p"]["leftpad_k"] and main["p"]["o_accum"] == 0
+    assert host_path["ua_block"]["launches"][1]["name"] == "cuflash::flash_decode_combine_kernel<__half, 64, true>"
+
+
 @pytest.mark.parametrize("tag,kind,words", [
+    ("ua_warp", "NotImplementedError", "combine='warp'"),
+    ("ua_swizzled", "ValueError", "padded ring"),
     ("leftpad_paged", "ValueError", "cache_leftpad with a block_table"),
     ("idx_paged", "ValueError", "cache_batch_idx with a block_table"),
     ("page_40", "ValueError", "multiple of 16"),

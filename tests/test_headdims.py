@@ -300,7 +300,7 @@ def test_odd_varlen_dropout_softcap_cupy():
 @pytest.mark.parametrize("d", [3, 59, 111, 255])
 def test_odd_kvcache_append(d):
     """flash_attn_with_kvcache with k / v appended at an odd head dim: the cache bytes exactly, the output against
-    the reference; a block_table is refused by name."""
+    the reference (the decode kernel's UA form; its cache indirections: tests/test_kvcache_options.py)."""
     import torch
 
     s_new = 3
@@ -309,6 +309,3 @@ def test_odd_kvcache_append(d):
                                                return_softmax_lse=True)
     assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v), "append writes exactly the head dim"
     check_decode(out, lse, q, kc, vc, [n + s_new for n in seqlens.tolist()], True)
-    bt = torch.zeros(3, 1, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="block_table"):
-        cuflash.flash_attn_with_kvcache(q, kc[:, :16], vc[:, :16], cache_seqlens=seqlens, block_table=bt)

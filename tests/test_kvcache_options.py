@@ -54,7 +54,7 @@ class Case:
 
     def __init__(self, b=3, sq=1, h=8, hk=2, d=128, cap=512, seqlens=(300, 0, 511), s_new=0, dtype="float16",
                  page_size=None, batch_idx=False, leftpad=None, rotary=None, causal=False, window=(-1, -1),
-                 softcap=0.0, alibi=None, seed=0):
+                 softcap=0.0, alibi=None, seed=0, odd_rows=False):
         import torch
 
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -62,7 +62,16 @@ class Case:
         self.b, self.sq, self.h, self.hk, self.d, self.cap, self.dtype = b, sq, h, hk, d, cap, dtype
         self.seqlens = list(seqlens)[:b]
         self.s_new, self.causal, self.window, self.softcap = s_new, causal, window, softcap
-        rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(dt)  # noqa: E731
+
+        def rnd(*shape):  # odd_rows: q, the caches and the new keys as views of rows d + 3 elements apart at a
+            x = torch.randn(*shape, device="cuda", generator=g).to(dt)  # 2-byte offset (the UA kernels)
+            if not odd_rows:
+                return x
+            big = torch.empty(x.numel() // d * (d + 3) + 1, device="cuda", dtype=dt)
+            y = big[1:].view(*shape[:-1], d + 3)[..., :d]
+            y.copy_(x)
+            return y
+
         self.q = rnd(b, sq, h, d) * (3.0 if softcap else 1.0)
         self.page_size = page_size
         if page_size:  # pages in a random order, two more than the table uses
@@ -305,12 +314,13 @@ def test_cupy_paged_rotary():
 
 
 # ------------------------------------------------------------------------------------------ graph capture
-def test_cuda_graph_paged_rotary_step():
+@pytest.mark.parametrize("d,rd", [(128, 128), (59, 32)])
+def test_cuda_graph_paged_rotary_step(d, rd):
     """One captured decode step (append + attend, paged, rotary, GQA) replayed after cache_seqlens and the block
-    table changed in place."""
+    table changed in place; at head dim 59 the UA forms of the append and the decode kernel."""
     import torch
 
-    c = Case(page_size=16, s_new=1, rotary=(128, False), seqlens=(100, 0, 300), h=8, hk=2)
+    c = Case(d=d, page_size=16, s_new=1, rotary=(rd, False), seqlens=(100, 0, 300), h=8, hk=2)
     kw = c.kwargs()
     out_buf = {}
 
@@ -357,3 +367,50 @@ def test_plan_memo_with_indirections():
     out, lse = c.run()
     assert len(decode._PLANS) == n
     c.check(out, lse, "second block table")
+
+
+# ------------------------------------------------------------------ rows that are not 16-byte units (the UA kernels)
+@pytest.mark.parametrize("d,rd,dtype", [(59, 48, "float16"), (111, 96, "bfloat16"), (3, 0, "float16"),
+                                        (200, 128, "float16")])
+@pytest.mark.parametrize("layout", ["paged16", "paged48", "batch_idx"])
+def test_ua_indirections(d, rd, dtype, layout):
+    """flash_attn_with_kvcache at head dims that are not multiples of 8 (the decode kernel's UA form): a speculative
+    causal step appending 3 rotated keys (interleaved at odd head dims, half-split at even ones) into a paged cache or
+    into rows picked by cache_batch_idx behind cache_leftpad; the automatic split count, one split (O written by the
+    kernel), 3 splits (the rows combine) and 20 (the block combine)."""
+    kw = dict(paged16=dict(page_size=16), paged48=dict(page_size=48),
+              batch_idx=dict(batch_idx=True, leftpad=(7, 0, 40)))[layout]
+    c = Case(d=d, sq=3, h=4, hk=2, s_new=3, causal=True, rotary=(rd, d % 2 == 1) if rd else None, dtype=dtype,
+             seqlens=(300, 0, 508), seed=d, **kw)
+    for ns in (0, 1, 3, 20):
+        out, lse = c.run(ns)
+        c.check_append()
+        c.check(out, lse, f"UA d{d} {layout} {ns} splits")
+
+
+@pytest.mark.parametrize("opt", [(True, (64, -1), 0.0, None), (False, (-1, -1), 20.0, "bh"),
+                                 (False, (33, 2), 15.0, "h")], ids=["causal-window", "softcap-alibi", "all"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_ua_indirections_with_score_options(opt, paged):
+    causal, window, cap, alibi = opt
+    c = Case(d=59, sq=4, h=4, hk=4, page_size=32 if paged else None, batch_idx=not paged,
+             leftpad=None if paged else (100, 0, 7), seqlens=(400, 0, 300), s_new=2, causal=causal, window=window,
+             softcap=cap, alibi=alibi, rotary=(32, False))
+    out, lse = c.run()
+    c.check_append()
+    c.check(out, lse, f"UA options {opt}")
+
+
+@pytest.mark.parametrize("d,rd", [(64, 64), (128, 32)])
+@pytest.mark.parametrize("h,hk,sq", [(32, 8, 1), (8, 8, 3)])
+def test_ua_odd_rows_aligned_headdim(d, rd, h, hk, sq):
+    """Head dims 64 and 128 whose rows are 2-byte aligned views (rows d + 3 apart, one element into the buffer): the
+    UA form by the strides alone (no GQA fold), paged and by index, a rotated append."""
+    for kw in (dict(page_size=16), dict(batch_idx=True, leftpad=(3, 0, 100))):
+        c = Case(d=d, h=h, hk=hk, sq=sq, s_new=sq, causal=sq > 1, rotary=(rd, sq == 1), seqlens=(200, 0, 511),
+                 odd_rows=True, seed=d + sq, **kw)
+        assert c.q.data_ptr() % 16 and c.kc.stride(-2) % 8
+        out, lse = c.run()
+        c.check_append()
+        c.check(out, lse, f"odd rows d{d} {kw}")
+

@@ -392,16 +392,34 @@ def paged_of(k, v, lens_k, page_size, extra_pages=3, seed=0):
     return kp, vp, bt.cuda()
 
 
+def _odd_rows(x, pad=3, offset=1):
+    """A copy of x [..., d] as a view whose rows are d + pad elements apart, `offset` elements into its buffer: every
+    stride and the base address 2-byte aligned only."""
+    import torch
+
+    d = x.shape[-1]
+    big = torch.empty(x.numel() // d * (d + pad) + offset, device=x.device, dtype=x.dtype)
+    y = big[offset:].view(*x.shape[:-1], d + pad)[..., :d]
+    y.copy_(x)
+    assert y.data_ptr() % 16 and y.stride(-2) % 8
+    return y
+
+
 @pytest.mark.parametrize("page_size", [16, 48, 256])
 @pytest.mark.parametrize("backend", ["auto", "sm80"])
-@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True), (256, True)])
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True), (256, True), (59, True), (111, False)])
 def test_paged_kv_equals_contiguous(page_size, backend, d, causal):
     """block_table: the same keys in pages give the same bits as the packed call (and that one is checked against
-    the reference above); GQA, empty sequences, sequences shorter than a page and spanning many."""
+    the reference above); GQA, empty sequences, sequences shorter than a page and spanning many. Head dims 59 and 111
+    (rows that are not 16-byte units): the gather's UA form, then the UA kernels on both sides; at head dim 64 with
+    page size 48 the pages are views of rows 67 elements long at a 2-byte offset (the gather's UA form, 16-byte
+    packed rows after it)."""
     import torch
 
     q, k, v = packed_inputs(LENS_Q, LENS_K, 4, 2, d, "float16", requires_grad=False)
     kp, vp, bt = paged_of(k, v, LENS_K, page_size)
+    if d == 64 and page_size == 48:
+        kp, vp = (_odd_rows(x) for x in (kp, vp))
     cq, ck = cu_of(LENS_Q), cu_of(LENS_K)
     ref_o, ref_lse, _ = cuflash.flash_attn_varlen_func(q, k, v, cq, ck, max(LENS_Q), max(LENS_K), causal=causal,
                                                        return_attn_probs=True, backend=backend)

@@ -66,6 +66,15 @@ struct RotaryRow {
     if (interleaved || c >= dim) return c;
     return c < dim / 2 ? c + dim / 2 : c - dim / 2;
   }
+  // Chunk c of the row at `row` ([0, cols) of it; c < cols) read and rotated: 16-byte loads, or with UA (rows that
+  // are not 16-byte units) element by element, the columns at or past cols read as 0. A rotated chunk and its
+  // partner lie inside [0, dim) and dim <= cols, so they are whole.
+  template <bool UA>
+  __device__ __forceinline__ uint4 rotate(const T* row, int c, int cols) const {
+    const int pc = partner_col(c);
+    if constexpr (UA) return chunk(load_elems(row + c, cols - c), load_elems(row + pc, cols - pc), c);
+    else return chunk(*reinterpret_cast<const uint4*>(row + c), *reinterpret_cast<const uint4*>(row + pc), c);
+  }
 };
 
 // The rotation at position `pos` (clamped to the table's last row: positions past it belong to rows that are
@@ -80,8 +89,9 @@ __device__ __forceinline__ RotaryRow<T> rotary_row(const void* cos, const void* 
 
 // Rows [row0, row0 + ROWS) of a [nrows, cols] matrix rotated into tile[ROWS][D + 8] (plain loads and shared
 // stores, NT threads; the rows of load_tile_async<PAD_ZERO>: rows >= nrows and columns >= cols are zero). Row
-// r's position is pos0 + (per_row ? row0 + r : 0). The caller's barrier publishes the tile.
-template <int ROWS, int D, int NT, typename T>
+// r's position is pos0 + (per_row ? row0 + r : 0). The caller's barrier publishes the tile. UA: rows that are not
+// 16-byte units, each chunk (and its partner) read element by element (common/tile.cuh: load_elems).
+template <int ROWS, int D, int NT, bool UA = false, typename T>
 __device__ __forceinline__ void load_tile_rotated(T* tile, const T* gmem, int64_t row_stride, int row0, int nrows,
                                                   int tid, int cols, const void* cos, const void* sin, int dim,
                                                   bool interleaved, int seqlen_ro, int pos0, bool per_row) {
@@ -93,9 +103,7 @@ __device__ __forceinline__ void load_tile_rotated(T* tile, const T* gmem, int64_
     if (row0 + r < nrows && col < cols) {
       const T* src = gmem + (int64_t)(row0 + r) * row_stride;
       const RotaryRow<T> rot = rotary_row<T>(cos, sin, dim, interleaved, seqlen_ro, pos0 + (per_row ? row0 + r : 0));
-      const uint4 own = *reinterpret_cast<const uint4*>(src + col);
-      const uint4 partner = *reinterpret_cast<const uint4*>(src + rot.partner_col(col));
-      x = rot.chunk(own, partner, col);
+      x = rot.template rotate<UA>(src, col, cols);
     }
     *reinterpret_cast<uint4*>(tile + r * LDS + col) = x;
   }

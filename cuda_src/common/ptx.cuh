@@ -35,6 +35,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src_g
 __device__ __forceinline__ void cp_async_16_full(uint32_t dst_smem, const void* src_gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_smem), "l"(src_gmem));
 }
+// A 16-byte shared store at a shared-window address (the synchronous copies of rows that are not 16-byte units into
+// a ring addressed as cp.async's destinations).
+__device__ __forceinline__ void st_shared_16(uint32_t dst_smem, const uint4& x) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst_smem), "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w)
+               : "memory");
+}
 // blockIdx read through volatile asm: the compiler can neither merge it with an earlier read nor hoist it,
 // so a kernel can re-derive its block coordinates after a long loop instead of keeping them live across it.
 __device__ __forceinline__ uint3 block_idx_reread() {

@@ -51,6 +51,16 @@ __device__ __forceinline__ void store_elems(T* dst, const uint4& x, int n) {
     if (e < n) d[e] = (unsigned short)(w[e / 2] >> (16 * (e % 2)));
 }
 
+// Columns [c, c + 4) of a row as two packed pairs (lo: c, c + 1), n = the row's columns from c on (>= 1): one 8-byte
+// store, or with UA (rows that are not 16-byte units) element by element, the columns past the row's end untouched.
+template <bool UA, typename T>
+__device__ __forceinline__ void store_quad(T* dst, uint32_t lo, uint32_t hi, int n) {
+  if constexpr (UA)
+    store_elems(dst, make_uint4(lo, hi, 0u, 0u), n < 4 ? n : 4);
+  else
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+}
+
 // The two elements (lo, hi) of a packed pair to columns c, c + 1 of a row with `cols` columns (c < cols).
 __device__ __forceinline__ void store_pair_elems(void* dst, uint32_t pair, int c, int cols) {
   unsigned short* d = reinterpret_cast<unsigned short*>(dst);

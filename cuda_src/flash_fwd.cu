@@ -471,18 +471,23 @@ __global__ void kvcache_append_kernel(T* k_cache, T* v_cache, const T* k_new, co
   }
   const T* src = is_v ? v_new + b * vn_bs + i * vn_rs + h * vn_hs : k_new + b * kn_bs + i * kn_rs + h * kn_hs;
   T* dst = is_v ? v_cache + dst_b * vc_bs + dst_row * vc_rs + h * vc_hs : k_cache + dst_b * kc_bs + dst_row * kc_rs + h * kc_hs;
-  uint4 x;
+  if constexpr (UA) {
+    uint4 x;
+    if (!is_v && rotary_cos)
+      x = rotary_row<T>(rotary_cos, rotary_sin, (int)rotary_dim, rotary_interleaved != 0, (int)seqlen_ro, pos)
+              .chunk_elems(src, c, (int)headdim);
+    else
+      x = load_elems(src + c, (int)headdim - c);
+    store_elems(dst + c, x, (int)headdim - c);
+    return;
+  }
+  uint4 x = *reinterpret_cast<const uint4*>(src + c);
   if (!is_v && rotary_cos) {
     const RotaryRow<T> rot = rotary_row<T>(rotary_cos, rotary_sin, (int)rotary_dim, rotary_interleaved != 0,
                                            (int)seqlen_ro, pos);
-    x = rot.template rotate<UA>(src, c, (int)headdim);
-  } else {
-    x = UA ? load_elems(src + c, (int)headdim - c) : *reinterpret_cast<const uint4*>(src + c);
+    x = rot.chunk(x, *reinterpret_cast<const uint4*>(src + rot.partner_col(c)), c);
   }
-  if constexpr (UA)
-    store_elems(dst + c, x, (int)headdim - c);
-  else
-    *reinterpret_cast<uint4*>(dst + c) = x;
+  *reinterpret_cast<uint4*>(dst + c) = x;
 }
 
 // Paged K/V of packed sequences, gathered into packed rows (flash_attn_varlen_func with a block_table; the packed
@@ -500,7 +505,7 @@ __global__ void paged_kv_gather_kernel(T* k_out, T* v_out, const T* k_pages, con
                                        int64_t kp_hs, int64_t vp_ps, int64_t vp_rs, int64_t vp_hs, int64_t batch,
                                        int64_t rows, int64_t nheads_k, int64_t headdim, int64_t bt_stride,
                                        int64_t page_size) {
-  const int64_t CHUNKS = (headdim + 7) / 8;
+  const int64_t CHUNKS = UA ? (headdim + 7) / 8 : headdim / 8;
   const int64_t per_tensor = rows * nheads_k * CHUNKS;
   int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= 2 * per_tensor) return;

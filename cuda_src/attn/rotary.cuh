@@ -66,14 +66,13 @@ struct RotaryRow {
     if (interleaved || c >= dim) return c;
     return c < dim / 2 ? c + dim / 2 : c - dim / 2;
   }
-  // Chunk c of the row at `row` ([0, cols) of it; c < cols) read and rotated: 16-byte loads, or with UA (rows that
-  // are not 16-byte units) element by element, the columns at or past cols read as 0. A rotated chunk and its
-  // partner lie inside [0, dim) and dim <= cols, so they are whole.
-  template <bool UA>
-  __device__ __forceinline__ uint4 rotate(const T* row, int c, int cols) const {
+  // Chunk c of the row at `row` ([0, cols) of it; c < cols) read element by element and rotated (the UA kernels:
+  // rows that are not 16-byte units; common/tile.cuh: load_elems, the columns at or past cols read as 0). A rotated
+  // chunk and its partner lie inside [0, dim) and dim <= cols, so they are whole.
+  __device__ __forceinline__ uint4 chunk_elems(const T* row, int c, int cols) const {
+    const uint4 own = load_elems(row + c, cols - c);
     const int pc = partner_col(c);
-    if constexpr (UA) return chunk(load_elems(row + c, cols - c), load_elems(row + pc, cols - pc), c);
-    else return chunk(*reinterpret_cast<const uint4*>(row + c), *reinterpret_cast<const uint4*>(row + pc), c);
+    return chunk(own, load_elems(row + pc, cols - pc), c);
   }
 };
 
@@ -103,7 +102,13 @@ __device__ __forceinline__ void load_tile_rotated(T* tile, const T* gmem, int64_
     if (row0 + r < nrows && col < cols) {
       const T* src = gmem + (int64_t)(row0 + r) * row_stride;
       const RotaryRow<T> rot = rotary_row<T>(cos, sin, dim, interleaved, seqlen_ro, pos0 + (per_row ? row0 + r : 0));
-      x = rot.template rotate<UA>(src, col, cols);
+      if constexpr (UA) {
+        x = rot.chunk_elems(src, col, cols);
+      } else {
+        const uint4 own = *reinterpret_cast<const uint4*>(src + col);
+        const uint4 partner = *reinterpret_cast<const uint4*>(src + rot.partner_col(col));
+        x = rot.chunk(own, partner, col);
+      }
     }
     *reinterpret_cast<uint4*>(tile + r * LDS + col) = x;
   }

@@ -6,7 +6,9 @@ an error:
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python -m bench.diag.ua_memcheck
 
 Forward and backward (autograd) at head dims 3 and 59, causal and not, seqlen_q != seqlen_k, GQA; a view with
-67-element rows; the packed (varlen) forward and backward with an empty sequence; the KV-cache append. Each result is
+67-element rows; the packed (varlen) forward and backward with an empty sequence; the KV-cache append; the decode
+kernel's UA form (paged with a rotated append, by index behind a left padding; 1, 3 and 20 splits); paged K/V of packed
+sequences. Each result is
 checked against the float64 reference loosely (the tests hold the error rule); the sanitizer's summary is the point.
 """
 from __future__ import annotations
@@ -59,6 +61,31 @@ def main():
     od = cuflash.flash_attn_with_kvcache(qd, kc, vc, kn, vn, cache_seqlens=sl, causal=True)
     ok = torch.equal(kc[0, 10:13], kn[0]) and torch.equal(kc[1, 61:64], kn[1])
     print(f"kvcache append d59: appended rows exact {ok}, out finite {bool(torch.isfinite(od).all())}", flush=True)
+    # the decode kernel's UA form: a paged cache (pages in their own allocation, the last page's last row at its end)
+    # with a rotated append, then rows by index behind a left padding; one split, the rows combine, the block combine
+    kp, vp = (torch.randn(5, 16, 2, 59, device="cuda", dtype=torch.float16) for _ in range(2))
+    bt = torch.tensor([[4, 0], [2, 3]], dtype=torch.int32, device="cuda")
+    cos, sin = (torch.rand(32, 16, device="cuda", dtype=torch.float16) for _ in range(2))
+    sl2 = torch.tensor([7, 29], dtype=torch.int32, device="cuda")
+    ki, vi = (torch.randn(3, 40, 2, 59, device="cuda", dtype=torch.float16) for _ in range(2))
+    bi = torch.tensor([2, 0], dtype=torch.int32, device="cuda")
+    lp = torch.tensor([5, 0], dtype=torch.int32, device="cuda")
+    for ns in (1, 3, 20):
+        op, lse = cuflash.flash_attn_with_kvcache(qd, kp, vp, kn, vn, cos, sin, sl2, block_table=bt, causal=True,
+                                                  num_splits=ns, return_softmax_lse=True)
+        oi = cuflash.flash_attn_with_kvcache(qd[:, :1], ki, vi, cache_seqlens=sl2, cache_batch_idx=bi,
+                                             cache_leftpad=lp, num_splits=ns)
+        print(f"kvcache d59 UA decode, {ns} splits: paged rotary out finite {bool(torch.isfinite(op).all())}, lse "
+              f"finite {bool(torch.isfinite(lse).all())}; by index out finite {bool(torch.isfinite(oi).all())}",
+              flush=True)
+    # paged K/V of packed sequences at head dim 59 (the gather's UA form)
+    lk = (0, 33, 1)
+    ck = torch.tensor(np.cumsum((0,) + lk), dtype=torch.int32, device="cuda")
+    cq = torch.tensor(np.cumsum((0, 2, 5, 1)), dtype=torch.int32, device="cuda")
+    qg = torch.randn(8, 4, 59, device="cuda", dtype=torch.float16)
+    btv = torch.tensor([[1, 1, 1], [0, 3, 2], [4, 4, 4]], dtype=torch.int32, device="cuda")
+    og = cuflash.flash_attn_varlen_func(qg, kp, vp, cq, ck, 5, 33, block_table=btv)
+    print(f"paged varlen d59: out finite {bool(torch.isfinite(og).all())}", flush=True)
     torch.cuda.synchronize()
     print("done", flush=True)
 

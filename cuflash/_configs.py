@@ -1921,10 +1921,10 @@ def varlen_specs():
     return list(dict.fromkeys(specs))
 
 
-def decode_ua_specs(dtype: str, headdim: int, tile: DecodeTile | None = None) -> list:
-    """The UA decode kernels of a dtype and kernel head dim (`tile`: decode_ua_tile's, or a fitted one): every
-    row-fragment count, contiguous and paged."""
-    return [decode_spec(dtype, headdim, False, mf, tile, MOD_SCORE, pg, ua=True) for pg in (False, True)
+def decode_ua_specs(dtype: str, headdim: int) -> list:
+    """The UA decode kernels of a dtype and kernel head dim (decode_ua_tile): every row-fragment count, contiguous
+    and paged."""
+    return [decode_spec(dtype, headdim, False, mf, None, MOD_SCORE, pg, ua=True) for pg in (False, True)
             for mf in range(1, DECODE_MAX_MF[headdim] + 1)]
 
 

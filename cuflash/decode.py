@@ -345,9 +345,7 @@ def _make_plan(qa, kca, vca, kna, vna, ca, seqlen_k, seqlen_k_new, softmax_scale
     # rows that are not 16-byte units (cuflash._configs.unaligned): the UA kernel, compiled with the score modifiers'
     # mask only (a plain or causal call as a band: cuflash._mods.score_mods), its padded ring, no GQA fold
     ua = unaligned(d, qa, kca, vca, kna, vna)
-    if ua:
-        if tile is not None and tile.swizzle:
-            raise ValueError(f"tile {tile!r}: rows that are not 16-byte units run the padded ring (swizzle=False)")
+    if ua:  # (a swizzled `tile` is refused by decode_spec: the UA kernel has the padded ring only)
         if combine == "warp":
             raise NotImplementedError("combine='warp' (flash_combine_kernel) stores 16-byte rows; rows that are not "
                                       "16-byte units take 'auto', 'rows' or 'block'")
